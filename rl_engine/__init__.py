@@ -1,0 +1,1 @@
+"""rl_engine package."""

@@ -1,0 +1,458 @@
+"""Configuration: one pydantic model per component, composed into the root `RFTConfig`.
+
+A YAML file loads into `RFTConfig` (`load_config(path, overrides)`), `--set a.b=c` overrides
+apply before validation, and `resolve(cfg)` fills the derived values (run name, run dir,
+train batch size) in one explicit step. The resolved config is written to the run directory
+by `save_resolved`. Validators only check; they never rewrite.
+
+Field paths are part of the interface (`synchronizer.sync_interval`, ...): they appear in error
+messages, in `--set` overrides and in the Prefect UI form of every flow.
+
+    python -m rl_engine.config configs/demo.yaml      # validate and print the resolved config
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, frozen=False)
+
+
+# --------------------------------------------------------------------------- model
+
+
+class ModelConfig(_Model):
+    """The policy model: a local Hugging Face directory (nothing is ever downloaded)."""
+
+    path: str = Field(description="Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files).")
+    tokenizer_path: str | None = Field(default=None, description="Tokenizer directory; defaults to `model.path`.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype in both vLLM and the trainer. float32 keeps their logprobs tight on CPU."
+    )
+    max_model_len: int = Field(default=512, ge=16, le=1_048_576, description="Context length (prompt + response tokens) for vLLM and the trainer.")
+
+    @field_validator("path", "tokenizer_path")
+    @classmethod
+    def _local_dir(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        p = Path(v).expanduser()
+        if not p.is_dir():
+            raise ValueError(
+                f"model directory {v!r} does not exist; build one with `rft make-tiny-model {v}` "
+                "(or `rft warmstart`) or point model.path at a local Hugging Face model directory"
+            )
+        if not (p / "config.json").is_file():
+            raise ValueError(f"{v!r} has no config.json; model.path must be a Hugging Face model directory")
+        return v
+
+
+# --------------------------------------------------------------------------- taskset + rewards
+
+
+class ArithmeticReward(_Model):
+    """Exact-answer reward for the demo arithmetic task, plus a format reward."""
+
+    type: Literal["arithmetic"] = Field(description="Reward variant selector.")
+    correct_weight: float = Field(default=1.0, description="Reward for an exactly correct final answer.")
+    format_weight: float = Field(default=0.1, ge=0.0, description="Reward for a well-formed answer (digits only, then a stop).")
+
+
+class PythonReward(_Model):
+    """A user reward function `module:function(prompt, response, task) -> float | dict[str, float]`."""
+
+    type: Literal["python"] = Field(description="Reward variant selector.")
+    function: str = Field(description="Import path `package.module:function` of the reward callable.", pattern=r"^[\w.]+:\w+$")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+
+
+RewardConfig = Annotated[Union[ArithmeticReward, PythonReward], Field(discriminator="type")]
+_REWARD_TAGS = ("arithmetic", "python")
+
+
+class TasksetConfig(_Model):
+    """Where prompts come from and how they are scored."""
+
+    path: str = Field(description="JSONL or Parquet file of tasks; a local path or any fsspec URL (s3://...).")
+    prompt_key: str = Field(default="question", description="Column holding the prompt text.")
+    answer_key: str = Field(default="answer", description="Column holding the reference answer passed to the reward.")
+    template: str | None = Field(
+        default=None,
+        description="Python format string with `{prompt}`; if unset the tokenizer's chat template is used when it has one, else the raw prompt.",
+    )
+    shuffle: bool = Field(default=True, description="Shuffle task order each epoch (seeded by `seed`).")
+    reward: RewardConfig = Field(default_factory=lambda: ArithmeticReward(type="arithmetic"), description="Reward function variant.")
+
+
+# --------------------------------------------------------------------------- algorithm
+
+
+class KLConfig(_Model):
+    """KL penalty to a frozen copy of the initial policy."""
+
+    coef: float = Field(default=0.01, gt=0.0, description="Weight of the KL term in the loss.")
+    estimator: Literal["k1", "k3"] = Field(default="k3", description="Per-token KL estimator (Schulman's k1 or k3).")
+
+
+class AlgorithmConfig(_Model):
+    """GRPO advantages and the clipped policy-gradient loss."""
+
+    type: Literal["grpo"] = Field(default="grpo", description="Algorithm variant (GRPO group-relative advantages).")
+    repeat_times: int = Field(default=4, ge=1, le=1024, description="Rollouts per task (the GRPO group size).")
+    std_normalize: bool = Field(default=True, description="Divide group-centred rewards by the group std (False: mean-centre only, Dr.GRPO).")
+    clip_eps_low: float = Field(default=0.2, gt=0.0, lt=1.0, description="PPO lower clip: ratio >= 1 - clip_eps_low.")
+    clip_eps_high: float = Field(default=0.2, gt=0.0, lt=10.0, description="PPO upper clip: ratio <= 1 + clip_eps_high.")
+    old_logprobs: Literal["behavior", "recompute"] = Field(
+        default="behavior", description="Denominator of the importance ratio: vLLM's behavior logprobs, or recomputed by the trainer before the update."
+    )
+    loss_agg: Literal["token-mean", "seq-mean"] = Field(default="token-mean", description="Aggregate the per-token loss over all tokens, or per sequence then over sequences.")
+    kl: KLConfig | None = Field(default=None, description="KL penalty to the initial policy; null disables it (and the reference model).")
+    max_version_gap: int | None = Field(
+        default=None, ge=0, description="Mask response tokens produced by a policy more than this many versions older than the trainer's; null keeps all."
+    )
+
+    @model_validator(mode="after")
+    def _grpo_needs_group(self) -> "AlgorithmConfig":
+        if self.repeat_times < 2:
+            raise ValueError(f"algorithm.repeat_times = {self.repeat_times}: GRPO needs at least 2 rollouts per task to compare; set it >= 2")
+        return self
+
+
+# --------------------------------------------------------------------------- explorer
+
+
+class SamplingConfig(_Model):
+    """vLLM sampling parameters of a rollout."""
+
+    temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature; 1.0 samples the policy itself (what the loss assumes).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_k: int = Field(default=-1, ge=-1, description="Top-k sampling; -1 disables.")
+    max_tokens: int = Field(default=64, ge=1, description="Response token budget of one generation (one segment when partial rollouts are on).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (EOS always stops).")
+
+
+class EngineConfig(_Model):
+    """How the vLLM engine of an explorer is started."""
+
+    enforce_eager: bool = Field(default=True, description="Disable CUDA graphs / compilation (required on the CPU build).")
+    kv_cache_space_gib: float = Field(default=1.0, gt=0.0, le=1024, description="CPU KV cache size in GiB (sets VLLM_CPU_KVCACHE_SPACE); ignored on GPU.")
+    gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may use; ignored on CPU.")
+    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel size.")
+    num_threads: int | None = Field(default=None, ge=1, description="CPU threads for the engine (VLLM_CPU_OMP_THREADS_BIND); null lets vLLM decide.")
+
+
+class PartialRolloutConfig(_Model):
+    """Cut long generations by a token budget and resume them in a later explorer step."""
+
+    enabled: bool = Field(default=False, description="Turn partial rollouts on.")
+    segment_max_tokens: int = Field(default=32, ge=1, description="Token budget of one segment within one explorer step.")
+    max_response_tokens: int = Field(default=128, ge=1, description="Total response budget; a trajectory reaching it is complete, marked truncated.")
+    repeat_ngram: int = Field(default=4, ge=1, description="n of the repetition detector's n-gram.")
+    repeat_threshold: int = Field(default=8, ge=2, description="Stop early once the last n-gram has repeated this many times in a row.")
+    repeat_penalty: float = Field(default=0.0, le=0.0, description="Reward added to trajectories stopped for repetition (<= 0).")
+
+    @model_validator(mode="after")
+    def _budgets(self) -> "PartialRolloutConfig":
+        if self.enabled and self.segment_max_tokens >= self.max_response_tokens:
+            raise ValueError(
+                f"explorer.partial.segment_max_tokens = {self.segment_max_tokens} must be below "
+                f"explorer.partial.max_response_tokens = {self.max_response_tokens}, or nothing is ever cut"
+            )
+        return self
+
+
+class ExplorerConfig(_Model):
+    """Rollout side: how many explorers, how big a step, how the engine samples."""
+
+    count: int = Field(default=1, ge=1, le=1024, description="Number of explorers (engines) writing to the buffer; > 1 only in multi_explorer mode.")
+    batch_size: int = Field(default=4, ge=1, description="Tasks per explorer step (each repeated algorithm.repeat_times times).")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling parameters.")
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="vLLM engine settings.")
+    partial: PartialRolloutConfig = Field(default_factory=PartialRolloutConfig, description="Partial rollout settings.")
+
+
+# --------------------------------------------------------------------------- buffer / storage
+
+_SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "session_token"}
+
+
+def _find_secret(options: Any, prefix: str = "") -> str | None:
+    if isinstance(options, dict):
+        for k, v in options.items():
+            if str(k).lower() in _SECRET_KEYS:
+                return f"{prefix}{k}"
+            found = _find_secret(v, f"{prefix}{k}.")
+            if found:
+                return found
+    return None
+
+
+class StorageConfig(_Model):
+    """Where a run's files live: any fsspec URL. Credentials never go here."""
+
+    url: str = Field(default="runs", description="Root of all runs: a local directory, `s3://bucket/prefix` or `memory://...`.")
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Non-secret fsspec options, e.g. {client_kwargs: {endpoint_url: ...}} for S3. Credentials come from the environment (AWS_ACCESS_KEY_ID, ...).",
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
+        found = _find_secret(v)
+        if found:
+            raise ValueError(
+                f"storage options must not hold credentials ({found!r}); they would be saved with the run. "
+                "Set them in the environment instead (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or FSSPEC_S3_KEY / FSSPEC_S3_SECRET)"
+            )
+        return v
+
+
+class BufferConfig(_Model):
+    """The experience buffer on the run's storage."""
+
+    storage: StorageConfig = Field(default_factory=StorageConfig, description="Storage root and fsspec options.")
+    whole_groups: bool = Field(default=True, description="Trainer batches contain only complete GRPO groups.")
+    read_timeout_s: float = Field(default=600.0, gt=0.0, description="How long the trainer waits for enough committed experiences before failing.")
+    poll_interval_s: float = Field(default=0.05, gt=0.0, le=60.0, description="How often a waiting reader lists new commits.")
+    on_corrupt: Literal["fail", "skip"] = Field(default="fail", description="What a reader does with a committed file it cannot read: stop with its path, or report and skip it.")
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class TrainerConfig(_Model):
+    """DeepSpeed trainer."""
+
+    total_steps: int = Field(default=10, ge=1, description="Trainer steps of the run; the policy reaches version total_steps.")
+    train_batch_size: int | None = Field(
+        default=None, ge=1, description="Experiences per trainer step; null resolves to explorer.batch_size x algorithm.repeat_times x explorer.count."
+    )
+    micro_batch_size: int = Field(default=8, ge=1, description="Experiences per forward/backward pass (gradient accumulation makes up the rest).")
+    lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear LR warmup steps (DeepSpeed WarmupLR).")
+    grad_clip: float = Field(default=1.0, gt=0.0, description="Gradient norm clip.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="DeepSpeed ZeRO stage (0 on CPU).")
+    checkpoint_interval: int = Field(default=5, ge=1, description="Save resumable trainer state (with the buffer cursor) every this many trainer steps.")
+    num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of the trainer; null keeps torch's default.")
+
+
+# --------------------------------------------------------------------------- synchronizer
+
+
+class CollectiveConfig(_Model):
+    """The extra process group between trainer rank 0 and the explorers' inference workers."""
+
+    host: str = Field(default="127.0.0.1", description="TCP rendezvous host of the weight-sync group (trainer rank 0's address).")
+    port: int = Field(default=29517, ge=1024, le=65535, description="TCP rendezvous port of the weight-sync group.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="auto: nccl on CUDA, gloo on CPU.")
+    bucket_mb: float = Field(default=64.0, gt=0.0, description="Parameters are broadcast in buckets of about this many MiB.")
+    timeout_s: float = Field(default=300.0, gt=0.0, description="Timeout of a group join and of one sync.")
+
+
+Mode = Literal["synchronous", "one_step_off_policy", "fully_async", "multi_explorer"]
+RENDEZVOUS_MODES = ("synchronous", "one_step_off_policy")
+
+
+class SynchronizerConfig(_Model):
+    """When and how weights flow from the trainer to the explorers (see DESIGN.md, sync modes)."""
+
+    mode: Mode = Field(default="synchronous", description="Sync mode: synchronous / one_step_off_policy (rendezvous schedule), fully_async / multi_explorer (decoupled).")
+    sync_interval: int = Field(default=1, ge=1, description="k: rendezvous every k explorer steps; in async modes publish weights every k trainer steps.")
+    sync_offset: int = Field(default=0, ge=0, description="m: the explorer runs m steps ahead before its first sync (rendezvous modes only).")
+    sync_method: Literal["collective", "checkpoint"] = Field(default="collective", description="Broadcast over a process group, or committed checkpoints on storage.")
+    max_staleness: int | None = Field(default=None, ge=0, description="Async modes: bound on (trainer version - generating version); null for no bound.")
+    collective: CollectiveConfig = Field(default_factory=CollectiveConfig, description="Settings of the collective method.")
+    wait_timeout_s: float = Field(default=600.0, gt=0.0, description="Longest a side waits at a rendezvous before failing.")
+
+
+# --------------------------------------------------------------------------- monitor
+
+
+class MonitorConfig(_Model):
+    """What a run reports."""
+
+    timeline: bool = Field(default=True, description="Record spans of every component and render the Gantt chart.")
+    artifacts: bool = Field(default=True, description="Publish metrics, timeline and continuations as Prefect artifacts.")
+    log_every: int = Field(default=1, ge=1, description="Print a progress line every this many trainer steps.")
+
+
+# --------------------------------------------------------------------------- root
+
+
+class RFTConfig(_Model):
+    """A whole RFT run."""
+
+    name: str | None = Field(default=None, description="Run name (directory under buffer.storage.url); null resolves to `<mode>-<UTC timestamp>`.", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
+    seed: int = Field(default=42, ge=0, description="Seed of sampling, task order and trainer.")
+    model: ModelConfig = Field(description="The policy model.")
+    taskset: TasksetConfig = Field(description="Tasks and reward.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages and loss.")
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig, description="Rollout side.")
+    buffer: BufferConfig = Field(default_factory=BufferConfig, description="Experience buffer and storage.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed trainer.")
+    synchronizer: SynchronizerConfig = Field(default_factory=SynchronizerConfig, description="Sync mode, schedule and method.")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reporting.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RFTConfig":
+        s, x = self.synchronizer, self.explorer
+        if s.mode == "multi_explorer" and x.count < 2:
+            raise ValueError(f"explorer.count = {x.count}: synchronizer.mode 'multi_explorer' needs explorer.count >= 2 (or use mode 'fully_async')")
+        if s.mode != "multi_explorer" and x.count != 1:
+            raise ValueError(f"explorer.count = {x.count}: only synchronizer.mode 'multi_explorer' runs several explorers; set the mode or explorer.count = 1")
+        if s.mode == "synchronous" and s.sync_offset != 0:
+            raise ValueError(f"synchronizer.sync_offset = {s.sync_offset}: mode 'synchronous' has sync_offset 0; use mode 'one_step_off_policy' to let the explorer run ahead")
+        if s.mode == "one_step_off_policy" and s.sync_offset < 1:
+            raise ValueError("synchronizer.sync_offset = 0: mode 'one_step_off_policy' needs sync_offset >= 1 (1 for one step ahead)")
+        if s.mode not in RENDEZVOUS_MODES and s.sync_offset != 0:
+            raise ValueError(f"synchronizer.sync_offset = {s.sync_offset}: only the rendezvous modes (synchronous, one_step_off_policy) use it; set it to 0")
+        if s.mode in RENDEZVOUS_MODES and s.max_staleness is not None:
+            raise ValueError(
+                f"synchronizer.max_staleness = {s.max_staleness}: the rendezvous modes fix staleness by sync_interval/sync_offset; set it to null or use an async mode"
+            )
+        group = self.explorer.batch_size * self.algorithm.repeat_times
+        tbs = self.trainer.train_batch_size
+        if s.mode in RENDEZVOUS_MODES and tbs is not None and tbs != group:
+            raise ValueError(
+                f"trainer.train_batch_size = {tbs}: in the rendezvous modes one trainer step trains one explorer step, "
+                f"so it must equal explorer.batch_size x algorithm.repeat_times = {group} (or null)"
+            )
+        if tbs is not None and self.buffer.whole_groups and tbs % self.algorithm.repeat_times:
+            raise ValueError(f"trainer.train_batch_size = {tbs} must be a multiple of algorithm.repeat_times = {self.algorithm.repeat_times} when buffer.whole_groups is true")
+        if self.explorer.sampling.max_tokens >= self.model.max_model_len:
+            raise ValueError(f"explorer.sampling.max_tokens = {self.explorer.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
+        return self
+
+    # ---- derived values (the one resolve step)
+
+    def resolved(self, now: _dt.datetime | None = None) -> "RFTConfig":
+        """Return a copy with every derived value filled in; the copy is what a run saves and uses."""
+        out = self.model_copy(deep=True)
+        if out.name is None:
+            stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
+            out.name = f"{out.synchronizer.mode}-{stamp}"
+        if out.trainer.train_batch_size is None:
+            out.trainer.train_batch_size = out.explorer.batch_size * out.algorithm.repeat_times * out.explorer.count
+        if out.model.tokenizer_path is None:
+            out.model.tokenizer_path = out.model.path
+        return out
+
+    @property
+    def run_url(self) -> str:
+        """URL of the run directory, `<storage.url>/<name>` (call on a resolved config)."""
+        if self.name is None:
+            raise ValueError("run_url of an unresolved config: call cfg.resolved() first")
+        return f"{self.buffer.storage.url.rstrip('/')}/{self.name}"
+
+
+# --------------------------------------------------------------------------- loading and errors
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; `str()` is the full user-facing message, one problem per line."""
+
+
+def _format_errors(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid configuration ({err.error_count()} problem{'s' if err.error_count() > 1 else ''})"]
+    for e in err.errors():
+        # Drop the union tag pydantic inserts after `reward` so the path reads like the YAML.
+        parts = e["loc"]
+        loc = ".".join(str(p) for i, p in enumerate(parts) if not (i and parts[i - 1] == "reward" and p in _REWARD_TAGS))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key; remove it or check its spelling against `rft validate --schema`"
+        if e["type"] == "missing":
+            lines.append(f"  {loc}: required field missing")
+            continue
+        if loc:
+            lines.append(f"  {loc} = {e.get('input')!r}: {msg}")
+        else:
+            lines.append(f"  {msg}")
+    return "\n".join(lines)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (['a','b','c'], value parsed as YAML); raises ConfigError on bad syntax."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. --set synchronizer.sync_interval=2")
+    key, _, raw = text.partition("=")
+    path = key.strip().split(".")
+    if not all(path):
+        raise ConfigError(f"--set {text!r}: empty component in key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML ({e})") from None
+    return path, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b=c` overrides to a raw config dict (in place) and return it."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: {part!r} is a value ({child!r}), not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML mapping, with errors that name the file."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections (model, taskset, ...), got {type(data).__name__}")
+    return data
+
+
+def validate_config(data: dict[str, Any], source: str = "<config>") -> RFTConfig:
+    """Validate a raw dict into an RFTConfig; raises ConfigError naming source, field, value and rule."""
+    try:
+        return RFTConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(source, e)) from None
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> RFTConfig:
+    """Load a YAML file, apply `--set` overrides, validate."""
+    data = apply_overrides(read_yaml(path), overrides or [])
+    return validate_config(data, str(path))
+
+
+def to_yaml(cfg: BaseModel) -> str:
+    """YAML text of a config, in field order (what `config.yaml` of a run holds)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        print(to_yaml(load_config(sys.argv[1], sys.argv[2:]).resolved()))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        sys.exit(2)

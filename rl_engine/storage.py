@@ -1,0 +1,67 @@
+"""fsspec access to a run's storage: one place that turns a URL + options into a filesystem.
+
+Credentials are never passed here from the config: fsspec/s3fs read them from the environment
+(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, or FSSPEC_S3_* variables), so they never reach the
+resolved config or logs.
+
+    fs, root = open_storage("s3://bucket/runs", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:5000"}})
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import fsspec
+import yaml
+from fsspec.core import url_to_fs
+
+
+def open_storage(url: str, options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """(filesystem, root path inside it) for a storage URL; local paths become absolute."""
+    fs, root = url_to_fs(url, **(options or {}))
+    return fs, root.rstrip("/")
+
+
+def join(*parts: str) -> str:
+    """Join path parts with '/', the separator of every fsspec filesystem."""
+    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts) if p != "")
+
+
+def is_local(fs: fsspec.AbstractFileSystem) -> bool:
+    """True for the local filesystem, where rename is atomic and temp+rename commits are safe."""
+    return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+
+
+def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+    """Make `path` hold `data` with no moment where a reader sees a partial object.
+
+    Local disk: write a temp file beside it, then rename (atomic on POSIX). Object stores
+    (S3, memory): a single PUT is already all-or-nothing.
+    """
+    parent = path.rsplit("/", 1)[0]
+    if is_local(fs):
+        import os
+        import uuid
+
+        os.makedirs(parent, exist_ok=True)
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    else:
+        fs.pipe_file(path, data)
+
+
+def write_json(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
+    write_bytes_atomic(fs, path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
+    return json.loads(fs.cat_file(path))
+
+
+def write_yaml(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
+    write_bytes_atomic(fs, path, yaml.safe_dump(obj, sort_keys=False).encode())
