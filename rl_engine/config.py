@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
+from rl_engine.errors import UserError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
@@ -359,7 +360,7 @@ class RFTConfig(_Model):
 # --------------------------------------------------------------------------- loading and errors
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config that cannot be used; `str()` is the full user-facing message, one problem per line."""
 
 
