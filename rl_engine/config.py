@@ -235,7 +235,7 @@ class TrainerConfig(_Model):
 
     total_steps: int = Field(default=10, ge=1, description="Trainer steps of the run; the policy reaches version total_steps.")
     train_batch_size: int | None = Field(
-        default=None, ge=1, description="Experiences per trainer step; null resolves to explorer.batch_size x algorithm.repeat_times x explorer.count."
+        default=None, ge=1, description="Experiences per trainer step; null resolves to explorer.batch_size x algorithm.repeat_times (one explorer step)."
     )
     micro_batch_size: int = Field(default=8, ge=1, description="Experiences per forward/backward pass (gradient accumulation makes up the rest).")
     lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
@@ -344,7 +344,7 @@ class RFTConfig(_Model):
             stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
             out.name = f"{out.synchronizer.mode}-{stamp}"
         if out.trainer.train_batch_size is None:
-            out.trainer.train_batch_size = out.explorer.batch_size * out.algorithm.repeat_times * out.explorer.count
+            out.trainer.train_batch_size = out.explorer.batch_size * out.algorithm.repeat_times
         if out.model.tokenizer_path is None:
             out.model.tokenizer_path = out.model.path
         return out

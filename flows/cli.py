@@ -1,0 +1,135 @@
+"""The `rft` command line: validate configs, run flows, build the demo's model and data, inspect runs.
+
+    rft --help
+    rft validate configs/synchronous.yaml --set synchronizer.sync_interval=2
+    rft run configs/demo.yaml
+
+User mistakes (bad config, missing file) print one clear message and exit 2, no traceback.
+Heavy imports (torch, vLLM, Prefect) happen inside the subcommands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from rl_engine.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a field by dotted path, e.g. synchronizer.sync_offset=1 (repeatable)")
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    import json
+
+    from rl_engine.config import RFTConfig, load_config, to_yaml
+
+    if a.schema:
+        print(json.dumps(RFTConfig.model_json_schema(), indent=1))
+        return 0
+    if a.config is None:
+        raise UserError("rft validate: give a CONFIG file (or --schema)")
+    cfg = load_config(a.config, a.overrides).resolved()
+    if a.print:
+        print(to_yaml(cfg), end="")
+    s = cfg.synchronizer
+    print(
+        f"OK {a.config}: mode={s.mode} sync_interval={s.sync_interval} sync_offset={s.sync_offset} "
+        f"sync_method={s.sync_method} explorers={cfg.explorer.count} train_batch_size={cfg.trainer.train_batch_size} run_dir={cfg.run_url}"
+    )
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from flows.run import run_from_cli
+
+    return run_from_cli(a.config, a.overrides, resume=a.resume)
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from flows.run import demo
+
+    return demo(a.root)
+
+
+def cmd_make_tiny_model(a: argparse.Namespace) -> int:
+    from rl_engine.tiny_model import make_tiny_model
+
+    print(make_tiny_model(a.out_dir, seed=a.seed, hidden_size=a.hidden, num_layers=a.layers))
+    return 0
+
+
+def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
+    """A subcommand whose arguments are parsed by `module.main(argv)` (the engine module owns them)."""
+
+    def run(a: argparse.Namespace) -> int:
+        import importlib
+
+        return int(importlib.import_module(module).main(a.rest) or 0)
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rft", description="RL fine-tuning of LLMs: vLLM explorers, an Arrow buffer, a DeepSpeed trainer, Prefect flows.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("validate", help="check a config and print what it resolves to")
+    p.add_argument("config", nargs="?", help="YAML config file")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a field by dotted path (repeatable)")
+    p.add_argument("--print", action="store_true", help="print the resolved config as YAML")
+    p.add_argument("--schema", action="store_true", help="print the JSON schema of the config and exit")
+    p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("run", help="run the flow of the configured sync mode (Prefect, ephemeral server unless PREFECT_API_URL is set)")
+    _add_config_args(p)
+    p.add_argument("--resume", metavar="RUN", help="resume the named run from its last trainer checkpoint and buffer cursor")
+    p.set_defaults(fn=cmd_run)
+
+    p = sub.add_parser("demo", help="build the demo model and tasks if missing, then run configs/demo.yaml")
+    p.add_argument("--root", default="runs", help="where models, data and runs go (default ./runs)")
+    p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("make-tiny-model", help="write a small random Qwen2 model + byte-level tokenizer (HF layout)")
+    p.add_argument("out_dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=128, help="hidden size, a multiple of 64")
+    p.add_argument("--layers", type=int, default=2)
+    p.set_defaults(fn=cmd_make_tiny_model)
+
+    for name, module, help_ in (
+        ("make-tasks", "rl_engine.rewards.arithmetic", "write the demo arithmetic task set (JSONL)"),
+        ("warmstart", "rl_engine.warmstart", "build the demo's base model: tiny model + SFT on the demo task"),
+        ("timeline", "rl_engine.timeline", "render a run's Gantt chart and utilization summary"),
+    ):
+        p = sub.add_parser(name, help=help_, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(fn=_delegate(module))
+
+    p = sub.add_parser("buffer", help="inspect a run's experience buffer")
+    bsub = p.add_subparsers(dest="buffer_command", required=True, metavar="SUBCOMMAND")
+    q = bsub.add_parser("stats", help="counts per explorer / step / version, reward and length summaries", add_help=False)
+    q.add_argument("rest", nargs=argparse.REMAINDER)
+    q.set_defaults(fn=_delegate("rl_engine.buffer.stats"))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""Config loading, validation messages, overrides, resolve, and every shipped config under configs/."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.cli import main as rft
+from rl_engine.config import ConfigError, RFTConfig, load_config, to_yaml, validate_config
+
+CONFIGS = sorted(glob.glob(str(Path(__file__).parents[2] / "configs" / "*.yaml")))
+
+
+def base(model_dir: str) -> dict:
+    return {"model": {"path": model_dir}, "taskset": {"path": "tasks.jsonl"}}
+
+
+def write(tmp_path: Path, data: dict, name: str = "cfg.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_shipped_configs_exist_one_per_mode():
+    modes = {yaml.safe_load(Path(p).read_text())["synchronizer"]["mode"] for p in CONFIGS}
+    assert modes == {"synchronous", "one_step_off_policy", "fully_async", "multi_explorer"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: Path(p).name)
+def test_every_shipped_config_validates(path, tiny_model_dir, capsys):
+    # The shipped configs point at the demo model built by `make demo`; any model dir will do here.
+    assert rft(["validate", path, "--set", f"model.path={tiny_model_dir}"]) == 0
+    assert capsys.readouterr().out.startswith(f"OK {path}")
+
+
+def test_minimal_config_gets_defaults_and_resolves(tiny_model_dir):
+    cfg = validate_config(base(tiny_model_dir))
+    assert cfg.synchronizer.mode == "synchronous"
+    assert (cfg.synchronizer.sync_interval, cfg.synchronizer.sync_offset) == (1, 0)
+    assert cfg.name is None and cfg.trainer.train_batch_size is None
+    r = cfg.resolved()
+    assert r.trainer.train_batch_size == cfg.explorer.batch_size * cfg.algorithm.repeat_times
+    assert r.name.startswith("synchronous-") and r.run_url == f"runs/{r.name}"
+    assert r.model.tokenizer_path == tiny_model_dir
+    # Resolve works on a copy: validators never rewrite, the input stays as given.
+    assert cfg.name is None
+    # The resolved YAML loads back to the same model.
+    assert RFTConfig.model_validate(yaml.safe_load(to_yaml(r))) == r
+
+
+def test_overrides_apply_with_yaml_types(tmp_path, tiny_model_dir):
+    p = write(tmp_path, base(tiny_model_dir))
+    cfg = load_config(
+        p,
+        [
+            "synchronizer.mode=one_step_off_policy",
+            "synchronizer.sync_offset=2",
+            "synchronizer.sync_interval=4",
+            'explorer.sampling.stop=["\\n"]',
+            "algorithm.kl={coef: 0.05, estimator: k1}",
+        ],
+    )
+    assert (cfg.synchronizer.sync_interval, cfg.synchronizer.sync_offset) == (4, 2)
+    assert cfg.explorer.sampling.stop == ["\n"]
+    assert cfg.algorithm.kl.estimator == "k1" and cfg.algorithm.kl.coef == 0.05
+
+
+def test_no_field_without_description():
+    def walk(model, prefix=""):
+        for name, field in model.model_fields.items():
+            assert field.description, f"{prefix}{name} has no description"
+            ann = field.annotation
+            for sub in getattr(ann, "__args__", ()) + (ann,):
+                if isinstance(sub, type) and issubclass(sub, RFTConfig.__mro__[1]) and sub is not model:
+                    walk(sub, f"{prefix}{name}.")
+
+    walk(RFTConfig)
+
+
+# (overrides on a valid base, substrings the message must contain)
+BAD = [
+    ({"synchronizer": {"sync_offset": -1}}, ["synchronizer.sync_offset", "-1", "greater than or equal to 0"]),
+    ({"synchronizer": {"sync_interval": 0}}, ["synchronizer.sync_interval", "0", "greater than or equal to 1"]),
+    ({"synchronizer": {"mode": "multi_explorer"}}, ["explorer.count = 1", "multi_explorer", "explorer.count >= 2"]),
+    ({"synchronizer": {"mode": "bogus"}}, ["synchronizer.mode", "'bogus'", "synchronous"]),
+    ({"synchronizer": {"sync_ofset": 1}}, ["synchronizer.sync_ofset", "unknown key"]),
+    ({"trainer": {"lr": "fast"}}, ["trainer.lr", "'fast'", "valid number"]),
+    ({"model": {"path": "/nonexistent/model"}}, ["model.path", "/nonexistent/model", "does not exist", "rft make-tiny-model"]),
+    ({"synchronizer": {"sync_offset": 2}}, ["synchronizer.sync_offset = 2", "one_step_off_policy"]),
+    ({"synchronizer": {"mode": "one_step_off_policy"}}, ["sync_offset = 0", "sync_offset >= 1"]),
+    ({"synchronizer": {"mode": "fully_async", "sync_offset": 1}}, ["synchronizer.sync_offset = 1", "rendezvous"]),
+    ({"synchronizer": {"max_staleness": 2}}, ["synchronizer.max_staleness = 2", "async mode"]),
+    ({"explorer": {"count": 2}}, ["explorer.count = 2", "multi_explorer"]),
+    ({"trainer": {"train_batch_size": 10}}, ["trainer.train_batch_size = 10", "explorer.batch_size x algorithm.repeat_times"]),
+    ({"algorithm": {"repeat_times": 1}}, ["algorithm.repeat_times = 1", ">= 2"]),
+    ({"taskset": {"reward": {"type": "python", "function": "not a path"}}}, ["taskset.reward.function", "'not a path'"]),
+    ({"taskset": {"reward": {"type": "nope"}}}, ["taskset.reward", "arithmetic", "python"]),
+    ({"buffer": {"storage": {"options": {"key": "AKIA..."}}}}, ["buffer.storage.options", "credentials", "AWS_ACCESS_KEY_ID"]),
+    ({"explorer": {"partial": {"enabled": True, "segment_max_tokens": 64, "max_response_tokens": 32}}}, ["segment_max_tokens = 64", "max_response_tokens = 32"]),
+    ({"explorer": {"sampling": {"max_tokens": 600}}}, ["explorer.sampling.max_tokens = 600", "model.max_model_len"]),
+    ({"model": {"dtype": "int4"}}, ["model.dtype", "'int4'", "float32"]),
+]
+
+
+def merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@pytest.mark.parametrize("bad,expected", BAD, ids=[str(i) for i in range(len(BAD))])
+def test_bad_config_names_file_field_value_and_rule(bad, expected, tmp_path, tiny_model_dir, capsys):
+    p = write(tmp_path, merge(base(tiny_model_dir), bad), "bad.yaml")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    msg = str(ei.value)
+    assert str(p) in msg
+    for s in expected:
+        assert s in msg, f"{s!r} not in:\n{msg}"
+    # Through the CLI: one clear message on stderr, exit code 2, no traceback.
+    assert rft(["validate", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err and expected[0] in err
+
+
+def test_missing_required_sections_are_named(tmp_path):
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, {"trainer": {"lr": 1e-4}}))
+    assert "model: required field missing" in str(ei.value) and "taskset: required field missing" in str(ei.value)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [("not: [valid", "not valid YAML"), ("- a\n- b\n", "top level must be a mapping")],
+)
+def test_unparseable_files(tmp_path, text, expected):
+    p = tmp_path / "x.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=expected):
+        load_config(p)
+
+
+def test_bad_override_syntax_and_missing_file(tmp_path, tiny_model_dir):
+    p = write(tmp_path, base(tiny_model_dir))
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        load_config(p, ["synchronizer.sync_offset"])
+    with pytest.raises(ConfigError, match="'mode' is a value"):
+        load_config(p, ["synchronizer.mode=synchronous", "synchronizer.mode.x=1"])
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_cli_help_lists_commands(capsys):
+    with pytest.raises(SystemExit) as ei:
+        rft(["--help"])
+    assert ei.value.code == 0
+    out = capsys.readouterr().out
+    for cmd in ("validate", "run", "make-tiny-model", "warmstart", "make-tasks", "buffer", "timeline", "demo"):
+        assert cmd in out
+
+
+def test_cli_schema_is_json(capsys):
+    import json
+
+    assert rft(["validate", "--schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert "synchronizer" in schema["properties"]
