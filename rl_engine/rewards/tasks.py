@@ -1,0 +1,199 @@
+"""Task sets: load prompts from JSONL or Parquet (local or any fsspec URL), iterate them in
+seeded epochs that a resumed run continues exactly, and turn a prompt into model input.
+
+    tasks = load_taskset(cfg.taskset, cfg.buffer.storage.options)
+    it = TaskIterator(tasks, batch_size=4, seed=42, shuffle=True)
+    batch = it.next_batch()
+    saved = it.state_dict()            # JSON-able; TaskIterator(...).load_state_dict(saved) resumes
+    text = format_prompt(tokenizer, cfg.taskset.template, batch[0].prompt)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl_engine.errors import UserError
+
+_JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
+_PARQUET_SUFFIXES = (".parquet", ".pq")
+_COMPRESSIONS = (".gz", ".bz2", ".xz", ".zst")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt of a task set; `row` is the whole source row, for user rewards."""
+
+    task_id: str
+    prompt: str
+    answer: str | None
+    row: dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _file_format(path: str) -> str:
+    name = path.lower()
+    for c in _COMPRESSIONS:
+        name = name.removesuffix(c)
+    if name.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    if name.endswith(_PARQUET_SUFFIXES):
+        return "parquet"
+    raise UserError(f"taskset.path = {path!r}: unknown file type; use .jsonl (one JSON object per line) or .parquet")
+
+
+def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[int, Any]]:
+    """(row number, raw row) pairs; row numbers are 1-based lines (JSONL) or rows (Parquet)."""
+    import fsspec
+
+    fmt = _file_format(path)
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            with fsspec.open(path, "rb", **(storage_options or {})) as f:
+                table = pq.read_table(f)
+            return list(enumerate(table.to_pylist(), start=1))
+        with fsspec.open(path, "rt", encoding="utf-8", compression="infer", **(storage_options or {})) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise UserError(f"taskset.path = {path!r}: file not found") from None
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any reader failure is a bad file to the user
+        raise UserError(f"taskset.path = {path!r}: cannot read it as {fmt} ({type(e).__name__}: {e})") from None
+    rows = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue  # blank lines (a trailing newline, spacing) are not rows
+        try:
+            rows.append((lineno, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    return rows
+
+
+def _to_task(path: str, name: str, where: str, num: int, raw: Any, prompt_key: str, answer_key: str) -> Task:
+    if not isinstance(raw, dict):
+        raise UserError(f"{path}: {where}: expected a JSON object with a {prompt_key!r} key, got {type(raw).__name__}")
+    if prompt_key not in raw:
+        raise UserError(f"{path}: {where}: no {prompt_key!r} key (keys: {sorted(raw)}); set taskset.prompt_key to the prompt column")
+    prompt = raw[prompt_key]
+    if not isinstance(prompt, str):
+        raise UserError(f"{path}: {where}: {prompt_key!r} must be a string, got {type(prompt).__name__} {prompt!r}")
+    answer = raw.get(answer_key)
+    task_id = str(raw["id"]) if raw.get("id") is not None else f"{name}#{num}"
+    return Task(task_id=task_id, prompt=prompt, answer=None if answer is None else str(answer), row=raw)
+
+
+def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None) -> list[Task]:
+    """All tasks of `cfg.path` (a TasksetConfig), in file order; UserError names file and row of a bad row.
+
+    Task ids come from an `id` column when present, else `<file name>#<row number>`, so they
+    stay the same when the file moves.
+    """
+    path = cfg.path
+    raw_rows = _read_rows(path, storage_options)
+    where_word = "row" if _file_format(path) == "parquet" else "line"
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    tasks, seen = [], {}
+    for num, raw in raw_rows:
+        where = f"{where_word} {num}"
+        task = _to_task(path, name, where, num, raw, cfg.prompt_key, cfg.answer_key)
+        if task.task_id in seen:
+            # GRPO groups and the buffer key on task ids: duplicates would merge unrelated groups.
+            raise UserError(f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]})")
+        seen[task.task_id] = where
+        tasks.append(task)
+    if not tasks:
+        raise UserError(f"taskset.path = {path!r}: the task set is empty (no rows)")
+    return tasks
+
+
+# --------------------------------------------------------------------------- iteration
+
+
+def _fingerprint(tasks: list[Task]) -> str:
+    return hashlib.sha256("\n".join(t.task_id for t in tasks).encode()).hexdigest()[:16]
+
+
+class TaskIterator:
+    """Batches of tasks in seeded epochs; batches wrap across epoch boundaries so each is full.
+
+    The order of epoch `k` depends only on (seed, k), so `state_dict()` is just the position.
+    """
+
+    def __init__(self, tasks: list[Task], batch_size: int, seed: int = 0, shuffle: bool = True):
+        if not tasks:
+            raise UserError("TaskIterator: the task set is empty")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.tasks, self.batch_size, self.seed, self.shuffle = list(tasks), batch_size, seed, shuffle
+        self.epoch, self.pos, self.batches = 0, 0, 0
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.tasks)))
+        if self.shuffle:
+            # An int seed mixing (seed, epoch): stable across Python versions and processes.
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    def next_batch(self) -> list[Task]:
+        out = []
+        while len(out) < self.batch_size:
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._epoch_order(self.epoch)
+            out.append(self.tasks[self._order[self.pos]])
+            self.pos += 1
+        self.batches += 1
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "batches": self.batches,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "num_tasks": len(self.tasks),
+            "fingerprint": _fingerprint(self.tasks),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "num_tasks", "fingerprint"):
+            if state.get(key) != mine[key]:
+                raise UserError(
+                    f"cannot resume the task order: {key} was {state.get(key)!r}, now {mine[key]!r} "
+                    "(the task set or seed changed since the run was saved)"
+                )
+        self.epoch, self.pos, self.batches = int(state["epoch"]), int(state["pos"]), int(state["batches"])
+        self._order = self._epoch_order(self.epoch)
+
+
+# --------------------------------------------------------------------------- prompt text
+
+
+def format_prompt(tokenizer: Any, template: str | None, prompt: str) -> str:
+    """Model input text of a prompt: `template` with `{prompt}` filled in if set, else the
+    tokenizer's chat template (one user turn + generation prompt) if it has one, else `prompt`.
+    """
+    if template is not None:
+        try:
+            return template.format(prompt=prompt)
+        except (KeyError, IndexError, ValueError) as e:
+            raise UserError(
+                f"taskset.template = {template!r}: not a valid format string with only {{prompt}} ({type(e).__name__}: {e}); "
+                "write literal braces as {{ and }}"
+            ) from None
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return prompt
