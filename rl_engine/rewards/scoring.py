@@ -16,6 +16,7 @@ import importlib
 import inspect
 import logging
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
@@ -131,16 +132,21 @@ class ScoreResult:
         return [e is None for e in self.errors]
 
 
+def _is_number(v: Any) -> bool:
+    # numbers.Real covers numpy scalars (np.float32 is not a float); a bool is a bug, not a reward.
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
 def _as_reward(value: Any) -> tuple[float, dict[str, float]]:
     """(reward, components) of a reward function's return value; ValueError if it is not usable."""
     if isinstance(value, dict):
         comps = {}
         for k, v in value.items():
-            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)):
+            if not isinstance(k, str) or not _is_number(v):
                 raise ValueError(f"reward component {k!r} = {v!r}: components must be str -> number")
             comps[k] = float(v)
         total = math.fsum(comps.values())
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+    elif _is_number(value):
         comps, total = {}, float(value)
     else:
         raise ValueError(f"reward returned {type(value).__name__} {value!r}; expected a float or a dict of floats")
