@@ -1,0 +1,356 @@
+"""Timeline of a run: every component records spans (rollout, train, sync, wait, write), they are
+stored as JSON lines under `<run>/timeline/`, and rendered as a Gantt chart plus a utilization
+summary: the picture a user compares sync modes by.
+
+    rec = TimelineRecorder(run_url, storage_options, component="explorer-0")
+    with rec.span("rollout", step=e, version=v):
+        ...
+    with rec.span("sync", step=e, method="collective") as s:
+        s.version = receive_weights()     # fields may be filled in inside the span
+    rec.flush()                           # writes the spans recorded since the last flush
+
+    spans = load_spans(run_url, storage_options)
+    render_gantt(spans, "timeline.png", title="synchronous")
+    print(summary_markdown(utilization(spans)))
+
+    rft timeline RUN_URL [--out PNG] [--storage-options JSON]
+    python -m rl_engine.timeline runs/synchronous-20261121-120000
+
+Each flush writes a new file `timeline/component=<name>/part-<time>-<recorder id>-<seq>.jsonl`
+atomically; nothing is ever appended, so recorders in any number of threads or processes, on
+local disk or S3, can never tear each other's files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+from rl_engine.errors import UserError
+from rl_engine.storage import join, open_storage, write_bytes_atomic
+
+KINDS = ("rollout", "train", "sync", "wait", "write")
+SYNC_METHODS = ("collective", "checkpoint")
+_COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+@dataclass
+class Span:
+    """One interval of one component's work or waiting; times are unix seconds."""
+
+    component: str
+    kind: str
+    start: float
+    end: float
+    step: int | None = None
+    version: int | None = None
+    method: str | None = None  # sync only: collective | checkpoint
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def _check_span(kind: str, method: str | None) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"span kind {kind!r}: expected one of {KINDS}")
+    if method is not None and (kind != "sync" or method not in SYNC_METHODS):
+        raise ValueError(f"span method {method!r} on kind {kind!r}: only sync spans have a method, one of {SYNC_METHODS}")
+
+
+# --------------------------------------------------------------------------- recording
+
+
+class TimelineRecorder:
+    """Records spans of one component in memory and writes them out on `flush()` (thread-safe).
+
+    `enabled=False` (monitor.timeline off) keeps the same calls but stores nothing.
+    """
+
+    def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, component: str = "trainer", enabled: bool = True):
+        if not _COMPONENT.match(component):
+            raise ValueError(f"component name {component!r}: use letters, digits, '-', '_' or '.' (e.g. explorer-0)")
+        self.run_url, self.storage_options, self.component, self.enabled = run_url, storage_options, component, enabled
+        self._id = uuid.uuid4().hex[:8]  # two recorders of one component (a restart) never share a file name
+        self._lock = threading.Lock()
+        self._pending: list[Span] = []
+        self._seq = 0
+
+    @contextlib.contextmanager
+    def span(self, kind: str, step: int | None = None, version: int | None = None, method: str | None = None) -> Iterator[Span]:
+        """Time the body as a span; it is recorded even if the body raises (that time was spent)."""
+        _check_span(kind, method)
+        s = Span(self.component, kind, time.time(), 0.0, step, version, method)
+        try:
+            yield s
+        finally:
+            s.end = time.time()
+            self.add(s)
+
+    def add(self, span: Span) -> None:
+        """Record a span measured elsewhere (e.g. a wait computed from two timestamps)."""
+        _check_span(span.kind, span.method)
+        if span.end < span.start:
+            raise ValueError(f"span ends before it starts: {span}")
+        if self.enabled:
+            with self._lock:
+                self._pending.append(span)
+
+    def flush(self) -> str | None:
+        """Write the spans recorded since the last flush as one new file; returns its path (None if none)."""
+        with self._lock:
+            spans, self._pending = self._pending, []
+            self._seq += 1
+            seq = self._seq
+        if not spans:
+            return None
+        fs, root = open_storage(self.run_url, self.storage_options)
+        name = f"part-{int(spans[0].start * 1000):015d}-{self._id}-{seq:05d}.jsonl"
+        path = join(root, "timeline", f"component={self.component}", name)
+        try:
+            write_bytes_atomic(fs, path, "".join(json.dumps(asdict(s)) + "\n" for s in spans).encode())
+        except BaseException:
+            with self._lock:  # keep them for the next flush rather than lose them
+                self._pending[:0] = spans
+            raise
+        return path
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> "TimelineRecorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def load_spans(run_url: str, storage_options: dict[str, Any] | None = None) -> list[Span]:
+    """All spans flushed under `<run>/timeline/`, sorted by start time ([] if there are none)."""
+    fs, root = open_storage(run_url, storage_options)
+    base = join(root, "timeline")
+    fs.invalidate_cache(base)  # s3fs caches listings; other components wrote since
+    try:
+        paths = sorted(p for p in fs.find(base) if p.rsplit("/", 1)[-1].startswith("part-") and p.endswith(".jsonl"))
+    except FileNotFoundError:
+        return []
+    spans = []
+    for path in paths:
+        for lineno, line in enumerate(fs.cat_file(path).decode().splitlines(), start=1):
+            try:
+                spans.append(Span(**json.loads(line)))
+            except (json.JSONDecodeError, TypeError) as e:
+                raise ValueError(f"{path}: line {lineno}: not a timeline span ({e})") from None
+    return sorted(spans, key=lambda s: (s.start, s.component))
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def lane_order(components: set[str] | list[str]) -> list[str]:
+    """Explorers (by number), then the buffer, then the trainer, then anything else: the seeds' layout."""
+
+    def key(c: str) -> tuple[int, int, str]:
+        role = ("explorer", "buffer", "trainer").index(c.split("-")[0]) if c.split("-")[0] in ("explorer", "buffer", "trainer") else 3
+        num = re.search(r"(\d+)$", c)
+        return role, int(num.group(1)) if num else -1, c
+
+    return sorted(set(components), key=key)
+
+
+def _measure(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of intervals, so nested or overlapping spans count once."""
+    total, cur_start, cur_end = 0.0, None, None
+    for a, b in sorted(intervals):
+        if cur_end is None or a > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = a, b
+        else:
+            cur_end = max(cur_end, b)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def utilization(spans: list[Span]) -> dict[str, Any]:
+    """Busy fraction per lane and time spent waiting, over the run's wall time.
+
+    busy = union of a lane's non-wait spans; busy_fraction = busy / the whole run's wall time
+    (first start to last end over all lanes), so a lane that starts late counts as idle.
+    Trainer wait spans are time waiting for experiences; explorer wait spans, for sync.
+    """
+    if not spans:
+        return {"wall_s": 0.0, "lanes": {}, "trainer_wait_for_experiences_s": 0.0, "explorer_wait_for_sync_s": 0.0}
+    t0, t1 = min(s.start for s in spans), max(s.end for s in spans)
+    wall = t1 - t0
+    lanes = {}
+    for comp in lane_order({s.component for s in spans}):
+        mine = [s for s in spans if s.component == comp]
+        busy = _measure([(s.start, s.end) for s in mine if s.kind != "wait"])
+        kinds = {k: _measure([(s.start, s.end) for s in mine if s.kind == k]) for k in KINDS if any(s.kind == k for s in mine)}
+        lanes[comp] = {"busy_s": busy, "wait_s": kinds.get("wait", 0.0), "busy_fraction": busy / wall if wall > 0 else 0.0, "kinds_s": kinds}
+    return {
+        "wall_s": wall,
+        "lanes": lanes,
+        "trainer_wait_for_experiences_s": sum(v["wait_s"] for c, v in lanes.items() if c.startswith("trainer")),
+        "explorer_wait_for_sync_s": sum(v["wait_s"] for c, v in lanes.items() if c.startswith("explorer")),
+    }
+
+
+def summary_markdown(util: dict[str, Any]) -> str:
+    """A Markdown table of `utilization(...)`: one row per lane, then the waiting totals."""
+    rows = [
+        "| lane | busy | busy s | waiting s | rollout s | train s | sync s | write s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for comp, v in util["lanes"].items():
+        k = v["kinds_s"]
+        cells = [f"{k.get(kind, 0.0):.2f}" for kind in ("rollout", "train", "sync", "write")]
+        rows.append(f"| {comp} | {100 * v['busy_fraction']:.1f}% | {v['busy_s']:.2f} | {v['wait_s']:.2f} | " + " | ".join(cells) + " |")
+    rows += [
+        "",
+        f"- wall time: {util['wall_s']:.2f} s",
+        f"- trainer waiting for experiences: {util['trainer_wait_for_experiences_s']:.2f} s",
+        f"- explorers waiting for sync: {util['explorer_wait_for_sync_s']:.2f} s",
+    ]
+    return "\n".join(rows) + "\n"
+
+
+# --------------------------------------------------------------------------- rendering
+
+# (legend label, colour, hatch); colour-blind-safe Tableau hues, waiting pale and hatched.
+_STYLE = {
+    "rollout": ("rollout", "#4E79A7", None),
+    "train": ("train", "#F28E2B", None),
+    "sync:collective": ("sync (collective)", "#B07AA1", None),
+    "sync:checkpoint": ("sync (checkpoint)", "#59A14F", None),
+    "sync": ("sync", "#9C755F", None),
+    "write": ("buffer write", "#EDC948", None),
+    "wait": ("waiting", "#E0E0E0", "///"),
+}
+_DARK = {"rollout", "train", "sync:collective", "sync:checkpoint", "sync"}
+
+
+def _style_key(s: Span) -> str:
+    return f"sync:{s.method}" if s.kind == "sync" and s.method else s.kind
+
+
+def _label(s: Span) -> str:
+    if s.kind == "sync":
+        return f"v{s.version}" if s.version is not None else ""
+    if s.kind in ("rollout", "train", "write") and s.step is not None:
+        return str(s.step)
+    return ""
+
+
+def _draw_bars(ax: Any, spans: list[Span], lanes: list[str], t0: float) -> list[Span]:
+    """One bar per span; returns the spans in drawing order."""
+    # Longest first, so a short span nested in a long one (a write in a rollout) is drawn on top.
+    ordered = sorted(spans, key=lambda s: -s.duration)
+    for s in ordered:
+        _, color, hatch = _STYLE[_style_key(s)]
+        edge = "white" if hatch is None else "#A0A0A0"
+        ax.barh(lanes.index(s.component), s.duration, left=s.start - t0, height=0.62, color=color, hatch=hatch, edgecolor=edge, linewidth=0.6)
+    return ordered
+
+
+def _decorate(ax: Any, spans: list[Span], lanes: list[str], title: str | None) -> None:
+    """Lane labels, time axis, legend of the span kinds present, title."""
+    from matplotlib.patches import Patch
+
+    ax.set_yticks(range(len(lanes)), labels=lanes)
+    ax.set_xlabel("time since run start (s)")
+    ax.grid(axis="x", color="#EEEEEE", linewidth=0.8)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    present = [k for k in _STYLE if any(_style_key(s) == k for s in spans)]
+    handles = [Patch(facecolor=_STYLE[k][1], hatch=_STYLE[k][2], edgecolor="#A0A0A0", label=_STYLE[k][0]) for k in present]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+    if title:
+        ax.set_title(title, loc="left", fontsize=11)
+
+
+def _label_bars(ax: Any, spans: list[Span], lanes: list[str], t0: float) -> None:
+    """Step numbers (sync: versions) inside the bars wide enough to hold them."""
+    ax.figure.canvas.draw()  # after tight_layout: the final axes geometry gives bar widths in pixels
+    px_per_s = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
+    for s in spans:
+        text = _label(s)
+        if text and s.duration * px_per_s > 7 * len(text) + 6:  # ~7 px per glyph at fontsize 8
+            dark = _style_key(s) in _DARK
+            ax.text(s.start - t0 + s.duration / 2, lanes.index(s.component), text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+
+
+def render_gantt(
+    spans: list[Span], out_png: str | None = None, title: str | None = None, storage_options: dict[str, Any] | None = None
+) -> bytes:
+    """Draw the run as a Gantt chart (PNG); writes it to `out_png` (path or URL) if given, returns the bytes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    if not spans:
+        raise UserError("render_gantt: no spans to draw (was monitor.timeline on, and did the components flush?)")
+    lanes = lane_order({s.component for s in spans})
+    t0 = min(s.start for s in spans)
+    wall = max(s.end for s in spans) - t0
+    # Figure object + Agg canvas, not pyplot: no global backend state, safe from worker threads.
+    fig = Figure(figsize=(12, 1.4 + 0.55 * len(lanes)), dpi=110)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.set_xlim(0, wall * 1.01 if wall > 0 else 1.0)
+    ax.set_ylim(len(lanes) - 0.4, -0.6)  # first lane on top
+    ordered = _draw_bars(ax, spans, lanes, t0)
+    _decorate(ax, spans, lanes, title)
+    fig.tight_layout()
+    _label_bars(ax, ordered, lanes, t0)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    data = buf.getvalue()
+    if out_png is not None:
+        fs, path = open_storage(out_png, storage_options)
+        write_bytes_atomic(fs, path, data)
+    return data
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: `rft timeline RUN_URL [--out PNG]`: render the Gantt chart and print the utilization table."""
+    ap = argparse.ArgumentParser(prog="rft timeline", description="Render a run's Gantt chart and print its utilization summary.")
+    ap.add_argument("run_url", help="run directory: a local path or fsspec URL (s3://bucket/runs/NAME)")
+    ap.add_argument("--out", help="PNG to write (path or URL); default <run>/timeline.png")
+    ap.add_argument("--title", help="chart title; default the run's name")
+    ap.add_argument("--storage-options", default="{}", help='fsspec options as JSON, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\'')
+    a = ap.parse_args(argv)
+    try:
+        options = json.loads(a.storage_options)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--storage-options: not valid JSON ({e})") from None
+    spans = load_spans(a.run_url, options)
+    if not spans:
+        raise UserError(f"{a.run_url}: no timeline spans under {a.run_url.rstrip('/')}/timeline/ (is this a run directory, and was monitor.timeline on?)")
+    out = a.out or join(a.run_url, "timeline.png")
+    render_gantt(spans, out, title=a.title or a.run_url.rstrip("/").rsplit("/", 1)[-1], storage_options=options)
+    print(summary_markdown(utilization(spans)), end="")
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
