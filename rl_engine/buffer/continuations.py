@@ -1,0 +1,163 @@
+"""ContinuationStore: an explorer's unfinished (partial) rollouts, persisted between explorer steps.
+
+Same files as the buffer (Arrow IPC, EXPERIENCE_SCHEMA, CRC-checked), under
+`continuations/explorer=<id>/part-<uuid>.arrow`, plus `_manifest.json` beside them: the manifest
+is the source of truth (a Prefect artifact may mirror `manifest()` for people and the next flow
+run). A data file is written whole before the manifest names it, and every change of the
+manifest is one atomic write, so after a crash the store holds either the old sets or the new
+ones. `save(batch, retire=ids)` adds a set and retires the ones it continues in one step, so a
+resumed set can never be resumed twice nor lost.
+
+One store per explorer, used by one process at a time (the explorer that owns it); it is
+thread-safe within that process.
+
+    store = ContinuationStore(run_url, opts, explorer_id=0)
+    cid = store.save(unfinished, explorer_step=3)
+    batch = store.load([e.id for e in store.list()])
+    store.save(still_unfinished, explorer_step=4, retire=[cid])
+
+Tests: `.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_continuations.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+import uuid
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rl_engine.buffer import _files
+from rl_engine.errors import UserError
+from rl_engine.experience import ExperienceBatch
+from rl_engine.storage import join, open_storage
+
+MANIFEST_FORMAT = 1
+MANIFEST_NAME = "_manifest.json"  # leading underscore: Arrow dataset discovery skips it
+_RETIRED_KEPT = 1000  # retired ids remembered so a repeated retire is a no-op
+
+
+@dataclasses.dataclass(frozen=True)
+class ContinuationEntry:
+    """One saved set of unfinished trajectories."""
+
+    id: str
+    path: str  # file name inside the store directory
+    num_rows: int
+    response_tokens: int  # tokens generated so far, over all rows
+    explorer_step: int | None
+    created_at: float
+    size: int
+    crc32: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ContinuationStore:
+    """Save / list / load / retire sets of partial rollouts of one explorer."""
+
+    def __init__(self, run_url: str, storage_options: dict[str, Any] | None, explorer_id: int, *, fsync: bool = True):
+        self.fs, root = open_storage(run_url, storage_options)
+        self.explorer_id = int(explorer_id)
+        self.dir = join(root, "continuations", f"explorer={self.explorer_id}")
+        self.fsync = fsync
+        self._lock = threading.Lock()
+
+    # ---- public API
+
+    def save(self, batch: ExperienceBatch | pa.Table, *, explorer_step: int | None = None, retire: Iterable[str] = ()) -> str:
+        """Persist a set (validated against the schema); retire `retire` in the same commit; returns its id."""
+        if isinstance(batch, pa.Table):
+            batch = ExperienceBatch.from_table(batch, source="ContinuationStore.save")
+        cid = uuid.uuid4().hex
+        name = f"part-{cid}.arrow"
+        info = _files.write_data(self.fs, join(self.dir, name), batch.to_table(), fsync=self.fsync)
+        tokens = pc.sum(pc.list_value_length(batch.to_table().column("response_ids"))).as_py() or 0
+        entry = ContinuationEntry(cid, name, len(batch), int(tokens), explorer_step, time.time(), info["size"], info["crc32"])
+        with self._lock:
+            manifest = self._read_manifest()
+            doomed = self._check_retire(manifest, retire)
+            manifest["entries"] = [e for e in manifest["entries"] if e["id"] not in doomed] + [entry.to_dict()]
+            self._commit(manifest, doomed)
+        return cid
+
+    def list(self) -> list[ContinuationEntry]:
+        """Active (not retired) sets, oldest first."""
+        return [ContinuationEntry(**e) for e in self._read_manifest()["entries"]]
+
+    def load(self, ids: Iterable[str] | None = None) -> ExperienceBatch:
+        """The rows of the given sets (all active sets if None), in the order given."""
+        entries = {e.id: e for e in self.list()}
+        wanted = list(entries) if ids is None else list(ids)
+        unknown = [i for i in wanted if i not in entries]
+        if unknown:
+            raise KeyError(f"{self._uri(MANIFEST_NAME)}: no active continuation set {unknown} (retired, or never saved by explorer {self.explorer_id})")
+        parts = []
+        for i in wanted:
+            e = entries[i]
+            path = join(self.dir, e.path)
+            parts.append(_files.read_data(self.fs, path, e.size, e.crc32, self.fs.unstrip_protocol(path), e.num_rows))
+        return ExperienceBatch.concat(parts)
+
+    def retire(self, ids: Iterable[str]) -> None:
+        """Remove sets (once resumed) in one atomic manifest write; retiring twice is a no-op."""
+        with self._lock:
+            manifest = self._read_manifest()
+            doomed = self._check_retire(manifest, ids)
+            if not doomed:
+                return
+            manifest["entries"] = [e for e in manifest["entries"] if e["id"] not in doomed]
+            self._commit(manifest, doomed)
+
+    def manifest(self) -> dict[str, Any]:
+        """The manifest as stored (what a Prefect artifact mirrors): entries, totals, URIs."""
+        m = self._read_manifest()
+        m["uri"] = self._uri(MANIFEST_NAME)
+        m["num_rows"] = sum(e["num_rows"] for e in m["entries"])
+        m["response_tokens"] = sum(e["response_tokens"] for e in m["entries"])
+        for e in m["entries"]:
+            e["uri"] = self._uri(e["path"])
+        return m
+
+    # ---- internals
+
+    def _uri(self, name: str) -> str:
+        return self.fs.unstrip_protocol(join(self.dir, name))
+
+    def _read_manifest(self) -> dict[str, Any]:
+        path = join(self.dir, MANIFEST_NAME)
+        try:
+            m = json.loads(self.fs.cat_file(path))
+        except FileNotFoundError:
+            return {"format": MANIFEST_FORMAT, "explorer_id": self.explorer_id, "revision": 0, "entries": [], "retired": []}
+        except ValueError as e:
+            raise UserError(f"{self._uri(MANIFEST_NAME)}: unreadable continuation manifest ({e})") from None
+        if m.get("format") != MANIFEST_FORMAT:
+            raise UserError(f"{self._uri(MANIFEST_NAME)}: manifest format {m.get('format')!r}, expected {MANIFEST_FORMAT}")
+        return m
+
+    def _check_retire(self, manifest: dict[str, Any], ids: Iterable[str]) -> set[str]:
+        ids = set(ids)
+        active = {e["id"] for e in manifest["entries"]}
+        unknown = ids - active - set(manifest["retired"])
+        if unknown:
+            raise KeyError(f"{self._uri(MANIFEST_NAME)}: cannot retire unknown continuation set(s) {sorted(unknown)}")
+        return ids & active
+
+    def _commit(self, manifest: dict[str, Any], retired: set[str]) -> None:
+        old_paths = [join(self.dir, f"part-{i}.arrow") for i in sorted(retired)]
+        manifest["revision"] += 1
+        manifest["retired"] = (manifest["retired"] + sorted(retired))[-_RETIRED_KEPT:]
+        _files.put_json(self.fs, join(self.dir, MANIFEST_NAME), manifest, fsync=self.fsync)
+        # Only after the manifest no longer names them; a crash here leaves unnamed files, never
+        # a named file that is missing.
+        for p in old_paths:
+            try:
+                self.fs.rm_file(p)
+            except FileNotFoundError:
+                pass
