@@ -1,0 +1,122 @@
+"""vLLM worker extension: the methods weight syncs call on every inference worker.
+
+vLLM mixes this class into its worker class (`worker_extension_cls`, set by
+`rl_engine.rollout.engine`); explorers reach the methods through `engine.rpc(name, ...)`
+(`LLM.collective_rpc`). Methods are prefixed `rft_` so they never clash with vLLM's own.
+
+Loading into a live engine: on CPU vLLM post-processes weights after loading (kernel formats),
+so a bare `model.load_weights` fails; every load runs inside `initialize_layerwise_reload` /
+`finalize_layerwise_reload` under `set_current_vllm_config`, which re-creates the checkpoint-
+format parameters, loads, re-processes and copies into the kernel tensors in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class RFTWorkerExtension:
+    """Mixed into vLLM's worker; `self` is the worker (model_runner, vllm_config, rank, device)."""
+
+    # ---- in-place loading
+
+    @contextlib.contextmanager
+    def _rft_reloading(self) -> Iterator[Any]:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        model = self.model_runner.get_model()
+        with set_current_vllm_config(self.vllm_config), torch.no_grad():
+            initialize_layerwise_reload(model)
+            try:
+                yield model
+            finally:
+                finalize_layerwise_reload(model, self.model_config)
+
+    def _rft_load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load checkpoint-format (HF-named) weights in place; returns how many tensors were loaded."""
+        n = 0
+
+        def counted():
+            nonlocal n
+            for item in weights:
+                n += 1
+                yield item
+
+        with self._rft_reloading() as model:
+            model.load_weights(counted())
+        return n
+
+    # ---- collective method
+
+    def rft_join_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float) -> int:
+        """Join the weight-sync group as rank `rank_offset + worker rank`; blocks until the group is complete."""
+        from rl_engine.sync.buckets import destroy_group, init_group
+
+        self.rft_leave_group()
+        rank = rank_offset + self.rank
+        self._rft_pg = init_group(host, port, rank, world_size, backend, timeout_s)
+        self._rft_backend = backend
+        return rank
+
+    def rft_leave_group(self) -> None:
+        from rl_engine.sync.buckets import destroy_group
+
+        pg = getattr(self, "_rft_pg", None)
+        if pg is not None:
+            self._rft_pg = None
+            with contextlib.suppress(Exception):
+                destroy_group(pg)
+
+    def _rft_group(self) -> tuple[Any, torch.device]:
+        pg = getattr(self, "_rft_pg", None)
+        if pg is None:
+            raise RuntimeError("this worker has not joined a weight-sync group; call connect() on the receiver first")
+        device = self.device if self._rft_backend == "nccl" else torch.device("cpu")
+        return pg, device
+
+    def rft_receive_broadcast(self) -> tuple[int, int]:
+        """Receive one broadcast weight stream and load it in place; returns (version, tensors loaded)."""
+        from rl_engine.sync.buckets import broadcast_recv
+
+        pg, device = self._rft_group()
+        with self._rft_reloading() as model:
+            version, n = broadcast_recv(pg, device, model.load_weights)
+        self._rft_version = version
+        return version, n
+
+    def rft_raw_receive(self, sizes: list[int]) -> None:
+        """Benchmark baseline: receive plain broadcasts of these byte sizes, load nothing."""
+        from rl_engine.sync.buckets import raw_broadcast
+
+        pg, device = self._rft_group()
+        raw_broadcast(pg, sizes, device)
+
+    # ---- checkpoint method
+
+    def rft_load_checkpoint(self, local_dir: str, version: int) -> tuple[int, int]:
+        """Load every *.safetensors file of a local checkpoint directory in place; returns (version, tensors)."""
+        from safetensors import safe_open
+
+        files = sorted(Path(local_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {local_dir}")
+
+        def weights():
+            for f in files:
+                with safe_open(str(f), framework="pt", device="cpu") as sf:
+                    for name in sf.keys():
+                        yield name, sf.get_tensor(name)
+
+        n = self._rft_load(weights())
+        self._rft_version = version
+        return version, n
+
+    def rft_version(self) -> int:
+        """Version of the weights this worker holds (0 until a sync)."""
+        return getattr(self, "_rft_version", 0)

@@ -1,0 +1,133 @@
+"""The vLLM rollout engine on the tiny model: samples, logprobs against transformers, errors.
+
+    .venv/bin/python -m pytest tests/rl_engine/rollout -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_engine.errors import UserError
+from rl_engine.rollout.engine import EngineDiedError, VLLMRolloutEngine, build_rollout_engine, request_seeds
+from tests.rl_engine.rollout.engines import MAX_MODEL_LEN, load_hf, make_config, max_logprob_diff
+
+# fp32 on both sides; measured max |diff| ~1e-6 on the tiny model.
+LOGPROB_TOL = 1e-5
+
+
+def _sampling(engine, **kw):
+    from rl_engine.config import SamplingConfig
+
+    return SamplingConfig(**{"max_tokens": 12, **kw})
+
+
+# ---------------------------------------------------------------- fast (no engine)
+
+
+def test_request_seeds_are_distinct_and_do_not_overlap():
+    seeds = request_seeds(7, num_prompts=50, n=8)
+    streams = {s + k for s in seeds for k in range(8)}  # vLLM seeds sample k with seed + k
+    assert len(streams) == 50 * 8
+    assert request_seeds(7, 50, 8) == seeds
+    assert not set(request_seeds(8, 50, 8)) & set(seeds)
+
+
+def test_missing_model_path_is_a_user_error(tiny_model_dir, tmp_path):
+    cfg = make_config(tiny_model_dir)
+    cfg.model.path = str(tmp_path / "no-such-model")
+    with pytest.raises(UserError, match="no-such-model.*does not exist"):
+        build_rollout_engine(cfg)
+
+
+def test_closed_engine_raises_engine_died():
+    eng = VLLMRolloutEngine.__new__(VLLMRolloutEngine)  # no vLLM: only the lifecycle state
+    eng._closed, eng.explorer_id, eng.max_model_len = True, 3, 64
+    import threading
+
+    eng._lock = threading.RLock()
+    with pytest.raises(EngineDiedError, match="explorer 3 was closed"):
+        eng.generate([[1, 2]], 1, _sampling(eng), seed=0)
+
+
+def test_dead_engine_core_maps_to_engine_died():
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    eng = VLLMRolloutEngine.__new__(VLLMRolloutEngine)
+    eng.explorer_id = 1
+    with pytest.raises(EngineDiedError, match="explorer 1 died"):
+        eng._raise_if_dead(EngineDeadError())
+
+
+# ---------------------------------------------------------------- real engine
+
+
+@pytest.mark.slow
+def test_n_samples_per_prompt_with_logprobs(engine):
+    tok = engine.tokenizer
+    prompts = [tok.encode("1+2="), tok.encode("hello"), tok.encode("hello")]
+    out = engine.generate(prompts, n=4, sampling=_sampling(engine), seed=3)
+    assert [len(g) for g in out] == [4, 4, 4]
+    for p, g in zip(prompts, out):
+        for r in g:
+            assert r.prompt_ids == p
+            assert 1 <= len(r.response_ids) <= 12
+            assert len(r.logprobs) == len(r.response_ids)
+            assert all(lp <= 0.0 for lp in r.logprobs)
+            assert r.version == engine.version == 0
+            assert r.finish_reason in ("stop", "length")
+            if r.finish_reason == "length":
+                assert len(r.response_ids) == 12
+        assert len({tuple(r.response_ids) for r in g}) == 4  # distinct samples
+    # The same prompt twice in one call gets its own seeds: not the same samples.
+    assert [r.response_ids for r in out[1]] != [r.response_ids for r in out[2]]
+
+
+@pytest.mark.slow
+def test_seed_reproduces_and_varies(engine):
+    prompts = [engine.tokenizer.encode("abc")]
+    a = engine.generate(prompts, 2, _sampling(engine), seed=11)
+    b = engine.generate(prompts, 2, _sampling(engine), seed=11)
+    c = engine.generate(prompts, 2, _sampling(engine), seed=12)
+    ids = lambda o: [r.response_ids for r in o[0]]  # noqa: E731
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(c)
+
+
+@pytest.mark.slow
+def test_finish_reasons_stop_and_length(engine):
+    stops = list("abcdefghijklmnopqrstuvwxyz0123456789")  # ~14% of the byte vocabulary per token
+    s = _sampling(engine, max_tokens=40, stop=stops)
+    out = engine.generate([engine.tokenizer.encode("q:")], n=16, sampling=s, seed=5)
+    reasons = [r.finish_reason for r in out[0]]
+    assert "stop" in reasons
+    eos = engine.tokenizer.eos_token_id
+    for r in out[0]:
+        full = engine.tokenizer.decode(r.response_ids)
+        if r.finish_reason == "stop":
+            assert r.response_ids[-1] == eos or full[-1:] in stops
+            assert not any(ch in r.text for ch in stops)  # vLLM cuts the stop string from the text
+        else:
+            assert len(r.response_ids) == 40
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behavior_logprobs_match_transformers(engine, tiny_model_dir, temperature):
+    assert engine.version == 0, "another test left synced weights in the shared engine"
+    hf = load_hf(tiny_model_dir)
+    tok = engine.tokenizer
+    prompts = [tok.encode("12+30="), tok.encode("The quick brown fox"), tok.encode("x")]
+    out = engine.generate(prompts, n=3, sampling=_sampling(engine, temperature=temperature, max_tokens=24), seed=1)
+    worst = max_logprob_diff(hf, out, temperature)
+    print(f"max |logprob diff| vLLM vs transformers at T={temperature}: {worst:.2e}")
+    assert worst < LOGPROB_TOL
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_context_is_a_user_error(engine):
+    with pytest.raises(UserError, match=rf"prompt 1 has {MAX_MODEL_LEN + 5} tokens.*model.max_model_len = {MAX_MODEL_LEN}"):
+        engine.generate([[5, 6], [7] * (MAX_MODEL_LEN + 5)], 2, _sampling(engine), seed=0)
+    with pytest.raises(UserError, match="prompt 0 is empty"):
+        engine.generate([[]], 1, _sampling(engine), seed=0)
+    # The engine is still usable afterwards.
+    assert len(engine.generate([[5, 6]], 1, _sampling(engine), seed=0)[0]) == 1
