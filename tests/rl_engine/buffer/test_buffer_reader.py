@@ -1,0 +1,165 @@
+"""BufferReader selection rules: whole groups, staleness, corrupt and invalid files, late commits.
+
+    .venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_reader.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rl_engine.buffer import BufferReader, BufferTimeout, BufferWriter, CorruptFileError
+from rl_engine.buffer.synthetic import make_batch
+from rl_engine.config import BufferConfig
+from rl_engine.experience import SCHEMA_VERSION_KEY, ExperienceBatch
+
+
+def _ids(batch: ExperienceBatch) -> list[str]:
+    return [str(x) for x in batch.column("experience_id")]
+
+
+def test_whole_groups_never_split(tmp_path):
+    run = str(tmp_path)
+    w = BufferWriter(run, {}, 0)
+    w.write(1, make_batch(6, group_size=3, explorer_step=1))  # groups g0, g1 of 3
+    w.write(2, make_batch(4, group_size=2, explorer_step=2))  # groups g0, g1 of 2
+    reader = BufferReader(run, {}, BufferConfig(whole_groups=True))
+    # FIFO by group, skipping a group that does not fit: s1-g0 (3), s1-g1 (3 > 2 left) waits, s2-g0 (2).
+    b = reader.read_batch(5, timeout_s=0)
+    assert _ids(b) == ["e0-s1-0", "e0-s1-1", "e0-s1-2", "e0-s2-0", "e0-s2-1"]
+    b = reader.read_batch(5, timeout_s=0)
+    assert _ids(b) == ["e0-s1-3", "e0-s1-4", "e0-s1-5", "e0-s2-2", "e0-s2-3"]
+
+
+def test_group_larger_than_batch_is_an_error(tmp_path):
+    BufferWriter(str(tmp_path), {}, 0).write(1, make_batch(4, group_size=4))
+    with pytest.raises(ValueError, match="group of 4 experiences does not fit a batch of 3"):
+        BufferReader(str(tmp_path), {}, BufferConfig(whole_groups=True)).read_batch(3, timeout_s=0)
+    # Without whole groups the same rows split freely.
+    assert len(BufferReader(str(tmp_path), {}, BufferConfig(whole_groups=False)).read_batch(3, timeout_s=0)) == 3
+
+
+def test_stale_experiences_dropped_and_counted(tmp_path):
+    run = str(tmp_path)
+    w = BufferWriter(run, {}, 0)
+    for step, version in [(1, 0), (2, 1), (3, 2), (4, 3)]:
+        w.write(step, make_batch(4, explorer_step=step, version=version, group_size=2))
+    reader = BufferReader(run, {}, BufferConfig())
+    b = reader.read_batch(8, trainer_version=3, max_staleness=1, timeout_s=0)
+    assert sorted(set(b.min_versions().tolist())) == [2, 3]
+    assert reader.stats["dropped_stale"] == 8 and reader.stats["consumed"] == 8
+    with pytest.raises(BufferTimeout, match=r"trainer version 3, max_staleness 1.*8 dropped as stale"):
+        reader.read_batch(2, trainer_version=3, max_staleness=1, timeout_s=0)
+
+
+def test_group_with_one_stale_member_dropped_whole(tmp_path):
+    run = str(tmp_path)
+    t = make_batch(4, group_size=2, version=5).to_table()
+    versions = pa.array([[5] * 32, [1] + [5] * 31, [5] * 32, [5] * 32], pa.list_(pa.int32()))
+    t = t.set_column(t.schema.get_field_index("versions"), t.schema.field("versions"), versions)
+    BufferWriter(run, {}, 0).write(1, ExperienceBatch.from_table(t))
+    reader = BufferReader(run, {}, BufferConfig(whole_groups=True))
+    assert _ids(reader.read_batch(2, trainer_version=5, max_staleness=2, timeout_s=0)) == ["e0-s1-2", "e0-s1-3"]
+    assert reader.stats["dropped_stale"] == 2
+
+
+def test_staleness_needs_both_arguments(tmp_path):
+    with pytest.raises(ValueError, match="both trainer_version and max_staleness"):
+        BufferReader(str(tmp_path), {}).read_batch(1, trainer_version=3)
+
+
+# --------------------------------------------------------------------------- corrupt / invalid files
+
+
+def _three_files(run: str) -> list[str]:
+    w = BufferWriter(run, {}, 0)
+    return [w.write(s, make_batch(4, explorer_step=s)) for s in (1, 2, 3)]
+
+
+def _local(uri: str) -> Path:
+    return Path(uri.removeprefix("file://"))
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[:-100])
+
+
+def _flip_byte(p: Path) -> None:
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit in the middle of the column data: still parses
+    p.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage, reason", [(_truncate, "truncated"), (_flip_byte, "checksum mismatch")])
+def test_corrupt_file_fails_with_path(tmp_path, damage, reason):
+    uris = _three_files(str(tmp_path))
+    damage(_local(uris[1]))
+    reader = BufferReader(str(tmp_path), {}, BufferConfig(on_corrupt="fail"))
+    assert len(reader.read_batch(4, timeout_s=0)) == 4  # the file before it is fine
+    with pytest.raises(CorruptFileError, match=reason) as info:
+        reader.read_batch(4, timeout_s=0)
+    assert info.value.path == uris[1] and uris[1] in str(info.value)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _flip_byte])
+def test_corrupt_file_skipped_and_reported(tmp_path, damage):
+    uris = _three_files(str(tmp_path))
+    damage(_local(uris[1]))
+    reader = BufferReader(str(tmp_path), {}, BufferConfig(on_corrupt="skip"))
+    assert [x.explorer_step for x in reader.read_batch(8, timeout_s=0).experiences()] == [1] * 4 + [3] * 4
+    assert reader.stats["skipped_corrupt"] == 1 and reader.stats["skipped_corrupt_rows"] == 4
+    assert reader.stats["corrupt_files"] == [uris[1]]
+    # The skip is part of the cursor: a restored reader does not re-report it.
+    again = BufferReader(str(tmp_path), {}, BufferConfig(on_corrupt="fail"))
+    again.load_state_dict(reader.state_dict())
+    assert again.stats["corrupt_files"] == [uris[1]]
+
+
+def _committed_invalid(run: str, table: pa.Table) -> str:
+    # ExperienceBatch(table) skips validation on purpose: a writer of another version wrote this.
+    return BufferWriter(run, {}, 0).write(1, ExperienceBatch(table))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.replace_schema_metadata({SCHEMA_VERSION_KEY: b"2"}), r"experience schema version 2, this code reads version 1"),
+        (lambda t: t.drop_columns(["logprobs"]), r"column 'logprobs': missing"),
+        (lambda t: t.set_column(t.schema.get_field_index("reward"), "reward", pa.array(np.zeros(4, np.float32))), r"column 'reward': has type float, expected double"),
+    ],
+)
+def test_invalid_committed_file_names_file_and_column(tmp_path, edit, message):
+    uri = _committed_invalid(str(tmp_path), edit(make_batch(4).to_table()))
+    with pytest.raises(CorruptFileError, match=message) as info:
+        BufferReader(str(tmp_path), {}, BufferConfig(on_corrupt="fail")).read_batch(4, timeout_s=0)
+    assert str(info.value).startswith(uri)
+
+
+# --------------------------------------------------------------------------- late commits
+
+
+def test_late_commit_with_earlier_key_is_read_once(tmp_path, monkeypatch):
+    """A record that shows up after later ones were consumed is still offered, exactly once."""
+    import rl_engine.buffer.writer as writer_mod
+
+    run = str(tmp_path)
+    early, late = BufferWriter(run, {}, 0), BufferWriter(run, {}, 1)
+    late.write(1, make_batch(4, explorer_id=1))
+    reader = BufferReader(run, {}, BufferConfig())
+    assert {x.explorer_id for x in reader.read_batch(4, timeout_s=0).experiences()} == {1}
+    before_late = reader.state_dict()
+    # explorer 0's commit carries a timestamp older than the one already consumed (slow PUT, lagging listing)
+    monkeypatch.setattr(writer_mod.time, "time_ns", lambda: 1)
+    early.write(1, make_batch(4, explorer_id=0))
+    assert {x.explorer_id for x in reader.read_batch(4, timeout_s=0).experiences()} == {0}
+    with pytest.raises(BufferTimeout):
+        reader.read_batch(1, timeout_s=0)
+    # A trainer restored from before it appeared gets it; one restored from after does not.
+    restored = BufferReader(run, {}, BufferConfig())
+    restored.load_state_dict(before_late)
+    assert {x.explorer_id for x in restored.read_batch(4, timeout_s=0).experiences()} == {0}
+    with pytest.raises(BufferTimeout):
+        restored.read_batch(1, timeout_s=0)
