@@ -37,6 +37,17 @@ def trainer_sync_versions(total_steps: int, k: int, m: int) -> set[int]:
     return set(rendezvous_syncs(total_steps, k, m).values())
 
 
+def resumed_rendezvous_syncs(total_steps: int, k: int, m: int, trainer_version: int, first_step: int) -> dict[int, int]:
+    """The sync points left after a resume, when the trainer restarts at `trainer_version` and
+    the explorer at `first_step` (one past its last committed step).
+
+    A resumed explorer first loads the trainer's restored version (one catch-up sync, done iff
+    first_step <= total_steps); after that only syncs delivering newer versions remain.
+    Trainer and explorer both derive their plan from this, so they pair up exactly.
+    """
+    return {e: v for e, v in rendezvous_syncs(total_steps, k, m).items() if e >= first_step and v > trainer_version}
+
+
 def rendezvous_version(e: int, k: int, m: int) -> int:
     """The policy version that generates explorer step e under the rendezvous schedule.
 

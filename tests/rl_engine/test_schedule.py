@@ -57,3 +57,14 @@ def test_versions_are_consistent_with_sync_points():
 def test_decoupled_staleness_gate():
     assert staleness_ok(0, 10, None)
     assert staleness_ok(3, 5, 2) and not staleness_ok(2, 5, 2)
+
+
+def test_resumed_plan_pairs_up_and_skips_passed_versions():
+    # k=1, m=1, T=8: the explorer had committed steps 1..5, the trainer state is at version 3.
+    # Left: syncs after e=5.. delivering e-1 > 3, i.e. {5: 4, 6: 5, 7: 6}.
+    from rl_engine.schedule import resumed_rendezvous_syncs
+
+    assert resumed_rendezvous_syncs(8, 1, 1, trainer_version=3, first_step=6) == {6: 5, 7: 6}
+    assert resumed_rendezvous_syncs(8, 1, 1, trainer_version=3, first_step=5) == {5: 4, 6: 5, 7: 6}
+    # Nothing was lost: a fresh start is the full plan.
+    assert resumed_rendezvous_syncs(8, 2, 1, trainer_version=0, first_step=1) == rendezvous_syncs(8, 2, 1)
