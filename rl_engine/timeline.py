@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterator
 
 from rl_engine.errors import UserError
@@ -134,6 +134,12 @@ class TimelineRecorder:
         self.close()
 
 
+def _span_from_dict(d: dict[str, Any]) -> Span:
+    # Unknown keys are ignored so spans written by a newer version still load.
+    known = {f.name for f in fields(Span)}
+    return Span(**{k: v for k, v in d.items() if k in known})
+
+
 def load_spans(run_url: str, storage_options: dict[str, Any] | None = None) -> list[Span]:
     """All spans flushed under `<run>/timeline/`, sorted by start time ([] if there are none)."""
     fs, root = open_storage(run_url, storage_options)
@@ -143,13 +149,15 @@ def load_spans(run_url: str, storage_options: dict[str, Any] | None = None) -> l
         paths = sorted(p for p in fs.find(base) if p.rsplit("/", 1)[-1].startswith("part-") and p.endswith(".jsonl"))
     except FileNotFoundError:
         return []
+    # One batched read: s3fs fetches the many small per-flush files concurrently.
+    contents = fs.cat(paths) if paths else {}
     spans = []
     for path in paths:
-        for lineno, line in enumerate(fs.cat_file(path).decode().splitlines(), start=1):
+        for lineno, line in enumerate(contents[path].decode().splitlines(), start=1):
             try:
-                spans.append(Span(**json.loads(line)))
-            except (json.JSONDecodeError, TypeError) as e:
-                raise ValueError(f"{path}: line {lineno}: not a timeline span ({e})") from None
+                spans.append(_span_from_dict(json.loads(line)))
+            except (json.JSONDecodeError, TypeError, KeyError) as e:
+                raise ValueError(f"{path}: line {lineno}: not a timeline span ({type(e).__name__}: {e})") from None
     return sorted(spans, key=lambda s: (s.start, s.component))
 
 

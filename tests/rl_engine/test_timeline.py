@@ -247,3 +247,14 @@ def test_cli_main_on_run_dir(tmp_path, capsys):
         main([str(tmp_path / "empty")])
     with pytest.raises(UserError, match="storage-options"):
         main([str(run), "--storage-options", "{nope"])
+
+
+def test_load_spans_tolerates_new_keys_and_names_a_bad_file(tmp_path):
+    d = tmp_path / "run" / "timeline" / "component=trainer"
+    d.mkdir(parents=True)
+    (d / "part-1.jsonl").write_text('{"component": "trainer", "kind": "train", "start": 1.0, "end": 2.0, "step": 1, "gpu": 0}\n')
+    (d / ".tmp-123").write_text("half written")  # a writer's temp file is never read
+    assert [_key(s) for s in load_spans(str(tmp_path / "run"))] == [("trainer", "train", 1.0, 2.0, 1, None, None)]
+    (d / "part-2.jsonl").write_text('{"component": "trainer"}\n')
+    with pytest.raises(ValueError, match=r"part-2.jsonl: line 1: not a timeline span"):
+        load_spans(str(tmp_path / "run"))
