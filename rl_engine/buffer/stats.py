@@ -1,0 +1,177 @@
+"""`rft buffer stats RUN`: what a run's buffer holds, without the trainer.
+
+Counts per explorer, per explorer step and per policy version (the oldest token version of an
+experience), reward / length / finish-reason summaries, files that are written but not
+committed, corrupt files, and how far the trainer's latest saved cursor got. Only committed
+files are counted, each checked against its commit record like the reader does.
+
+    python -m rl_engine.buffer.stats runs/my-run
+    python -m rl_engine.buffer.stats s3://bucket/runs/my-run --storage-options '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:5000"}}'
+    python -m rl_engine.buffer.stats runs/my-run --json
+
+The files are plain Arrow IPC; other tools read them directly, e.g.
+    pyarrow.dataset.dataset(committed_files(run, {}), format="arrow")               # committed only
+    pyarrow.dataset.dataset(f"{run}/buffer", format="arrow", partitioning="hive",
+                            ignore_prefixes=[".", "_", "cursor"])                   # every complete file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+
+from rl_engine.buffer import _files
+from rl_engine.buffer.cursor import list_cursor_steps, load_cursor
+from rl_engine.errors import UserError
+from rl_engine.storage import join, open_storage
+
+
+def committed_files(run_url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Paths (inside the run's filesystem) of all committed data files, in commit order."""
+    fs, root = open_storage(run_url, storage_options)
+    records = _records(fs, root)
+    return [join(_files.buffer_root(root), r["path"]) for _, r in records]
+
+
+def _records(fs, root: str) -> list[tuple[_files.CommitKey, dict[str, Any]]]:
+    keys = _files.list_commits(fs, root)
+    paths = [join(_files.commits_dir(root), k.name + ".json") for k in keys]
+    raw = fs.cat(paths) if paths else {}  # one concurrent batch of GETs on object stores
+    if isinstance(raw, bytes):  # fsspec returns bare bytes for a single path on some filesystems
+        raw = {paths[0]: raw}
+    by_name = {p.rsplit("/", 1)[-1]: v for p, v in raw.items()}
+    return [(k, json.loads(by_name[k.name + ".json"])) for k in keys]
+
+
+def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """All statistics of a run's buffer as a JSON-able dict (what `--json` prints)."""
+    fs, root = open_storage(run_url, storage_options)
+    if not fs.exists(root):
+        raise UserError(f"{run_url}: no such run directory")
+    records = _records(fs, root)
+    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("explorer", "step", "version", "reward", "prompt_len", "response_len")}
+    finish: Counter[str] = Counter()
+    corrupt: list[str] = []
+    for _, rec in records:
+        path = join(_files.buffer_root(root), rec["path"])
+        try:
+            batch = _files.read_data(fs, path, rec["size"], rec["crc32"], fs.unstrip_protocol(path), rec["num_rows"])
+        except _files.CorruptFileError as e:
+            corrupt.append(str(e))
+            continue
+        t = batch.to_table()
+        rows["explorer"].append(t.column("explorer_id").to_numpy())
+        rows["step"].append(t.column("explorer_step").to_numpy())
+        rows["version"].append(batch.min_versions())
+        rows["reward"].append(t.column("reward").to_numpy())
+        rows["prompt_len"].append(pc.list_value_length(t.column("prompt_ids")).to_numpy())
+        rows["response_len"].append(pc.list_value_length(t.column("response_ids")).to_numpy())
+        finish.update(t.column("finish_reason").to_pylist())
+    cols = {k: np.concatenate(v) if v else np.zeros(0) for k, v in rows.items()}
+    committed = {join(_files.buffer_root(root), r["path"]) for _, r in records}
+    all_data = [p for p in _find(fs, _files.buffer_root(root)) if p.endswith(".arrow") and "/explorer=" in p]
+    steps = Counter(zip(cols["explorer"].tolist(), cols["step"].tolist()))
+    return {
+        "run": run_url,
+        "committed_files": len(records),
+        "experiences": int(len(cols["reward"])),
+        "corrupt_files": corrupt,
+        "uncommitted_files": len([p for p in all_data if p not in committed]),
+        "per_explorer": _per(cols["explorer"], cols["step"]),
+        "per_step": [{"explorer": e, "step": s, "experiences": n} for (e, s), n in sorted(steps.items())],
+        "per_version": {str(v): int(n) for v, n in sorted(Counter(cols["version"].tolist()).items())},
+        "reward": _summary(cols["reward"]),
+        "prompt_tokens": _summary(cols["prompt_len"]),
+        "response_tokens": _summary(cols["response_len"]),
+        "finish_reasons": dict(sorted(finish.items())),
+        "trainer_cursor": _cursor_summary(run_url, storage_options),
+    }
+
+
+def _find(fs, path: str) -> list[str]:
+    try:
+        return fs.find(path)
+    except FileNotFoundError:
+        return []
+
+
+def _per(explorer: np.ndarray, step: np.ndarray) -> list[dict[str, int]]:
+    out = []
+    for e in sorted(set(explorer.tolist())):
+        s = step[explorer == e]
+        out.append({"explorer": int(e), "experiences": int(len(s)), "steps": len(set(s.tolist())), "first_step": int(s.min()), "last_step": int(s.max())})
+    return out
+
+
+def _summary(x: np.ndarray) -> dict[str, float] | None:
+    if not len(x):
+        return None
+    x = x.astype(np.float64)
+    return {"mean": float(x.mean()), "std": float(x.std()), "min": float(x.min()), "p50": float(np.median(x)), "p90": float(np.percentile(x, 90)), "max": float(x.max())}
+
+
+def _cursor_summary(run_url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    steps = list_cursor_steps(run_url, storage_options)
+    if not steps:
+        return None
+    counters = (load_cursor(run_url, storage_options, steps[-1]) or {}).get("counters", {})
+    return {"trainer_step": steps[-1], **{k: counters.get(k, 0) for k in ("consumed", "dropped_stale", "skipped_corrupt")}}
+
+
+def render(s: dict[str, Any], max_steps: int = 20) -> str:
+    """Human-readable text of `collect`'s dict."""
+    out = [f"{s['run']}/buffer: {s['experiences']} experiences in {s['committed_files']} committed files"
+           f" ({len(s['corrupt_files'])} corrupt, {s['uncommitted_files']} written but not committed)"]
+    out += [f"  corrupt: {c}" for c in s["corrupt_files"]]
+    out.append("\nper explorer:\n  explorer  experiences  steps  first..last step")
+    out += [f"  {p['explorer']:>8}  {p['experiences']:>11}  {p['steps']:>5}  {p['first_step']}..{p['last_step']}" for p in s["per_explorer"]]
+    shown = s["per_step"][-max_steps:]
+    out.append(f"\nper step{' (last %d)' % max_steps if len(s['per_step']) > max_steps else ''}:\n  explorer  step  experiences")
+    out += [f"  {p['explorer']:>8}  {p['step']:>4}  {p['experiences']:>11}" for p in shown]
+    out.append("\nper generating version (oldest token version):\n  version  experiences")
+    out += [f"  {v:>7}  {n:>11}" for v, n in s["per_version"].items()]
+    out.append("")
+    for name in ("reward", "prompt_tokens", "response_tokens"):
+        m = s[name]
+        if m:
+            out.append(f"{name + ':':<17} mean {m['mean']:.4g}  std {m['std']:.4g}  min {m['min']:.4g}  p50 {m['p50']:.4g}  p90 {m['p90']:.4g}  max {m['max']:.4g}")
+    total = sum(s["finish_reasons"].values()) or 1
+    out.append("finish reasons:   " + "  ".join(f"{k} {n} ({100 * n / total:.0f}%)" for k, n in s["finish_reasons"].items()))
+    c = s["trainer_cursor"]
+    out.append(
+        f"trainer cursor:   step {c['trainer_step']}: {c['consumed']} consumed, {c['dropped_stale']} dropped as stale, {c['skipped_corrupt']} corrupt files skipped"
+        if c else "trainer cursor:   none saved yet"
+    )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rft buffer stats", description="Summarize the experience buffer of a run.")
+    ap.add_argument("run", help="Run directory URL: a local path, s3://bucket/prefix/run or memory://...")
+    ap.add_argument("--storage-options", default="{}", help="fsspec options as JSON (no credentials: those come from the environment).")
+    ap.add_argument("--json", action="store_true", help="Print the statistics as one JSON object.")
+    args = ap.parse_args(argv)
+    try:
+        options = json.loads(args.storage_options)
+        if not isinstance(options, dict):
+            raise ValueError("not a JSON object")
+    except ValueError as e:
+        print(f"--storage-options: expected a JSON object ({e})", file=sys.stderr)
+        return 2
+    try:
+        s = collect(args.run, options)
+    except UserError as e:
+        print(e, file=sys.stderr)
+        return 2
+    print(json.dumps(s) if args.json else render(s))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
