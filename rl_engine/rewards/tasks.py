@@ -59,8 +59,10 @@ def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[
             with fsspec.open(path, "rb", **(storage_options or {})) as f:
                 table = pq.read_table(f)
             return list(enumerate(table.to_pylist(), start=1))
-        with fsspec.open(path, "rt", encoding="utf-8", compression="infer", **(storage_options or {})) as f:
-            lines = f.read().splitlines()
+        # utf-8-sig drops a BOM; split on "\n" only: str.splitlines would also break a row at a raw
+        # U+2028 inside a JSON string and shift every later line number.
+        with fsspec.open(path, "rt", encoding="utf-8-sig", newline="", compression="infer", **(storage_options or {})) as f:
+            lines = f.read().split("\n")
     except FileNotFoundError:
         raise UserError(f"taskset.path = {path!r}: file not found") from None
     except UserError:

@@ -43,6 +43,18 @@ def test_jsonl_local_ids_from_row_numbers(tmp_path):
     _check_rows(load_taskset(TasksetConfig(path=path)), "t.jsonl")
 
 
+def test_jsonl_unicode_bom_crlf_and_gzip(tmp_path):
+    import gzip
+
+    rows = [{"question": "a\u2028b=", "answer": "x"}, {"question": "c=", "answer": "y"}]
+    text = "\ufeff" + "".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows)
+    (tmp_path / "u.jsonl").write_bytes(text.encode("utf-8"))
+    tasks = load_taskset(TasksetConfig(path=str(tmp_path / "u.jsonl")))
+    assert [(t.task_id, t.prompt) for t in tasks] == [("u.jsonl#1", "a\u2028b="), ("u.jsonl#2", "c=")]
+    (tmp_path / "u.jsonl.gz").write_bytes(gzip.compress(text.encode("utf-8")))
+    assert [t.prompt for t in load_taskset(TasksetConfig(path=str(tmp_path / "u.jsonl.gz")))] == ["a\u2028b=", "c="]
+
+
 def test_parquet_local_and_id_column(tmp_path):
     path = _write_parquet(tmp_path / "t.parquet", ROWS)
     _check_rows(load_taskset(TasksetConfig(path=path)), "t.parquet")
