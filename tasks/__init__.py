@@ -1,1 +1,1 @@
-"""tasks package."""
+"""Thin Prefect tasks around engine calls (rl_engine/). No engine logic lives here."""

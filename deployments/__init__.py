@@ -1,0 +1,1 @@
+"""Prefect deployments of the mode flows (declarative; see prefect.yaml and serve.py)."""

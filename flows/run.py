@@ -1,0 +1,74 @@
+"""Entry points behind `rft run` and `rft demo`: pick the flow of the configured mode and run it.
+
+The flow runs on Prefect's ephemeral server unless PREFECT_API_URL points at a server; its
+parameter is the config model itself, so deployments get it as a form in the Prefect UI.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from rl_engine.config import RFTConfig, load_config
+from rl_engine.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def flow_for(mode: str) -> Callable[..., Any]:
+    """The Prefect flow of a sync mode (explicit mapping, no registry)."""
+    from flows.decoupled import fully_async, multi_explorer
+    from flows.rendezvous import one_step_off_policy, synchronous
+
+    return {"synchronous": synchronous, "one_step_off_policy": one_step_off_policy, "fully_async": fully_async, "multi_explorer": multi_explorer}[mode]
+
+
+def run_config(cfg: RFTConfig, resume: str | None = None) -> Any:
+    """Run the flow of `cfg.synchronizer.mode`; returns the run summary (or the final state if cancelled)."""
+    return flow_for(cfg.synchronizer.mode)(cfg=cfg, resume=resume)
+
+
+def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -> int:
+    cfg = load_config(config, overrides)
+    if resume is not None:
+        from rl_engine.run import open_run
+
+        saved = open_run(resume, cfg.buffer.storage.options).cfg
+        if saved.synchronizer.mode != cfg.synchronizer.mode:
+            raise UserError(f"--resume {resume}: that run is mode {saved.synchronizer.mode!r}, {config} says {cfg.synchronizer.mode!r}")
+        cfg = saved
+    summary = run_config(cfg, resume)
+    if not isinstance(summary, dict):
+        print(f"run ended: {summary}")
+        return 1
+    print_summary(summary)
+    return 0
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    util = summary.get("utilization") or {}
+    print()
+    print(f"run:        {summary['run']}  (mode {summary['mode']})")
+    print(f"trained:    {summary['trainer_steps']} steps -> version {summary['final_version']}, {summary['explorer_steps']} explorer steps")
+    print(f"reward:     {summary['reward_first']:.3f} (first quarter) -> {summary['reward_last']:.3f} (last quarter)")
+    print(f"staleness:  max {summary['max_staleness_seen']}")
+    for lane, u in (util.get("lanes") or {}).items():
+        print(f"busy:       {lane:<12} {u['busy_fraction']:.0%} (waiting {u['wait_s']:.1f} s)")
+    print(f"report:     {summary['run']}/report/ (timeline.png, reward-curve.png, summary.json)")
+    if not os.environ.get("PREFECT_API_URL"):
+        print("Prefect UI: this run used the ephemeral server; start `prefect server start`, export PREFECT_API_URL=http://127.0.0.1:4200/api and run again to follow it in the UI.")
+
+
+def demo(root: str = "runs") -> int:
+    """Build the demo's model and tasks if missing, then run configs/demo.yaml under `root`."""
+    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.warmstart import main as warmstart
+
+    model, tasks = Path(root, "models", "tiny-arith-sft"), Path(root, "data", "arith-train.jsonl")
+    if not (model / "config.json").exists():
+        print(f"building the demo model (tiny Qwen2 + SFT warm start) in {model} ...")
+        warmstart([str(model)])
+    if not tasks.exists():
+        write_arithmetic_taskset(str(tasks), n=2000, seed=1)
+    return run_from_cli(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"])

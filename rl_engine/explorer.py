@@ -1,0 +1,188 @@
+"""The explorer: one rollout engine, its task stream, the reward, and its buffer writer.
+
+`Explorer.step(e)` is one explorer step: take `batch_size` tasks, generate `repeat_times`
+rollouts each with the engine's current weights, score them, and commit the experiences to the
+buffer under `explorer=<id>/step=<e>/`. Every token is tagged with the engine's weight version,
+which is what the schedule tests read back. Each action is recorded as a timeline span.
+
+Weight sync: `receive(version)` is the rendezvous side (wait for the trainer to reach the
+version, then load it), `pick_up_newest()` the decoupled side (load the newest published
+version if any; wait only when `max_staleness` requires it). Both ack on the control board.
+
+Engines are expensive to start (~20 s on CPU). `ENGINES` keeps them warm across runs of one
+process when RFT_KEEP_ENGINES=1 (tests, long-lived `serve` processes): a reused engine is
+reset to the run's base weights (version 0) before it is handed out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+from rl_engine.buffer import BufferWriter
+from rl_engine.control import Board
+from rl_engine.experience import Experience, ExperienceBatch
+from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
+from rl_engine.rollout.engine import build_rollout_engine
+from rl_engine.run import RunContext
+from rl_engine.sync import build_weight_receiver
+from rl_engine.timeline import TimelineRecorder
+
+
+class EnginePool:
+    """Warm rollout engines of this process, keyed by everything that fixes an engine's shape."""
+
+    def __init__(self) -> None:
+        self._idle: dict[str, list[Any]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(run: RunContext, explorer_id: int) -> str:
+        m = run.cfg.model
+        return json.dumps([m.path, m.tokenizer_path, m.dtype, m.max_model_len, run.cfg.explorer.engine.model_dump(), run.cfg.seed, explorer_id])
+
+    def acquire(self, run: RunContext, explorer_id: int) -> Any:
+        with self._lock:
+            idle = self._idle.get(self._key(run, explorer_id), [])
+            engine = idle.pop() if idle else None
+        if engine is None:
+            return build_rollout_engine(run.cfg, explorer_id)
+        # A reused engine holds the last run's weights: load the base model's again (version 0).
+        engine.rpc("rft_load_checkpoint", run.cfg.model.path, 0)
+        engine.mark_synced(0)
+        return engine
+
+    def release(self, run: RunContext, explorer_id: int, engine: Any) -> None:
+        if os.environ.get("RFT_KEEP_ENGINES") == "1":
+            with self._lock:
+                self._idle.setdefault(self._key(run, explorer_id), []).append(engine)
+        else:
+            engine.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            engines = [e for idle in self._idle.values() for e in idle]
+            self._idle.clear()
+        for e in engines:
+            e.close()
+
+
+ENGINES = EnginePool()
+
+
+class Explorer:
+    """Generates, scores and writes experiences; holds a live vLLM engine."""
+
+    def __init__(self, run: RunContext, explorer_id: int = 0):
+        cfg = run.cfg
+        self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
+        self.name = f"explorer-{explorer_id}"
+        self.timeline = TimelineRecorder(run.url, run.storage_options, self.name, enabled=cfg.monitor.timeline)
+        self.board = Board(run.url, run.storage_options)
+        self.engine = ENGINES.acquire(run, explorer_id)
+        self.receiver = build_weight_receiver(cfg, explorer_id)
+        self.receiver.connect(self.engine)  # collective: blocks until the trainer and every explorer joined
+        self.tokenizer = self.engine.tokenizer
+        tasks = load_taskset(cfg.taskset, run.storage_options)
+        # Each explorer walks its own seeded order, so several explorers do not repeat each other in lockstep.
+        self.tasks = TaskIterator(tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle)
+        self.reward_fn = build_reward(cfg.taskset.reward)
+        self.writer = BufferWriter(run.url, run.storage_options, explorer_id)
+
+    @property
+    def version(self) -> int:
+        return self.engine.version
+
+    def step(self, e: int) -> dict[str, Any]:
+        """Explorer step e: rollout -> reward -> buffer; returns its metrics."""
+        cfg, v, started = self.cfg, self.engine.version, time.time()
+        batch_tasks = self.tasks.next_batch()
+        texts = [format_prompt(self.tokenizer, cfg.taskset.template, t.prompt) for t in batch_tasks]
+        prompts = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+        with self.timeline.span("rollout", step=e, version=v):
+            # A distinct seed per (explorer, step) keeps runs reproducible without repeating samples.
+            groups = self.engine.generate(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + 1009 * self.explorer_id + e)
+        flat = [(task, text, r) for task, text, group in zip(batch_tasks, texts, groups) for r in group]
+        scores = score_rollouts(self.reward_fn, [RolloutSample(text, r.text, task, r.finish_reason) for task, text, r in flat])
+        rows = []
+        for (task, text, r), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok):
+            if not ok:
+                continue  # a reward that raised: counted in scores.metrics, not trained on
+            n = len(r.response_ids)
+            rows.append(
+                Experience(
+                    experience_id=uuid.uuid4().hex,
+                    task_id=task.task_id,
+                    group_id=f"{self.explorer_id}-{e}-{task.task_id}",
+                    explorer_id=self.explorer_id,
+                    explorer_step=e,
+                    prompt_ids=list(r.prompt_ids),
+                    response_ids=list(r.response_ids),
+                    logprobs=list(r.logprobs),
+                    versions=[r.version] * n,
+                    loss_mask=[1] * n,
+                    reward=float(reward),
+                    reward_components=comps,
+                    finish_reason=r.finish_reason,
+                    started_at=started,
+                    prompt_text=text,
+                    response_text=r.text,
+                )
+            )
+        with self.timeline.span("write", step=e, version=v):
+            self.writer.write(e, ExperienceBatch.from_experiences(rows))
+        self.timeline.flush()
+        rewards = [x.reward for x in rows]
+        lengths = [len(x.response_ids) for x in rows]
+        return {
+            "explorer_id": self.explorer_id,
+            "explorer_step": e,
+            "version": v,
+            "experiences": len(rows),
+            "reward_mean": sum(rewards) / max(len(rewards), 1),
+            "response_len_mean": sum(lengths) / max(len(lengths), 1),
+            "tokens": sum(lengths),
+            "rollout_s": time.time() - started,
+            **{f"reward_{k}": val for k, val in scores.metrics.items() if isinstance(val, (int, float))},
+        }
+
+    # ---- weight sync
+
+    def _install(self, version: int | None) -> int:
+        with self.timeline.span("sync", version=version, method=self.cfg.synchronizer.sync_method) as span:
+            got = self.receiver.receive(self.engine, version)
+            span.version = got
+        self.board.post(self.name, {"version": got})  # the trainer waits for this ack at a rendezvous
+        self.timeline.flush()
+        return got
+
+    def _wait(self, ready, what: str, stop: threading.Event) -> None:
+        with self.timeline.span("wait", version=self.engine.version):
+            self.board.wait("trainer", ready, what=what, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
+
+    def receive(self, version: int, stop: threading.Event) -> int:
+        """Rendezvous: wait until the trainer has published `version`, then load exactly it."""
+        self._wait(lambda m: m.get("published", -1) >= version, f"trainer to publish version {version}", stop)
+        return self._install(version)
+
+    def pick_up_newest(self, stop: threading.Event) -> int:
+        """Decoupled: load the newest published version if newer; wait only for `max_staleness`."""
+        published = (self.board.get("trainer") or {}).get("published", -1)
+        if published > self.engine.version:
+            self._install(None)
+        bound = self.cfg.synchronizer.max_staleness
+        trainer = (self.board.get("trainer") or {}).get("version", 0)
+        if bound is not None and not stop.is_set() and trainer - self.engine.version > bound:
+            mine = self.engine.version
+            self._wait(lambda m: m.get("published", -1) > mine, f"a version newer than {mine} (max_staleness {bound})", stop)
+            self._install(None)
+        return self.engine.version
+
+    def close(self) -> None:
+        self.timeline.flush()
+        self.receiver.close()
+        ENGINES.release(self.run, self.explorer_id, self.engine)

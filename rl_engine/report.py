@@ -1,0 +1,91 @@
+"""The end-of-run report: metrics table, reward curve, timeline Gantt chart and utilization.
+
+Written under `<run>/report/` (JSON, PNG) so it outlives any Prefect server; the flows mirror it
+as Prefect artifacts. Prefect-free: `build_report(run, trainer_metrics, explorer_metrics)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from typing import Any
+
+from rl_engine.run import RunContext
+from rl_engine.storage import join, write_bytes_atomic, write_json
+from rl_engine.timeline import load_spans, render_gantt, summary_markdown, utilization
+
+TABLE_KEYS = ("step", "version", "reward_mean", "reward_std", "loss", "kl", "entropy", "clip_frac", "grad_norm", "staleness_max", "wait_experience_s", "train_s")
+
+
+@dataclasses.dataclass
+class Report:
+    summary: dict[str, Any]
+    table: list[dict[str, Any]]
+    markdown: str
+    images: dict[str, bytes]
+
+
+def reward_curve_png(trainer_metrics: list[dict], explorer_metrics: list[dict]) -> bytes:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    if trainer_metrics:
+        ax.plot([m["step"] for m in trainer_metrics], [m["reward_mean"] for m in trainer_metrics], marker="o", label="trained batch")
+    by_explorer: dict[int, list[dict]] = {}
+    for m in explorer_metrics:
+        by_explorer.setdefault(m["explorer_id"], []).append(m)
+    for i, ms in sorted(by_explorer.items()):
+        ax.plot([m["explorer_step"] for m in ms], [m["reward_mean"] for m in ms], alpha=0.6, linestyle="--", label=f"explorer {i} rollouts")
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def build_report(run: RunContext, trainer_metrics: list[dict], explorer_metrics: list[dict]) -> Report:
+    """Assemble and store the report of a run from the metrics the loops returned and the timeline."""
+    fs, root = run.fs()
+    images: dict[str, bytes] = {}
+    util: dict[str, Any] = {}
+    spans = load_spans(run.url, run.storage_options) if run.cfg.monitor.timeline else []
+    if spans:
+        util = utilization(spans)
+        images["timeline"] = render_gantt(spans, title=f"{run.cfg.name} ({run.cfg.synchronizer.mode})")
+    if trainer_metrics or explorer_metrics:
+        images["reward-curve"] = reward_curve_png(trainer_metrics, explorer_metrics)
+    head = trainer_metrics[: max(1, len(trainer_metrics) // 4)]
+    tail = trainer_metrics[-max(1, len(trainer_metrics) // 4) :]
+    summary = {
+        "run": run.url,
+        "mode": run.cfg.synchronizer.mode,
+        "trainer_steps": len(trainer_metrics),
+        "final_version": trainer_metrics[-1]["version"] if trainer_metrics else None,
+        "explorer_steps": len(explorer_metrics),
+        "reward_first": _mean([m["reward_mean"] for m in head]) if trainer_metrics else None,
+        "reward_last": _mean([m["reward_mean"] for m in tail]) if trainer_metrics else None,
+        "max_staleness_seen": max((m["staleness_max"] for m in trainer_metrics), default=None),
+        "utilization": util,
+    }
+    table = [{k: m.get(k) for k in TABLE_KEYS} for m in trainer_metrics]
+    markdown = f"# Run `{run.cfg.name}`\n\nmode `{run.cfg.synchronizer.mode}`, files in `{run.url}`\n\n"
+    markdown += f"reward (first quarter -> last quarter of trainer steps): {summary['reward_first']} -> {summary['reward_last']}\n\n"
+    if util:
+        markdown += summary_markdown(util)
+    out = join(root, "report")
+    write_json(fs, join(out, "summary.json"), summary)
+    write_bytes_atomic(fs, join(out, "metrics.jsonl"), "".join(json.dumps(m, default=str) + "\n" for m in trainer_metrics + explorer_metrics).encode())
+    for name, png in images.items():
+        write_bytes_atomic(fs, join(out, f"{name}.png"), png)
+    return Report(summary=summary, table=table, markdown=markdown, images=images)

@@ -1,0 +1,95 @@
+"""A run's identity and directory: the resolved config, saved once, and reopened on resume.
+
+`start_run(cfg)` resolves the config, creates `<storage>/<name>/` and writes `config.yaml`
+(without credentials: they never enter the config). `open_run(url)` reads it back for
+`rft run --resume`. Every worker (explorer, trainer, reporter) gets a `RunContext`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import fsspec
+import yaml
+
+from rl_engine.config import RFTConfig, to_yaml, validate_config
+from rl_engine.errors import UserError
+from rl_engine.storage import join, open_storage, write_bytes_atomic
+
+CONFIG_FILE = "config.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunContext:
+    """Where a run lives and how it is configured (resolved); cheap to pass to every task."""
+
+    cfg: RFTConfig
+    url: str  # <storage.url>/<name>
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return self.cfg.buffer.storage.options
+
+    def fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        """(filesystem, path of the run directory inside it)."""
+        return open_storage(self.url, self.storage_options)
+
+    def path(self, *parts: str) -> str:
+        """Path of a file of the run inside its filesystem."""
+        return join(self.fs()[1], *parts)
+
+
+def start_run(cfg: RFTConfig) -> RunContext:
+    """Resolve `cfg`, create the run directory and save the resolved config (refuses to reuse a run)."""
+    cfg = cfg.resolved()
+    run = RunContext(cfg=cfg, url=cfg.run_url)
+    fs, root = run.fs()
+    if fs.exists(join(root, CONFIG_FILE)):
+        raise UserError(f"run {run.url} already exists; resume it with `rft run --resume {run.url}` or pick another name (name: ...)")
+    fs.makedirs(root, exist_ok=True)
+    write_bytes_atomic(fs, join(root, CONFIG_FILE), to_yaml(cfg).encode())
+    return run
+
+
+def open_run(url: str, storage_options: dict[str, Any] | None = None) -> RunContext:
+    """Reopen an existing run from its saved `config.yaml` (for resume and inspection)."""
+    fs, root = open_storage(url, storage_options)
+    path = join(root, CONFIG_FILE)
+    if not fs.exists(path):
+        raise UserError(f"{url}: not a run directory (no {CONFIG_FILE}); runs live under buffer.storage.url, e.g. runs/<name>")
+    data = yaml.safe_load(fs.cat_file(path))
+    if storage_options:
+        data.setdefault("buffer", {}).setdefault("storage", {})["options"] = storage_options
+    cfg = validate_config(data, f"{url}/{CONFIG_FILE}")
+    return RunContext(cfg=cfg, url=url.rstrip("/"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumePoint:
+    """Where the loops of a (resumed) run start: the trainer's restored version and, per
+    explorer, one past its last committed explorer step. A fresh run is (0, all 1)."""
+
+    trainer_version: int
+    first_steps: dict[int, int]
+
+    @property
+    def resumed(self) -> bool:
+        return self.trainer_version > 0 or any(s > 1 for s in self.first_steps.values())
+
+
+def last_committed_steps(run: RunContext) -> dict[int, int]:
+    """{explorer id: highest explorer step with committed experiences} from the buffer's commit records."""
+    from rl_engine.buffer import _files
+
+    fs, root = run.fs()
+    last: dict[int, int] = {}
+    for key in _files.list_commits(fs, root):
+        rec = _files.read_record(fs, root, key)
+        last[rec["explorer_id"]] = max(last.get(rec["explorer_id"], 0), rec["explorer_step"])
+    return last
+
+
+def resume_point(run: RunContext, trainer_version: int) -> ResumePoint:
+    last = last_committed_steps(run)
+    return ResumePoint(trainer_version, {i: last.get(i, 0) + 1 for i in range(run.cfg.explorer.count)})

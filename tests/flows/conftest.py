@@ -1,0 +1,54 @@
+"""Fixtures for flow tests: one Prefect ephemeral server per session, warm engines, small runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import free_port
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """Prefect's test harness (a real ephemeral server on a temp database), shared by the session."""
+    os.environ.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
+    os.environ["RFT_KEEP_ENGINES"] = "1"  # engines stay warm between flow runs (reset to version 0 on reuse)
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+    from rl_engine.explorer import ENGINES
+
+    ENGINES.close_all()
+
+
+@pytest.fixture(scope="session")
+def task_file(tmp_path_factory) -> str:
+    from rl_engine.rewards import write_arithmetic_taskset
+
+    path = tmp_path_factory.mktemp("data") / "arith.jsonl"
+    write_arithmetic_taskset(str(path), n=200, seed=3)
+    return str(path)
+
+
+def small_config(model_dir: str, task_file: str, storage: str, **sync) -> dict:
+    """A run that takes seconds: 2 tasks x 2 rollouts of <= 4 tokens per explorer step."""
+    return {
+        "name": sync.pop("name", None),
+        "model": {"path": model_dir, "max_model_len": 64},
+        "taskset": {"path": task_file},
+        "algorithm": {"repeat_times": 2},
+        "explorer": {"count": sync.pop("count", 1), "batch_size": 2, "sampling": {"max_tokens": 4}, "engine": {"kv_cache_space_gib": 0.25}},
+        "buffer": {"storage": {"url": storage}, "read_timeout_s": 120},
+        "trainer": {"total_steps": sync.pop("total_steps", 6), "micro_batch_size": 4, "lr": 1e-3, "checkpoint_interval": sync.pop("checkpoint_interval", 2)},
+        "synchronizer": {"collective": {"port": free_port()}, "wait_timeout_s": 120, **sync},
+        "monitor": {"artifacts": True},
+    }
+
+
+def write_config(path: Path, data: dict) -> str:
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
