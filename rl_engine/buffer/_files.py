@@ -91,10 +91,15 @@ def data_relpath(explorer_id: int, explorer_step: int) -> str:
 
 def table_to_ipc(table: pa.Table) -> pa.Buffer:
     """Arrow IPC *file* format bytes (readable by pa.ipc.open_file and pyarrow.dataset)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as w:
+    # Size it first (MockOutputStream only counts), then write once into an exact buffer:
+    # a growing BufferOutputStream would reallocate and copy several times.
+    mock = pa.MockOutputStream()
+    with pa.ipc.new_file(mock, table.schema) as w:
         w.write_table(table)
-    return sink.getvalue()
+    buf = pa.allocate_buffer(mock.size())
+    with pa.ipc.new_file(pa.FixedSizeBufferWriter(buf), table.schema) as w:
+        w.write_table(table)
+    return buf
 
 
 def crc32(data) -> int:
@@ -139,22 +144,34 @@ def write_data(fs: fsspec.AbstractFileSystem, path: str, table: pa.Table, fsync:
     return info
 
 
-def read_data(fs: fsspec.AbstractFileSystem, path: str, size: int | None, crc: int | None, uri: str, num_rows: int | None = None) -> ExperienceBatch:
+def _read_bytes(fs: fsspec.AbstractFileSystem, path: str) -> pa.Buffer:
+    if is_local(fs):
+        # Arrow's own file reader: its allocator reuses memory (no page faults per file), and
+        # the result feeds pa.ipc without a copy.
+        with pa.OSFile(path) as f:
+            return f.read_buffer()
+    return pa.py_buffer(fs.cat_file(path))
+
+
+def read_data(
+    fs: fsspec.AbstractFileSystem, path: str, *, size: int | None, crc: int | None, uri: str, num_rows: int | None = None, verify: bool = True
+) -> ExperienceBatch:
     """Read a committed data file and check it against its record; CorruptFileError names `uri`.
 
-    Size and CRC are checked before parsing, so a torn or altered file never yields rows; the
-    schema check then names the column of a file written by an incompatible version.
+    Size (always) and CRC (if `verify`) are checked before parsing, so a torn or altered file
+    never yields rows; the schema check then names the column of a file written by an
+    incompatible version.
     """
     try:
-        data = fs.cat_file(path)
+        data = _read_bytes(fs, path)
     except FileNotFoundError:
         raise CorruptFileError(uri, "committed but missing") from None
-    if size is not None and len(data) != size:
-        raise CorruptFileError(uri, f"size {len(data)} bytes, its commit record says {size}: truncated or overwritten")
-    if crc is not None and crc32(data) != crc:
+    if size is not None and data.size != size:
+        raise CorruptFileError(uri, f"size {data.size} bytes, its commit record says {size}: truncated or overwritten")
+    if verify and crc is not None and crc32(data) != crc:
         raise CorruptFileError(uri, "checksum mismatch with its commit record: the file was altered after commit")
     try:
-        table = pa.ipc.open_file(pa.py_buffer(data)).read_all()
+        table = pa.ipc.open_file(data).read_all()
     except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as e:
         raise CorruptFileError(uri, f"not a readable Arrow IPC file ({e})") from None
     try:

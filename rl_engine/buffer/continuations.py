@@ -101,7 +101,7 @@ class ContinuationStore:
         for i in wanted:
             e = entries[i]
             path = join(self.dir, e.path)
-            parts.append(_files.read_data(self.fs, path, e.size, e.crc32, self.fs.unstrip_protocol(path), e.num_rows))
+            parts.append(_files.read_data(self.fs, path, size=e.size, crc=e.crc32, uri=self.fs.unstrip_protocol(path), num_rows=e.num_rows))
         return ExperienceBatch.concat(parts)
 
     def retire(self, ids: Iterable[str]) -> None:

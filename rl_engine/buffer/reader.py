@@ -134,19 +134,23 @@ class BufferReader:
             f = self._file(key)
             if f is None:
                 continue
-            for unit in list(f.units):
+            stale = []
+            for unit in f.units:
                 if max_staleness is not None and self._is_stale(f, unit, version, max_staleness):
-                    self._decide(f, unit)
-                    self._counters["dropped_stale"] += len(unit)
-                    log.warning("%s: dropped %d experience(s) older than max_staleness %d at trainer version %d", f.uri, len(unit), max_staleness, version)
+                    stale.append(unit)
                     continue
                 if len(unit) > n:
                     raise ValueError(f"{f.uri}: a GRPO group of {len(unit)} experiences does not fit a batch of {n}; make the batch a multiple of the group size")
                 if taken + len(unit) <= n:
                     chosen.setdefault(key, []).append(unit)
                     taken += len(unit)
-                if taken == n:
-                    break
+                    if taken == n:
+                        break
+            if stale:  # decided now: versions only grow, so they would be stale at any later call too
+                dropped = sum(len(u) for u in stale)
+                self._counters["dropped_stale"] += dropped
+                log.warning("%s: dropped %d experience(s) older than max_staleness %d at trainer version %d", f.uri, dropped, max_staleness, version)
+                self._decide(f, stale)
             if taken == n:
                 break
         if taken < n:
@@ -154,10 +158,8 @@ class BufferReader:
         parts = []
         for key, units in chosen.items():
             f = self._pending[key]
-            rows = np.concatenate(units)
-            parts.append(_take_rows(f.batch, rows))
-            for unit in units:
-                self._decide(f, unit)
+            parts.append(_take_rows(f.batch, np.concatenate(units)))
+            self._decide(f, units)
         self._counters["consumed"] += n
         return ExperienceBatch.concat(parts), n
 
@@ -167,9 +169,11 @@ class BufferReader:
         generated = generated[generated >= 0]  # rows without response tokens have no version
         return bool(len(generated)) and version - int(generated.min()) > max_staleness
 
-    def _decide(self, f: _File, unit: np.ndarray) -> None:
-        f.decided[unit] = True
-        f.units = [u for u in f.units if u is not unit]
+    def _decide(self, f: _File, units: list[np.ndarray]) -> None:
+        gone = {id(u) for u in units}
+        for u in units:
+            f.decided[u] = True
+        f.units = [u for u in f.units if id(u) not in gone]
         self._consumed.mark(f.key, f.decided)
         if f.decided.all():
             del self._pending[f.key]
@@ -184,7 +188,9 @@ class BufferReader:
             record = _files.read_record(self.fs, self.root, key)
             path = join(_files.buffer_root(self.root), record["path"])
             uri = self.fs.unstrip_protocol(path)
-            batch = _files.read_data(self.fs, path, record["size"], record["crc32"], uri, record["num_rows"])
+            batch = _files.read_data(
+                self.fs, path, size=record["size"], crc=record["crc32"], uri=uri, num_rows=record["num_rows"], verify=self.cfg.verify_checksums
+            )
         except _files.CorruptFileError as e:
             if self.cfg.on_corrupt == "fail":
                 raise

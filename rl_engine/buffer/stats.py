@@ -61,7 +61,7 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
     for _, rec in records:
         path = join(_files.buffer_root(root), rec["path"])
         try:
-            batch = _files.read_data(fs, path, rec["size"], rec["crc32"], fs.unstrip_protocol(path), rec["num_rows"])
+            batch = _files.read_data(fs, path, size=rec["size"], crc=rec["crc32"], uri=fs.unstrip_protocol(path), num_rows=rec["num_rows"])
         except _files.CorruptFileError as e:
             corrupt.append(str(e))
             continue

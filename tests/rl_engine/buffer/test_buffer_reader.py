@@ -163,3 +163,37 @@ def test_late_commit_with_earlier_key_is_read_once(tmp_path, monkeypatch):
     assert {x.explorer_id for x in restored.read_batch(4, timeout_s=0).experiences()} == {0}
     with pytest.raises(BufferTimeout):
         restored.read_batch(1, timeout_s=0)
+
+
+def test_blocks_until_enough_is_committed(tmp_path, monkeypatch):
+    import threading
+    import time as real_time
+
+    import rl_engine.buffer.reader as reader_mod
+
+    run = str(tmp_path)
+    w = BufferWriter(run, {}, 0)
+    w.write(1, make_batch(4, explorer_step=1))
+    waiting = threading.Event()
+
+    class _Time:  # the reader's clock, with a hook telling us it is waiting
+        monotonic = staticmethod(real_time.monotonic)
+
+        @staticmethod
+        def sleep(s):
+            waiting.set()
+            real_time.sleep(s)
+
+    monkeypatch.setattr(reader_mod, "time", _Time)
+    writer = threading.Thread(target=lambda: (waiting.wait(30), w.write(2, make_batch(4, explorer_step=2))))
+    writer.start()
+    batch = BufferReader(run, {}, BufferConfig(poll_interval_s=0.01)).read_batch(8, timeout_s=60)
+    writer.join()
+    assert waiting.is_set() and [x.explorer_step for x in batch.experiences()] == [1] * 4 + [2] * 4
+
+
+def test_without_crc_check_size_and_structure_still_checked(tmp_path):
+    uris = _three_files(str(tmp_path))
+    _truncate(_local(uris[0]))
+    with pytest.raises(CorruptFileError, match="truncated"):
+        BufferReader(str(tmp_path), {}, BufferConfig(verify_checksums=False)).read_batch(4, timeout_s=0)

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench.<name> [--quick]`; each prints a table and a final JSON line."""

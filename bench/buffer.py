@@ -1,0 +1,185 @@
+"""Buffer throughput against raw pyarrow IPC, on local disk and on an S3 server (moto, loopback).
+
+Writes N experiences of realistic shape (512-token prompts, 1,024-token responses, text) as one
+file per explorer step of 256, then reads them back as train batches of 256, with the buffer
+(BufferWriter / BufferReader: commit records, CRC, validation, cursor) and with plain pyarrow
+IPC on the same storage (same tables, same file split). Each figure is the median of `--repeat`
+alternating runs. Goal: buffer / pyarrow >= 0.8 for write and read on local disk.
+
+    python -m bench.buffer            # N = 4096 (local), 1024 (S3)
+    python -m bench.buffer --quick    # N = 1024 (local), 256 (S3), 3 repeats
+
+Last line: JSON with write_ratio_vs_pyarrow, read_ratio_vs_pyarrow (local disk), batch_read_ms
+(one read_batch(256), local), s3_* ratios and the absolute rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+import uuid
+
+import pyarrow as pa
+
+from bench._report import emit_json, print_table
+from rl_engine.buffer import BufferReader, BufferWriter
+from rl_engine.buffer.synthetic import make_batch
+from rl_engine.config import BufferConfig
+from rl_engine.storage import is_local, open_storage
+
+BATCH = 256
+
+
+def _tables(n: int) -> list[pa.Table]:
+    return [make_batch(BATCH, prompt_len=512, response_len=1024, explorer_step=s + 1, seed=s).to_table() for s in range(n // BATCH)]
+
+
+def _raw_write(fs, path: str, table: pa.Table) -> None:
+    if is_local(fs):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        sink = pa.OSFile(path, "wb")
+    else:
+        sink = fs.open(path, "wb")
+    with sink, pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+
+
+def _raw_read(fs, path: str) -> int:
+    # Local: pyarrow's own file reader; object stores: one GET, then parse in memory.
+    source = pa.OSFile(path) if is_local(fs) else pa.py_buffer(fs.cat_file(path))
+    return pa.ipc.open_file(source).read_all().num_rows
+
+
+def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, variants: bool) -> dict[str, float]:
+    """Median over repeats of the total seconds of each operation.
+
+    Buffer and raw calls are interleaved file by file, in alternating order, so that the
+    noise of a shared machine (page-cache writeback, other processes) hits both alike.
+    Variants (local only): the writer with fsync=True, the reader with verify_checksums=False.
+    """
+    from rl_engine.experience import ExperienceBatch
+
+    totals: dict[str, list[float]] = {}
+    for r in range(repeat):
+        url = f"{base_url}/{uuid.uuid4().hex[:8]}"
+        fs, root = open_storage(url, options)
+        writer, fsync_writer = BufferWriter(url, options, 0), BufferWriter(f"{url}/fsync", options, 0, fsync=True)
+        readers = {k: BufferReader(url, options, BufferConfig(verify_checksums=k == "buffer_read")) for k in ("buffer_read", "buffer_read_unverified")}
+        raw_paths = [f"{root}/raw/part-{i}.arrow" for i in range(len(tables))]
+        ops = {
+            # tables come from make_batch, already validated: ExperienceBatch(t) skips re-validation
+            "buffer_write": lambda i: writer.write(i + 1, ExperienceBatch(tables[i])),
+            "raw_write": lambda i: _raw_write(fs, raw_paths[i], tables[i]),
+            "buffer_write_fsync": lambda i: fsync_writer.write(i + 1, ExperienceBatch(tables[i])),
+            "buffer_read": lambda i: readers["buffer_read"].read_batch(BATCH, timeout_s=0),
+            "raw_read": lambda i: _raw_read(fs, raw_paths[i]),
+            "buffer_read_unverified": lambda i: readers["buffer_read_unverified"].read_batch(BATCH, timeout_s=0),
+        }
+        for phase in (["buffer_write", "raw_write"], ["buffer_read", "raw_read"]):
+            if variants:
+                phase.append(phase[0] + ("_fsync" if "write" in phase[0] else "_unverified"))
+            spent = dict.fromkeys(phase, 0.0)
+            for i in range(len(tables)):
+                for name in phase if (i + r) % 2 == 0 else phase[::-1]:
+                    t0 = time.perf_counter()
+                    ops[name](i)
+                    spent[name] += time.perf_counter() - t0
+            for name, s in spent.items():
+                totals.setdefault(name, []).append(s)
+        fs.rm(root, recursive=True)
+    out = {k: statistics.median(v) for k, v in totals.items()}
+    out["batch"] = out["buffer_read"] / len(tables)  # one read_batch(256) = one file here
+    return out
+
+
+_LABELS = {
+    "buffer_write": ("write", "rl_engine.buffer"),
+    "buffer_write_fsync": ("write", "rl_engine.buffer fsync=True"),
+    "raw_write": ("write", "pyarrow IPC"),
+    "buffer_read": ("read", "rl_engine.buffer"),
+    "buffer_read_unverified": ("read", "rl_engine.buffer no CRC check"),
+    "raw_read": ("read", "pyarrow IPC"),
+}
+
+
+def _rows(storage: str, m: dict[str, float], n: int, mb: float) -> list[dict]:
+    return [
+        {"storage": storage, "op": op, "impl": impl, "seconds": m[k], "exp/s": n / m[k], "MB/s": mb / m[k]}
+        for k, (op, impl) in _LABELS.items()
+        if k in m
+    ]
+
+
+def _s3_server():
+    from moto.server import ThreadedMotoServer
+
+    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(k, v)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    return server, {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="Small sizes and 3 repeats (about a minute on 2 cores).")
+    ap.add_argument("--n", type=int, default=None, help="Experiences on local disk (multiple of 256).")
+    ap.add_argument("--repeat", type=int, default=None, help="Alternating runs per figure (median is reported).")
+    ap.add_argument("--no-s3", action="store_true", help="Skip the S3 (moto) part.")
+    args = ap.parse_args(argv)
+    n = args.n or (1024 if args.quick else 4096)
+    n_s3 = max(BATCH, n // 4)
+    repeat = args.repeat or (3 if args.quick else 5)
+
+    tables = _tables(n)
+    mb = sum(t.nbytes for t in tables) / 1e6
+    result: dict[str, float] = {"n": n, "mb": round(mb, 1), "repeat": repeat}
+    with tempfile.TemporaryDirectory(prefix="bench-buffer-") as tmp:
+        local = _measure(tmp, {}, tables, repeat, variants=True)
+    rows = _rows("local", local, n, mb)
+    result.update(
+        write_ratio_vs_pyarrow=round(local["raw_write"] / local["buffer_write"], 3),
+        read_ratio_vs_pyarrow=round(local["raw_read"] / local["buffer_read"], 3),
+        batch_read_ms=round(local["batch"] * 1e3, 2),
+        write_ratio_fsync_vs_pyarrow=round(local["raw_write"] / local["buffer_write_fsync"], 3),
+        read_ratio_unverified_vs_pyarrow=round(local["raw_read"] / local["buffer_read_unverified"], 3),
+        local_write_mb_s=round(mb / local["buffer_write"], 1),
+        local_read_mb_s=round(mb / local["buffer_read"], 1),
+    )
+    if not args.no_s3:
+        import s3fs
+
+        server, options = _s3_server()
+        try:
+            bucket = f"bench-{uuid.uuid4().hex[:8]}"
+            s3fs.S3FileSystem(**options).mkdir(bucket)
+            s3_tables = tables[: n_s3 // BATCH]
+            s3_mb = sum(t.nbytes for t in s3_tables) / 1e6
+            s3 = _measure(f"s3://{bucket}", options, s3_tables, repeat, variants=False)
+        finally:
+            server.stop()
+        rows += _rows("s3 (moto)", s3, n_s3, s3_mb)
+        result.update(
+            s3_n=n_s3,
+            s3_write_ratio_vs_pyarrow=round(s3["raw_write"] / s3["buffer_write"], 3),
+            s3_read_ratio_vs_pyarrow=round(s3["raw_read"] / s3["buffer_read"], 3),
+            s3_batch_read_ms=round(s3["batch"] * 1e3, 2),
+        )
+    print_table(rows, title=f"buffer vs raw pyarrow IPC: {n} experiences x (512 prompt + 1024 response tokens), {mb:.0f} MB, median of {repeat}")
+    emit_json(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
