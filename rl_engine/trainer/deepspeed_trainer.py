@@ -1,0 +1,345 @@
+"""The DeepSpeed trainer: a Hugging Face causal LM in a DeepSpeed engine, trained with GRPO or SFT.
+
+CPU (laptop, CI): DeepSpeed's CPU accelerator with gloo; GPU: CUDA with NCCL and ZeRO stage
+`trainer.zero_stage`. The optimizer is torch's AdamW (works with every accelerator; DeepSpeed's
+ZeRO wraps it), the LR schedule a linear warmup (`torch.optim.lr_scheduler.LambdaLR`: step 1
+already trains at lr / warmup_steps, where DeepSpeed's WarmupLR spends its first steps at lr 0).
+
+One `train_step` = one optimizer update = one policy version. The batch (`[B, L]` tensors of
+`ExperienceBatch.to_tensors`, B = train_batch_size / world size on this rank) is cut into
+micro-batches of `trainer.micro_batch_size`; each micro-loss is normalised by the token and
+sequence counts of the *whole* batch and backpropagated unscaled, so accumulation gives the
+same update as one big batch. Advantages: `batch["advantages"] [B]` if the caller put them
+there, else GRPO advantages from `rewards` and `group_index` (`rl_engine.algorithms`).
+
+    trainer = build_trainer(cfg)                      # rl_engine.trainer
+    metrics = trainer.train_step(batch.to_tensors(trainer.pad_token_id))
+    trainer.save_hf("runs/x/checkpoints/version=3")
+
+Tests: `.venv/bin/python -m pytest tests/rl_engine/trainer -m "slow or not slow"`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rl_engine.algorithms import grpo_advantages, policy_loss, sft_loss, token_entropy, token_logprobs, version_mask
+from rl_engine.config import RFTConfig
+from rl_engine.errors import UserError
+from rl_engine.trainer import checkpoint as ckpt
+from rl_engine.trainer.dist import accelerator_info, ensure_dist_env
+
+log = logging.getLogger(__name__)
+Batch = dict[str, Tensor]
+# micro-batch, its slice of the batch-level tensors, whole-batch counts -> (loss, metric sums)
+MicroLoss = Callable[[Batch, Tensor, dict[str, float]], tuple[Tensor, dict[str, float]]]
+
+
+class DeepSpeedTrainer:
+    """See the module docstring. `version` = completed trainer steps (0 = the initial weights)."""
+
+    def __init__(self, cfg: RFTConfig):
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        tcfg = cfg.trainer
+        self.algo = cfg.algorithm
+        self.temperature = cfg.explorer.sampling.temperature if cfg.explorer.sampling.temperature > 0 else 1.0  # greedy: no scaling
+        self.version = 0
+        if tcfg.num_threads:
+            torch.set_num_threads(tcfg.num_threads)
+        torch.manual_seed(cfg.seed)
+        model_dir = _check_model_dir(cfg.model.path)
+        tok_dir = _check_model_dir(cfg.model.tokenizer_path or cfg.model.path)
+        self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        if self.tokenizer.pad_token_id is None:
+            raise UserError(
+                f"tokenizer in {tok_dir} has no pad token; batches are right-padded with it. "
+                "Set one (e.g. tokenizer.pad_token = tokenizer.eos_token; tokenizer.save_pretrained(dir)) or use a tokenizer that has one"
+            )
+        self.pad_token_id = int(self.tokenizer.pad_token_id)
+        ensure_dist_env()
+        self.device, _backend = accelerator_info()
+        self.engine = self._build_engine(model_dir)
+        self.rank = int(self.engine.global_rank)
+        self.micro_batch_size = int(self.engine.train_micro_batch_size_per_gpu())
+        self.local_batch_size = self.micro_batch_size * int(self.engine.gradient_accumulation_steps())
+        self.reference = _load_reference(model_dir, cfg.model.dtype, self.device) if self.algo.kl is not None else None
+
+    # ---------------------------------------------------------------- setup
+
+    def _build_engine(self, model_dir: str):
+        import deepspeed
+
+        tcfg = self.cfg.trainer
+        tbs = tcfg.train_batch_size or self.cfg.resolved().trainer.train_batch_size
+        world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+        micro = tcfg.micro_batch_size
+        if tbs % (micro * world):
+            raise UserError(
+                f"trainer.train_batch_size = {tbs} must be a multiple of trainer.micro_batch_size = {micro} x world size {world}; "
+                f"pick a micro_batch_size that divides {tbs // world if tbs % world == 0 else tbs}"
+            )
+        model = _load_model(model_dir, self.cfg.model.dtype)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
+        warmup = tcfg.warmup_steps
+        # LambdaLR gets the number of finished steps s: step s+1 trains at lr * min(1, (s+1) / warmup).
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        ds_config: dict[str, Any] = {
+            "train_batch_size": tbs,
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": tbs // (micro * world),
+            "gradient_clipping": tcfg.grad_clip,
+            "zero_optimization": {"stage": tcfg.zero_stage},
+            "bf16": {"enabled": self.cfg.model.dtype == "bfloat16"},
+            "fp16": {"enabled": self.cfg.model.dtype == "float16"},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 2**31 - 1,  # our own metrics; keep DeepSpeed's progress lines out of the logs
+            "wall_clock_breakdown": False,
+        }
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        return engine
+
+    # ---------------------------------------------------------------- steps
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One GRPO update on this rank's share of a trainer batch; returns its metrics.
+
+        Metrics: loss, pg_loss, kl (to the reference; when algorithm.kl is set), approx_kl (k3,
+        current vs old logprobs), entropy, clip_frac, grad_norm (before clipping), lr, tokens
+        (trained), masked_stale_tokens, logprob_diff (mean |current - behavior|, the
+        trainer/explorer mismatch), version (after the step).
+        """
+        b = self._to_device(batch, required=("input_ids", "attention_mask", "loss_mask", "behavior_logprobs", "versions", "rewards", "group_index"))
+        stale = version_mask(b["versions"], self.version, self.algo.max_version_gap)  # [B, L]
+        b["mask"] = b["loss_mask"] * stale  # [B, L]
+        if "advantages" not in b:
+            b["advantages"] = grpo_advantages(b["rewards"].float().cpu(), b["group_index"].cpu(), self.algo.std_normalize).to(self.device)  # [B]
+        if self.algo.old_logprobs == "recompute":
+            b["old_logprobs"] = self.compute_logprobs(b).to(self.device)  # [B, L], before the update
+        else:
+            b["old_logprobs"] = b["behavior_logprobs"].float()
+        if self.reference is not None:
+            b["ref_logprobs"] = self._reference_logprobs(b)  # [B, L]
+        metrics = self._run_step(b, self._policy_micro_loss)
+        metrics["masked_stale_tokens"] = float((b["loss_mask"] * (1 - stale)).sum())
+        return metrics
+
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One supervised update: mean negative log-likelihood of the `loss_mask` tokens."""
+        b = self._to_device(batch, required=("input_ids", "attention_mask", "loss_mask"))
+        b["mask"] = b["loss_mask"].float()
+        return self._run_step(b, self._sft_micro_loss)
+
+    def _run_step(self, b: Batch, micro_loss: MicroLoss) -> dict[str, float]:
+        """Forward/backward every micro-batch, then one optimizer step (DeepSpeed applies it at
+        the accumulation boundary, after the last micro-batch)."""
+        n = b["input_ids"].shape[0]
+        if n != self.local_batch_size:
+            raise ValueError(f"train batch has {n} rows; this rank trains {self.local_batch_size} per step (train_batch_size / world size)")
+        mask = b["mask"]
+        counts = {"tokens": float(mask.sum()), "seqs": float((mask.sum(-1) > 0).sum())}
+        sums: dict[str, float] = {}
+        grad_norm = float("nan")
+        lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves it after)
+        self.engine.train()
+        for start in range(0, n, self.micro_batch_size):
+            mb = {k: v[start : start + self.micro_batch_size] for k, v in b.items() if v.dim() >= 1 and v.shape[0] == n}
+            loss, parts = micro_loss(mb, mask[start : start + self.micro_batch_size], counts)
+            # Unscaled: the micro-losses already sum to the batch loss (whole-batch counts).
+            self.engine.backward(loss, scale_wrt_gas=False)
+            for k, v in {"loss": float(loss.detach()), **parts}.items():
+                sums[k] = sums.get(k, 0.0) + v
+            if start + self.micro_batch_size >= n and not _zero_managed_any(self.engine.module):
+                grad_norm = _grad_norm(self.engine.module)  # stage 0: DeepSpeed does not report it
+            self.engine.step()
+        if _zero_managed_any(self.engine.module):
+            norm = self.engine.get_global_grad_norm()  # None when ZeRO did not compute one
+            grad_norm = float("nan") if norm is None else float(norm)
+        self.version += 1
+        tokens = max(counts["tokens"], 1.0)
+        out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "lr": lr, "tokens": counts["tokens"], "version": float(self.version)}
+        for k in ("pg_loss", "kl"):
+            if k in sums:
+                out[k] = sums.pop(k)
+        out.update({k: v / tokens for k, v in sums.items()})  # per-token means of the token sums
+        if "clipped" in out:
+            out["clip_frac"] = out.pop("clipped")
+        return out
+
+    def _policy_micro_loss(self, mb: Batch, mask: Tensor, counts: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+        logits = self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits  # [b, L, V]
+        logp = token_logprobs(logits, mb["input_ids"], self.temperature)  # [b, L]
+        out = policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, self.algo, mb.get("ref_logprobs"), counts["tokens"], counts["seqs"])
+        with torch.no_grad():
+            ent = token_entropy(logits.detach(), self.temperature)  # [b, L]
+            log_ratio = mb["old_logprobs"] - logp.detach()  # [b, L]
+            parts = {
+                "pg_loss": float(out.pg_loss),
+                "entropy": float((ent * mask).sum()),
+                "clipped": float(out.clipped_tokens),
+                "approx_kl": float(((log_ratio.exp() - 1 - log_ratio) * mask).sum()),
+                "logprob_diff": float(((logp.detach() - mb["behavior_logprobs"]).abs() * mask).sum()),
+            }
+            if out.kl is not None:
+                parts["kl"] = float(out.kl)
+        return out.loss, parts
+
+    def _sft_micro_loss(self, mb: Batch, mask: Tensor, counts: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
+        logits = self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits  # [b, L, V]
+        logp = token_logprobs(logits, mb["input_ids"], 1.0)  # [b, L]: SFT fits the untempered model
+        with torch.no_grad():
+            ent = token_entropy(logits.detach())  # [b, L]
+        return sft_loss(logp, mask, counts["tokens"]), {"entropy": float((ent * mask).sum())}
+
+    # ---------------------------------------------------------------- logprobs
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch) -> Tensor:
+        """Current policy's logprobs [B, L] (float32, on this trainer's device) of input_ids,
+        aligned like `behavior_logprobs`, with logits / the sampling temperature."""
+        return self._logprobs_with(lambda ids, am: self.engine(input_ids=ids, attention_mask=am).logits, batch)
+
+    @torch.no_grad()
+    def _reference_logprobs(self, batch: Batch) -> Tensor:
+        return self._logprobs_with(lambda ids, am: self.reference(input_ids=ids, attention_mask=am).logits, batch)
+
+    def _logprobs_with(self, forward: Callable[[Tensor, Tensor], Tensor], batch: Batch) -> Tensor:
+        ids = batch["input_ids"].to(self.device)  # [B, L]
+        am = batch["attention_mask"].to(self.device)  # [B, L]
+        step = self.micro_batch_size
+        parts = [token_logprobs(forward(ids[i : i + step], am[i : i + step]), ids[i : i + step], self.temperature) for i in range(0, ids.shape[0], step)]
+        return torch.cat(parts) if parts else torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
+
+    # ---------------------------------------------------------------- weights and state
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full tensor) of every parameter; gathered one at a time under ZeRO-3
+        (collective: all ranks iterate together). Tied weights appear once (named_parameters)."""
+        import deepspeed
+
+        for name, p in self.engine.module.named_parameters():
+            if hasattr(p, "ds_id"):
+                with deepspeed.zero.GatheredParameters([p]):
+                    yield name, p.detach().clone()
+            else:
+                yield name, p.detach()
+
+    def save_hf(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        """Write a Hugging Face model directory (safetensors, config.json, generation config,
+        tokenizer) to `url`, loadable by transformers and vLLM. Rank 0 writes."""
+        import tempfile
+
+        state = {name: t.cpu() for name, t in self.named_weights()}
+        if self.rank != 0:
+            return
+        with tempfile.TemporaryDirectory(prefix="rft-hf-") as tmp:
+            self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            ckpt.upload_dir(tmp, url, storage_options)
+
+    def save_state(self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+        """Write resumable state (weights, optimizer, LR schedule, RNG, version, `extra`) to `url`;
+        see `rl_engine.trainer.checkpoint` for the format. `COMMITTED` is written last."""
+        from rl_engine.storage import join, open_storage
+
+        weights, opt_tensors, opt_meta = ckpt.collect_state(self.engine.module, self.engine.optimizer)
+        rng_tensors, rng_meta = ckpt.rng_state()
+        if self.rank != 0:
+            return
+        fs, root = open_storage(url, storage_options)
+        fs.makedirs(root, exist_ok=True)
+        ckpt.write_tensors(fs, join(root, "model.safetensors"), weights)
+        ckpt.write_tensors(fs, join(root, "optimizer.safetensors"), opt_tensors)
+        ckpt.write_tensors(fs, join(root, "rng.safetensors"), rng_tensors)
+        e = self.engine
+        meta = {
+            "format": ckpt.FORMAT,
+            "format_version": ckpt.FORMAT_VERSION,
+            "version": self.version,
+            "engine": {"global_steps": e.global_steps, "global_samples": e.global_samples, "micro_steps": e.micro_steps, "skipped_steps": e.skipped_steps},
+            "optimizer": opt_meta,
+            "lr_scheduler": _jsonable_scheduler_state(e.lr_scheduler),
+            "rng": rng_meta,
+            "extra": extra or {},
+        }
+        ckpt.write_json(fs, join(root, "state.json"), meta)
+        ckpt.write_json(fs, join(root, ckpt.COMMIT_MARKER), {"version": self.version})
+
+    def load_state(self, url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Restore what `save_state` wrote; returns its `extra`. Every rank reads the files."""
+        from rl_engine.storage import join, open_storage
+
+        fs, root = open_storage(url, storage_options)
+        if not fs.exists(join(root, ckpt.COMMIT_MARKER)):
+            raise UserError(f"{url}: no committed trainer state here ({ckpt.COMMIT_MARKER} missing); it was never written or its save did not finish")
+        meta = ckpt.read_json(fs, join(root, "state.json"))
+        ckpt.check_format(meta, url)
+        weights = ckpt.read_tensors(fs, join(root, "model.safetensors"))
+        opt_tensors = ckpt.read_tensors(fs, join(root, "optimizer.safetensors"))
+        ckpt.restore_state(self.engine.module, self.engine.optimizer, weights, opt_tensors, meta["optimizer"])
+        if self.engine.lr_scheduler is not None:
+            self.engine.lr_scheduler.load_state_dict({**self.engine.lr_scheduler.state_dict(), **meta["lr_scheduler"]})
+        for k, v in meta["engine"].items():
+            setattr(self.engine, k, v)
+        ckpt.set_rng_state(ckpt.read_tensors(fs, join(root, "rng.safetensors")), meta["rng"])
+        self.version = int(meta["version"])
+        return meta["extra"]
+
+    def _to_device(self, batch: Batch, required: tuple[str, ...]) -> Batch:
+        missing = [k for k in required if k not in batch]
+        if missing:
+            raise ValueError(f"train batch lacks {missing}; build it with ExperienceBatch.to_tensors(pad_id)")
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _check_model_dir(path: str) -> str:
+    p = Path(path).expanduser()
+    if not (p / "config.json").is_file():
+        raise UserError(f"model directory {path!r} not found or has no config.json; build one with `rft make-tiny-model {path}` or `rft warmstart {path}`")
+    return str(p)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _load_model(model_dir: str, dtype: str) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=_torch_dtype(dtype))
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load a causal LM from {model_dir!r}: {e}") from None
+
+
+def _load_reference(model_dir: str, dtype: str, device: str) -> torch.nn.Module:
+    """Frozen copy of the initial policy for the KL penalty (a full replica on every rank)."""
+    ref = _load_model(model_dir, dtype).to(device).eval()
+    ref.requires_grad_(False)
+    return ref
+
+
+def _zero_managed_any(module: torch.nn.Module) -> bool:
+    return any(ckpt._zero_managed(p) for p in module.parameters())
+
+
+def _grad_norm(module: torch.nn.Module) -> float:
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+
+
+def _jsonable_scheduler_state(scheduler) -> dict[str, Any]:
+    """The LR scheduler's state without its (unpicklable, rebuilt from config) lambdas."""
+    if scheduler is None:
+        return {}
+    return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}

@@ -1,0 +1,42 @@
+"""Process-group setup for the trainer: env defaults for a single process, device choice.
+
+DeepSpeed reads MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE / LOCAL_RANK (its launcher or
+torchrun set them). A plain `python` process (tests, `rft warmstart`, the in-process loop) has
+none, so `ensure_dist_env` fills them in for a world of one, on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_dist_env() -> None:
+    """Set the rendezvous variables for a one-process world unless a launcher already did."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return  # an earlier trainer in this process already joined; DeepSpeed reuses the group
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        return
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+
+
+def accelerator_info() -> tuple[str, str]:
+    """(device string for this rank, communication backend): ('cuda:N', 'nccl') or ('cpu', 'gloo')."""
+    from deepspeed.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    name = acc.device_name()
+    if name == "cpu":
+        return "cpu", acc.communication_backend_name()
+    return f"{name}:{int(os.environ.get('LOCAL_RANK', '0'))}", acc.communication_backend_name()

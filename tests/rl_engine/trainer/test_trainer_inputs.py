@@ -1,0 +1,38 @@
+"""Bad inputs to the trainer fail early with a clear UserError (no DeepSpeed start needed).
+
+    .venv/bin/python -m pytest tests/rl_engine/trainer/test_trainer_inputs.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from rl_engine.errors import UserError
+from rl_engine.trainer import build_trainer
+from trainer_helpers import make_cfg
+
+
+def test_missing_model_path(tiny_model_dir, tmp_path):
+    cfg = make_cfg(tiny_model_dir)
+    cfg.model.path = str(tmp_path / "nowhere")  # the config validator ran earlier; the directory went away since
+    with pytest.raises(UserError, match="nowhere.*not found or has no config.json"):
+        build_trainer(cfg)
+
+
+def test_tokenizer_without_pad_token(tiny_model_dir, tmp_path):
+    model = tmp_path / "nopad"
+    shutil.copytree(tiny_model_dir, model)
+    tok_cfg = json.loads((model / "tokenizer_config.json").read_text())
+    tok_cfg["pad_token"] = None  # absent, Qwen2Tokenizer would fall back to EOS; explicit null has none
+    (model / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    with pytest.raises(UserError, match="has no pad token"):
+        build_trainer(make_cfg(str(model)))
+
+
+def test_batch_size_not_multiple_of_micro_batch(tiny_model_dir):
+    cfg = make_cfg(tiny_model_dir, trainer={"micro_batch_size": 3})  # train_batch_size 4
+    with pytest.raises(UserError, match="train_batch_size = 4 must be a multiple of trainer.micro_batch_size = 3"):
+        build_trainer(cfg)
