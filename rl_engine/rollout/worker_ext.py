@@ -20,6 +20,22 @@ from typing import Any
 import torch
 
 
+def _refresh_tied_lm_heads(model: torch.nn.Module) -> None:
+    """Re-run weight processing of an lm_head tied to the input embeddings.
+
+    The checkpoint has no `lm_head.weight` for a tied model, so the layerwise reload loads
+    nothing into the head and keeps its old kernel state; on CPU that state is a packed GEMM
+    handle built from the old embedding. The head shares the (now updated) embedding
+    Parameter, so processing it again rebuilds the handle from the new values.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    embeds = {m.weight.data_ptr() for m in model.modules() if type(m) is VocabParallelEmbedding}
+    for m in model.modules():
+        if isinstance(m, ParallelLMHead) and m.weight.data_ptr() in embeds:
+            m.quant_method.process_weights_after_loading(m)
+
+
 class RFTWorkerExtension:
     """Mixed into vLLM's worker; `self` is the worker (model_runner, vllm_config, rank, device)."""
 
@@ -37,6 +53,7 @@ class RFTWorkerExtension:
                 yield model
             finally:
                 finalize_layerwise_reload(model, self.model_config)
+            _refresh_tied_lm_heads(model)
 
     def _rft_load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load checkpoint-format (HF-named) weights in place; returns how many tensors were loaded."""

@@ -1,0 +1,185 @@
+"""Checkpoint weight sync: the trainer publishes committed weight checkpoints; explorers load them live.
+
+Layout under the run URL (any fsspec storage, see `rl_engine.storage`):
+
+    checkpoints/version=<v>/model.safetensors            (or model-00001.safetensors ... + model.safetensors.index.json)
+    checkpoints/version=<v>/config.json                  the policy's HF config (the directory loads with transformers)
+    checkpoints/version=<v>/_COMMITTED                   JSON marker, written last and atomically
+
+Readers only ever look at versions with a marker, so a trainer that dies mid-write leaves
+nothing visible. Explorers load into their live engine (no restart); from object storage the
+version is first copied to a local temp directory next to the inference workers.
+
+    # trainer thread                                    # explorer thread
+    s = build_weight_sender(cfg)                        r = build_weight_receiver(cfg, x)
+    s.send(trainer.named_weights(), version=t)          if (r.latest_committed() or 0) > engine.version:
+                                                            r.receive(engine)      # newest committed
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rl_engine import storage
+from rl_engine.sync.collective import SyncStats
+
+COMMIT = "_COMMITTED"
+_VERSION_DIR = re.compile(r"version=(\d+)$")
+DEFAULT_SHARD_BYTES = 2 << 30
+
+
+class CheckpointSender:
+    """Trainer side: writes `checkpoints/version=<v>/` then its commit marker."""
+
+    method = "checkpoint"
+
+    def __init__(self, run_url: str, options: dict[str, Any] | None, model_dir: str, dtype: torch.dtype | None, shard_bytes: int = DEFAULT_SHARD_BYTES):
+        self.fs, self.root = storage.open_storage(run_url, options)
+        self.model_dir = model_dir
+        self.dtype = dtype
+        self.shard_bytes = shard_bytes
+        self.last: SyncStats | None = None
+
+    def connect(self) -> None:
+        """Nothing to join: storage is the rendezvous."""
+
+    def version_dir(self, version: int) -> str:
+        return storage.join(self.root, "checkpoints", f"version={version}")
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Write every (HF name, full tensor) pair as safetensors shards, config.json, then commit."""
+        t0 = time.perf_counter()
+        d = self.version_dir(version)
+        marker = storage.join(d, COMMIT)
+        if self.fs.exists(marker):  # re-publishing a version (resumed trainer): uncommit first
+            self.fs.rm(marker)
+        self.fs.makedirs(d, exist_ok=True)
+        shards: list[dict[str, torch.Tensor]] = []
+        weight_map: dict[str, str] = {}
+        cur: dict[str, torch.Tensor] = {}
+        size = n = nbytes = 0
+        for name, t in named_tensors:
+            t = self._prepare(t, cur)
+            cur[name] = t
+            size += t.numel() * t.element_size()
+            n += 1
+            if size >= self.shard_bytes:
+                self._write_shard(d, len(shards) + 1, cur, weight_map)
+                shards.append({})
+                nbytes += size
+                cur, size = {}, 0
+        if n == 0:
+            raise ValueError(f"checkpoint of version {version}: the trainer gave no parameters")
+        if cur or not shards:
+            if not shards:
+                self._write(d, "model.safetensors", cur)  # one shard: the plain HF single-file layout
+            else:
+                self._write_shard(d, len(shards) + 1, cur, weight_map)
+            nbytes += size
+        if weight_map:
+            storage.write_json(self.fs, storage.join(d, "model.safetensors.index.json"), {"metadata": {"total_size": nbytes}, "weight_map": weight_map})
+        with open(os.path.join(self.model_dir, "config.json"), "rb") as f:
+            storage.write_bytes_atomic(self.fs, storage.join(d, "config.json"), f.read())
+        # Written last: until it exists no reader sees this version.
+        storage.write_json(self.fs, marker, {"version": version, "tensors": n, "bytes": nbytes, "time": time.time()})
+        self.last = SyncStats(version, n, nbytes, time.perf_counter() - t0)
+
+    def _prepare(self, t: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
+        t = t.detach()
+        if self.dtype is not None and t.is_floating_point() and t.dtype != self.dtype:
+            t = t.to(self.dtype)
+        t = t.to("cpu").contiguous()
+        # safetensors refuses two names on one storage (tied embeddings): give the second a copy.
+        ptr = t.untyped_storage().data_ptr()
+        if any(x.untyped_storage().data_ptr() == ptr for x in shard.values()):
+            t = t.clone()
+        return t
+
+    def _write_shard(self, d: str, index: int, tensors: dict[str, torch.Tensor], weight_map: dict[str, str]) -> None:
+        fname = f"model-{index:05d}.safetensors"
+        self._write(d, fname, tensors)
+        weight_map.update({k: fname for k in tensors})
+
+    def _write(self, d: str, fname: str, tensors: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save, save_file
+
+        path = storage.join(d, fname)
+        if storage.is_local(self.fs):
+            save_file(tensors, path, metadata={"format": "pt"})  # no in-memory copy of the shard
+        else:
+            self.fs.pipe_file(path, save(tensors, metadata={"format": "pt"}))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class CheckpointReceiver:
+    """Explorer side: finds committed versions and loads one into a live engine."""
+
+    method = "checkpoint"
+
+    def __init__(self, run_url: str, options: dict[str, Any] | None, timeout_s: float = 600.0):
+        self.fs, self.root = storage.open_storage(run_url, options)
+        self.timeout_s = timeout_s
+
+    def connect(self, engine: Any) -> None:
+        """Nothing to join: storage is the rendezvous."""
+
+    def committed_versions(self) -> list[int]:
+        """Every version with a commit marker, ascending."""
+        self.fs.invalidate_cache()  # object-store listings are cached; we need the current one
+        out = []
+        for p in self.fs.glob(storage.join(self.root, "checkpoints", "version=*", COMMIT)):
+            m = _VERSION_DIR.search(p.rstrip("/").rsplit("/", 2)[-2])
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def latest_committed(self) -> int | None:
+        """The newest committed version, or None if the trainer has published none yet."""
+        versions = self.committed_versions()
+        return versions[-1] if versions else None
+
+    def receive(self, engine: Any, version: int | None = None) -> int:
+        """Load `version` (default: the newest committed one) into `engine`; returns the installed version.
+
+        With version=None and nothing newer than the engine's version committed, nothing is
+        loaded and the engine's version is returned. An uncommitted version is never loaded.
+        """
+        if version is None:
+            latest = self.latest_committed()
+            if latest is None or latest <= engine.version:
+                return engine.version
+            version = latest
+        d = storage.join(self.root, "checkpoints", f"version={version}")
+        if not self.fs.exists(storage.join(d, COMMIT)):
+            raise RuntimeError(f"checkpoint version {version} under {self.root}/checkpoints is not committed; committed: {self.committed_versions()}")
+        if storage.is_local(self.fs):
+            got = self._load(engine, d, version)
+        else:
+            tmp = tempfile.mkdtemp(prefix=f"rft-ckpt-v{version}-")
+            try:
+                for p in self.fs.glob(storage.join(d, "*.safetensors")):
+                    self.fs.get_file(p, os.path.join(tmp, p.rsplit("/", 1)[-1]))
+                got = self._load(engine, tmp, version)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        engine.mark_synced(got)
+        return got
+
+    def _load(self, engine: Any, local_dir: str, version: int) -> int:
+        results = engine.rpc("rft_load_checkpoint", local_dir, version, timeout=self.timeout_s)
+        if any(n == 0 for _, n in results):
+            raise RuntimeError(f"checkpoint version {version}: a worker loaded no tensors from {local_dir}")
+        return version
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,123 @@
+"""Collective weight sync: trainer rank 0 broadcasts parameters to the inference workers of explorers.
+
+One extra process group (gloo on CPU, NCCL on GPU) holds trainer rank 0 (rank 0) and the
+inference workers of every explorer: worker w of explorer x is rank 1 + x * W + w, with W the
+workers per engine (tensor_parallel_size). The trainer and each explorer run in their own
+thread (or process, or machine); both sides `connect()` concurrently, then each sync is one
+`send` on the trainer side meeting one `receive` per explorer. Wire format: `buckets.py`.
+
+    # trainer thread                              # explorer thread x
+    s = build_weight_sender(cfg); s.connect()     r = build_weight_receiver(cfg, x); r.connect(engine)
+    s.send(trainer.named_weights(), version=t)    v = r.receive(engine)   # -> t, engine.version == t
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rl_engine.config import CollectiveConfig
+from rl_engine.sync.buckets import broadcast_send, destroy_group, group_device, init_group, raw_broadcast, resolve_backend
+
+
+@dataclass
+class SyncStats:
+    """What the last send moved and how long it took (from the sender's side)."""
+
+    version: int
+    params: int
+    bytes: int
+    seconds: float
+
+
+class CollectiveSender:
+    """Trainer side: rank 0 of the weight-sync group."""
+
+    method = "collective"
+
+    def __init__(self, c: CollectiveConfig, num_explorers: int, workers_per_engine: int, wire_dtype: torch.dtype | None):
+        self.c = c
+        self.backend = resolve_backend(c.backend)
+        self.world_size = 1 + num_explorers * workers_per_engine
+        self.wire_dtype = wire_dtype
+        self.bucket_bytes = max(1, int(c.bucket_mb * (1 << 20)))
+        self._pg: Any = None
+        self.last: SyncStats | None = None
+
+    def connect(self) -> None:
+        """Host the group and wait until every explorer's workers joined (up to collective.timeout_s)."""
+        if self._pg is None:
+            self._pg = init_group(self.c.host, self.c.port, 0, self.world_size, self.backend, self.c.timeout_s)
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Broadcast (HF name, full tensor) pairs as `version`; returns once every receiver has the bytes."""
+        if self._pg is None:
+            raise RuntimeError("CollectiveSender.send before connect(): call connect() first (it waits for the explorers)")
+        t0 = time.perf_counter()
+        n, nbytes = broadcast_send(self._pg, named_tensors, version, self.bucket_bytes, self.wire_dtype, group_device(self.backend))
+        self.last = SyncStats(version, n, nbytes, time.perf_counter() - t0)
+        if n == 0:
+            raise ValueError(f"weight sync of version {version}: the trainer gave no parameters")
+
+    def send_raw(self, sizes: list[int]) -> None:
+        """Benchmark baseline: plain broadcasts of these byte sizes on the same group."""
+        raw_broadcast(self._pg, sizes, group_device(self.backend))
+
+    def close(self) -> None:
+        if self._pg is not None:
+            pg, self._pg = self._pg, None
+            destroy_group(pg)
+
+
+class CollectiveReceiver:
+    """Explorer side: puts this explorer's inference workers into the group and loads what arrives."""
+
+    method = "collective"
+
+    def __init__(self, c: CollectiveConfig, explorer_id: int, num_explorers: int, workers_per_engine: int):
+        if not 0 <= explorer_id < num_explorers:
+            raise ValueError(f"explorer_id {explorer_id} outside 0..{num_explorers - 1} (explorer.count = {num_explorers})")
+        self.c = c
+        self.backend = resolve_backend(c.backend)
+        self.explorer_id = explorer_id
+        self.workers = workers_per_engine
+        self.rank_offset = 1 + explorer_id * workers_per_engine
+        self.world_size = 1 + num_explorers * workers_per_engine
+        self._engine: Any = None
+
+    def connect(self, engine: Any) -> None:
+        """Join the group from every worker of `engine`; blocks until the whole group formed."""
+        ranks = engine.rpc("rft_join_group", self.c.host, self.c.port, self.rank_offset, self.world_size, self.backend, self.c.timeout_s, timeout=self.c.timeout_s + 10)
+        expected = list(range(self.rank_offset, self.rank_offset + self.workers))
+        if sorted(ranks) != expected:
+            raise RuntimeError(f"explorer {self.explorer_id}: workers joined as ranks {ranks}, expected {expected} (tensor_parallel_size mismatch?)")
+        self._engine = engine
+
+    def receive(self, engine: Any, version: int | None = None) -> int:
+        """Block until the trainer's next `send` is loaded into `engine`; returns the installed version."""
+        if self._engine is not engine:
+            raise RuntimeError(f"explorer {self.explorer_id}: receive() on an engine that did not connect(); call connect(engine) first")
+        results = engine.rpc("rft_receive_broadcast", timeout=self.c.timeout_s)
+        versions = {v for v, _ in results}
+        if len(versions) != 1:
+            raise RuntimeError(f"explorer {self.explorer_id}: workers installed different versions {sorted(versions)}")
+        got = versions.pop()
+        if any(n == 0 for _, n in results):
+            raise RuntimeError(f"explorer {self.explorer_id}: version {got} arrived with no parameters; weights unchanged")
+        if version is not None and got != version:
+            raise RuntimeError(f"explorer {self.explorer_id}: expected version {version} from the trainer, received {got}")
+        engine.mark_synced(got)
+        return got
+
+    def receive_raw(self, engine: Any, sizes: list[int]) -> None:
+        """Benchmark baseline: receive plain broadcasts of these byte sizes, load nothing."""
+        engine.rpc("rft_raw_receive", sizes, timeout=self.c.timeout_s)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            engine.rpc("rft_leave_group", timeout=30)
