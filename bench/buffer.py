@@ -3,8 +3,9 @@
 Writes N experiences of realistic shape (512-token prompts, 1,024-token responses, text) as one
 file per explorer step of 256, then reads them back as train batches of 256, with the buffer
 (BufferWriter / BufferReader: commit records, CRC, validation, cursor) and with plain pyarrow
-IPC on the same storage (same tables, same file split). Each figure is the median of `--repeat`
-alternating runs. Goal: buffer / pyarrow >= 0.8 for write and read on local disk.
+IPC on the same storage (same tables, same file split), interleaved call by call; each figure
+is the median time of one call (over files and `--repeat` runs) times the number of files.
+Goal: buffer / pyarrow >= 0.8 for write and read on local disk.
 
     python -m bench.buffer            # N = 4096 (local), 1024 (S3)
     python -m bench.buffer --quick    # N = 1024 (local), 256 (S3), 3 repeats
@@ -54,15 +55,16 @@ def _raw_read(fs, path: str) -> int:
 
 
 def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, variants: bool) -> dict[str, float]:
-    """Median over repeats of the total seconds of each operation.
+    """Seconds per operation over all files: (median seconds of one call) x (number of files).
 
-    Buffer and raw calls are interleaved file by file, in alternating order, so that the
-    noise of a shared machine (page-cache writeback, other processes) hits both alike.
-    Variants (local only): the writer with fsync=True, the reader with verify_checksums=False.
+    Buffer and raw calls are interleaved file by file, in alternating order, and the median
+    per call drops the stalls a shared machine throws in (page-cache writeback, other
+    processes), so both sides are measured alike. Variants (local only): the writer with
+    fsync=True, the reader with verify_checksums=False.
     """
     from rl_engine.experience import ExperienceBatch
 
-    totals: dict[str, list[float]] = {}
+    calls: dict[str, list[float]] = {}
     for r in range(repeat):
         url = f"{base_url}/{uuid.uuid4().hex[:8]}"
         fs, root = open_storage(url, options)
@@ -81,17 +83,14 @@ def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, 
         for phase in (["buffer_write", "raw_write"], ["buffer_read", "raw_read"]):
             if variants:
                 phase.append(phase[0] + ("_fsync" if "write" in phase[0] else "_unverified"))
-            spent = dict.fromkeys(phase, 0.0)
             for i in range(len(tables)):
                 for name in phase if (i + r) % 2 == 0 else phase[::-1]:
                     t0 = time.perf_counter()
                     ops[name](i)
-                    spent[name] += time.perf_counter() - t0
-            for name, s in spent.items():
-                totals.setdefault(name, []).append(s)
+                    calls.setdefault(name, []).append(time.perf_counter() - t0)
         fs.rm(root, recursive=True)
-    out = {k: statistics.median(v) for k, v in totals.items()}
-    out["batch"] = out["buffer_read"] / len(tables)  # one read_batch(256) = one file here
+    out = {k: statistics.median(v) * len(tables) for k, v in calls.items()}
+    out["batch"] = statistics.median(calls["buffer_read"])  # one read_batch(256) = one file here
     return out
 
 
@@ -140,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     n = args.n or (1024 if args.quick else 4096)
     n_s3 = max(BATCH, n // 4)
-    repeat = args.repeat or (3 if args.quick else 5)
+    repeat = args.repeat or (3 if args.quick else 7)
 
     tables = _tables(n)
     mb = sum(t.nbytes for t in tables) / 1e6
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             s3_read_ratio_vs_pyarrow=round(s3["raw_read"] / s3["buffer_read"], 3),
             s3_batch_read_ms=round(s3["batch"] * 1e3, 2),
         )
-    print_table(rows, title=f"buffer vs raw pyarrow IPC: {n} experiences x (512 prompt + 1024 response tokens), {mb:.0f} MB, median of {repeat}")
+    print_table(rows, title=f"buffer vs raw pyarrow IPC: {n} experiences x (512 prompt + 1024 response tokens), {mb:.0f} MB, median per file of {repeat} runs")
     emit_json(result)
     return 0
 
