@@ -15,6 +15,7 @@ from flows.run import run_config
 from rl_engine.config import validate_config
 from rl_engine.schedule import rendezvous_version
 from rl_engine.timeline import load_spans
+from tests.conftest import free_port
 from tests.flows.conftest import small_config
 
 pytestmark = pytest.mark.slow
@@ -99,6 +100,39 @@ def test_multi_explorer_both_contribute_nothing_lost(method, prefect_server, tin
         assert steps == list(range(1, len(steps) + 1))
     # Every explorer received every version published while it ran (sync spans per explorer).
     spans = load_spans(summary["run"])
+    got = {i: [s.version for s in spans if s.component == f"explorer-{i}" and s.kind == "sync"] for i in (0, 1)}
+    sent = [s.version for s in spans if s.component == "trainer" and s.kind == "sync"]
     for i in (0, 1):
-        got = sorted(s.version for s in spans if s.component == f"explorer-{i}" and s.kind == "sync")
-        assert got == sorted(set(got)) and len(got) >= 1
+        assert got[i] == sorted(set(got[i])) and got[i], f"explorer {i} received {got[i]}"
+        assert set(got[i]) <= set(sent)
+    if method == "collective":
+        # One group, one broadcast per published version: both explorers load each of them.
+        assert got[0] == got[1] == sent
+
+
+def test_every_shipped_config_runs_a_smoke_flow(prefect_server, tiny_model_dir, task_file, tmp_path):
+    import glob
+    from pathlib import Path
+
+    from rl_engine.config import load_config
+
+    configs = sorted(glob.glob(str(Path(__file__).parents[2] / "configs" / "*.yaml")))
+    for path in configs:
+        cfg = load_config(
+            path,
+            [
+                f"model.path={tiny_model_dir}",
+                "model.max_model_len=64",
+                f"taskset.path={task_file}",
+                f"buffer.storage.url={tmp_path / Path(path).stem}",
+                "explorer.batch_size=2",
+                "algorithm.repeat_times=2",
+                "explorer.engine.kv_cache_space_gib=0.25",
+                "trainer.total_steps=2",
+                "trainer.micro_batch_size=4",
+                f"synchronizer.collective.port={free_port()}",
+            ],
+        )
+        summary = run_config(cfg)
+        assert summary["final_version"] == 2, path
+        assert summary["mode"] == cfg.synchronizer.mode
