@@ -69,12 +69,17 @@ def watch_cancellation(stop: threading.Event, poll_s: float = 1.0) -> Iterator[_
 
 @contextlib.contextmanager
 def stop_on_error(stop: threading.Event) -> Iterator[None]:
-    """A loop that fails stops the others (they would wait forever for it); Stopped ends quietly."""
+    """A loop that fails stops the others (they would wait forever for it). Once the run is
+    stopping, errors from peers going away mid-exchange (a broadcast whose receivers left) are
+    expected: the loop ends quietly, like on Stopped."""
     try:
         yield
     except Stopped:
         pass
-    except BaseException:
+    except BaseException as e:
+        if stop.is_set():
+            get_run_logger().warning("loop ended during stop: %s: %s", type(e).__name__, e)
+            return
         stop.set()
         raise
 

@@ -24,7 +24,7 @@ import uuid
 from typing import Any
 
 from rl_engine.buffer import BufferWriter
-from rl_engine.control import Board
+from rl_engine.control import Board, Stopped
 from rl_engine.experience import Experience, ExperienceBatch
 from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
 from rl_engine.rollout.engine import build_rollout_engine
@@ -152,34 +152,45 @@ class Explorer:
 
     # ---- weight sync
 
-    def _install(self, version: int | None) -> int:
-        with self.timeline.span("sync", version=version, method=self.cfg.synchronizer.sync_method) as span:
+    def _install(self, version: int) -> int:
+        """Load `version` (published by the trainer) into the engine and acknowledge it.
+
+        Collective: a broadcast needs every rank, so joining is a handshake on the board: post
+        "joining v", wait for the trainer's "go v" (all explorers joined) or "abandon v" (the run
+        is stopping), and only then enter the broadcast. Nobody is ever left blocked in it.
+        """
+        method = self.cfg.synchronizer.sync_method
+        if method == "collective":
+            self.board.post(f"{self.name}-joining", {"version": version})
+            m = self.board.wait("sync", lambda m: max(m.get("go", -1), m.get("abandon", -1)) >= version, what=f"the trainer to start broadcasting version {version}", timeout_s=self.cfg.synchronizer.wait_timeout_s)
+            if m.get("go", -1) < version:
+                raise Stopped(f"the trainer abandoned the broadcast of version {version}")
+        with self.timeline.span("sync", version=version, method=method) as span:
             got = self.receiver.receive(self.engine, version)
             span.version = got
         self.board.post(self.name, {"version": got})  # the trainer waits for this ack at a rendezvous
         self.timeline.flush()
         return got
 
-    def _wait(self, ready, what: str, stop: threading.Event) -> None:
+    def _wait_published(self, newer_than: int, what: str, stop: threading.Event) -> int:
         with self.timeline.span("wait", version=self.engine.version):
-            self.board.wait("trainer", ready, what=what, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
+            m = self.board.wait("trainer", lambda m: m.get("published", -1) > newer_than, what=what, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
+        return m["published"]
 
     def receive(self, version: int, stop: threading.Event) -> int:
         """Rendezvous: wait until the trainer has published `version`, then load exactly it."""
-        self._wait(lambda m: m.get("published", -1) >= version, f"trainer to publish version {version}", stop)
+        self._wait_published(version - 1, f"trainer to publish version {version}", stop)
         return self._install(version)
 
     def pick_up_newest(self, stop: threading.Event) -> int:
         """Decoupled: load the newest published version if newer; wait only for `max_staleness`."""
-        published = (self.board.get("trainer") or {}).get("published", -1)
-        if published > self.engine.version:
-            self._install(None)
+        trainer = self.board.get("trainer") or {}
+        if trainer.get("published", -1) > self.engine.version:
+            self._install(trainer["published"])
         bound = self.cfg.synchronizer.max_staleness
-        trainer = (self.board.get("trainer") or {}).get("version", 0)
-        if bound is not None and not stop.is_set() and trainer - self.engine.version > bound:
+        if bound is not None and not stop.is_set() and trainer.get("version", 0) - self.engine.version > bound:
             mine = self.engine.version
-            self._wait(lambda m: m.get("published", -1) > mine, f"a version newer than {mine} (max_staleness {bound})", stop)
-            self._install(None)
+            self._install(self._wait_published(mine, f"a version newer than {mine} (max_staleness {bound})", stop))
         return self.engine.version
 
     def close(self) -> None:

@@ -120,22 +120,43 @@ class Learner:
 
     # ---- weight sync
 
-    def _send(self, named: Any, version: int) -> None:
+    def _send(self, named: Any, version: int, stop: threading.Event) -> None:
+        if self.sender.method == "collective":
+            self._handshake(version, stop)
         with self.timeline.span("sync", step=version, version=version, method=self.sender.method):
             self.sender.send(named, version)
         self.timeline.flush()
 
+    def _handshake(self, version: int, stop: threading.Event) -> None:
+        """Enter a broadcast only once every explorer committed to it (see Explorer._install)."""
+        try:
+            with self.timeline.span("wait", step=version, version=version):
+                for i in range(self.cfg.explorer.count):
+                    self.board.wait(f"explorer-{i}-joining", lambda m: m["version"] >= version, what=f"explorer {i} to join the broadcast of version {version}", timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
+        except BaseException:
+            self.board.post("sync", {"abandon": version})
+            raise
+        self.board.post("sync", {"go": version})
+
+    def _send_in_background(self, named: Any, version: int, stop: threading.Event) -> None:
+        try:
+            self._send(named, version, stop)
+        except Stopped:
+            pass
+
     def publish(self, version: int, stop: threading.Event, wait_for_explorers: bool = True) -> float:
         """Send weights `version` to the explorers; returns seconds spent in this call."""
         started, s = time.time(), self.cfg.synchronizer
+        if stop.is_set():
+            raise Stopped(f"stopped before publishing version {version}")
         if s.sync_method == "checkpoint":
-            self._send(self.trainer.named_weights(), version)  # committed before it is announced
+            self._send(self.trainer.named_weights(), version, stop)  # committed before it is announced
             self.published = version
             self._post()
         elif wait_for_explorers:
             self.published = version
             self._post()  # explorers at this sync point now join the broadcast
-            self._send(self.trainer.named_weights(), version)
+            self._send(self.trainer.named_weights(), version, stop)
         elif self._sending is not None and self._sending.is_alive():
             # Decoupled: the explorers have not yet joined the previous broadcast; skip this
             # version rather than make the trainer wait (they get a newer one later).
@@ -145,7 +166,7 @@ class Learner:
             snapshot = [(n, t.detach().clone()) for n, t in self.trainer.named_weights()]
             self.published = version
             self._post()
-            self._sending = threading.Thread(target=self._send, args=(snapshot, version), name=f"send-v{version}", daemon=True)
+            self._sending = threading.Thread(target=self._send_in_background, args=(snapshot, version, stop), name=f"send-v{version}", daemon=True)
             self._sending.start()
         if wait_for_explorers:
             with self.timeline.span("wait", step=version, version=version):
@@ -162,5 +183,6 @@ class Learner:
 
     def close(self) -> None:
         self._finish_background_send()
+        self.board.post("trainer", {"version": self.version, "published": self.published, "closed": True})
         self.sender.close()
         self.timeline.flush()
