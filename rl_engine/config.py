@@ -327,6 +327,11 @@ class RFTConfig(_Model):
             raise ValueError(
                 f"synchronizer.max_staleness = {s.max_staleness}: the rendezvous modes fix staleness by sync_interval/sync_offset; set it to null or use an async mode"
             )
+        if s.mode not in RENDEZVOUS_MODES and s.max_staleness is not None and s.max_staleness < s.sync_interval - 1:
+            raise ValueError(
+                f"synchronizer.max_staleness = {s.max_staleness}: weights are published every sync_interval = {s.sync_interval} trainer steps, "
+                f"so explorers are up to {s.sync_interval - 1} versions behind by design; set max_staleness >= {s.sync_interval - 1}"
+            )
         group = self.explorer.batch_size * self.algorithm.repeat_times
         tbs = self.trainer.train_batch_size
         if s.mode in RENDEZVOUS_MODES and tbs is not None and tbs != group:

@@ -94,6 +94,7 @@ BAD = [
     ({"synchronizer": {"mode": "fully_async", "sync_offset": 1}}, ["synchronizer.sync_offset = 1", "rendezvous"]),
     ({"synchronizer": {"max_staleness": 2}}, ["synchronizer.max_staleness = 2", "async mode"]),
     ({"explorer": {"count": 2}}, ["explorer.count = 2", "multi_explorer"]),
+    ({"synchronizer": {"mode": "fully_async", "sync_interval": 4, "max_staleness": 1}}, ["synchronizer.max_staleness = 1", "max_staleness >= 3"]),
     ({"trainer": {"train_batch_size": 10}}, ["trainer.train_batch_size = 10", "explorer.batch_size x algorithm.repeat_times"]),
     ({"algorithm": {"repeat_times": 1}}, ["algorithm.repeat_times = 1", ">= 2"]),
     ({"taskset": {"reward": {"type": "python", "function": "not a path"}}}, ["taskset.reward.function", "'not a path'"]),
