@@ -99,20 +99,25 @@ class RFTWorkerExtension:
 
     def rft_receive_broadcast(self) -> tuple[int, int]:
         """Receive one broadcast weight stream and load it in place; returns (version, tensors loaded)."""
-        from rl_engine.sync.buckets import broadcast_recv
+        from rl_engine.sync.buckets import ReceiveBuffers, broadcast_recv
 
         pg, device = self._rft_group()
+        if getattr(self, "_rft_buffers", None) is None:
+            self._rft_buffers = ReceiveBuffers(device, reuse=device.type == "cpu")
         with self._rft_reloading() as model:
-            version, n = broadcast_recv(pg, device, model.load_weights)
+            version, n = broadcast_recv(pg, device, model.load_weights, self._rft_buffers)
         self._rft_version = version
         return version, n
 
     def rft_raw_receive(self, sizes: list[int]) -> None:
-        """Benchmark baseline: receive plain broadcasts of these byte sizes, load nothing."""
+        """Benchmark floor: receive plain broadcasts of these byte sizes into reused buffers, load nothing."""
         from rl_engine.sync.buckets import raw_broadcast
 
         pg, device = self._rft_group()
-        raw_broadcast(pg, sizes, device)
+        key = (tuple(sizes), str(device))
+        if getattr(self, "_rft_raw_key", None) != key:
+            self._rft_raw_key, self._rft_raw_bufs = key, [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+        raw_broadcast(pg, self._rft_raw_bufs)
 
     # ---- checkpoint method
 

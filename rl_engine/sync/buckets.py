@@ -1,19 +1,21 @@
 """Wire format of the collective weight sync: parameters broadcast in buckets over one process group.
 
-Pure torch (no vLLM import at module level), used by the trainer side
+Pure torch (vLLM only for creating the group), used by the trainer side
 (`rl_engine.sync.collective`) and by the inference workers (`rl_engine.rollout.worker_ext`).
 
 The root (trainer rank 0) broadcasts a stream of messages; every other rank receives the same
 stream, so receivers need no prior knowledge of the model:
 
-    S_0 = int64[3] (version, header bytes, data bytes) of bucket 0   ((version, 0, 0): nothing to send)
-    for bucket i:  H_i = uint8[header bytes]  JSON {"version", "params": [[name, dtype, shape, offset, nbytes], ...]}
-                   D_i = uint8[data bytes]    the parameters' bytes, each at its 64-byte aligned offset
-                   S_i+1 = int64[3]           sizes of bucket i+1; (version, 0, 0) ends the stream
+    L_0 = int64[2] (version, header bytes of bucket 0)
+    for bucket i:  H_i = uint8[header bytes]  JSON {"version", "segs": [bytes, ...],
+                                                     "params": [[name, dtype, shape, seg, offset, nbytes], ...]}
+                   the bucket's segments, in order: one uint8 segment per large parameter, sent
+                   straight from the parameter's memory (no copy), and at most one segment that
+                   packs the small ones (norms, biases) at 64-byte aligned offsets
+                   L_i+1 = int64[2]; (version, 0) ends the stream
 
-Sizes of bucket i+1 travel with bucket i, so a receiver posts the receives of bucket i+1
-before it loads bucket i (loading overlaps the transfer), and the root packs bucket i+1
-while D_i is on the wire. A parameter bigger than a bucket is sent alone, without a copy.
+A receiver learns H_i+1 before it loads bucket i, posts the receives of bucket i+1, then
+loads bucket i while bucket i+1 is on the wire. The root keeps at most two buckets in flight.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 ALIGN = 64  # byte alignment of every parameter inside a bucket (any dtype view stays aligned)
+SMALL_BYTES = 1 << 20  # parameters under this many bytes are packed together; bigger ones go as they are
 
 
 def resolve_backend(backend: str) -> str:
@@ -64,50 +67,14 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+
 @dataclass
 class Bucket:
-    params: list[list[Any]]  # [name, dtype name, shape, offset, nbytes] per parameter
-    data: torch.Tensor  # uint8 [nbytes of the bucket]
+    params: list[list[Any]]  # [name, dtype name, shape, segment, offset, nbytes] per parameter
+    segs: list[torch.Tensor]  # uint8 [bytes] each: a large parameter's own bytes, or packed small ones
 
-
-def _as_bytes(t: torch.Tensor, wire_dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
-    """A tensor as a flat uint8 view [numel * itemsize], in the wire dtype, on the group device."""
-    t = t.detach()
-    if wire_dtype is not None and t.is_floating_point() and t.dtype != wire_dtype:
-        t = t.to(wire_dtype)
-    t = t.to(device).contiguous().view(-1)
-    return t.view(torch.uint8)
-
-
-def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, wire_dtype: torch.dtype | None, device: torch.device) -> Iterator[Bucket]:
-    """Group parameters, in iteration order, into buckets of at most `bucket_bytes` (bigger ones alone)."""
-    pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []  # (name, original, bytes view)
-    size = 0
-
-    def flush() -> Bucket:
-        data = torch.empty(size, dtype=torch.uint8, device=device)  # [bucket bytes]
-        params, off = [], 0
-        for name, orig, b in pending:
-            data[off : off + b.numel()].copy_(b)
-            params.append([name, _dtype_name(wire_dtype_of(orig, wire_dtype)), list(orig.shape), off, b.numel()])
-            off = _aligned(off + b.numel())
-        return Bucket(params, data)
-
-    for name, tensor in named_tensors:
-        b = _as_bytes(tensor, wire_dtype, device)
-        if b.numel() >= bucket_bytes:
-            if pending:
-                yield flush()
-                pending, size = [], 0
-            yield Bucket([[name, _dtype_name(wire_dtype_of(tensor, wire_dtype)), list(tensor.shape), 0, b.numel()]], b)
-            continue
-        if pending and _aligned(size) + b.numel() > bucket_bytes:
-            yield flush()
-            pending, size = [], 0
-        size = _aligned(size) + b.numel()
-        pending.append((name, tensor, b))
-    if pending:
-        yield flush()
+    def header(self, version: int) -> bytes:
+        return json.dumps({"version": version, "segs": [s.numel() for s in self.segs], "params": self.params}, separators=(",", ":")).encode()
 
 
 def wire_dtype_of(t: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.dtype:
@@ -115,22 +82,64 @@ def wire_dtype_of(t: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.dtyp
     return wire_dtype if wire_dtype is not None and t.is_floating_point() else t.dtype
 
 
-def unpack_bucket(header: dict[str, Any], data: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) views into a received bucket's bytes (no copy)."""
+def _as_bytes(t: torch.Tensor, wire_dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
+    """A tensor as a flat uint8 view [numel * itemsize] in the wire dtype on the group device (no copy if it already is)."""
+    t = t.detach()
+    if t.dtype != wire_dtype_of(t, wire_dtype):
+        t = t.to(wire_dtype)
+    return t.to(device).contiguous().view(-1).view(torch.uint8)
+
+
+def _bucket(items: list[tuple[str, torch.Tensor, torch.Tensor]], small_bytes: int, device: torch.device, wire_dtype: torch.dtype | None) -> Bucket:
+    """One bucket from (name, original, bytes view) items; only parameters under small_bytes are copied (packed)."""
+    small = [it for it in items if it[2].numel() < small_bytes]
+    packed_size, offsets = 0, {}
+    for name, _, b in small:
+        offsets[name] = packed_size
+        packed_size = _aligned(packed_size + b.numel())
+    segs: list[torch.Tensor] = []
+    if small:
+        packed = torch.empty(packed_size, dtype=torch.uint8, device=device)  # [packed bytes]
+        for name, _, b in small:
+            packed[offsets[name] : offsets[name] + b.numel()].copy_(b)
+        segs.append(packed)
+    params = []
+    for name, orig, b in items:
+        if name in offsets:
+            seg, off = 0, offsets[name]
+        else:
+            seg, off = len(segs), 0
+            segs.append(b)
+        params.append([name, str(wire_dtype_of(orig, wire_dtype)).removeprefix("torch."), list(orig.shape), seg, off, b.numel()])
+    return Bucket(params, segs)
+
+
+def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, wire_dtype: torch.dtype | None, device: torch.device) -> Iterator[Bucket]:
+    """Group parameters, in iteration order, into buckets of about `bucket_bytes` (a bigger one alone)."""
+    small_bytes = min(bucket_bytes, SMALL_BYTES)
+    pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        b = _as_bytes(tensor, wire_dtype, device)
+        if pending and size + b.numel() > bucket_bytes:
+            yield _bucket(pending, small_bytes, device, wire_dtype)
+            pending, size = [], 0
+        pending.append((name, tensor, b))
+        size += _aligned(b.numel())
+    if pending:
+        yield _bucket(pending, small_bytes, device, wire_dtype)
+
+
+def unpack_bucket(header: dict[str, Any], segs: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into a received bucket's segments (no copy)."""
     out = []
-    for name, dtype, shape, off, nbytes in header["params"]:
-        t = data[off : off + nbytes].view(getattr(torch, dtype)).view(shape)
-        out.append((name, t))
+    for name, dtype, shape, seg, off, nbytes in header["params"]:
+        out.append((name, segs[seg][off : off + nbytes].view(getattr(torch, dtype)).view(shape)))
     return out
 
 
-def _sizes(version: int, bucket: Bucket | None, header: bytes | None, device: torch.device) -> torch.Tensor:
-    vals = [version, 0, 0] if bucket is None else [version, len(header or b""), bucket.data.numel()]
-    return torch.tensor(vals, dtype=torch.int64, device=device)  # [3]
-
-
-def _encode(version: int, bucket: Bucket) -> bytes:
-    return json.dumps({"version": version, "params": bucket.params}, separators=(",", ":")).encode()
+def _len_msg(version: int, header: bytes | None, device: torch.device) -> torch.Tensor:
+    return torch.tensor([version, len(header or b"")], dtype=torch.int64, device=device)  # [2]
 
 
 def _bytes_tensor(b: bytes, device: torch.device) -> torch.Tensor:
@@ -138,54 +147,98 @@ def _bytes_tensor(b: bytes, device: torch.device) -> torch.Tensor:
 
 
 def broadcast_send(pg: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, bucket_bytes: int, wire_dtype: torch.dtype | None, device: torch.device) -> tuple[int, int]:
-    """Root side: stream all parameters; returns (parameters sent, bytes sent). Blocks until sent."""
+    """Root side: stream all parameters; returns (parameters sent, bytes sent) once every rank has them."""
     buckets = pack_buckets(named_tensors, bucket_bytes, wire_dtype, device)
     cur = next(buckets, None)
-    header = _encode(version, cur) if cur is not None else None
-    pg.broadcast(_sizes(version, cur, header, device), 0).wait()
+    header = cur.header(version) if cur is not None else None
+    in_flight = [pg.broadcast(_len_msg(version, header, device), 0)]
+    if header:
+        in_flight.append(pg.broadcast(_bytes_tensor(header, device), 0))
     n_params = n_bytes = 0
     while cur is not None:
-        works = [pg.broadcast(_bytes_tensor(header, device), 0), pg.broadcast(cur.data, 0)]
-        nxt = next(buckets, None)  # pack the next bucket while this one is on the wire
-        nxt_header = _encode(version, nxt) if nxt is not None else None
-        works.append(pg.broadcast(_sizes(version, nxt, nxt_header, device), 0))
-        for w in works:
+        works = [pg.broadcast(s, 0) for s in cur.segs]
+        nxt = next(buckets, None)  # materialize/convert the next bucket while this one is on the wire
+        header = nxt.header(version) if nxt is not None else None
+        works.append(pg.broadcast(_len_msg(version, header, device), 0))
+        if header:
+            works.append(pg.broadcast(_bytes_tensor(header, device), 0))
+        for w in in_flight:  # bucket i-1 done: at most two buckets' tensors are held
             w.wait()
+        in_flight = works
         n_params += len(cur.params)
-        n_bytes += cur.data.numel()
-        cur, header = nxt, nxt_header
+        n_bytes += sum(s.numel() for s in cur.segs)
+        cur = nxt
+    for w in in_flight:
+        w.wait()
     return n_params, n_bytes
 
 
-def broadcast_recv(pg: Any, device: torch.device, load: Callable[[list[tuple[str, torch.Tensor]]], Any]) -> tuple[int, int]:
-    """Receiver side: receive the stream and `load` each bucket's (name, tensor) list; returns (version, parameters)."""
-    sizes = torch.empty(3, dtype=torch.int64, device=device)  # (version, header bytes, data bytes)
-    pg.broadcast(sizes, 0).wait()
-    version, hlen, dlen = sizes.tolist()
+def broadcast_recv(pg: Any, device: torch.device, load: Callable[[list[tuple[str, torch.Tensor]]], Any], buffers: "ReceiveBuffers | None" = None) -> tuple[int, int]:
+    """Receiver side: receive the stream and `load` each bucket's (name, tensor) list; returns (version, parameters).
 
-    def post(hlen: int, dlen: int):
+    `buffers` reuses receive memory across syncs (see ReceiveBuffers); by default every
+    segment gets fresh memory.
+    """
+    buffers = buffers or ReceiveBuffers(device, reuse=False)
+    index = 0
+
+    def recv_header() -> tuple[int, dict[str, Any] | None]:
+        msg = torch.empty(2, dtype=torch.int64, device=device)  # (version, header bytes)
+        pg.broadcast(msg, 0).wait()
+        version, hlen = msg.tolist()
+        if not hlen:
+            return version, None
         h = torch.empty(hlen, dtype=torch.uint8, device=device)
-        d = torch.empty(dlen, dtype=torch.uint8, device=device)  # fresh: loaders may keep views of it
-        s = torch.empty(3, dtype=torch.int64, device=device)
-        return h, d, s, [pg.broadcast(h, 0), pg.broadcast(d, 0), pg.broadcast(s, 0)]
+        pg.broadcast(h, 0).wait()
+        return version, json.loads(bytes(h.cpu().numpy()))
 
-    pending = post(hlen, dlen) if hlen else None
+    def post(header: dict[str, Any]) -> tuple[list[torch.Tensor], list[Any]]:
+        nonlocal index
+        segs = [buffers.get(index, j, n) for j, n in enumerate(header["segs"])]
+        index += 1
+        return segs, [pg.broadcast(s, 0) for s in segs]
+
+    version, header = recv_header()
+    pending = post(header) if header else None
     n_params = 0
-    while pending is not None:
-        h, d, s, works = pending
+    while header is not None and pending is not None:
+        segs, works = pending
         for w in works:
             w.wait()
-        version, hlen, dlen = s.tolist()
-        pending = post(hlen, dlen) if hlen else None  # next bucket arrives while this one loads
-        header = json.loads(bytes(h.cpu().numpy()))
-        params = unpack_bucket(header, d)
+        version, nxt = recv_header()
+        pending = post(nxt) if nxt else None  # bucket i+1 arrives while bucket i loads
+        params = unpack_bucket(header, segs)
         load(params)
         n_params += len(params)
+        header = nxt
     return version, n_params
 
 
-def raw_broadcast(pg: Any, sizes: list[int], device: torch.device) -> None:
-    """Benchmark baseline: broadcast uint8 buffers of these sizes, nothing else (same group, same bytes)."""
-    bufs = [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
-    for b in bufs:
-        pg.broadcast(b, 0).wait()
+class ReceiveBuffers:
+    """Receive memory of a worker, optionally kept from one sync to the next.
+
+    A loader may keep views of received bytes until its layer is complete (vLLM's layerwise
+    reload does), so within one sync every segment needs its own memory. Across syncs the
+    same model sends the same segments, and on CPU fresh memory costs page faults on every
+    byte (about as much as the transfer itself), so `reuse=True` keeps each segment's memory
+    for the next sync: one extra copy of the weights in host RAM, which is why GPU workers
+    (whose caching allocator already reuses device memory) do not ask for it.
+    """
+
+    def __init__(self, device: torch.device, reuse: bool):
+        self.device, self.reuse = device, reuse
+        self._kept: dict[tuple[int, int], torch.Tensor] = {}
+
+    def get(self, bucket: int, seg: int, nbytes: int) -> torch.Tensor:
+        t = self._kept.get((bucket, seg))
+        if t is None or t.numel() != nbytes:
+            t = torch.empty(nbytes, dtype=torch.uint8, device=self.device)  # [nbytes]
+            if self.reuse:
+                self._kept[(bucket, seg)] = t
+        return t
+
+
+def raw_broadcast(pg: Any, bufs: list[torch.Tensor]) -> None:
+    """Benchmark floor: broadcast these preallocated buffers, all posted at once; nothing else."""
+    for w in [pg.broadcast(b, 0) for b in bufs]:
+        w.wait()

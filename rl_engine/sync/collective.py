@@ -64,8 +64,10 @@ class CollectiveSender:
             raise ValueError(f"weight sync of version {version}: the trainer gave no parameters")
 
     def send_raw(self, sizes: list[int]) -> None:
-        """Benchmark baseline: plain broadcasts of these byte sizes on the same group."""
-        raw_broadcast(self._pg, sizes, group_device(self.backend))
+        """Benchmark floor: plain broadcasts of these byte sizes on the same group, from reused buffers."""
+        if getattr(self, "_raw_sizes", None) != sizes:
+            self._raw_sizes, self._raw_bufs = list(sizes), [torch.zeros(n, dtype=torch.uint8, device=group_device(self.backend)) for n in sizes]
+        raw_broadcast(self._pg, self._raw_bufs)
 
     def close(self) -> None:
         if self._pg is not None:

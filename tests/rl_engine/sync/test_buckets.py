@@ -26,12 +26,14 @@ def _params() -> list[tuple[str, torch.Tensor]]:
     ]
 
 
-def test_pack_buckets_respects_size_and_alignment():
-    buckets = list(pack_buckets(_params(), bucket_bytes=4096, wire_dtype=torch.float32, device=torch.device("cpu")))
+def test_pack_buckets_groups_and_sends_large_parameters_without_copy():
+    params = _params()
+    buckets = list(pack_buckets(params, bucket_bytes=4096, wire_dtype=torch.float32, device=torch.device("cpu")))
     assert [[p[0] for p in b.params] for b in buckets] == [["a.weight", "a.bias"], ["big.weight"], ["steps", "b.weight"]]
+    assert [len(b.segs) for b in buckets] == [1, 1, 1]  # small ones packed into one segment
+    assert buckets[1].segs[0].data_ptr() == params[2][1].data_ptr()  # the large one goes from its own memory
     for b in buckets:
-        assert all(off % ALIGN == 0 for _, _, _, off, _ in b.params)
-        assert b.data.numel() <= 4096 or len(b.params) == 1
+        assert all(off % ALIGN == 0 for *_, off, _ in b.params)
 
 
 def _receiver(port: int, rank: int, world: int) -> tuple[int, dict[str, torch.Tensor], int]:
