@@ -1,0 +1,134 @@
+"""Benchmark of the four sync modes on one workload: step time, busy fractions, measured/ideal.
+
+    python -m bench.modes [--quick] [--synthetic]
+
+Each mode runs as a real Prefect flow (ephemeral server, buffer on local disk, control board,
+timeline). Without --synthetic the explorer is the vLLM engine and the trainer DeepSpeed on the
+tiny model, each pinned to one core. With --synthetic both are swapped for a COST MODEL (labeled
+as such in the output): rollout takes R s, train T s, a weight load S s, by sleeping; everything
+else (flows, tasks, buffer writes and reads, checkpoints, waits) is the real code, so the gap to
+the ideal is the orchestration overhead.
+
+Performance model (DESIGN.md): ideal step time R + T + S (synchronous), max(R, T) + S
+(one-step off-policy), max(R, T) (fully async), max(R / N, T) (multi-explorer, N explorers).
+R, T, S are the configured costs (synthetic) or the mean measured span durations (real).
+efficiency = ideal / measured step time; orchestration_overhead = (measured - ideal) / measured
+of the synchronous mode, where every cost is on the critical path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from statistics import mean
+
+if __name__ == "__main__":
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+MODES = {
+    "synchronous": {"mode": "synchronous", "sync_method": "collective"},
+    "one_step_off_policy": {"mode": "one_step_off_policy", "sync_offset": 1, "sync_method": "collective"},
+    "fully_async": {"mode": "fully_async", "sync_method": "checkpoint"},
+    "multi_explorer": {"mode": "multi_explorer", "sync_method": "checkpoint", "count": 2},
+}
+
+
+def ideal_step(mode: str, r: float, t: float, s: float, n: int) -> float:
+    return {"synchronous": r + t + s, "one_step_off_policy": max(r, t) + s, "fully_async": max(r, t), "multi_explorer": max(r / n, t)}[mode]
+
+
+def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool) -> dict:
+    from flows.run import run_config
+    from rl_engine.config import validate_config
+    from rl_engine.timeline import load_spans
+    from tests.conftest import free_port
+    from tests.flows.conftest import small_config
+
+    spec = dict(MODES[name])
+    if synthetic:
+        spec["sync_method"] = "checkpoint"  # the cost model has no inference workers to join a process group
+    data = small_config(model, tasks, root, total_steps=steps, checkpoint_interval=steps, name=f"bench-{name}", **spec)
+    data["explorer"]["engine"]["num_threads"] = 1
+    data["trainer"]["num_threads"] = 1
+    data["synchronizer"]["collective"]["port"] = free_port()
+    cfg = validate_config(data)
+    started = time.time()
+    summary = run_config(cfg)
+    wall = time.time() - started
+    spans = load_spans(summary["run"])
+
+    def durations(kind: str, lane: str) -> list[float]:
+        return [s.duration for s in spans if s.kind == kind and s.component.startswith(lane)]
+
+    train_spans = sorted((s for s in spans if s.component == "trainer" and s.kind == "train"), key=lambda s: s.start)
+    first, last = train_spans[0], train_spans[-1]
+    # Steady-state step time: trainer steps 2..T, so engine start-up is not counted.
+    step_time = (last.end - first.end) / max(len(train_spans) - 1, 1)
+    r, t = mean(durations("rollout", "explorer") or [0.0]), mean(durations("train", "trainer") or [0.0])
+    s = mean(durations("sync", "explorer") or [0.0])
+    ideal = ideal_step(name, r, t, s, cfg.explorer.count)
+    lanes = summary["utilization"]["lanes"]
+    return {
+        "mode": name,
+        "step_s": step_time,
+        "ideal_s": ideal,
+        "efficiency": ideal / step_time if step_time > 0 else 0.0,
+        "R_s": r,
+        "T_s": t,
+        "S_s": s,
+        "explorer_busy": mean(v["busy_fraction"] for k, v in lanes.items() if k.startswith("explorer")),
+        "trainer_busy": lanes["trainer"]["busy_fraction"],
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps")
+    ap.add_argument("--synthetic", action="store_true", help="cost model instead of vLLM/DeepSpeed (measures the orchestration alone)")
+    ap.add_argument("--rollout-s", type=float, default=0.6, help="synthetic rollout time R")
+    ap.add_argument("--train-s", type=float, default=0.6, help="synthetic train time T")
+    ap.add_argument("--sync-s", type=float, default=0.05, help="synthetic weight-load time S")
+    a = ap.parse_args()
+
+    from bench._report import emit_json, print_table
+    from prefect.testing.utilities import prefect_test_harness
+
+    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.tiny_model import make_tiny_model
+
+    steps = 6 if a.quick else 12
+    root = tempfile.mkdtemp(prefix="bench-modes-")
+    model = str(make_tiny_model(f"{root}/model"))
+    tasks = f"{root}/tasks.jsonl"
+    write_arithmetic_taskset(tasks, n=500, seed=0)
+    if a.synthetic:
+        from bench import cost_model
+
+        cost_model.install(a.rollout_s, a.train_s, a.sync_s)
+        label = f"SYNTHETIC COST MODEL: R={a.rollout_s}s T={a.train_s}s S={a.sync_s}s (sleeps), real flows/buffer/checkpoints"
+    else:
+        os.environ["RFT_KEEP_ENGINES"] = "1"
+        label = "real tiny model: vLLM CPU explorer(s) and DeepSpeed CPU trainer, one core each"
+    rows = []
+    with prefect_test_harness(server_startup_timeout=120):
+        for name in MODES:
+            rows.append(run_mode(name, model, tasks, f"{root}/runs", steps, a.synthetic))
+    print_table(rows, title=f"bench.modes ({label}); {steps} trainer steps per mode")
+    sync = next(r for r in rows if r["mode"] == "synchronous")
+    emit_json(
+        {
+            "workload": "synthetic" if a.synthetic else "tiny-model",
+            "steps": steps,
+            "efficiency": {r["mode"]: round(r["efficiency"], 3) for r in rows},
+            "step_s": {r["mode"]: round(r["step_s"], 3) for r in rows},
+            "orchestration_overhead": round(max(0.0, (sync["step_s"] - sync["ideal_s"]) / sync["step_s"]), 3),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
