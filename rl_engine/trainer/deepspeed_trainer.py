@@ -1,7 +1,8 @@
 """The DeepSpeed trainer: a Hugging Face causal LM in a DeepSpeed engine, trained with GRPO or SFT.
 
-CPU (laptop, CI): DeepSpeed's CPU accelerator with gloo; GPU: CUDA with NCCL and ZeRO stage
-`trainer.zero_stage`. The optimizer is torch's AdamW (works with every accelerator; DeepSpeed's
+CPU (laptop, CI): DeepSpeed's CPU accelerator with gloo; GPU: CUDA with NCCL. ZeRO stage
+`trainer.zero_stage` is passed through on both (0, 2 and 3 are tested on CPU, world size 1:
+same first step, resume and save_hf; 0 is the cheapest there). The optimizer is torch's AdamW (works with every accelerator; DeepSpeed's
 ZeRO wraps it), the LR schedule a linear warmup (`torch.optim.lr_scheduler.LambdaLR`: step 1
 already trains at lr / warmup_steps, where DeepSpeed's WarmupLR spends its first steps at lr 0).
 
@@ -10,7 +11,8 @@ One `train_step` = one optimizer update = one policy version. The batch (`[B, L]
 micro-batches of `trainer.micro_batch_size`; each micro-loss is normalised by the token and
 sequence counts of the *whole* batch and backpropagated unscaled, so accumulation gives the
 same update as one big batch. Advantages: `batch["advantages"] [B]` if the caller put them
-there, else GRPO advantages from `rewards` and `group_index` (`rl_engine.algorithms`).
+there, else GRPO advantages from `rewards` and `group_index` (`rl_engine.algorithms`); with
+several data-parallel ranks each rank's share must then hold whole groups (or pass advantages).
 
     trainer = build_trainer(cfg)                      # rl_engine.trainer
     metrics = trainer.train_step(batch.to_tensors(trainer.pad_token_id))
@@ -21,7 +23,7 @@ Tests: `.venv/bin/python -m pytest tests/rl_engine/trainer -m "slow or not slow"
 
 from __future__ import annotations
 
-import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,11 +35,10 @@ from rl_engine.algorithms import grpo_advantages, policy_loss, sft_loss, token_e
 from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
 from rl_engine.trainer import checkpoint as ckpt
-from rl_engine.trainer.dist import accelerator_info, ensure_dist_env
+from rl_engine.trainer.dist import accelerator_device, ensure_dist_env
 
-log = logging.getLogger(__name__)
 Batch = dict[str, Tensor]
-# micro-batch, its slice of the batch-level tensors, whole-batch counts -> (loss, metric sums)
+# (micro-batch, its trained-token mask [b, L], whole-batch token/sequence counts) -> (loss, metric sums)
 MicroLoss = Callable[[Batch, Tensor, dict[str, float]], tuple[Tensor, dict[str, float]]]
 
 
@@ -65,7 +66,7 @@ class DeepSpeedTrainer:
             )
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         ensure_dist_env()
-        self.device, _backend = accelerator_info()
+        self.device = accelerator_device()
         self.engine = self._build_engine(model_dir)
         self.rank = int(self.engine.global_rank)
         self.micro_batch_size = int(self.engine.train_micro_batch_size_per_gpu())
@@ -79,7 +80,7 @@ class DeepSpeedTrainer:
 
         tcfg = self.cfg.trainer
         tbs = tcfg.train_batch_size or self.cfg.resolved().trainer.train_batch_size
-        world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
         micro = tcfg.micro_batch_size
         if tbs % (micro * world):
             raise UserError(

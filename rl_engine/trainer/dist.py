@@ -31,12 +31,10 @@ def ensure_dist_env() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
 
 
-def accelerator_info() -> tuple[str, str]:
-    """(device string for this rank, communication backend): ('cuda:N', 'nccl') or ('cpu', 'gloo')."""
+def accelerator_device() -> str:
+    """Device of this rank: 'cuda:<LOCAL_RANK>' (or another accelerator's name) or 'cpu'.
+    DeepSpeed picks the matching backend itself (nccl / gloo)."""
     from deepspeed.accelerator import get_accelerator
 
-    acc = get_accelerator()
-    name = acc.device_name()
-    if name == "cpu":
-        return "cpu", acc.communication_backend_name()
-    return f"{name}:{int(os.environ.get('LOCAL_RANK', '0'))}", acc.communication_backend_name()
+    name = get_accelerator().device_name()
+    return name if name == "cpu" else f"{name}:{int(os.environ.get('LOCAL_RANK', '0'))}"

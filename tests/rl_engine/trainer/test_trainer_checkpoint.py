@@ -40,6 +40,21 @@ def test_save_hf_round_trip(shared_trainer, tmp_path):
     assert not torch.equal(initial.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
+def test_save_hf_under_zero3_gathers_the_trained_weights(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    tr = build_trainer(make_cfg(tiny_model_dir, trainer={"zero_stage": 3}))
+    batch = make_batch(tr)
+    tr.train_step(batch)
+    tr.save_hf(str(tmp_path / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
+    expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]  # [B, L-1]
+    torch.testing.assert_close(tr.compute_logprobs(batch)[:, 1:], expected, rtol=0, atol=1e-5)
+    assert not torch.allclose(batch["behavior_logprobs"][:, 1:] * batch["loss_mask"][:, 1:], expected * batch["loss_mask"][:, 1:], atol=1e-5)
+
+
 def test_save_hf_through_fsspec(shared_trainer):
     import fsspec
 
