@@ -22,7 +22,7 @@ from rl_engine.run import ResumePoint, RunContext
 from rl_engine.schedule import decoupled_publish
 from tasks.report import log_step
 from tasks.sync import pick_up_newest, send_weights
-from tasks.workers import explore_step, save_trainer_state, start_explorer, start_learner, train_step
+from tasks.workers import explore_step, save_model, save_trainer_state, start_explorer, start_learner, train_step
 
 
 @task(cache_policy=NO_CACHE, task_run_name="explorer-{explorer_id}-loop")
@@ -57,6 +57,8 @@ def trainer_loop(run: RunContext, at: ResumePoint, stop: threading.Event) -> lis
                     send_weights(learner, t, stop, wait_for_explorers=False)
                 if t % cfg.trainer.checkpoint_interval == 0 or t == cfg.trainer.total_steps:
                     save_trainer_state(learner, t)
+            if learner.version == cfg.trainer.total_steps:
+                save_model(learner, learner.version)
         finally:
             learner.close()
     return metrics

@@ -21,7 +21,7 @@ from rl_engine.run import ResumePoint, RunContext
 from rl_engine.schedule import resumed_rendezvous_syncs
 from tasks.report import log_step
 from tasks.sync import receive_weights, send_weights
-from tasks.workers import explore_step, save_trainer_state, start_explorer, start_learner, train_step
+from tasks.workers import explore_step, save_model, save_trainer_state, start_explorer, start_learner, train_step
 
 
 def _plan(run: RunContext, at: ResumePoint) -> dict[int, int]:
@@ -63,6 +63,8 @@ def trainer_loop(run: RunContext, at: ResumePoint, stop: threading.Event) -> lis
                     send_weights(learner, t, stop)
                 if t % cfg.trainer.checkpoint_interval == 0 or t == cfg.trainer.total_steps:
                     save_trainer_state(learner, t)
+            if learner.version == cfg.trainer.total_steps:
+                save_model(learner, learner.version)
         finally:
             learner.close()
     return metrics

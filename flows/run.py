@@ -71,4 +71,17 @@ def demo(root: str = "runs") -> int:
         warmstart([str(model)])
     if not tasks.exists():
         write_arithmetic_taskset(str(tasks), n=2000, seed=1)
-    return run_from_cli(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"])
+    cfg = load_config(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"])
+    summary = run_config(cfg)
+    if not isinstance(summary, dict):
+        print(f"run ended: {summary}")
+        return 1
+    print_summary(summary)
+    from rl_engine.warmstart import evaluate_dir
+
+    before, after = evaluate_dir(str(model)), evaluate_dir(f"{summary['run']}/model")
+    print(
+        f"exact answers over all {21 * 21} problems: {before['expected_exact_t1']:.1%} at temperature 1 ({before['greedy_exact']:.1%} greedy) before GRPO, "
+        f"{after['expected_exact_t1']:.1%} ({after['greedy_exact']:.1%} greedy) after; trained model: {summary['run']}/model"
+    )
+    return 0

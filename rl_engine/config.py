@@ -246,7 +246,7 @@ class TrainerConfig(_Model):
     lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear LR warmup steps (DeepSpeed WarmupLR).")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear LR warmup over this many trainer steps (torch LambdaLR; DeepSpeed's WarmupLR trains its first steps at lr 0).")
     grad_clip: float = Field(default=1.0, gt=0.0, description="Gradient norm clip.")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="DeepSpeed ZeRO stage (0 on CPU).")
     checkpoint_interval: int = Field(default=5, ge=1, description="Save resumable trainer state (with the buffer cursor) every this many trainer steps.")

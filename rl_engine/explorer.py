@@ -74,6 +74,45 @@ class EnginePool:
 ENGINES = EnginePool()
 
 
+def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any, explorer_id: int, step: int) -> tuple[ExperienceBatch, dict[str, Any]]:
+    """`repeat_times` rollouts of each task with the engine's current weights, scored, as experiences.
+
+    A sample whose reward raised is left out (counted in the returned reward metrics); the
+    rest of its group stays. Every token is tagged with the engine's weight version.
+    """
+    tok = engine.tokenizer
+    texts = [format_prompt(tok, cfg.taskset.template, t.prompt) for t in tasks]
+    prompts = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    # A distinct seed per (explorer, step) keeps runs reproducible without repeating samples.
+    groups = engine.generate(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + 1009 * explorer_id + step)
+    flat = [(task, text, r) for task, text, group in zip(tasks, texts, groups) for r in group]
+    scores = score_rollouts(reward_fn, [RolloutSample(text, r.text, task, r.finish_reason) for task, text, r in flat])
+    now = time.time()
+    rows = [
+        Experience(
+            experience_id=uuid.uuid4().hex,
+            task_id=task.task_id,
+            group_id=f"{explorer_id}-{step}-{task.task_id}",
+            explorer_id=explorer_id,
+            explorer_step=step,
+            prompt_ids=list(r.prompt_ids),
+            response_ids=list(r.response_ids),
+            logprobs=list(r.logprobs),
+            versions=[r.version] * len(r.response_ids),
+            loss_mask=[1] * len(r.response_ids),
+            reward=float(reward),
+            reward_components=comps,
+            finish_reason=r.finish_reason,
+            created_at=now,
+            prompt_text=text,
+            response_text=r.text,
+        )
+        for (task, text, r), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok)
+        if ok
+    ]
+    return ExperienceBatch.from_experiences(rows), scores.metrics
+
+
 class Explorer:
     """Generates, scores and writes experiences; holds a live vLLM engine."""
 
@@ -99,55 +138,23 @@ class Explorer:
 
     def step(self, e: int) -> dict[str, Any]:
         """Explorer step e: rollout -> reward -> buffer; returns its metrics."""
-        cfg, v, started = self.cfg, self.engine.version, time.time()
-        batch_tasks = self.tasks.next_batch()
-        texts = [format_prompt(self.tokenizer, cfg.taskset.template, t.prompt) for t in batch_tasks]
-        prompts = [self.tokenizer(t, add_special_tokens=False).input_ids for t in texts]
+        v, started = self.engine.version, time.time()
         with self.timeline.span("rollout", step=e, version=v):
-            # A distinct seed per (explorer, step) keeps runs reproducible without repeating samples.
-            groups = self.engine.generate(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + 1009 * self.explorer_id + e)
-        flat = [(task, text, r) for task, text, group in zip(batch_tasks, texts, groups) for r in group]
-        scores = score_rollouts(self.reward_fn, [RolloutSample(text, r.text, task, r.finish_reason) for task, text, r in flat])
-        rows = []
-        for (task, text, r), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok):
-            if not ok:
-                continue  # a reward that raised: counted in scores.metrics, not trained on
-            n = len(r.response_ids)
-            rows.append(
-                Experience(
-                    experience_id=uuid.uuid4().hex,
-                    task_id=task.task_id,
-                    group_id=f"{self.explorer_id}-{e}-{task.task_id}",
-                    explorer_id=self.explorer_id,
-                    explorer_step=e,
-                    prompt_ids=list(r.prompt_ids),
-                    response_ids=list(r.response_ids),
-                    logprobs=list(r.logprobs),
-                    versions=[r.version] * n,
-                    loss_mask=[1] * n,
-                    reward=float(reward),
-                    reward_components=comps,
-                    finish_reason=r.finish_reason,
-                    started_at=started,
-                    prompt_text=text,
-                    response_text=r.text,
-                )
-            )
+            batch, reward_metrics = generate_experiences(self.engine, self.tasks.next_batch(), self.reward_fn, self.cfg, self.explorer_id, e)
         with self.timeline.span("write", step=e, version=v):
-            self.writer.write(e, ExperienceBatch.from_experiences(rows))
+            self.writer.write(e, batch)
         self.timeline.flush()
-        rewards = [x.reward for x in rows]
-        lengths = [len(x.response_ids) for x in rows]
+        rewards, lengths = batch.column("reward"), [len(x) for x in batch.to_table().column("response_ids").to_pylist()]
         return {
             "explorer_id": self.explorer_id,
             "explorer_step": e,
             "version": v,
-            "experiences": len(rows),
-            "reward_mean": sum(rewards) / max(len(rewards), 1),
+            "experiences": len(batch),
+            "reward_mean": float(rewards.mean()) if len(batch) else 0.0,
             "response_len_mean": sum(lengths) / max(len(lengths), 1),
             "tokens": sum(lengths),
             "rollout_s": time.time() - started,
-            **{f"reward_{k}": val for k, val in scores.metrics.items() if isinstance(val, (int, float))},
+            "reward_errors": reward_metrics.get("reward/errors", 0),
         }
 
     # ---- weight sync

@@ -118,6 +118,13 @@ class Learner:
             self.trainer.save_state(url, self.run.storage_options, extra={"cursor": self.reader.state_dict()})
         return url
 
+    def save_model(self) -> str:
+        """Write the current policy as a Hugging Face model (safetensors) to `<run>/model/`."""
+        url = f"{self.run.url}/model"
+        with self.timeline.span("write", step=self.version, version=self.version):
+            self.trainer.save_hf(url, self.run.storage_options)
+        return url
+
     # ---- weight sync
 
     def _send(self, named: Any, version: int, stop: threading.Event) -> None:

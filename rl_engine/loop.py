@@ -17,50 +17,20 @@ trainer's logprobs (no sampling noise; see rl_engine.warmstart.evaluate).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
-from rl_engine.experience import Experience, ExperienceBatch
+from rl_engine.experience import ExperienceBatch
 
 
 def rollout_step(engine: Any, tasks: Any, reward_fn: Any, cfg: RFTConfig, step: int) -> ExperienceBatch:
     """Explorer step `step`: generate repeat_times rollouts per task with the engine's weights, score them."""
-    from rl_engine.rewards import RolloutSample, format_prompt, score_rollouts
+    from rl_engine.explorer import generate_experiences
 
-    tok = engine.tokenizer
-    batch_tasks = tasks.next_batch()
-    texts = [format_prompt(tok, cfg.taskset.template, t.prompt) for t in batch_tasks]
-    prompts = [tok(t, add_special_tokens=False).input_ids for t in texts]
-    groups = engine.generate(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + step)
-    flat = [(task, text, r) for task, text, group in zip(batch_tasks, texts, groups) for r in group]
-    scores = score_rollouts(reward_fn, [RolloutSample(text, r.text, task, r.finish_reason) for task, text, r in flat])
-    rows = [
-        Experience(
-            experience_id=uuid.uuid4().hex,
-            task_id=task.task_id,
-            group_id=f"0-{step}-{task.task_id}",
-            explorer_id=0,
-            explorer_step=step,
-            prompt_ids=list(r.prompt_ids),
-            response_ids=list(r.response_ids),
-            logprobs=list(r.logprobs),
-            versions=[r.version] * len(r.response_ids),
-            loss_mask=[1] * len(r.response_ids),
-            # A reward that raised scores 0 here: the loop keeps batches full (the flows drop them instead).
-            reward=float(reward if ok else 0.0),
-            reward_components=comps,
-            finish_reason=r.finish_reason,
-            prompt_text=text,
-            response_text=r.text,
-        )
-        for (task, text, r), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok)
-    ]
-    return ExperienceBatch.from_experiences(rows)
+    return generate_experiences(engine, tasks.next_batch(), reward_fn, cfg, 0, step)[0]
 
 
 def _both_sides(method: str, trainer_side: Callable[[], Any], explorer_side: Callable[[], Any]) -> Any:
@@ -152,8 +122,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from rl_engine.errors import run_main
+
+    run_main(main)

@@ -28,7 +28,6 @@ import contextlib
 import io
 import json
 import re
-import sys
 import threading
 import time
 import uuid
@@ -357,8 +356,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from rl_engine.errors import run_main
+
+    run_main(main)

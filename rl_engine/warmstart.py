@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -75,6 +74,15 @@ def _greedy_matches(trainer: Any, batch: dict[str, torch.Tensor]) -> torch.Tenso
     pred = logits[:, :-1].argmax(-1)  # [B, L-1]: prediction for token i+1
     target, mask = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:] > 0  # [B, L-1]
     return ((pred == target) | ~mask).all(-1)
+
+
+def evaluate_dir(model_dir: str, max_operand: int = DEFAULTS["max_operand"]) -> dict[str, float]:
+    """`evaluate` of a saved model directory (e.g. a run's final `model/`) on every demo problem."""
+    from rl_engine.config import RFTConfig
+    from rl_engine.trainer import build_trainer
+
+    cfg = RFTConfig.model_validate({"model": {"path": model_dir}, "taskset": {"path": "unused.jsonl"}, "trainer": {"micro_batch_size": 16}})
+    return evaluate(build_trainer(cfg), all_problems(max_operand))
 
 
 def warmstart(out_dir: str, steps: int, batch_size: int, lr: float, warmup_steps: int, seed: int, max_operand: int, threads: int | None = None) -> dict[str, Any]:
@@ -147,8 +155,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from rl_engine.errors import run_main
+
+    run_main(main)

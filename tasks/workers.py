@@ -45,3 +45,9 @@ def train_step(learner: Learner, step: int, stop: threading.Event) -> dict[str, 
 def save_trainer_state(learner: Learner, version: int) -> str:
     """Write resumable trainer state + buffer cursor (idempotent: same version, same files)."""
     return learner.save_state()
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=1, task_run_name="save-model-v{version}")
+def save_model(learner: Learner, version: int) -> str:
+    """Write the trained policy to `<run>/model/` (Hugging Face layout, loadable by vLLM)."""
+    return learner.save_model()

@@ -20,7 +20,6 @@ import argparse
 import json
 import random
 import re
-import sys
 from typing import TYPE_CHECKING, Any
 
 from rl_engine.errors import UserError
@@ -93,8 +92,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    from rl_engine.errors import run_main
+
+    run_main(main)
