@@ -17,6 +17,7 @@ from rl_engine.control import Board, Stopped
 from rl_engine.run import ResumePoint, RunContext, open_run, resume_point, start_run
 from rl_engine.learner import latest_state_step
 from tasks.report import publish_report
+from tasks.workers import save_model, save_trainer_state
 
 
 def open_or_start(cfg: RFTConfig, resume: str | None) -> tuple[RunContext, ResumePoint]:
@@ -97,6 +98,16 @@ def wait_all(futures: list[Any], stop: threading.Event) -> list[Any]:
     if errors:
         raise errors[0]
     return results
+
+
+def save_due(learner: Any, cfg: RFTConfig) -> None:
+    """After a trainer step: resumable state every checkpoint_interval steps and at the end,
+    and the trained model (`<run>/model/`) once the last step is done."""
+    t = learner.version
+    if t % cfg.trainer.checkpoint_interval == 0 or t == cfg.trainer.total_steps:
+        save_trainer_state(learner, t)
+    if t == cfg.trainer.total_steps:
+        save_model(learner, t)
 
 
 def finish_run(run: RunContext, trainer_metrics: list[dict], explorer_metrics: list[dict], cancelled: bool = False) -> Any:

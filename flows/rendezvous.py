@@ -15,13 +15,13 @@ import threading
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import finish_run, open_or_start, stop_on_error, wait_all, watch_cancellation
+from flows.common import finish_run, open_or_start, save_due, stop_on_error, wait_all, watch_cancellation
 from rl_engine.config import RFTConfig
 from rl_engine.run import ResumePoint, RunContext
 from rl_engine.schedule import resumed_rendezvous_syncs
 from tasks.report import log_step
 from tasks.sync import receive_weights, send_weights
-from tasks.workers import explore_step, save_model, save_trainer_state, start_explorer, start_learner, train_step
+from tasks.workers import explore_step, start_explorer, start_learner, train_step
 
 
 def _plan(run: RunContext, at: ResumePoint) -> dict[int, int]:
@@ -61,10 +61,7 @@ def trainer_loop(run: RunContext, at: ResumePoint, stop: threading.Event) -> lis
                 t = learner.version
                 if t in sends:
                     send_weights(learner, t, stop)
-                if t % cfg.trainer.checkpoint_interval == 0 or t == cfg.trainer.total_steps:
-                    save_trainer_state(learner, t)
-            if learner.version == cfg.trainer.total_steps:
-                save_model(learner, learner.version)
+                save_due(learner, cfg)
         finally:
             learner.close()
     return metrics

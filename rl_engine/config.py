@@ -313,6 +313,8 @@ class RFTConfig(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> "RFTConfig":
         s, x = self.synchronizer, self.explorer
+        if x.partial.enabled:
+            raise ValueError("explorer.partial.enabled = True: partial rollouts are not built yet (only their continuation store is); set it to false")
         if s.mode == "multi_explorer" and x.count < 2:
             raise ValueError(f"explorer.count = {x.count}: synchronizer.mode 'multi_explorer' needs explorer.count >= 2 (or use mode 'fully_async')")
         if s.mode != "multi_explorer" and x.count != 1:

@@ -101,6 +101,7 @@ BAD = [
     ({"taskset": {"reward": {"type": "nope"}}}, ["taskset.reward", "arithmetic", "python"]),
     ({"buffer": {"storage": {"options": {"key": "AKIA..."}}}}, ["buffer.storage.options", "credentials", "AWS_ACCESS_KEY_ID"]),
     ({"explorer": {"partial": {"enabled": True, "segment_max_tokens": 64, "max_response_tokens": 32}}}, ["segment_max_tokens = 64", "max_response_tokens = 32"]),
+    ({"explorer": {"partial": {"enabled": True}}}, ["explorer.partial.enabled = True", "not built yet"]),
     ({"explorer": {"sampling": {"max_tokens": 600}}}, ["explorer.sampling.max_tokens = 600", "model.max_model_len"]),
     ({"model": {"dtype": "int4"}}, ["model.dtype", "'int4'", "float32"]),
 ]
