@@ -73,7 +73,7 @@ class RFTWorkerExtension:
 
     def rft_join_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float) -> int:
         """Join the weight-sync group as rank `rank_offset + worker rank`; blocks until the group is complete."""
-        from rl_engine.sync.buckets import destroy_group, init_group
+        from rl_engine.sync.buckets import init_group
 
         self.rft_leave_group()
         rank = rank_offset + self.rank

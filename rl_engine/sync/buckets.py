@@ -59,13 +59,8 @@ def destroy_group(pg: Any) -> None:
     stateless_destroy_torch_distributed_process_group(pg)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
-
 
 
 @dataclass

@@ -34,6 +34,13 @@ def shared_engine(model_dir: str, explorer_id: int = 0) -> VLLMRolloutEngine:
     return _ENGINES[explorer_id]
 
 
+def discard(explorer_id: int) -> None:
+    """Close and forget one shared engine (after a test broke it on purpose)."""
+    eng = _ENGINES.pop(explorer_id, None)
+    if eng is not None:
+        eng.close()
+
+
 def close_all() -> None:
     while _ENGINES:
         _ENGINES.popitem()[1].close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 import torch
@@ -34,8 +34,21 @@ def rollouts(engine, seed: int = 1):
     return engine.generate(prompts, n=2, sampling=SAMPLING, seed=seed)
 
 
-def run_concurrently(*calls: Callable[[], Any], timeout: float = 120) -> list[Any]:
-    """Run each call in its own thread (trainer + explorers) and return their results in order."""
-    with ThreadPoolExecutor(len(calls)) as ex:
+def run_concurrently(*calls: Callable[[], Any], timeout: float = 180) -> list[Any]:
+    """Run each call in its own thread (trainer + explorers); their results in order.
+
+    A side that hangs fails the test after `timeout` instead of blocking the session on
+    executor shutdown (the stuck thread is left behind).
+    """
+    ex = ThreadPoolExecutor(len(calls))
+    try:
         futures = [ex.submit(c) for c in calls]
-        return [f.result(timeout=timeout) for f in futures]
+        done, pending = wait(futures, timeout=timeout, return_when=FIRST_EXCEPTION)
+        for f in done:
+            if f.exception() is not None:
+                raise f.exception()  # the first side that failed, not the peer that then timed out
+        if pending:
+            raise TimeoutError(f"{len(pending)} of {len(calls)} concurrent sides still running after {timeout} s")
+        return [f.result() for f in futures]
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)

@@ -66,3 +66,24 @@ def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2):
         for r in receivers:
             r.close()
         sender.close()
+
+
+@pytest.mark.slow
+def test_killed_engine_core_raises_engine_died(engine2):
+    """Runs after the two-engine test (same file, later): explorer 1's engine is not needed afterwards."""
+    import os
+    import signal
+
+    from rl_engine.rollout.engine import EngineDiedError
+    from tests.rl_engine.rollout.engines import discard
+
+    proc = engine2.llm.llm_engine.engine_core.resources.engine_manager.processes[0]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(timeout=30)
+    try:
+        with pytest.raises(EngineDiedError, match="explorer 1 died"):
+            rollouts(engine2)
+        with pytest.raises(EngineDiedError):
+            engine2.rpc("rft_version", timeout=30)
+    finally:
+        discard(1)
