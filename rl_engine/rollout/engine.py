@@ -34,6 +34,7 @@ from rl_engine.errors import UserError
 
 WORKER_EXTENSION = "rl_engine.rollout.worker_ext.RFTWorkerExtension"
 _GIB = 1 << 30
+_CPU_TOKEN_BUDGET = 4096  # vLLM's CPU default for max_num_batched_tokens
 # Env changes for one engine start are process-wide: serialise starts from several threads.
 _START_LOCK = threading.Lock()
 
@@ -154,6 +155,12 @@ class VLLMRolloutEngine:
             # The config field is the one source of the KV cache size: the legacy
             # VLLM_CPU_KVCACHE_SPACE (whole GiB only) would override kv_cache_memory_bytes.
             kwargs["kv_cache_memory_bytes"] = int(engine.kv_cache_space_gib * _GIB)
+            # A prompt prefilled in chunks makes vLLM rewind its seeded sampler with
+            # Generator.set_offset, which CPU generators lack: the worker dies ("CPU Generator
+            # does not use offset") once a batch's prompts exceed the token budget. Whole
+            # prefills only; the budget must hold one full-length sequence.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(_CPU_TOKEN_BUDGET, max_model_len)
             env["VLLM_CPU_KVCACHE_SPACE"] = None
             env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_thread_bind(engine.num_threads, explorer_id) or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
         else:

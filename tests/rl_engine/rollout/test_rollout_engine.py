@@ -124,6 +124,19 @@ def test_behavior_logprobs_match_transformers(engine, tiny_model_dir, temperatur
 
 
 @pytest.mark.slow
+def test_batch_over_the_token_budget(engine):
+    """48 prompts x 4 samples x 30 tokens = 5760 prefill tokens > the 4096 per-step budget.
+
+    With chunked prefill (vLLM's default) a seeded request cut mid-prefill killed the CPU
+    worker; the engine prefills whole prompts instead and spreads them over steps.
+    """
+    prompts = [[3 + (i * 7 + j) % 250 for j in range(30)] for i in range(48)]
+    out = engine.generate(prompts, n=4, sampling=_sampling(engine, max_tokens=4), seed=2)
+    assert [len(g) for g in out] == [4] * 48
+    assert all(len(r.logprobs) == len(r.response_ids) >= 1 for g in out for r in g)
+
+
+@pytest.mark.slow
 def test_prompt_longer_than_context_is_a_user_error(engine):
     with pytest.raises(UserError, match=rf"prompt 1 has {MAX_MODEL_LEN + 5} tokens.*model.max_model_len = {MAX_MODEL_LEN}"):
         engine.generate([[5, 6], [7] * (MAX_MODEL_LEN + 5)], 2, _sampling(engine), seed=0)
