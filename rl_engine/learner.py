@@ -53,6 +53,7 @@ class Learner:
             self.reader.load_state_dict(extra["cursor"])
             self.resumed_from = t
         self.published = -1
+        self._went = -1  # last version whose broadcast got its "go"
         self._sending: threading.Thread | None = None
         self._post()
         self.sender = build_weight_sender(cfg)
@@ -144,6 +145,7 @@ class Learner:
             self.board.post("sync", {"abandon": version})
             raise
         self.board.post("sync", {"go": version})
+        self._went = version
 
     def _send_in_background(self, named: Any, version: int, stop: threading.Event) -> None:
         try:
@@ -190,6 +192,9 @@ class Learner:
 
     def close(self) -> None:
         self._finish_background_send()
+        if self.sender.method == "collective" and self.published > self._went:
+            # Announced but never broadcast (the trainer failed or stopped): release joined explorers.
+            self.board.post("sync", {"abandon": self.published})
         self.board.post("trainer", {"version": self.version, "published": self.published, "closed": True})
         self.sender.close()
         self.timeline.flush()
