@@ -37,6 +37,7 @@ bench: setup
 	$(PY) -m bench.buffer --quick
 	$(PY) -m bench.rollout --quick
 	$(PY) -m bench.sync --quick
+	$(PY) -m bench.modes --quick --synthetic
 
 # Regenerate the constraints file from the current environment.
 lock:
