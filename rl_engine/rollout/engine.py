@@ -248,8 +248,10 @@ class VLLMRolloutEngine:
 
     def mark_synced(self, version: int) -> None:
         with self._lock:
-            # Prefix-cache entries hold KV computed with the old weights; drop them.
-            self._llm.reset_prefix_cache()
+            # Prefix-cache entries hold KV computed with the old weights; drop them. (The sync
+            # tests resend the same prompts after a sync, so a stale cache fails them.)
+            if not self._llm.reset_prefix_cache():
+                raise RuntimeError(f"explorer {self.explorer_id}: vLLM refused to reset its prefix cache after loading version {version}")
             self._version = version
 
     # ---- lifecycle
@@ -257,6 +259,15 @@ class VLLMRolloutEngine:
     def _check_alive(self) -> None:
         if self._closed:
             raise EngineDiedError(f"rollout engine of explorer {self.explorer_id} was closed; build a new one")
+        # vLLM notices a dead EngineCore asynchronously; a call that races its monitor can wait
+        # forever on a reply that never comes, so look at the processes first.
+        manager = getattr(getattr(self._llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
+        for proc in getattr(manager, "processes", None) or []:
+            if proc.exitcode is not None:
+                raise EngineDiedError(
+                    f"the vLLM engine process of explorer {self.explorer_id} died (exit code {proc.exitcode}: crash, "
+                    "out of memory, or killed); see its log above for the cause, then build a new engine"
+                )
 
     def _raise_if_dead(self, e: Exception) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError

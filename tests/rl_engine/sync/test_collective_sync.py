@@ -81,9 +81,9 @@ def test_killed_engine_core_raises_engine_died(engine2):
     os.kill(proc.pid, signal.SIGKILL)
     proc.join(timeout=30)
     try:
-        with pytest.raises(EngineDiedError, match="explorer 1 died"):
-            rollouts(engine2)
-        with pytest.raises(EngineDiedError):
-            engine2.rpc("rft_version", timeout=30)
+        # In threads with a timeout: a call that waited forever on the dead engine must fail the test, not hang it.
+        for call in (lambda: rollouts(engine2), lambda: engine2.rpc("rft_version", timeout=30)):
+            with pytest.raises(EngineDiedError, match="explorer 1 died"):
+                run_concurrently(call, timeout=60)
     finally:
         discard(1)
