@@ -77,6 +77,10 @@ class CostModelTrainer:
         write_json(fs, join(root, "state.json"), {"version": self.version, "extra": extra or {}})
         write_json(fs, join(root, "COMMITTED"), {"version": self.version})
 
+    def save_hf(self, url: str, storage_options: dict | None = None) -> None:
+        fs, root = open_storage(url, storage_options)
+        write_json(fs, join(root, "cost_model.json"), {"version": self.version})
+
     def load_state(self, url: str, storage_options: dict | None = None) -> dict:
         fs, root = open_storage(url, storage_options)
         meta = read_json(fs, join(root, "state.json"))

@@ -51,6 +51,10 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
     if synthetic:
         spec["sync_method"] = "checkpoint"  # the cost model has no inference workers to join a process group
     data = small_config(model, tasks, root, total_steps=steps, checkpoint_interval=steps, name=f"bench-{name}", **spec)
+    if not synthetic:  # a workload where compute, not bookkeeping, dominates a step
+        data["explorer"].update(batch_size=8, sampling={"max_tokens": 8})
+        data["algorithm"]["repeat_times"] = 8
+        data["trainer"]["micro_batch_size"] = 32
     data["explorer"]["engine"]["num_threads"] = 1
     data["trainer"]["num_threads"] = 1
     data["synchronizer"]["collective"]["port"] = free_port()
@@ -59,18 +63,22 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
     summary = run_config(cfg)
     wall = time.time() - started
     spans = load_spans(summary["run"])
-
-    def durations(kind: str, lane: str) -> list[float]:
-        return [s.duration for s in spans if s.kind == kind and s.component.startswith(lane)]
-
     train_spans = sorted((s for s in spans if s.component == "trainer" and s.kind == "train"), key=lambda s: s.start)
-    first, last = train_spans[0], train_spans[-1]
-    # Steady-state step time: trainer steps 2..T, so engine start-up is not counted.
-    step_time = (last.end - first.end) / max(len(train_spans) - 1, 1)
-    r, t = mean(durations("rollout", "explorer") or [0.0]), mean(durations("train", "trainer") or [0.0])
-    s = mean(durations("sync", "explorer") or [0.0])
+    # Steady state: from the end of trainer step 1 to the end of the last step, so engine
+    # start-up and first-call warm-up are not counted.
+    t0, t1 = train_spans[0].end, train_spans[-1].end
+    step_time = (t1 - t0) / max(len(train_spans) - 1, 1)
+    steady = [s for s in spans if s.start >= t0 and s.end <= t1]
+
+    def mean_of(kind: str, lane: str) -> float:
+        xs = [s.duration for s in steady if s.kind == kind and s.component.startswith(lane)]
+        return mean(xs) if xs else 0.0
+
+    def busy(lane: str) -> float:
+        return sum(s.duration for s in steady if s.component == lane and s.kind != "wait") / (t1 - t0)
+
+    r, t, s = mean_of("rollout", "explorer"), mean_of("train", "trainer"), mean_of("sync", "explorer")
     ideal = ideal_step(name, r, t, s, cfg.explorer.count)
-    lanes = summary["utilization"]["lanes"]
     return {
         "mode": name,
         "step_s": step_time,
@@ -79,8 +87,8 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
         "R_s": r,
         "T_s": t,
         "S_s": s,
-        "explorer_busy": mean(v["busy_fraction"] for k, v in lanes.items() if k.startswith("explorer")),
-        "trainer_busy": lanes["trainer"]["busy_fraction"],
+        "explorer_busy": mean(busy(f"explorer-{i}") for i in range(cfg.explorer.count)),
+        "trainer_busy": busy("trainer"),
         "wall_s": wall,
     }
 

@@ -223,7 +223,9 @@ class BufferConfig(_Model):
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Storage root and fsspec options.")
     whole_groups: bool = Field(default=True, description="Trainer batches contain only complete GRPO groups.")
     read_timeout_s: float = Field(default=600.0, gt=0.0, description="How long the trainer waits for enough committed experiences before failing.")
-    poll_interval_s: float = Field(default=0.05, gt=0.0, le=60.0, description="How often a waiting reader lists new commits.")
+    poll_interval_s: float | None = Field(
+        default=None, gt=0.0, le=60.0, description="How often a waiting reader (and the control board) looks for news; null: 5 ms on local disk, 100 ms on object stores."
+    )
     on_corrupt: Literal["fail", "skip"] = Field(default="fail", description="What a reader does with a committed file it cannot read: stop with its path, or report and skip it.")
     verify_checksums: bool = Field(
         default=True,

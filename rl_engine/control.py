@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from rl_engine.storage import join, open_storage, read_json, write_json
+from rl_engine.storage import join, open_storage, poll_interval, read_json, write_json
 
 
 class Stopped(Exception):
@@ -31,10 +31,10 @@ class WaitTimeout(TimeoutError):
 class Board:
     """JSON markers of a run, one file per key, each written atomically."""
 
-    def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, poll_s: float = 0.02):
+    def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, poll_s: float | None = None):
         self.fs, root = open_storage(run_url, storage_options)
         self.root = join(root, "control")
-        self.poll_s = poll_s
+        self.poll_s = poll_interval(self.fs, poll_s)
 
     def post(self, key: str, value: dict[str, Any]) -> None:
         write_json(self.fs, join(self.root, f"{key}.json"), {**value, "time": time.time()})

@@ -121,7 +121,7 @@ class Explorer:
         self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
         self.name = f"explorer-{explorer_id}"
         self.timeline = TimelineRecorder(run.url, run.storage_options, self.name, enabled=cfg.monitor.timeline)
-        self.board = Board(run.url, run.storage_options)
+        self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         self.engine = ENGINES.acquire(run, explorer_id)
         self.receiver = build_weight_receiver(cfg, explorer_id)
         self.receiver.connect(self.engine)  # collective: blocks until the trainer and every explorer joined

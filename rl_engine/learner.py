@@ -44,7 +44,7 @@ class Learner:
         cfg = run.cfg
         self.run, self.cfg = run, cfg
         self.timeline = TimelineRecorder(run.url, run.storage_options, "trainer")
-        self.board = Board(run.url, run.storage_options)
+        self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         self.trainer = build_trainer(cfg)
         self.reader = BufferReader(run.url, run.storage_options, cfg.buffer)
         self.resumed_from: int | None = None

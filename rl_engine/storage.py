@@ -33,6 +33,13 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
+def poll_interval(fs: fsspec.AbstractFileSystem, configured: float | None = None) -> float:
+    """Seconds between looks at storage for news: `configured`, else cheap on local disk, gentle on object stores."""
+    if configured is not None:
+        return configured
+    return 0.005 if is_local(fs) or "memory" in str(fs.protocol) else 0.1
+
+
 def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
     """Make `path` hold `data` with no moment where a reader sees a partial object.
 

@@ -45,7 +45,7 @@ from rl_engine.buffer import _files
 from rl_engine.buffer.cursor import ConsumedSet
 from rl_engine.config import BufferConfig
 from rl_engine.experience import ExperienceBatch
-from rl_engine.storage import join, open_storage
+from rl_engine.storage import join, open_storage, poll_interval
 
 log = logging.getLogger("rl_engine.buffer")
 STATE_FORMAT = 1
@@ -73,6 +73,7 @@ class BufferReader:
         self.cfg = cfg or BufferConfig()
         self.run_url = run_url
         self.fs, self.root = open_storage(run_url, storage_options)
+        self.poll_s = poll_interval(self.fs, self.cfg.poll_interval_s)
         self._reset(ConsumedSet(), {})
 
     def _reset(self, consumed: ConsumedSet, counters: dict[str, Any]) -> None:
@@ -102,7 +103,7 @@ class BufferReader:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BufferTimeout(self._waiting_message(n, available, timeout, trainer_version, max_staleness))
-            time.sleep(min(self.cfg.poll_interval_s, left))
+            time.sleep(min(self.poll_s, left))
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able cursor: what has been consumed (and dropped/skipped), plus the counters."""
