@@ -2,14 +2,21 @@
 
 For models of ~0.3M, ~10M and ~100M parameters (tiny Qwen2 models built locally):
   collective      trainer thread -> engine workers over the gloo group, loaded in place (end to end)
-  raw broadcast   the same bytes in the same buckets on the same group, received and dropped
+  raw broadcast   the same messages (bytes) on the same group, from and into buffers allocated
+                  once, all posted at once, nothing loaded: the transfer floor
   checkpoint      write checkpoints/version=<v>/ (+ commit) and load it into the engine (end to end)
-  raw io          safetensors save_file + load_file of the same tensors in this process
+  raw io          safetensors save_file of the same tensors + reading the file's bytes back
+  engine load     loading an already written checkpoint into the engine (the in-place reload alone)
 
     python -m bench.sync            # all three sizes (a few minutes on 2 cores)
     python -m bench.sync --quick    # skips the 100M model
 
 Prints a table, then one JSON line with the figures of the largest size.
+
+Reading the figures: on a 2-core machine the gloo transfer keeps both cores busy (one sends,
+one receives) and vLLM pins its CPU worker to one core, so the in-place load (`engine load`)
+cannot overlap the transfer: collective ~ raw broadcast + engine load. With spare cores the
+pipelined stream approaches max(raw broadcast, engine load) + one bucket.
 """
 
 from __future__ import annotations
@@ -61,19 +68,43 @@ def _config(model_dir: str, run_root: str, method: str, port: int):
     )
 
 
-def _raw_io(weights: dict[str, torch.Tensor], d: str) -> float:
-    """Write the tensors as one safetensors file, read it back into memory (no engine, no commit)."""
-    from safetensors.torch import load, save_file
+def _raw_io(weights: dict[str, torch.Tensor], d: str, buf: bytearray) -> float:
+    """Write the tensors as one safetensors file and read its bytes back into `buf` (no engine, no commit).
+
+    The read goes into memory allocated (and touched) once up front, like the raw broadcast's
+    buffers: the floor is the I/O, not page faults of fresh memory.
+    """
+    from safetensors.torch import save_file
 
     path = os.path.join(d, "raw.safetensors")
     t0 = time.perf_counter()
     save_file(weights, path, metadata={"format": "pt"})
-    with open(path, "rb") as f:
-        loaded = load(f.read())  # load_file would map the file lazily and read nothing yet
+    with open(path, "rb", buffering=0) as f:
+        n = f.readinto(memoryview(buf))  # load_file would only map the file; read every byte once
     dt = time.perf_counter() - t0
-    assert len(loaded) == len(weights)
+    assert n == os.path.getsize(path)
     os.remove(path)
     return dt
+
+
+def _round(engine, sender, receiver, ckpt_cfg, weights, sizes, version: int, work: str, io_buf: bytearray) -> dict[str, float]:
+    """One timed round of every method on one engine; uses versions `version` and `version + 1`."""
+    from rl_engine.sync import build_weight_receiver, build_weight_sender
+
+    out = {"coll": _timed(lambda: sender.send(weights.items(), version), lambda: receiver.receive(engine))}
+    assert engine.version == version
+    out["raw"] = _timed(lambda: sender.send_raw(sizes), lambda: receiver.receive_raw(engine, sizes))
+    ck_sender, ck_receiver = build_weight_sender(ckpt_cfg), build_weight_receiver(ckpt_cfg)
+    t0 = time.perf_counter()
+    ck_sender.send(weights.items(), version + 1)
+    assert ck_receiver.receive(engine, version + 1) == version + 1
+    out["ckpt"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ck_receiver.receive(engine, version + 1)  # again, files hot in the page cache: the in-place load alone
+    out["load"] = time.perf_counter() - t0
+    shutil.rmtree(ck_sender.version_dir(version + 1))
+    out["io"] = _raw_io(weights, work, io_buf)
+    return out
 
 
 def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str) -> dict:
@@ -95,38 +126,29 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str) -> 
         _timed(sender.connect, lambda: receiver.connect(engine))
         bucket_bytes = sender.bucket_bytes
         sizes = [s.numel() for b in pack_buckets(weights.items(), bucket_bytes, sender.wire_dtype, torch.device("cpu")) for s in b.segs]
-        version = 0
-        coll, raw, ckpt, io = [], [], [], []
+        io_buf = bytearray(sum(t.numel() * t.element_size() for t in weights.values()) + (1 << 20))  # + header room
+        times: dict[str, list[float]] = {k: [] for k in ("coll", "raw", "ckpt", "load", "io")}
         for i in range(repeats + 1):  # the first round warms up and is dropped
-            version += 1
-            c = _timed(lambda: sender.send(weights.items(), version), lambda: receiver.receive(engine))
-            assert engine.version == version
-            r = _timed(lambda: sender.send_raw(sizes), lambda: receiver.receive_raw(engine, sizes))
-            version += 1
-            ck_sender, ck_receiver = build_weight_sender(ckpt_cfg), build_weight_receiver(ckpt_cfg)
-            t0 = time.perf_counter()
-            ck_sender.send(weights.items(), version)
-            assert ck_receiver.receive(engine, version) == version
-            k = time.perf_counter() - t0
-            shutil.rmtree(ck_sender.version_dir(version))
-            o = _raw_io(weights, work)
-            if i:
-                coll.append(c), raw.append(r), ckpt.append(k), io.append(o)
+            got = _round(engine, sender, receiver, ckpt_cfg, weights, sizes, version=2 * i + 1, work=work, io_buf=io_buf)
+            for k, v in got.items():
+                if i:
+                    times[k].append(v)
     finally:
         receiver.close()
         sender.close()
         engine.close()
-    med = statistics.median
+    med = {k: statistics.median(v) for k, v in times.items()}
     return {
         "model": name,
         "params_M": n_params / 1e6,
         "MB": sum(sizes) / 2**20,
-        "collective_s": med(coll),
-        "raw_broadcast_s": med(raw),
-        "collective_over_raw": med(coll) / med(raw),
-        "checkpoint_s": med(ckpt),
-        "raw_io_s": med(io),
-        "checkpoint_over_raw": med(ckpt) / med(io),
+        "collective_s": med["coll"],
+        "raw_broadcast_s": med["raw"],
+        "collective_over_raw": med["coll"] / med["raw"],
+        "engine_load_s": med["load"],
+        "checkpoint_s": med["ckpt"],
+        "raw_io_s": med["io"],
+        "checkpoint_over_raw": med["ckpt"] / med["io"],
     }
 
 
