@@ -45,7 +45,11 @@ class EngineDiedError(RuntimeError):
 
 @dataclass
 class Rollout:
-    """One sampled response to one prompt, with what the trainer needs to learn from it."""
+    """One sampled response to one prompt, with what the trainer needs to learn from it.
+
+    `response_ids` holds every sampled token, EOS and the tokens of a matched stop string
+    included; `text` is vLLM's detokenized text, which leaves the stop string out.
+    """
 
     prompt_ids: list[int]
     response_ids: list[int]
