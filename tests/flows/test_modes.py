@@ -75,6 +75,15 @@ def test_fully_async_never_waits_without_bound(method, prefect_server, tiny_mode
     used = {v for vs in versions_by_step(stored_experiences(summary["run"])).values() for v in vs}
     assert used <= {0, 2, 4, 6} and len(used) >= 2
     assert summary["final_version"] == 6
+    # The run published its report as Prefect artifacts: metrics table, timeline and reward curve.
+    from prefect.artifacts import Artifact
+
+    slug = "".join(c if c.isalnum() else "-" for c in summary["run"].rsplit("/", 1)[-1].lower())
+    table = Artifact.get(f"{slug}-metrics")
+    assert table is not None and table.type == "table" and '"step": 6' in table.data
+    for name in ("timeline", "reward-curve"):
+        image = Artifact.get(f"{slug}-{name}")
+        assert image is not None and "data:image/png;base64,iVBOR" in image.data  # a PNG, inline
 
 
 def test_fully_async_respects_max_staleness(prefect_server, tiny_model_dir, task_file, tmp_path):
