@@ -23,6 +23,8 @@ import time
 import uuid
 from typing import Any
 
+import pyarrow.compute as pc
+
 from rl_engine.buffer import BufferWriter
 from rl_engine.control import Board, Stopped
 from rl_engine.experience import Experience, ExperienceBatch
@@ -144,15 +146,16 @@ class Explorer:
         with self.timeline.span("write", step=e, version=v):
             self.writer.write(e, batch)
         self.timeline.flush()
-        rewards, lengths = batch.column("reward"), [len(x) for x in batch.to_table().column("response_ids").to_pylist()]
+        rewards = batch.column("reward")
+        lengths = pc.list_value_length(batch.to_table().column("response_ids")).to_numpy()
         return {
             "explorer_id": self.explorer_id,
             "explorer_step": e,
             "version": v,
             "experiences": len(batch),
             "reward_mean": float(rewards.mean()) if len(batch) else 0.0,
-            "response_len_mean": sum(lengths) / max(len(lengths), 1),
-            "tokens": sum(lengths),
+            "response_len_mean": float(lengths.mean()) if len(batch) else 0.0,
+            "tokens": int(lengths.sum()),
             "rollout_s": time.time() - started,
             "reward_errors": reward_metrics.get("reward/errors", 0),
         }
