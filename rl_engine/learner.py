@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from rl_engine.buffer import BufferReader, BufferTimeout
+from rl_engine.buffer import BufferReader
 from rl_engine.control import Board, Stopped
 from rl_engine.run import RunContext
 from rl_engine.storage import join
@@ -69,27 +69,13 @@ class Learner:
     def _state_url(self, t: int) -> str:
         return f"{self.run.url}/{STATE_DIR}/step={t}"
 
-    def _read(self, n: int, max_staleness: int | None, stop: threading.Event | None) -> Any:
-        """Wait for `n` committed experiences in short slices, so a stop (cancel) is seen within seconds."""
-        deadline = time.monotonic() + self.cfg.buffer.read_timeout_s
-        version = self.version if max_staleness is not None else None
-        while True:
-            try:
-                return self.reader.read_batch(n, trainer_version=version, max_staleness=max_staleness, timeout_s=min(1.0, max(deadline - time.monotonic(), 0.01)))
-            except BufferTimeout:
-                if stop is not None and stop.is_set():
-                    raise Stopped(f"stopped while waiting for {n} experiences") from None
-                if time.monotonic() >= deadline:
-                    raise
-
     def step(self, stop: threading.Event | None = None) -> dict[str, Any]:
         """One trainer step; returns its metrics (loss, kl, staleness, waits, ...)."""
         cfg, t = self.cfg, self.version + 1
-        sync = cfg.synchronizer
-        max_staleness = sync.max_staleness if sync.mode not in ("synchronous", "one_step_off_policy") else None
         started = time.time()
         with self.timeline.span("wait", step=t, version=self.version):
-            batch = self._read(cfg.trainer.train_batch_size, max_staleness, stop)
+            # max_staleness is only ever set in the decoupled modes (the config rejects it elsewhere).
+            batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, cfg.synchronizer.max_staleness, stop=stop)
         waited = time.time() - started
         staleness = self.version - batch.min_versions()  # [B] versions behind at training time
         with self.timeline.span("train", step=t, version=self.version):

@@ -80,12 +80,10 @@ class ResumePoint:
 
 def last_committed_steps(run: RunContext) -> dict[int, int]:
     """{explorer id: highest explorer step with committed experiences} from the buffer's commit records."""
-    from rl_engine.buffer import _files
+    from rl_engine.buffer.stats import commit_records
 
-    fs, root = run.fs()
     last: dict[int, int] = {}
-    for key in _files.list_commits(fs, root):
-        rec = _files.read_record(fs, root, key)
+    for _, rec in commit_records(*run.fs()):
         last[rec["explorer_id"]] = max(last.get(rec["explorer_id"], 0), rec["explorer_step"])
     return last
 

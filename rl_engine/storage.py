@@ -10,6 +10,8 @@ resolved config or logs.
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from typing import Any
 
 import fsspec
@@ -40,30 +42,34 @@ def poll_interval(fs: fsspec.AbstractFileSystem, configured: float | None = None
     return 0.005 if is_local(fs) or "memory" in str(fs.protocol) else 0.1
 
 
-def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Make `path` hold `data` with no moment where a reader sees a partial object.
+def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsync: bool = True) -> None:
+    """Make `path` appear whole or not at all (`data`: bytes or any buffer).
 
-    Local disk: write a temp file beside it, then rename (atomic on POSIX). Object stores
-    (S3, memory): a single PUT is already all-or-nothing.
+    Local disk: write `.tmp-*` beside it (ignored by Arrow tools: leading dot), then rename
+    (atomic on POSIX); `fsync` makes it survive a power loss too. Object stores (S3, memory):
+    a single PUT is already all-or-nothing.
     """
+    if not is_local(fs):
+        fs.pipe_file(path, data if isinstance(data, bytes) else bytes(memoryview(data)))
+        return
     parent = path.rsplit("/", 1)[0]
-    if is_local(fs):
-        import os
-        import uuid
-
-        os.makedirs(parent, exist_ok=True)
-        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+    os.makedirs(parent, exist_ok=True)
+    tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
+    try:
         with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            f.write(memoryview(data))
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
-    else:
-        fs.pipe_file(path, data)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
-def write_json(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
-    write_bytes_atomic(fs, path, json.dumps(obj, indent=1, sort_keys=True).encode())
+def write_json(fs: fsspec.AbstractFileSystem, path: str, obj: Any, fsync: bool = True) -> None:
+    write_bytes_atomic(fs, path, json.dumps(obj, sort_keys=True).encode(), fsync=fsync)
 
 
 def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from rl_engine.errors import UserError
 from rl_engine.experience import ExperienceBatch, SchemaError
-from rl_engine.storage import is_local, join
+from rl_engine.storage import is_local, join, write_bytes_atomic, write_json
 
 RECORD_FORMAT = 1
 BUFFER_DIR = "buffer"
@@ -107,40 +107,16 @@ def crc32(data) -> int:
     return zlib.crc32(memoryview(data)) & 0xFFFFFFFF
 
 
-def put_atomic(fs: fsspec.AbstractFileSystem, path: str, data, fsync: bool = True) -> None:
-    """Make `path` appear whole or not at all.
-
-    Local disk: write `.tmp-*` beside it (ignored by Arrow tools: leading dot), then rename.
-    Object stores: one PUT (s3fs multipart completes atomically), so no temp name is needed.
-    """
-    if is_local(fs):
-        parent = path.rsplit("/", 1)[0]
-        os.makedirs(parent, exist_ok=True)
-        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
-        try:
-            with open(tmp, "wb") as f:
-                f.write(memoryview(data))
-                if fsync:
-                    f.flush()
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
-    else:
-        fs.pipe_file(path, bytes(memoryview(data)) if not isinstance(data, bytes) else data)
-
-
 def put_json(fs: fsspec.AbstractFileSystem, path: str, obj: Any, fsync: bool = True) -> None:
-    put_atomic(fs, path, json.dumps(obj, sort_keys=True).encode(), fsync=fsync)
+    """Every small JSON file of the buffer (records, cursor, manifest) goes through here (a test seam)."""
+    write_json(fs, path, obj, fsync=fsync)
 
 
 def write_data(fs: fsspec.AbstractFileSystem, path: str, table: pa.Table, fsync: bool = True) -> dict[str, int]:
     """Write a table as one IPC file atomically; returns {size, crc32} for its commit record."""
     data = table_to_ipc(table)
     info = {"size": data.size, "crc32": crc32(data)}
-    put_atomic(fs, path, data, fsync=fsync)
+    write_bytes_atomic(fs, path, data, fsync=fsync)
     return info
 
 

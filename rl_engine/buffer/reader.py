@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from typing import Any
 
@@ -44,6 +45,7 @@ import numpy as np
 from rl_engine.buffer import _files
 from rl_engine.buffer.cursor import ConsumedSet
 from rl_engine.config import BufferConfig
+from rl_engine.control import Stopped
 from rl_engine.experience import ExperienceBatch
 from rl_engine.storage import join, open_storage, poll_interval
 
@@ -86,9 +88,15 @@ class BufferReader:
     # ---- public API
 
     def read_batch(
-        self, n: int, trainer_version: int | None = None, max_staleness: int | None = None, timeout_s: float | None = None
+        self,
+        n: int,
+        trainer_version: int | None = None,
+        max_staleness: int | None = None,
+        timeout_s: float | None = None,
+        stop: threading.Event | None = None,
     ) -> ExperienceBatch:
-        """The next `n` experiences in commit order; waits up to `timeout_s` (default cfg.read_timeout_s)."""
+        """The next `n` experiences in commit order; waits up to `timeout_s` (default cfg.read_timeout_s),
+        or until `stop` is set (raises Stopped: the run is being cancelled)."""
         if n < 1:
             raise ValueError(f"read_batch(n={n}): n must be >= 1")
         if max_staleness is not None and trainer_version is None:
@@ -100,6 +108,8 @@ class BufferReader:
             batch, available = self._take(n, trainer_version, max_staleness)
             if batch is not None:
                 return batch
+            if stop is not None and stop.is_set():
+                raise Stopped(f"stopped while waiting for {n} experiences")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BufferTimeout(self._waiting_message(n, available, timeout, trainer_version, max_staleness))

@@ -35,11 +35,12 @@ from rl_engine.storage import join, open_storage
 def committed_files(run_url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Paths (inside the run's filesystem) of all committed data files, in commit order."""
     fs, root = open_storage(run_url, storage_options)
-    records = _records(fs, root)
+    records = commit_records(fs, root)
     return [join(_files.buffer_root(root), r["path"]) for _, r in records]
 
 
-def _records(fs, root: str) -> list[tuple[_files.CommitKey, dict[str, Any]]]:
+def commit_records(fs, root: str) -> list[tuple[_files.CommitKey, dict[str, Any]]]:
+    """Every commit record of the buffer under run root `root`, in commit order (one batched read)."""
     keys = _files.list_commits(fs, root)
     paths = [join(_files.commits_dir(root), k.name + ".json") for k in keys]
     raw = fs.cat(paths) if paths else {}  # one concurrent batch of GETs on object stores
@@ -54,7 +55,7 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
     fs, root = open_storage(run_url, storage_options)
     if not fs.exists(root):
         raise UserError(f"{run_url}: no such run directory")
-    records = _records(fs, root)
+    records = commit_records(fs, root)
     rows: dict[str, list[np.ndarray]] = {k: [] for k in ("explorer", "step", "version", "reward", "prompt_len", "response_len")}
     finish: Counter[str] = Counter()
     corrupt: list[str] = []

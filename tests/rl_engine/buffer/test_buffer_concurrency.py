@@ -138,7 +138,8 @@ class HalfThenBlock:
         wait_for_kill()
 
 if sys.argv[2] == "mid-file":
-    _files.open = HalfThenBlock
+    import rl_engine.storage  # the atomic write lives there
+    rl_engine.storage.open = HalfThenBlock
 else:  # "before-commit": data file complete and renamed, commit record not yet written
     _files.put_json = wait_for_kill
 BufferWriter(sys.argv[1], {}, 0).write(1, make_batch(64, explorer_step=1))
