@@ -89,12 +89,15 @@ def _raw_io(weights: dict[str, torch.Tensor], d: str, buf: bytearray) -> float:
 
 def _round(engine, sender, receiver, ckpt_cfg, weights, sizes, version: int, work: str, io_buf: bytearray) -> dict[str, float]:
     """One timed round of every method on one engine; uses versions `version` and `version + 1`."""
+    from rl_engine.control import Board
     from rl_engine.sync import build_weight_receiver, build_weight_sender
 
+    _timed(lambda: sender.prepare(version), lambda: receiver.prepare(version))  # the board handshake, not timed: the transfer and load are
     out = {"coll": _timed(lambda: sender.send(weights.items(), version), lambda: receiver.receive(engine))}
     assert engine.version == version
     out["raw"] = _timed(lambda: sender.send_raw(sizes), lambda: receiver.receive_raw(engine, sizes))
-    ck_sender, ck_receiver = build_weight_sender(ckpt_cfg), build_weight_receiver(ckpt_cfg)
+    board = Board(ckpt_cfg.run_url)
+    ck_sender, ck_receiver = build_weight_sender(ckpt_cfg, board), build_weight_receiver(ckpt_cfg, board)
     t0 = time.perf_counter()
     ck_sender.send(weights.items(), version + 1)
     assert ck_receiver.receive(engine, version + 1) == version + 1
@@ -110,6 +113,7 @@ def _round(engine, sender, receiver, ckpt_cfg, weights, sizes, version: int, wor
 def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str) -> dict:
     from safetensors.torch import load_file
 
+    from rl_engine.control import Board
     from rl_engine.rollout.engine import build_rollout_engine
     from rl_engine.sync import build_weight_receiver, build_weight_sender
     from rl_engine.sync.buckets import pack_buckets
@@ -121,7 +125,8 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str) -> 
     cfg = _config(model_dir, os.path.join(work, "runs", name), "collective", free_port())
     ckpt_cfg = _config(model_dir, os.path.join(work, "runs", name), "checkpoint", 29517)
     engine = build_rollout_engine(cfg)
-    sender, receiver = build_weight_sender(cfg), build_weight_receiver(cfg)
+    board = Board(cfg.run_url)
+    sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
     try:
         _timed(sender.connect, lambda: receiver.connect(engine))
         bucket_bytes = sender.bucket_bytes

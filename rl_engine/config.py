@@ -262,7 +262,9 @@ class CollectiveConfig(_Model):
     """The extra process group between trainer rank 0 and the explorers' inference workers."""
 
     host: str = Field(default="127.0.0.1", description="TCP rendezvous host of the weight-sync group (trainer rank 0's address).")
-    port: int = Field(default=29517, ge=1024, le=65535, description="TCP rendezvous port of the weight-sync group.")
+    port: int | None = Field(
+        default=None, ge=1024, le=65535, description="TCP rendezvous port of the weight-sync group; null: the trainer picks a free one and publishes it on the run's board."
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="auto: nccl on CUDA, gloo on CPU.")
     bucket_mb: float = Field(default=64.0, gt=0.0, description="Parameters are broadcast in buckets of about this many MiB.")
     timeout_s: float = Field(default=300.0, gt=0.0, description="Timeout of a group join and of one sync.")
@@ -282,6 +284,43 @@ class SynchronizerConfig(_Model):
     max_staleness: int | None = Field(default=None, ge=0, description="Async modes: bound on (trainer version - generating version); null for no bound.")
     collective: CollectiveConfig = Field(default_factory=CollectiveConfig, description="Settings of the collective method.")
     wait_timeout_s: float = Field(default=600.0, gt=0.0, description="Longest a side waits at a rendezvous before failing.")
+
+
+# --------------------------------------------------------------------------- placement
+
+
+class LocalPlacement(_Model):
+    """Every role (explorers, trainer) as a concurrent task of the mode's flow run, in one process."""
+
+    type: Literal["local"] = Field(default="local", description="Roles run as tasks of the mode's flow run.")
+    heartbeat_s: float = Field(default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board.")
+    heartbeat_timeout_s: float = Field(default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops.")
+
+
+class DeploymentsPlacement(_Model):
+    """Each role as its own flow run of its Prefect deployment: its own process, on the pool that serves it."""
+
+    type: Literal["deployments"] = Field(description="Roles run as flow runs of their deployments (`prefect deploy --all` creates them).")
+    explorer_deployment: str = Field(default="rft-explorer/default", description="Deployment (`flow-name/deployment-name`) that runs an explorer role.")
+    trainer_deployment: str = Field(default="rft-trainer/default", description="Deployment (`flow-name/deployment-name`) that runs the trainer role.")
+    job_variables: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Work-pool job variables per role: key `trainer`, `explorer` (every explorer) or `explorer-<i>`, e.g. {explorer-1: {env: {CUDA_VISIBLE_DEVICES: '1'}}}.",
+    )
+    start_timeout_s: float = Field(default=600.0, gt=0.0, description="Longest a role's flow run may wait for a worker before the run fails.")
+    heartbeat_s: float = Field(default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board.")
+    heartbeat_timeout_s: float = Field(default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops.")
+
+    @field_validator("job_variables")
+    @classmethod
+    def _roles(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for key in v:
+            if key not in ("trainer", "explorer") and not (key.startswith("explorer-") and key[9:].isdigit()):
+                raise ValueError(f"job_variables key {key!r}: use `trainer`, `explorer` or `explorer-<i>`")
+        return v
+
+
+PlacementConfig = Annotated[Union[LocalPlacement, DeploymentsPlacement], Field(discriminator="type")]
 
 
 # --------------------------------------------------------------------------- monitor
@@ -310,6 +349,7 @@ class RFTConfig(_Model):
     buffer: BufferConfig = Field(default_factory=BufferConfig, description="Experience buffer and storage.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed trainer.")
     synchronizer: SynchronizerConfig = Field(default_factory=SynchronizerConfig, description="Sync mode, schedule and method.")
+    placement: PlacementConfig = Field(default_factory=LocalPlacement, description="Where the roles run: `local` (tasks of one flow run) or `deployments` (a flow run each).")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reporting.")
 
     @model_validator(mode="after")

@@ -9,15 +9,32 @@ timeout message says what it was waiting for.
     board = Board(run.url, run.storage_options)
     board.post("trainer", {"version": 3})
     board.wait("trainer", lambda v: v["version"] >= 3, what="trainer version 3", timeout_s=60)
+
+The run's stop request (`request_stop`, key `stop`) and each role's liveness (`role-<name>`:
+pid, host, state, refreshed every heartbeat) live here too; `rl_engine.roles` keeps them up.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from rl_engine.storage import join, open_storage, poll_interval, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+
+STOP_KEY = "stop"
+
+
+class StopSignal(Protocol):
+    """What a waiter checks between polls: a threading.Event, or a role's view of the run's stop request."""
+
+    def is_set(self) -> bool: ...
 
 
 class Stopped(Exception):
@@ -58,7 +75,7 @@ class Board:
         *,
         what: str,
         timeout_s: float,
-        stop: threading.Event | None = None,
+        stop: StopSignal | None = None,
     ) -> dict[str, Any]:
         """Poll `key` until `ready(value)`; raise Stopped on `stop`, WaitTimeout after `timeout_s`."""
         deadline = time.monotonic() + timeout_s
@@ -72,3 +89,80 @@ class Board:
                 raise WaitTimeout(f"waited {timeout_s:.0f} s for {what}; last {key!r} marker: {value} (synchronizer.wait_timeout_s)")
             self.fs.invalidate_cache()
             time.sleep(self.poll_s)
+
+
+def role_key(role: str) -> str:
+    """Board key of a role's liveness marker (`role-explorer-0`, `role-trainer`)."""
+    return f"role-{role}"
+
+
+def request_stop(board: Board, kind: str, reason: str, by: str) -> None:
+    """Ask every role of the run to stop: kind `finished` (training done), `cancelled`, or `failed`.
+    The first request wins: a later one never hides why the run stopped."""
+    if board.get(STOP_KEY) is None:
+        board.post(STOP_KEY, {"kind": kind, "reason": reason, "by": by})
+
+
+class RoleSignals:
+    """One role's link to the run's board, kept up by a background thread.
+
+    It posts the role's liveness marker (pid, host, state; its `time` is the heartbeat) every
+    `heartbeat_s`, turns the run's stop request into `is_set()`, and requests a stop when a peer
+    of the same attempt has gone silent for `heartbeat_timeout_s` (killed without a word).
+    """
+
+    def __init__(self, board: Board, role: str, peers: list[str], attempt: str, heartbeat_s: float, heartbeat_timeout_s: float):
+        self.board, self.role, self.peers, self.attempt = board, role, peers, attempt
+        self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
+        self.request: dict[str, Any] | None = None  # the stop request seen, if any
+        self._stop, self._done = threading.Event(), threading.Event()
+        self._marker = {"pid": os.getpid(), "host": socket.gethostname(), "state": "running", "attempt": attempt, "started": time.time()}
+        board.post(role_key(role), self._marker)
+        self._thread = threading.Thread(target=self._watch, name=f"{role}-signals", daemon=True)
+        self._thread.start()
+
+    def is_set(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self, kind: str, reason: str) -> None:
+        request_stop(self.board, kind, reason, by=self.role)
+        self._stop.set()
+
+    def _check(self, now: float) -> None:
+        if (req := self.board.get(STOP_KEY)) is not None:
+            self.request = req
+            self._stop.set()
+        for peer in self.peers:
+            m = self.board.get(role_key(peer))
+            if m is not None and m.get("attempt") == self.attempt and m.get("state") == "running" and now - m["time"] > self.heartbeat_timeout_s:
+                reason = f"{peer} went silent: no heartbeat for {now - m['time']:.0f} s (pid {m.get('pid')} on {m.get('host')} killed, or its machine lost)"
+                self.request_stop("failed", reason)
+
+    def _watch(self) -> None:
+        # Stop requests are seen within a fraction of a second; object stores are polled gentler.
+        check_s = min(self.heartbeat_s, max(10 * self.board.poll_s, 0.1))
+        next_beat = time.monotonic() + self.heartbeat_s
+        while not self._done.wait(check_s):
+            try:
+                if time.monotonic() >= next_beat:
+                    self.board.post(role_key(self.role), self._marker)
+                    next_beat = time.monotonic() + self.heartbeat_s
+                self._check(time.time())
+            except Exception as e:  # noqa: BLE001 - a storage hiccup must not kill the heartbeat
+                log.warning("%s: board unreachable for a heartbeat: %s: %s", self.role, type(e).__name__, e)
+
+    def close(self, state: str, error: str | None = None) -> None:
+        """Stop the thread and post the role's final state (done / stopped / failed)."""
+        self._done.set()
+        self._thread.join(10)
+        self.board.post(role_key(self.role), {**self._marker, "state": state, "error": error})
+
+
+def silent_roles(board: Board, roles: list[str], attempt: str, timeout_s: float) -> list[str]:
+    """Roles of `attempt` still marked running whose heartbeat is older than `timeout_s`."""
+    now, out = time.time(), []
+    for role in roles:
+        m = board.get(role_key(role))
+        if m is not None and m.get("attempt") == attempt and m.get("state") == "running" and now - m["time"] > timeout_s:
+            out.append(role)
+    return out

@@ -7,7 +7,8 @@ which is what the schedule tests read back. Each action is recorded as a timelin
 
 Weight sync: `receive(version)` is the rendezvous side (wait for the trainer to reach the
 version, then load it), `pick_up_newest()` the decoupled side (load the newest published
-version if any; wait only when `max_staleness` requires it). Both ack on the control board.
+version if any; wait only when `max_staleness` requires it). How the weights travel, and the
+board keys of that handshake, are the sync method's business (`rl_engine.sync`).
 
 Engines are expensive to start (~20 s on CPU). `ENGINES` keeps them warm across runs of one
 process when RFT_KEEP_ENGINES=1 (tests, long-lived `serve` processes): a reused engine is
@@ -26,7 +27,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from rl_engine.buffer import BufferWriter
-from rl_engine.control import Board, Stopped
+from rl_engine.control import Board, StopSignal
 from rl_engine.experience import Experience, ExperienceBatch
 from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
 from rl_engine.rollout.engine import build_rollout_engine
@@ -118,15 +119,15 @@ def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any
 class Explorer:
     """Generates, scores and writes experiences; holds a live vLLM engine."""
 
-    def __init__(self, run: RunContext, explorer_id: int = 0):
+    def __init__(self, run: RunContext, explorer_id: int = 0, stop: StopSignal | None = None):
         cfg = run.cfg
         self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
         self.name = f"explorer-{explorer_id}"
         self.timeline = TimelineRecorder(run.url, run.storage_options, self.name, enabled=cfg.monitor.timeline)
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         self.engine = ENGINES.acquire(run, explorer_id)
-        self.receiver = build_weight_receiver(cfg, explorer_id)
-        self.receiver.connect(self.engine)  # collective: blocks until the trainer and every explorer joined
+        self.receiver = build_weight_receiver(cfg, self.board, explorer_id)
+        self.receiver.connect(self.engine, stop)  # collective: blocks until the trainer and every explorer joined
         self.tokenizer = self.engine.tokenizer
         tasks = load_taskset(cfg.taskset, run.storage_options)
         # Each explorer walks its own seeded order, so several explorers do not repeat each other in lockstep.
@@ -162,45 +163,34 @@ class Explorer:
 
     # ---- weight sync
 
-    def _install(self, version: int) -> int:
-        """Load `version` (published by the trainer) into the engine and acknowledge it.
-
-        Collective: a broadcast needs every rank, so joining is a handshake on the board: post
-        "joining v", wait for the trainer's "go v" (all explorers joined) or "abandon v" (the run
-        is stopping), and only then enter the broadcast. Nobody is ever left blocked in it.
-        """
-        method = self.cfg.synchronizer.sync_method
-        if method == "collective":
-            self.board.post(f"{self.name}-joining", {"version": version})
-            m = self.board.wait("sync", lambda m: max(m.get("go", -1), m.get("abandon", -1)) >= version, what=f"the trainer to start broadcasting version {version}", timeout_s=self.cfg.synchronizer.wait_timeout_s)
-            if m.get("go", -1) < version:
-                raise Stopped(f"the trainer abandoned the broadcast of version {version}")
-        with self.timeline.span("sync", version=version, method=method) as span:
+    def _install(self, version: int, stop: StopSignal) -> int:
+        """Load `version` (announced by the trainer) into the engine; the receiver acknowledges it."""
+        with self.timeline.span("sync", version=version, method=self.receiver.method) as span:
+            self.receiver.prepare(version, stop)
             got = self.receiver.receive(self.engine, version)
             span.version = got
-        self.board.post(self.name, {"version": got})  # the trainer waits for this ack at a rendezvous
         self.timeline.flush()
         return got
 
-    def _wait_published(self, newer_than: int, what: str, stop: threading.Event) -> int:
+    def _wait_published(self, newer_than: int, what: str, stop: StopSignal) -> int:
         with self.timeline.span("wait", version=self.engine.version):
             m = self.board.wait("trainer", lambda m: m.get("published", -1) > newer_than, what=what, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
         return m["published"]
 
-    def receive(self, version: int, stop: threading.Event) -> int:
+    def receive(self, version: int, stop: StopSignal) -> int:
         """Rendezvous: wait until the trainer has published `version`, then load exactly it."""
         self._wait_published(version - 1, f"trainer to publish version {version}", stop)
-        return self._install(version)
+        return self._install(version, stop)
 
-    def pick_up_newest(self, stop: threading.Event) -> int:
+    def pick_up_newest(self, stop: StopSignal) -> int:
         """Decoupled: load the newest published version if newer; wait only for `max_staleness`."""
         trainer = self.board.get("trainer") or {}
         if trainer.get("published", -1) > self.engine.version:
-            self._install(trainer["published"])
+            self._install(trainer["published"], stop)
         bound = self.cfg.synchronizer.max_staleness
         if bound is not None and not stop.is_set() and trainer.get("version", 0) - self.engine.version > bound:
             mine = self.engine.version
-            self._install(self._wait_published(mine, f"a version newer than {mine} (max_staleness {bound})", stop))
+            self._install(self._wait_published(mine, f"a version newer than {mine} (max_staleness {bound})", stop), stop)
         return self.engine.version
 
     def close(self) -> None:

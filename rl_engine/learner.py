@@ -2,10 +2,12 @@
 
 `Learner.step()` is one trainer step: wait for `train_batch_size` committed experiences (FIFO,
 whole groups, within `max_staleness` if set), train on them, post the new version on the
-control board. `publish(version)` sends the weights to the explorers: at a rendezvous it waits
-until every explorer acknowledged loading them; in the decoupled modes it does not wait (with
-collective sync a background thread holds a snapshot and broadcasts it when the explorers join). `save_state()` writes `trainer_state/step=<t>/` with the buffer cursor in it, so a
-resumed learner consumes exactly what it consumed after step t and nothing before.
+control board. `publish(version)` announces a version on the board and sends it to the
+explorers by the configured method: at a rendezvous it waits until every explorer acknowledged
+loading it; in the decoupled modes a background thread sends a snapshot while training goes on
+(a failed background send is raised by the next `publish` or by `finish`). `save_state()` writes
+`trainer_state/step=<t>/` with the buffer cursor in it, so a resumed learner consumes exactly
+what it consumed after step t and nothing before.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from rl_engine.buffer import BufferReader
-from rl_engine.control import Board, Stopped
+from rl_engine.control import Board, Stopped, StopSignal
 from rl_engine.run import RunContext
 from rl_engine.storage import join
 from rl_engine.sync import build_weight_sender
@@ -40,7 +42,7 @@ def latest_state_step(run: RunContext) -> int | None:
 class Learner:
     """Trainer + buffer reader + checkpoints of one run."""
 
-    def __init__(self, run: RunContext, resume: bool = False):
+    def __init__(self, run: RunContext, resume: bool = False, stop: StopSignal | None = None):
         cfg = run.cfg
         self.run, self.cfg = run, cfg
         self.timeline = TimelineRecorder(run.url, run.storage_options, "trainer")
@@ -53,11 +55,11 @@ class Learner:
             self.reader.load_state_dict(extra["cursor"])
             self.resumed_from = t
         self.published = -1
-        self._went = -1  # last version whose broadcast got its "go"
         self._sending: threading.Thread | None = None
+        self._send_error: tuple[int, BaseException] | None = None
         self._post()
-        self.sender = build_weight_sender(cfg)
-        self.sender.connect()  # collective: blocks until every explorer's workers joined the group
+        self.sender = build_weight_sender(cfg, self.board)
+        self.sender.connect(stop)  # collective: blocks until every explorer's workers joined the group
 
     def _post(self) -> None:
         self.board.post("trainer", {"version": self.version, "published": self.published})
@@ -69,7 +71,7 @@ class Learner:
     def _state_url(self, t: int) -> str:
         return f"{self.run.url}/{STATE_DIR}/step={t}"
 
-    def step(self, stop: threading.Event | None = None) -> dict[str, Any]:
+    def step(self, stop: StopSignal | None = None) -> dict[str, Any]:
         """One trainer step; returns its metrics (loss, kl, staleness, waits, ...)."""
         cfg, t = self.cfg, self.version + 1
         started = time.time()
@@ -114,73 +116,63 @@ class Learner:
 
     # ---- weight sync
 
-    def _send(self, named: Any, version: int, stop: threading.Event) -> None:
-        if self.sender.method == "collective":
-            self._handshake(version, stop)
+    def _send(self, named: Any, version: int, stop: StopSignal) -> None:
+        with self.timeline.span("wait", step=version, version=version):
+            self.sender.prepare(version, stop)  # collective: every explorer joined the broadcast
         with self.timeline.span("sync", step=version, version=version, method=self.sender.method):
             self.sender.send(named, version)
         self.timeline.flush()
 
-    def _handshake(self, version: int, stop: threading.Event) -> None:
-        """Enter a broadcast only once every explorer committed to it (see Explorer._install)."""
-        try:
-            with self.timeline.span("wait", step=version, version=version):
-                for i in range(self.cfg.explorer.count):
-                    self.board.wait(f"explorer-{i}-joining", lambda m: m["version"] >= version, what=f"explorer {i} to join the broadcast of version {version}", timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
-        except BaseException:
-            self.board.post("sync", {"abandon": version})
-            raise
-        self.board.post("sync", {"go": version})
-        self._went = version
-
-    def _send_in_background(self, named: Any, version: int, stop: threading.Event) -> None:
+    def _send_in_background(self, named: Any, version: int, stop: StopSignal) -> None:
         try:
             self._send(named, version, stop)
         except Stopped:
             pass
+        except BaseException as e:  # noqa: BLE001 - handed to the trainer loop by _raise_send_error
+            self._send_error = (version, e)
 
-    def publish(self, version: int, stop: threading.Event, wait_for_explorers: bool = True) -> float:
+    def _raise_send_error(self) -> None:
+        if self._send_error is not None:
+            version, e = self._send_error
+            raise RuntimeError(f"sending weights version {version} to the explorers failed: {type(e).__name__}: {e}") from e
+
+    def _announce(self, version: int) -> None:
+        self.published = version
+        self._post()  # explorers now ask for this version
+
+    def publish(self, version: int, stop: StopSignal, wait_for_explorers: bool = True) -> float:
         """Send weights `version` to the explorers; returns seconds spent in this call."""
-        started, s = time.time(), self.cfg.synchronizer
+        started = time.time()
+        self._raise_send_error()
         if stop.is_set():
             raise Stopped(f"stopped before publishing version {version}")
-        if s.sync_method == "checkpoint":
-            self._send(self.trainer.named_weights(), version, stop)  # committed before it is announced
-            self.published = version
-            self._post()
-        elif wait_for_explorers:
-            self.published = version
-            self._post()  # explorers at this sync point now join the broadcast
+        if wait_for_explorers:
+            self._announce(version)
             self._send(self.trainer.named_weights(), version, stop)
-        elif self._sending is not None and self._sending.is_alive():
-            # Decoupled: the explorers have not yet joined the previous broadcast; skip this
-            # version rather than make the trainer wait (they get a newer one later).
-            return 0.0
-        else:
-            # Decoupled: train on while a snapshot waits for the explorers to join between their steps.
+            with self.timeline.span("wait", step=version, version=version):
+                self.sender.wait_loaded(version, stop)
+        elif self._sending is None or not self._sending.is_alive():
+            # Decoupled: train on while a snapshot waits for the explorers to take it between their steps.
             snapshot = [(n, t.detach().clone()) for n, t in self.trainer.named_weights()]
-            self.published = version
-            self._post()
+            self._announce(version)
             self._sending = threading.Thread(target=self._send_in_background, args=(snapshot, version, stop), name=f"send-v{version}", daemon=True)
             self._sending.start()
-        if wait_for_explorers:
-            with self.timeline.span("wait", step=version, version=version):
-                for i in range(self.cfg.explorer.count):
-                    self.board.wait(f"explorer-{i}", lambda m: m["version"] >= version, what=f"explorer {i} to load version {version}", timeout_s=s.wait_timeout_s, stop=stop)
+        # else: the explorers have not taken the previous version yet; skip this one rather than
+        # make the trainer wait (they get a newer one later).
         return time.time() - started
 
-    def _finish_background_send(self) -> None:
-        """Wait for the previous decoupled broadcast (explorers join it between their steps)."""
+    def finish(self) -> None:
+        """End of training: wait for a decoupled send still in flight and raise its failure, if any."""
         if self._sending is not None:
             with self.timeline.span("wait", version=self.version):
                 self._sending.join(self.cfg.synchronizer.wait_timeout_s)
+            if self._sending.is_alive():
+                raise RuntimeError(f"sending weights version {self.published} did not finish within synchronizer.wait_timeout_s = {self.cfg.synchronizer.wait_timeout_s} s")
             self._sending = None
+        self._raise_send_error()
 
     def close(self) -> None:
-        self._finish_background_send()
-        if self.sender.method == "collective" and self.published > self._went:
-            # Announced but never broadcast (the trainer failed or stopped): release joined explorers.
-            self.board.post("sync", {"abandon": self.published})
+        """Release the sync (explorers still waiting for a broadcast are released) and post `closed`."""
         self.board.post("trainer", {"version": self.version, "published": self.published, "closed": True})
         self.sender.close()
         self.timeline.flush()

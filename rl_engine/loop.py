@@ -33,12 +33,8 @@ def rollout_step(engine: Any, tasks: Any, reward_fn: Any, cfg: RFTConfig, step: 
     return generate_experiences(engine, tasks.next_batch(), reward_fn, cfg, 0, step)[0]
 
 
-def _both_sides(method: str, trainer_side: Callable[[], Any], explorer_side: Callable[[], Any]) -> Any:
-    """Run the two halves of a sync: a collective needs both at once (trainer's in a thread), a
-    checkpoint is read only once committed (trainer's first)."""
-    if method == "checkpoint":
-        trainer_side()
-        return explorer_side()
+def _both_sides(trainer_side: Callable[[], Any], explorer_side: Callable[[], Any]) -> Any:
+    """Run the two halves of a sync at once (the trainer's in a thread), as two roles would."""
     with ThreadPoolExecutor(1) as pool:
         sent = pool.submit(trainer_side)
         try:
@@ -55,6 +51,7 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     """
     from rl_engine.rewards import TaskIterator, build_reward, load_taskset
     from rl_engine.rollout.engine import build_rollout_engine
+    from rl_engine.control import Board
     from rl_engine.sync import build_weight_receiver, build_weight_sender
     from rl_engine.trainer import build_trainer
     from rl_engine.warmstart import all_problems, evaluate
@@ -66,18 +63,20 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     reward_fn = build_reward(cfg.taskset.reward)
     trainer = build_trainer(cfg)
     engine = build_rollout_engine(cfg)
-    sender, receiver = build_weight_sender(cfg), build_weight_receiver(cfg)
+    board = Board(cfg.run_url, storage)
+    sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
     problems = all_problems(_max_operand(tasks.tasks))
     history = [{"step": 0, "version": 0, **{f"eval_{k}": v for k, v in evaluate(trainer, problems).items()}}]
     log(f"step 0: eval exact@T=1 {history[0]['eval_expected_exact_t1']:.3f}")
     try:
-        _both_sides(sender.method, sender.connect, lambda: receiver.connect(engine))
+        _both_sides(sender.connect, lambda: receiver.connect(engine))
         for t in range(1, steps + 1):
             started = time.time()
             batch = rollout_step(engine, tasks, reward_fn, cfg, t)
             rollout_s = time.time() - started
             metrics = trainer.train_step(batch.to_tensors(trainer.pad_token_id))
-            _both_sides(sender.method, lambda: sender.send(trainer.named_weights(), trainer.version), lambda: receiver.receive(engine, trainer.version))
+            v = trainer.version
+            _both_sides(lambda: (sender.prepare(v), sender.send(trainer.named_weights(), v)), lambda: (receiver.prepare(v), receiver.receive(engine, v)))
             rewards = batch.column("reward")
             correct = [x.reward_components.get("correct", 0.0) for x in batch.experiences()]
             entry = {

@@ -1,7 +1,10 @@
 """The end-of-run report: metrics table, reward curve, timeline Gantt chart and utilization.
 
-Written under `<run>/report/` (JSON, PNG) so it outlives any Prefect server; the flows mirror it
-as Prefect artifacts. Prefect-free: `build_report(run, trainer_metrics, explorer_metrics)`.
+Every role records each step's metrics as it goes (`record_step`: one JSON file per step under
+`<run>/metrics/role=<role>/`, so roles in other processes or on other machines report through
+storage alone, and a resumed run rewrites only the steps it redoes). The report is built from
+those and the timeline, and written under `<run>/report/` (JSON, PNG) so it outlives any Prefect
+server; the flows mirror it as Prefect artifacts. Prefect-free: `build_report(run)`.
 """
 
 from __future__ import annotations
@@ -12,10 +15,29 @@ import json
 from typing import Any
 
 from rl_engine.run import RunContext
-from rl_engine.storage import join, write_bytes_atomic, write_json
+from rl_engine.storage import join, read_json, write_bytes_atomic, write_json
 from rl_engine.timeline import load_spans, render_gantt, summary_markdown, utilization
 
 TABLE_KEYS = ("step", "version", "reward_mean", "reward_std", "loss", "kl", "entropy", "clip_frac", "grad_norm", "staleness_max", "wait_experience_s", "train_s")
+
+
+METRICS_DIR = "metrics"
+
+
+def record_step(run: RunContext, role: str, step: int, metrics: dict[str, Any]) -> None:
+    """Store one step's metrics of `role` (trainer step t, or explorer step e of explorer-i)."""
+    fs, root = run.fs()
+    write_json(fs, join(root, METRICS_DIR, f"role={role}", f"step={step:08d}.json"), metrics, fsync=False)
+
+
+def load_metrics(run: RunContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(trainer metrics by step, explorer metrics by explorer and step) recorded so far."""
+    fs, root = run.fs()
+    fs.invalidate_cache()
+    trainer, explorer = [], []
+    for path in sorted(fs.glob(join(root, METRICS_DIR, "role=*", "step=*.json"))):
+        (trainer if "/role=trainer/" in path else explorer).append(read_json(fs, path))
+    return trainer, explorer
 
 
 @dataclasses.dataclass
@@ -54,9 +76,10 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def build_report(run: RunContext, trainer_metrics: list[dict], explorer_metrics: list[dict]) -> Report:
-    """Assemble and store the report of a run from the metrics the loops returned and the timeline."""
+def build_report(run: RunContext) -> Report:
+    """Assemble and store the report of a run from the metrics its roles recorded and the timeline."""
     fs, root = run.fs()
+    trainer_metrics, explorer_metrics = load_metrics(run)
     images: dict[str, bytes] = {}
     util: dict[str, Any] = {}
     spans = load_spans(run.url, run.storage_options) if run.cfg.monitor.timeline else []

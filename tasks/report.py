@@ -17,9 +17,9 @@ from rl_engine.report import build_report
 from rl_engine.run import RunContext
 
 
-def log_step(kind: str, m: dict[str, Any]) -> dict[str, Any]:
-    """Print one progress line for a step (terminal and Prefect logs) and pass the metrics on."""
-    if kind == "trainer":
+def log_step(role: str, m: dict[str, Any]) -> dict[str, Any]:
+    """Print one progress line for a role's step (terminal and Prefect logs) and pass the metrics on."""
+    if role == "trainer":
         line = (
             f"train t={m['step']:>4} reward={m['reward_mean']:.3f}±{m['reward_std']:.3f} loss={m.get('loss', float('nan')):.4f} "
             f"kl={m.get('kl', 0.0):.4f} clip={m.get('clip_frac', 0.0):.3f} staleness<={m['staleness_max']} "
@@ -41,9 +41,9 @@ def _key(run: RunContext, what: str) -> str:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="publish-report")
-def publish_report(run: RunContext, trainer_metrics: list[dict], explorer_metrics: list[dict]) -> dict[str, Any]:
+def publish_report(run: RunContext) -> dict[str, Any]:
     """Write report files to the run and mirror them as Prefect artifacts; returns the summary."""
-    rep = build_report(run, trainer_metrics, explorer_metrics)
+    rep = build_report(run)
     if run.cfg.monitor.artifacts:
         if rep.table:
             create_table_artifact(rep.table, key=_key(run, "metrics"), description=f"Per trainer step metrics of {run.url}")

@@ -2,12 +2,16 @@
 
 `synchronizer.sync_method` picks the method: `collective` (broadcast over a process group,
 `collective.py`) or `checkpoint` (committed checkpoints on the run's storage, `checkpoint.py`).
-The trainer side runs in the trainer's thread, each explorer side in its explorer's thread.
+The trainer side runs in the trainer role, each explorer side in its explorer role: threads of
+one process or processes on other machines. They meet only on the run's control board (`board`)
+and, for `collective`, in the process group whose address the trainer publishes there. Every
+board key of a sync is defined in this package; callers never branch on the method.
 
-    sender = build_weight_sender(cfg)                  # trainer rank 0
-    receiver = build_weight_receiver(cfg, explorer_id) # each explorer, with its own engine
+    sender = build_weight_sender(cfg, board)                   # trainer rank 0
+    receiver = build_weight_receiver(cfg, board, explorer_id)  # each explorer, with its own engine
     # concurrently: sender.connect()  |  receiver.connect(engine)
-    # each sync:    sender.send(named_weights, version=t)  |  receiver.receive(engine) -> t
+    # each sync:    sender.prepare(t); sender.send(named_weights, t)  |  receiver.prepare(t); receiver.receive(engine, t) -> t
+    #               sender.wait_loaded(t)   (rendezvous: every explorer acknowledged t)
 """
 
 from __future__ import annotations
@@ -18,38 +22,71 @@ from typing import Any, Protocol
 import torch
 
 from rl_engine.config import RFTConfig
+from rl_engine.control import Board, StopSignal
 
 
 class WeightSender(Protocol):
-    """Trainer side of a weight sync."""
+    """Trainer side of a weight sync. Each sync is `prepare(v)` (wait until the receivers can take
+    it; nothing for checkpoints), `send(weights, v)`, and at a rendezvous `wait_loaded(v)`."""
 
     method: str
 
-    def connect(self) -> None:
+    def connect(self, stop: StopSignal | None = None) -> None:
         """Join whatever the method needs (the process group); blocks until the receivers joined."""
+        ...
+
+    def prepare(self, version: int, stop: StopSignal | None = None) -> None:
+        """Block until every receiver is ready to take `version` (collective: all joined the broadcast)."""
         ...
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Publish (HF parameter name, full tensor) pairs as weight version `version`."""
         ...
 
-    def close(self) -> None: ...
+    def wait_loaded(self, version: int, stop: StopSignal | None = None) -> None:
+        """Block until every explorer acknowledged loading `version` (or newer)."""
+        ...
+
+    def close(self) -> None:
+        """Release the method's resources; receivers still waiting for a send are released too."""
+        ...
 
 
 class WeightReceiver(Protocol):
-    """Explorer side of a weight sync: installs weights into a live rollout engine."""
+    """Explorer side of a weight sync: installs weights into a live rollout engine.
+    Each sync is `prepare(v)` (collective: join the broadcast) then `receive(engine, v)`."""
 
     method: str
 
-    def connect(self, engine: Any) -> None:
+    def connect(self, engine: Any, stop: StopSignal | None = None) -> None:
         """Join from the engine's inference workers (collective) or nothing (checkpoint)."""
         ...
 
+    def prepare(self, version: int, stop: StopSignal | None = None) -> None:
+        """Block until the trainer is ready to hand over `version`; raises Stopped if it gave up."""
+        ...
+
     def receive(self, engine: Any, version: int | None = None) -> int:
-        """Install the trainer's weights into `engine` and return the installed version (engine.version too)."""
+        """Install the trainer's weights into `engine`, acknowledge them on the board, and
+        return the installed version (engine.version too)."""
         ...
 
     def close(self) -> None: ...
+
+
+# Board key through which explorer i acknowledges the version its engine holds.
+def loaded_key(explorer_id: int) -> str:
+    return f"explorer-{explorer_id}"
+
+
+def post_loaded(board: Board, explorer_id: int, version: int) -> None:
+    board.post(loaded_key(explorer_id), {"version": version})
+
+
+def wait_loaded(board: Board, num_explorers: int, version: int, timeout_s: float, stop: StopSignal | None) -> None:
+    """Block until every explorer acknowledged `version` or newer."""
+    for i in range(num_explorers):
+        board.wait(loaded_key(i), lambda m: m["version"] >= version, what=f"explorer {i} to load version {version}", timeout_s=timeout_s, stop=stop)
 
 
 def wire_dtype(cfg: RFTConfig) -> torch.dtype:
@@ -57,29 +94,30 @@ def wire_dtype(cfg: RFTConfig) -> torch.dtype:
     return getattr(torch, cfg.model.dtype)
 
 
-def build_weight_sender(cfg: RFTConfig) -> WeightSender:
-    """Trainer-side sync of `cfg.synchronizer.sync_method`; checkpoint needs a resolved cfg (run URL)."""
+def build_weight_sender(cfg: RFTConfig, board: Board) -> WeightSender:
+    """Trainer-side sync of `cfg.synchronizer.sync_method`, meeting the receivers on the run's `board`;
+    checkpoint needs a resolved cfg (run URL)."""
     s = cfg.synchronizer
     if s.sync_method == "collective":
         from rl_engine.sync.collective import CollectiveSender
 
-        return CollectiveSender(s.collective, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg))
+        return CollectiveSender(s.collective, board, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg), s.wait_timeout_s)
     if s.sync_method == "checkpoint":
         from rl_engine.sync.checkpoint import CheckpointSender
 
-        return CheckpointSender(cfg.run_url, cfg.buffer.storage.options, cfg.model.path, wire_dtype(cfg))
+        return CheckpointSender(cfg.run_url, cfg.buffer.storage.options, cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s)
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
 
 
-def build_weight_receiver(cfg: RFTConfig, explorer_id: int = 0) -> WeightReceiver:
-    """Explorer-side sync of `cfg.synchronizer.sync_method` for explorer `explorer_id`."""
+def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) -> WeightReceiver:
+    """Explorer-side sync of `cfg.synchronizer.sync_method` for explorer `explorer_id`, on the run's `board`."""
     s = cfg.synchronizer
     if s.sync_method == "collective":
         from rl_engine.sync.collective import CollectiveReceiver
 
-        return CollectiveReceiver(s.collective, explorer_id, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size)
+        return CollectiveReceiver(s.collective, board, explorer_id, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, s.wait_timeout_s)
     if s.sync_method == "checkpoint":
         from rl_engine.sync.checkpoint import CheckpointReceiver
 
-        return CheckpointReceiver(cfg.run_url, cfg.buffer.storage.options, timeout_s=s.wait_timeout_s)
+        return CheckpointReceiver(cfg.run_url, cfg.buffer.storage.options, board, explorer_id, timeout_s=s.wait_timeout_s)
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")

@@ -11,7 +11,7 @@ nothing visible. Explorers load into their live engine (no restart); from object
 version is first copied to a local temp directory next to the inference workers.
 
     # trainer thread                                    # explorer thread
-    s = build_weight_sender(cfg)                        r = build_weight_receiver(cfg, x)
+    s = build_weight_sender(cfg, board)                 r = build_weight_receiver(cfg, board, x)
     s.send(trainer.named_weights(), version=t)          if (r.latest_committed() or 0) > engine.version:
                                                             r.receive(engine)      # newest committed
 """
@@ -29,6 +29,8 @@ from typing import Any
 import torch
 
 from rl_engine import storage
+from rl_engine.control import Board, Stopped, StopSignal, WaitTimeout
+from rl_engine.sync.base import post_loaded, wait_loaded
 from rl_engine.sync.collective import SyncStats
 
 COMMIT = "_COMMITTED"
@@ -41,15 +43,32 @@ class CheckpointSender:
 
     method = "checkpoint"
 
-    def __init__(self, run_url: str, options: dict[str, Any] | None, model_dir: str, dtype: torch.dtype | None, shard_bytes: int = DEFAULT_SHARD_BYTES):
+    def __init__(
+        self,
+        run_url: str,
+        options: dict[str, Any] | None,
+        model_dir: str,
+        dtype: torch.dtype | None,
+        board: Board,
+        num_explorers: int,
+        wait_timeout_s: float,
+        shard_bytes: int = DEFAULT_SHARD_BYTES,
+    ):
         self.fs, self.root = storage.open_storage(run_url, options)
         self.model_dir = model_dir
         self.dtype = dtype
+        self.board, self.num_explorers, self.wait_timeout_s = board, num_explorers, wait_timeout_s
         self.shard_bytes = shard_bytes
         self.last: SyncStats | None = None
 
-    def connect(self) -> None:
+    def connect(self, stop: StopSignal | None = None) -> None:
         """Nothing to join: storage is the rendezvous."""
+
+    def prepare(self, version: int, stop: StopSignal | None = None) -> None:
+        """Nothing to wait for: explorers load committed versions whenever they are ready."""
+
+    def wait_loaded(self, version: int, stop: StopSignal | None = None) -> None:
+        wait_loaded(self.board, self.num_explorers, version, self.wait_timeout_s, stop)
 
     def version_dir(self, version: int) -> str:
         return storage.join(self.root, "checkpoints", f"version={version}")
@@ -126,12 +145,25 @@ class CheckpointReceiver:
 
     method = "checkpoint"
 
-    def __init__(self, run_url: str, options: dict[str, Any] | None, timeout_s: float = 600.0):
+    def __init__(self, run_url: str, options: dict[str, Any] | None, board: Board, explorer_id: int = 0, timeout_s: float = 600.0):
         self.fs, self.root = storage.open_storage(run_url, options)
+        self.board, self.explorer_id = board, explorer_id
         self.timeout_s = timeout_s
 
-    def connect(self, engine: Any) -> None:
+    def connect(self, engine: Any, stop: StopSignal | None = None) -> None:
         """Nothing to join: storage is the rendezvous."""
+
+    def prepare(self, version: int, stop: StopSignal | None = None) -> None:
+        """Wait until `version` is committed (the trainer announces a version before its write ends)."""
+        marker = storage.join(self.root, "checkpoints", f"version={version}", COMMIT)
+        deadline = time.monotonic() + self.timeout_s
+        while not self.fs.exists(marker):
+            if stop is not None and stop.is_set():
+                raise Stopped(f"stopped while waiting for checkpoint version {version} to be committed")
+            if time.monotonic() > deadline:
+                raise WaitTimeout(f"waited {self.timeout_s:.0f} s for checkpoint version {version} to be committed under {self.root}/checkpoints (synchronizer.wait_timeout_s)")
+            time.sleep(storage.poll_interval(self.fs))
+            self.fs.invalidate_cache()
 
     def committed_versions(self) -> list[int]:
         """Every version with a commit marker, ascending."""
@@ -173,6 +205,7 @@ class CheckpointReceiver:
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         engine.mark_synced(got)
+        post_loaded(self.board, self.explorer_id, got)
         return got
 
     def _load(self, engine: Any, local_dir: str, version: int) -> int:

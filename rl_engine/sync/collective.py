@@ -6,13 +6,22 @@ workers per engine (tensor_parallel_size). The trainer and each explorer run in 
 thread (or process, or machine); both sides `connect()` concurrently, then each sync is one
 `send` on the trainer side meeting one `receive` per explorer. Wire format: `buckets.py`.
 
-    # trainer thread                              # explorer thread x
-    s = build_weight_sender(cfg); s.connect()     r = build_weight_receiver(cfg, x); r.connect(engine)
-    s.send(trainer.named_weights(), version=t)    v = r.receive(engine)   # -> t, engine.version == t
+The run's board carries the rest of the protocol (its keys are defined here and nowhere else):
+- `sync-address`: the trainer picks the group's port (collective.port, or a free one) and posts
+  host and port; receivers wait for it before joining, so runs sharing a host never collide.
+- A broadcast needs every rank, so joining it is a handshake: each explorer posts
+  `explorer-<i>-joining` {version} and waits for the trainer's `sync` {go: v} (all joined) or
+  {abandon: v} (the trainer is stopping); only after "go" does anyone enter the broadcast.
+  Nobody is ever left blocked in it. Closing the sender abandons every later version.
+
+    # trainer thread                                     # explorer thread x
+    s = build_weight_sender(cfg, board); s.connect()     r = build_weight_receiver(cfg, board, x); r.connect(engine)
+    s.prepare(t); s.send(trainer.named_weights(), t)     r.prepare(t); v = r.receive(engine, t)   # -> t
 """
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -21,7 +30,25 @@ from typing import Any
 import torch
 
 from rl_engine.config import CollectiveConfig
+from rl_engine.control import Board, Stopped, StopSignal
+from rl_engine.sync.base import post_loaded, wait_loaded
 from rl_engine.sync.buckets import broadcast_send, destroy_group, group_device, init_group, raw_broadcast, resolve_backend
+
+
+ADDRESS_KEY = "sync-address"
+GO_KEY = "sync"
+_NO_MORE = 1 << 62  # "abandon" this: the trainer sends nothing more
+
+
+def joining_key(explorer_id: int) -> str:
+    return f"explorer-{explorer_id}-joining"
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on `host` right now (the group's store binds it moments later)."""
+    with socket.socket() as s:
+        s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @dataclass
@@ -39,19 +66,38 @@ class CollectiveSender:
 
     method = "collective"
 
-    def __init__(self, c: CollectiveConfig, num_explorers: int, workers_per_engine: int, wire_dtype: torch.dtype | None):
-        self.c = c
+    def __init__(self, c: CollectiveConfig, board: Board, num_explorers: int, workers_per_engine: int, wire_dtype: torch.dtype | None, wait_timeout_s: float):
+        self.c, self.board = c, board
         self.backend = resolve_backend(c.backend)
+        self.num_explorers = num_explorers
         self.world_size = 1 + num_explorers * workers_per_engine
         self.wire_dtype = wire_dtype
         self.bucket_bytes = max(1, int(c.bucket_mb * (1 << 20)))
+        self.wait_timeout_s = wait_timeout_s
         self._pg: Any = None
         self.last: SyncStats | None = None
 
-    def connect(self) -> None:
-        """Host the group and wait until every explorer's workers joined (up to collective.timeout_s)."""
+    def connect(self, stop: StopSignal | None = None) -> None:
+        """Publish the group's address, host the group and wait until every explorer's workers
+        joined (up to collective.timeout_s)."""
         if self._pg is None:
-            self._pg = init_group(self.c.host, self.c.port, 0, self.world_size, self.backend, self.c.timeout_s)
+            port = self.c.port or free_port(self.c.host)
+            self.board.post(ADDRESS_KEY, {"host": self.c.host, "port": port})
+            self._pg = init_group(self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s)
+
+    def prepare(self, version: int, stop: StopSignal | None = None) -> None:
+        """Wait until every explorer posted that it joins the broadcast of `version`, then say go."""
+        try:
+            for i in range(self.num_explorers):
+                what = f"explorer {i} to join the broadcast of version {version}"
+                self.board.wait(joining_key(i), lambda m: m["version"] >= version, what=what, timeout_s=self.wait_timeout_s, stop=stop)
+        except BaseException:
+            self.board.post(GO_KEY, {"abandon": version})
+            raise
+        self.board.post(GO_KEY, {"go": version})
+
+    def wait_loaded(self, version: int, stop: StopSignal | None = None) -> None:
+        wait_loaded(self.board, self.num_explorers, version, self.wait_timeout_s, stop)
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Broadcast (HF name, full tensor) pairs as `version`; returns once every receiver has the bytes."""
@@ -70,6 +116,7 @@ class CollectiveSender:
         raw_broadcast(self._pg, self._raw_bufs)
 
     def close(self) -> None:
+        self.board.post(GO_KEY, {"abandon": _NO_MORE})  # explorers waiting to join are released
         if self._pg is not None:
             pg, self._pg = self._pg, None
             destroy_group(pg)
@@ -80,10 +127,11 @@ class CollectiveReceiver:
 
     method = "collective"
 
-    def __init__(self, c: CollectiveConfig, explorer_id: int, num_explorers: int, workers_per_engine: int):
+    def __init__(self, c: CollectiveConfig, board: Board, explorer_id: int, num_explorers: int, workers_per_engine: int, wait_timeout_s: float):
         if not 0 <= explorer_id < num_explorers:
             raise ValueError(f"explorer_id {explorer_id} outside 0..{num_explorers - 1} (explorer.count = {num_explorers})")
-        self.c = c
+        self.c, self.board = c, board
+        self.wait_timeout_s = wait_timeout_s
         self.backend = resolve_backend(c.backend)
         self.explorer_id = explorer_id
         self.workers = workers_per_engine
@@ -91,13 +139,23 @@ class CollectiveReceiver:
         self.world_size = 1 + num_explorers * workers_per_engine
         self._engine: Any = None
 
-    def connect(self, engine: Any) -> None:
-        """Join the group from every worker of `engine`; blocks until the whole group formed."""
-        ranks = engine.rpc("rft_join_group", self.c.host, self.c.port, self.rank_offset, self.world_size, self.backend, self.c.timeout_s, timeout=self.c.timeout_s + 10)
+    def connect(self, engine: Any, stop: StopSignal | None = None) -> None:
+        """Wait for the trainer's group address, join from every worker of `engine`; blocks until the whole group formed."""
+        what = "the trainer to publish the weight-sync address (is the trainer role running?)"
+        addr = self.board.wait(ADDRESS_KEY, lambda m: True, what=what, timeout_s=self.c.timeout_s, stop=stop)
+        ranks = engine.rpc("rft_join_group", addr["host"], addr["port"], self.rank_offset, self.world_size, self.backend, self.c.timeout_s, timeout=self.c.timeout_s + 10)
         expected = list(range(self.rank_offset, self.rank_offset + self.workers))
         if sorted(ranks) != expected:
             raise RuntimeError(f"explorer {self.explorer_id}: workers joined as ranks {ranks}, expected {expected} (tensor_parallel_size mismatch?)")
         self._engine = engine
+
+    def prepare(self, version: int, stop: StopSignal | None = None) -> None:
+        """Post that this explorer joins the broadcast of `version`; wait for the trainer's go."""
+        self.board.post(joining_key(self.explorer_id), {"version": version})
+        what = f"the trainer to start broadcasting version {version}"
+        m = self.board.wait(GO_KEY, lambda m: max(m.get("go", -1), m.get("abandon", -1)) >= version, what=what, timeout_s=self.wait_timeout_s, stop=stop)
+        if m.get("go", -1) < version:
+            raise Stopped(f"the trainer abandoned the broadcast of version {version}")
 
     def receive(self, engine: Any, version: int | None = None) -> int:
         """Block until the trainer's next `send` is loaded into `engine`; returns the installed version."""
@@ -113,6 +171,7 @@ class CollectiveReceiver:
         if version is not None and got != version:
             raise RuntimeError(f"explorer {self.explorer_id}: expected version {version} from the trainer, received {got}")
         engine.mark_synced(got)
+        post_loaded(self.board, self.explorer_id, got)
         return got
 
     def receive_raw(self, engine: Any, sizes: list[int]) -> None:

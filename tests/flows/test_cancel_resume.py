@@ -75,7 +75,9 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
     steps = sorted((r["explorer_id"], r["explorer_step"]) for r in rows)
     assert sorted(set(steps)) == [(0, e) for e in range(1, total + 1)]  # the explorer continued after its last step
     assert len(rows) == total * 4  # ... and regenerated nothing
-    # The resumed trainer trained steps saved+1..total on exactly explorer steps saved+1..total: nothing twice.
+    # The report covers the whole run across the resume; the resumed trainer trained steps
+    # saved+1..total on exactly explorer steps saved+1..total: nothing twice.
     metrics = [json.loads(line) for line in Path(run.url, "report", "metrics.jsonl").read_text().splitlines()]
-    trained = [m["explorer_steps"] for m in metrics if "explorer_steps" in m]
-    assert trained == [[t] for t in range(saved + 1, total + 1)]
+    trainer = [m for m in metrics if "explorer_steps" in m]
+    assert [m["step"] for m in trainer] == list(range(1, total + 1))
+    assert [m["explorer_steps"] for m in trainer if m["resumed_from"] == saved] == [[t] for t in range(saved + 1, total + 1)]

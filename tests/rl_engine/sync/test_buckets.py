@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rl_engine.config import CollectiveConfig
+from rl_engine.control import Board
 from rl_engine.sync.buckets import ALIGN, broadcast_recv, destroy_group, init_group, pack_buckets
 from rl_engine.sync.collective import CollectiveSender
 from tests.conftest import free_port
@@ -53,10 +54,10 @@ def _receiver(port: int, rank: int, world: int) -> tuple[int, dict[str, torch.Te
 
 
 @pytest.mark.parametrize("wire", [torch.float32, torch.bfloat16])
-def test_broadcast_to_two_receivers(wire):
+def test_broadcast_to_two_receivers(wire, tmp_path):
     port, params = free_port(), _params()
     cfg = CollectiveConfig(port=port, bucket_mb=4096 / 2**20, timeout_s=30)
-    sender = CollectiveSender(cfg, num_explorers=2, workers_per_engine=1, wire_dtype=wire)
+    sender = CollectiveSender(cfg, Board(str(tmp_path)), num_explorers=2, workers_per_engine=1, wire_dtype=wire, wait_timeout_s=30)
 
     def trainer():
         sender.connect()
@@ -76,9 +77,9 @@ def test_broadcast_to_two_receivers(wire):
             assert torch.equal(got[name], want)
 
 
-def test_empty_stream_is_an_error_on_both_sides():
+def test_empty_stream_is_an_error_on_both_sides(tmp_path):
     port = free_port()
-    sender = CollectiveSender(CollectiveConfig(port=port, timeout_s=30), 1, 1, torch.float32)
+    sender = CollectiveSender(CollectiveConfig(port=port, timeout_s=30), Board(str(tmp_path)), 1, 1, torch.float32, 30)
 
     def trainer():
         sender.connect()

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rl_engine import storage
+from rl_engine.control import Board
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff
@@ -18,6 +19,10 @@ from tests.rl_engine.sync.helpers import named_weights, perturbed_hf, rollouts
 
 LOGPROB_TOL = 1e-5
 CHANGED = 1e-2
+
+
+def _board(cfg) -> Board:
+    return Board(cfg.run_url, cfg.buffer.storage.options)
 
 
 def _cfg(model_dir: str, url: str, options: dict | None = None):
@@ -29,7 +34,7 @@ def _cfg(model_dir: str, url: str, options: dict | None = None):
 
 def test_sharded_checkpoint_is_an_hf_model_dir(tiny_model_dir, tmp_path):
     trained = perturbed_hf(tiny_model_dir, seed=2)
-    sender = CheckpointSender(str(tmp_path / "run"), None, tiny_model_dir, torch.float32, shard_bytes=200_000)
+    sender = CheckpointSender(str(tmp_path / "run"), None, tiny_model_dir, torch.float32, Board(str(tmp_path / "run")), 1, 30, shard_bytes=200_000)
     sender.send(named_weights(trained), version=4)
     d = tmp_path / "run" / "checkpoints" / "version=4"
     index = json.loads((d / "model.safetensors.index.json").read_text())
@@ -43,8 +48,9 @@ def test_sharded_checkpoint_is_an_hf_model_dir(tiny_model_dir, tmp_path):
 
 
 def test_writer_that_dies_commits_nothing(tiny_model_dir, tmp_path):
-    sender = CheckpointSender(str(tmp_path / "run"), None, tiny_model_dir, torch.float32)
-    receiver = CheckpointReceiver(str(tmp_path / "run"), None)
+    board = Board(str(tmp_path / "run"))
+    sender = CheckpointSender(str(tmp_path / "run"), None, tiny_model_dir, torch.float32, board, 1, 30)
+    receiver = CheckpointReceiver(str(tmp_path / "run"), None, board)
 
     def dies_midway():
         yield from named_weights(load_hf(tiny_model_dir))[:3]
@@ -65,14 +71,14 @@ def restore_original(engine, tiny_model_dir, tmp_path):
     """Put the shared engine back to the original weights as version 0 after the test."""
     yield
     cfg = _cfg(tiny_model_dir, str(tmp_path / "restore"))
-    build_weight_sender(cfg).send(named_weights(load_hf(tiny_model_dir)), version=0)
-    assert build_weight_receiver(cfg).receive(engine, version=0) == 0
+    build_weight_sender(cfg, _board(cfg)).send(named_weights(load_hf(tiny_model_dir)), version=0)
+    assert build_weight_receiver(cfg, _board(cfg)).receive(engine, version=0) == 0
 
 
 @pytest.mark.slow
 def test_checkpoint_sync_loads_only_committed_versions(engine, tiny_model_dir, tmp_path, restore_original):
     cfg = _cfg(tiny_model_dir, str(tmp_path))
-    sender, receiver = build_weight_sender(cfg), build_weight_receiver(cfg)
+    sender, receiver = build_weight_sender(cfg, _board(cfg)), build_weight_receiver(cfg, _board(cfg))
     original, trained = load_hf(tiny_model_dir), perturbed_hf(tiny_model_dir, seed=3)
     assert engine.version == 0 and receiver.latest_committed() is None
     assert receiver.receive(engine) == 0  # nothing published yet: nothing loaded
@@ -102,6 +108,6 @@ def test_checkpoint_sync_through_s3(engine, tiny_model_dir, s3_bucket, restore_o
     url, options = s3_bucket
     cfg = _cfg(tiny_model_dir, url, options)
     trained = perturbed_hf(tiny_model_dir, seed=5)
-    build_weight_sender(cfg).send(named_weights(trained), version=3)
-    assert build_weight_receiver(cfg).receive(engine) == 3 == engine.version
+    build_weight_sender(cfg, _board(cfg)).send(named_weights(trained), version=3)
+    assert build_weight_receiver(cfg, _board(cfg)).receive(engine) == 3 == engine.version
     assert max_logprob_diff(trained, rollouts(engine), 1.0) < LOGPROB_TOL

@@ -1,0 +1,107 @@
+"""Placement `deployments`: each role as its own flow run of its deployment, watched by the mode's flow.
+
+The mode's flow starts the trainer and every explorer with `run_deployment(timeout=0,
+as_subflow=True)` (each on the pool that serves its deployment, with per-role job variables),
+then watches them: a role whose flow run fails or crashes, or that goes silent on the board
+(heartbeats), or that never starts, stops the others within seconds and fails the run with a
+message naming it; cancelling the mode's flow run cancels the roles' runs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.deployments import run_deployment
+from prefect.logging import get_run_logger
+from prefect.states import Cancelling
+
+from flows.common import Cancel
+from rl_engine.config import DeploymentsPlacement
+from rl_engine.control import STOP_KEY, Board, request_stop, silent_roles
+from rl_engine.roles import role_names
+from rl_engine.run import RunContext
+
+POLL_S = 1.0
+GRACE_S = 30.0  # after a stop request, how long roles get to end on their own before they are cancelled
+
+
+class RoleFailed(RuntimeError):
+    """A role of the run failed, crashed, went silent or never started; the message names it."""
+
+
+def _job_variables(p: DeploymentsPlacement, role: str) -> dict[str, Any]:
+    general = p.job_variables.get("explorer", {}) if role.startswith("explorer-") else {}
+    return {**general, **p.job_variables.get(role, {})}
+
+
+def start_roles(run: RunContext) -> dict[str, Any]:
+    """{role: its flow run}, each started on its deployment (returns at once)."""
+    p = run.cfg.placement
+    params: dict[str, dict[str, Any]] = {"trainer": {"run_url": run.url, "storage_options": run.storage_options}}
+    for i in range(run.cfg.explorer.count):
+        params[f"explorer-{i}"] = {"run_url": run.url, "explorer_id": i, "storage_options": run.storage_options}
+    return {
+        role: run_deployment(
+            p.trainer_deployment if role == "trainer" else p.explorer_deployment,
+            parameters=kw,
+            timeout=0,
+            as_subflow=True,
+            job_variables=_job_variables(p, role),
+            flow_run_name=f"{run.cfg.name}-{role}",
+        )
+        for role, kw in params.items()
+    }
+
+
+def _problem(run: RunContext, attempt: str, states: dict[str, Any], started_at: float) -> str | None:
+    """Why the run must stop now, if it must: a role failed, crashed, went silent, or never started."""
+    p = run.cfg.placement
+    for role, state in states.items():
+        if state.is_failed() or state.is_crashed():
+            return f"{role} {state.type.value.lower()}: {state.message}"
+    board = Board(run.url, run.storage_options)
+    silent = silent_roles(board, list(states), attempt, p.heartbeat_timeout_s)
+    if silent:
+        return f"{silent[0]} went silent: no heartbeat for over {p.heartbeat_timeout_s:.0f} s (placement.heartbeat_timeout_s)"
+    waiting = [r for r, s in states.items() if s.is_scheduled() or s.is_pending()]
+    if waiting and time.monotonic() - started_at > p.start_timeout_s:
+        return f"{waiting[0]} did not start within {p.start_timeout_s:.0f} s (placement.start_timeout_s): is a worker polling the pool of its deployment?"
+    return None
+
+
+def run_deployments(run: RunContext, attempt: str, cancel: Cancel) -> None:
+    """Start every role as its own flow run and watch them until all ended; raise RoleFailed naming the first to fail."""
+    log, board = get_run_logger(), Board(run.url, run.storage_options)
+    children = start_roles(run)
+    log.info("roles started as flow runs: %s", {r: str(fr.id) for r, fr in children.items()})
+    started_at, stop_seen, cancelled_children = time.monotonic(), None, False
+    with get_client(sync_client=True) as client:
+        try:
+            while True:
+                states = {role: client.read_flow_run(fr.id).state for role, fr in children.items()}
+                if all(s.is_final() for s in states.values()):
+                    break
+                if (problem := _problem(run, attempt, states, started_at)) is not None:
+                    request_stop(board, "failed", problem, by="flow")
+                if stop_seen is None and board.get(STOP_KEY) is not None:
+                    stop_seen = time.monotonic()
+                if stop_seen is not None and not cancelled_children and time.monotonic() - stop_seen > GRACE_S:
+                    _cancel(client, children, states)
+                    cancelled_children = True
+                time.sleep(POLL_S)
+        except BaseException:
+            # The mode's flow is going down (cancelled, SIGTERM): take the roles with it.
+            request_stop(board, "cancelled", "the mode's flow run ended", by="flow")
+            _cancel(client, children, {r: client.read_flow_run(fr.id).state for r, fr in children.items()})
+            raise
+    stop = board.get(STOP_KEY) or {}
+    if stop.get("kind") == "failed" and not cancel.cancelled:
+        raise RoleFailed(f"run {run.url} failed: {stop['reason']}")
+
+
+def _cancel(client: Any, children: dict[str, Any], states: dict[str, Any]) -> None:
+    for role, fr in children.items():
+        if not states[role].is_final():
+            client.set_flow_run_state(fr.id, Cancelling(message="the run is stopping"), force=True)

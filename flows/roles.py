@@ -1,0 +1,37 @@
+"""The roles as flows of their own: with `placement: {type: deployments}` the mode's flow starts
+each role as a flow run of these flows' deployments (`rft-explorer/default`, `rft-trainer/default`
+in prefect.yaml), so each runs in its own process on whatever work pool serves it.
+
+They take handles only (the run's URL, the explorer id, non-secret storage options); everything
+else comes from the run's storage. A role ends its own child processes (vLLM engine cores) on
+the way out, also when its process is cancelled (SIGTERM from the worker).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+from prefect.states import Cancelled
+
+from rl_engine import roles
+from tasks.report import log_step
+
+
+def _outcome(role: str, run_url: str, result: roles.RoleResult) -> Any:
+    """Completed with a summary, or Cancelled when the run stopped the role before its schedule ended."""
+    if result.stopped_by is not None:
+        return Cancelled(message=f"{role} stopped after {len(result.metrics)} steps: {result.stopped_by['reason']}")
+    return {"role": role, "run": run_url, "steps": len(result.metrics)}
+
+
+@flow(name="rft-explorer", flow_run_name="{run_url}: explorer-{explorer_id}", log_prints=True)
+def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None) -> Any:
+    """Explorer `explorer_id` of the run at `run_url` (started by the run's mode flow)."""
+    return _outcome(f"explorer-{explorer_id}", run_url, roles.explorer_role(run_url, explorer_id, storage_options, on_step=log_step))
+
+
+@flow(name="rft-trainer", flow_run_name="{run_url}: trainer", log_prints=True)
+def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None) -> Any:
+    """The trainer of the run at `run_url` (started by the run's mode flow)."""
+    return _outcome("trainer", run_url, roles.trainer_role(run_url, storage_options, on_step=log_step))

@@ -1,0 +1,203 @@
+"""The roles of a run, explorer i and the trainer: each one plain loop behind one entry point.
+
+A role takes handles only: the run's URL (plus its non-secret storage options) and its id. It
+reads the resolved config from `<run>/config.yaml` and where to start from the run's `start`
+marker (posted by the mode's flow, `post_start`), builds its own engine, and meets the other
+roles only on the run's storage (board, buffer, checkpoints) and in the weight-sync group. Stop
+requests, failures and heartbeats travel on the board (`rl_engine.control`), so the same role
+runs as a thread of the mode's flow run (placement `local`) or as its own flow run on another
+process or machine (placement `deployments`). Prefect-free; the flows wrap these functions.
+
+    post_start(board, ResumePoint(0, {0: 1}))            # the mode's flow, once per attempt
+    trainer_role("runs/my-run")                          # in one thread / process / machine
+    explorer_role("runs/my-run", 0)                      # in another
+
+The loops follow DESIGN.md's schedules: rendezvous (synchronous, one_step_off_policy: the
+explorer syncs after step e iff e > m and (e - m) % k == 0, receiving version e - m) and
+decoupled (fully_async, multi_explorer: the trainer publishes every k steps, explorers pick up
+the newest between their steps and wait only for `max_staleness`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import uuid
+from typing import Any, Callable, Iterator
+
+from rl_engine.config import RENDEZVOUS_MODES
+from rl_engine.control import STOP_KEY, Board, RoleSignals, Stopped
+from rl_engine.explorer import Explorer
+from rl_engine.learner import Learner
+from rl_engine.report import record_step
+from rl_engine.run import ResumePoint, RunContext, open_run
+from rl_engine.schedule import decoupled_publish, resumed_rendezvous_syncs
+
+log = logging.getLogger(__name__)
+
+START_KEY = "start"
+OnStep = Callable[[str, dict[str, Any]], Any]
+
+
+def role_names(num_explorers: int) -> list[str]:
+    """Every role of a run: the trainer and explorer-0 .. explorer-(N-1)."""
+    return ["trainer"] + [f"explorer-{i}" for i in range(num_explorers)]
+
+
+def post_start(board: Board, at: ResumePoint) -> str:
+    """Announce a new attempt of the run and where its loops start; returns the attempt id."""
+    attempt = uuid.uuid4().hex[:12]
+    board.post(START_KEY, {"attempt": attempt, "trainer_version": at.trainer_version, "first_steps": {str(i): s for i, s in at.first_steps.items()}})
+    return attempt
+
+
+def read_start(board: Board, timeout_s: float) -> tuple[str, ResumePoint]:
+    m = board.wait(START_KEY, lambda m: True, what="the run's start marker (roles are started by the mode's flow: `rft run`)", timeout_s=timeout_s)
+    return m["attempt"], ResumePoint(m["trainer_version"], {int(i): s for i, s in m["first_steps"].items()})
+
+
+@dataclasses.dataclass
+class RoleResult:
+    """What a role leaves behind: its step metrics, and the stop request that ended it early, if
+    one did (kind `cancelled` or `failed`, with the reason naming who asked; None if it ran to
+    the end of its schedule)."""
+
+    metrics: list[dict[str, Any]]
+    stopped_by: dict[str, Any] | None
+
+
+class Role:
+    """What every role does around its loop: liveness on the board, the stop signal, recording steps."""
+
+    def __init__(self, run: RunContext, name: str, on_step: OnStep | None):
+        cfg = run.cfg
+        self.run, self.name, self.on_step = run, name, on_step
+        self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
+        self.attempt, self.at = read_start(self.board, cfg.synchronizer.wait_timeout_s)
+        peers = [r for r in role_names(cfg.explorer.count) if r != name]
+        p = cfg.placement
+        self.stop = RoleSignals(self.board, name, peers, self.attempt, p.heartbeat_s, p.heartbeat_timeout_s)
+        self.metrics: list[dict[str, Any]] = []
+
+    def result(self) -> RoleResult:
+        req = self.board.get(STOP_KEY) if self.stop.is_set() else None
+        return RoleResult(self.metrics, req if req is not None and req.get("kind") != "finished" else None)
+
+    def record(self, step: int, m: dict[str, Any]) -> None:
+        record_step(self.run, self.name, step, m)
+        self.metrics.append(m)
+        if self.on_step is not None:
+            self.on_step(self.name, m)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Run the loop: a stop request ends it quietly; a failure stops every other role first."""
+        try:
+            yield
+        except Stopped:
+            self.stop.close("stopped")
+        except BaseException as e:
+            if self.stop.is_set():
+                # Peers going away mid-exchange (a broadcast whose receivers left) is expected once the run stops.
+                log.warning("%s ended during stop: %s: %s", self.name, type(e).__name__, e)
+                self.stop.close("stopped", f"{type(e).__name__}: {e}")
+                return
+            error = f"{type(e).__name__}: {e}"
+            self.stop.request_stop("failed", f"{self.name} failed: {error}")
+            self.stop.close("failed", error)
+            raise
+        else:
+            self.stop.close("done")
+
+
+def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None) -> RoleResult:
+    """Explorer `explorer_id` of the run at `run_url`, until its schedule ends or the run stops."""
+    run = open_run(run_url, storage_options)
+    role = Role(run, f"explorer-{explorer_id}", on_step)
+    with role.running():
+        explorer = Explorer(run, explorer_id, role.stop)
+        try:
+            loop = _rendezvous_explorer if run.cfg.synchronizer.mode in RENDEZVOUS_MODES else _decoupled_explorer
+            loop(run, explorer, role)
+        finally:
+            explorer.close()
+    return role.result()
+
+
+def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None) -> RoleResult:
+    """The trainer of the run at `run_url`, until `trainer.total_steps` or the run stops."""
+    run = open_run(run_url, storage_options)
+    role = Role(run, "trainer", on_step)
+    with role.running():
+        learner = Learner(run, resume=role.at.resumed, stop=role.stop)
+        try:
+            loop = _rendezvous_trainer if run.cfg.synchronizer.mode in RENDEZVOUS_MODES else _decoupled_trainer
+            loop(run, learner, role)
+            learner.finish()
+        finally:
+            learner.close()
+        if learner.version >= run.cfg.trainer.total_steps:
+            role.stop.request_stop("finished", f"trainer reached version {learner.version}")  # decoupled explorers end
+    return role.result()
+
+
+def _plan(run: RunContext, at: ResumePoint) -> dict[int, int]:
+    s = run.cfg.synchronizer
+    return resumed_rendezvous_syncs(run.cfg.trainer.total_steps, s.sync_interval, s.sync_offset, at.trainer_version, at.first_steps[0])
+
+
+def _rendezvous_explorer(run: RunContext, explorer: Explorer, role: Role) -> None:
+    at, total, stop = role.at, run.cfg.trainer.total_steps, role.stop
+    syncs, first = _plan(run, at), at.first_steps[0]
+    if at.resumed and first <= total:
+        explorer.receive(at.trainer_version, stop)  # catch up to the restored trainer
+    for e in range(first, total + 1):
+        if stop.is_set():
+            break
+        role.record(e, explorer.step(e))
+        if e in syncs:
+            explorer.receive(syncs[e], stop)
+
+
+def _decoupled_explorer(run: RunContext, explorer: Explorer, role: Role) -> None:
+    e, stop = role.at.first_steps[explorer.explorer_id], role.stop
+    while True:
+        explorer.pick_up_newest(stop)  # also after stop: a broadcast in flight needs every explorer
+        if stop.is_set():
+            break
+        role.record(e, explorer.step(e))
+        e += 1
+
+
+def _rendezvous_trainer(run: RunContext, learner: Learner, role: Role) -> None:
+    cfg, at, stop = run.cfg, role.at, role.stop
+    sends = set(_plan(run, at).values())
+    if at.resumed and at.first_steps[0] <= cfg.trainer.total_steps:
+        learner.publish(learner.version, stop)
+    while learner.version < cfg.trainer.total_steps and not stop.is_set():
+        role.record(learner.version + 1, {**learner.step(stop), "resumed_from": at.trainer_version})
+        if learner.version in sends:
+            learner.publish(learner.version, stop)
+        _save_due(learner, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
+
+
+def _decoupled_trainer(run: RunContext, learner: Learner, role: Role) -> None:
+    cfg, at, stop = run.cfg, role.at, role.stop
+    if at.resumed:  # explorers restart from the base model: offer them the restored weights
+        learner.publish(learner.version, stop, wait_for_explorers=False)
+    while learner.version < cfg.trainer.total_steps and not stop.is_set():
+        role.record(learner.version + 1, {**learner.step(stop), "resumed_from": at.trainer_version})
+        if decoupled_publish(learner.version, cfg.synchronizer.sync_interval):
+            learner.publish(learner.version, stop, wait_for_explorers=False)
+        _save_due(learner, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
+
+
+def _save_due(learner: Learner, interval: int, total: int) -> None:
+    """After a trainer step: resumable state every `interval` steps and at the end, and the
+    trained model (`<run>/model/`) once the last step is done."""
+    t = learner.version
+    if t % interval == 0 or t == total:
+        learner.save_state()
+    if t == total:
+        learner.save_model()

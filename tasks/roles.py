@@ -1,0 +1,24 @@
+"""Prefect tasks that run a role inside the mode's flow run (placement `local`): same entry points,
+same handles, as the role flows of placement `deployments` (flows/roles.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from rl_engine import roles
+from tasks.report import log_step
+
+
+@task(cache_policy=NO_CACHE, task_run_name="explorer-{explorer_id}")
+def explorer_task(run_url: str, explorer_id: int, storage_options: dict[str, Any] | None = None) -> int:
+    """Explorer `explorer_id` of the run, in a thread of this flow run; returns its step count."""
+    return len(roles.explorer_role(run_url, explorer_id, storage_options, on_step=log_step).metrics)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="trainer")
+def trainer_task(run_url: str, storage_options: dict[str, Any] | None = None) -> int:
+    """The trainer of the run, in a thread of this flow run; returns its step count."""
+    return len(roles.trainer_role(run_url, storage_options, on_step=log_step).metrics)
