@@ -340,7 +340,7 @@ class MonitorConfig(_Model):
 class RFTConfig(_Model):
     """A whole RFT run."""
 
-    name: str | None = Field(default=None, description="Run name (directory under buffer.storage.url); null resolves to `<mode>-<UTC timestamp>`.", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
+    name: str | None = Field(default=None, description="Run name (directory under buffer.storage.url); null resolves to `<mode>-<UTC timestamp>-<6 random hex digits>`.", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
     seed: int = Field(default=42, ge=0, description="Seed of sampling, task order and trainer.")
     model: ModelConfig = Field(description="The policy model.")
     taskset: TasksetConfig = Field(description="Tasks and reward.")
@@ -396,7 +396,8 @@ class RFTConfig(_Model):
         out = self.model_copy(deep=True)
         if out.name is None:
             stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
-            out.name = f"{out.synchronizer.mode}-{stamp}"
+            # The random tail keeps runs started in the same second (schedules, several users) apart.
+            out.name = f"{out.synchronizer.mode}-{stamp}-{os.urandom(3).hex()}"
         if out.trainer.train_batch_size is None:
             out.trainer.train_batch_size = out.explorer.batch_size * out.algorithm.repeat_times
         if out.model.tokenizer_path is None:

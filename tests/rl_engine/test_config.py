@@ -44,6 +44,7 @@ def test_minimal_config_gets_defaults_and_resolves(tiny_model_dir):
     r = cfg.resolved()
     assert r.trainer.train_batch_size == cfg.explorer.batch_size * cfg.algorithm.repeat_times
     assert r.name.startswith("synchronous-") and r.run_url == f"runs/{r.name}"
+    assert cfg.resolved().name != r.name  # two runs started in the same second never share a directory
     assert r.model.tokenizer_path == tiny_model_dir
     # Resolve works on a copy: validators never rewrite, the input stays as given.
     assert cfg.name is None
