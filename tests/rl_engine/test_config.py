@@ -83,6 +83,9 @@ def test_no_field_without_description():
 
 # (overrides on a valid base, substrings the message must contain)
 BAD = [
+    ({"placement": {"type": "kubernetes"}}, ["placement", "'kubernetes'", "local", "deployments"]),
+    ({"placement": {"type": "deployments", "job_variables": {"explorer0": {}}}}, ["placement.deployments.job_variables", "explorer0", "explorer-<i>"]),
+    ({"placement": {"type": "local", "heartbeat_timeout_s": 0}}, ["placement.local.heartbeat_timeout_s", "greater than 0"]),
     ({"synchronizer": {"sync_offset": -1}}, ["synchronizer.sync_offset", "-1", "greater than or equal to 0"]),
     ({"synchronizer": {"sync_interval": 0}}, ["synchronizer.sync_interval", "0", "greater than or equal to 1"]),
     ({"synchronizer": {"mode": "multi_explorer"}}, ["explorer.count = 1", "multi_explorer", "explorer.count >= 2"]),
