@@ -1,0 +1,181 @@
+"""The documented Prefect operations against a real `prefect server start` and a real process worker.
+
+What a README user types, from the repo root: create the pool, start a worker, `prefect deploy --all`,
+`prefect deployment run 'synchronous/synchronous' --param cfg=...`; and the server's scheduler
+creating runs from a schedule (it does not with SQLAlchemy 2.1; ephemeral servers never run it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.flows.conftest import small_config
+from tests.prefect_live import CREATE_POOL, DEPLOY_ALL, REPO, LiveServer, ensure_process_pool, flow_run_id_from_cli, kill_process_group, log_tail, wait_flow_run
+
+pytestmark = pytest.mark.slow
+
+SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
+
+
+@pytest.fixture(scope="module")
+def rft_worker(prefect_live, prefect_worker):
+    """The README's pool (`prefect work-pool create rft-cpu --type process`) and a worker polling it."""
+    if prefect_live.api("GET", "/work_pools/rft-cpu", ok=(200, 404)).get("name") != "rft-cpu":
+        prefect_live.cli(*CREATE_POOL, timeout=60)
+    return prefect_worker("rft-cpu")
+
+
+@pytest.fixture(scope="module")
+def deployed(prefect_live: LiveServer, rft_worker) -> dict[str, dict]:
+    """`prefect deploy --all` from the repo root; {'flow-name/deployment-name': deployment}."""
+    prefect_live.cli(*DEPLOY_ALL, cwd=REPO, timeout=300)
+    rows = prefect_live.api("POST", "/deployments/filter", json={})
+    flows = {f["id"]: f["name"] for f in prefect_live.api("POST", "/flows/filter", json={})}
+    return {f"{flows[d['flow_id']]}/{d['name']}": d for d in rows}
+
+
+@pytest.fixture(scope="module")
+def task_file(tmp_path_factory) -> str:
+    from rl_engine.rewards import write_arithmetic_taskset
+
+    path = tmp_path_factory.mktemp("data") / "arith.jsonl"
+    write_arithmetic_taskset(str(path), n=200, seed=3)
+    return str(path)
+
+
+@pytest.mark.timeout(180)
+def test_work_pool_create_and_worker_start(prefect_live, rft_worker):
+    """The Prefect CLI's pool and worker commands work with the pinned set (importlib_metadata)."""
+    pool = prefect_live.api("GET", "/work_pools/rft-cpu")
+    assert pool["type"] == "process"
+    assert rft_worker.workers_online(), rft_worker.log_tail()
+    assert f"Worker '{rft_worker.name}' started!" in rft_worker.log_tail(400)
+    deadline = time.monotonic() + 30
+    while prefect_live.api("GET", "/work_pools/rft-cpu")["status"] != "READY":
+        assert time.monotonic() < deadline, f"pool never READY\n{rft_worker.log_tail()}"
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(420)
+def test_deploy_all_from_repo_root(deployed):
+    """Every deployment of prefect.yaml exists, on rft-cpu, with its `cfg`, and nothing machine-specific."""
+    assert set(deployed) >= {
+        "synchronous/synchronous",
+        "one-step-off-policy/one-step-off-policy-nightly",
+        "fully-async/fully-async",
+        "multi-explorer/multi-explorer",
+        "rft-explorer/default",
+        "rft-trainer/default",
+    }
+    by_entry = {d["entrypoint"]: d for d in SPEC["deployments"]}
+    for name, dep in deployed.items():
+        if dep["entrypoint"] not in by_entry:
+            continue  # another test's deployment on a shared server
+        spec = by_entry[dep["entrypoint"]]
+        assert dep["work_pool_name"] == "rft-cpu", name
+        assert dep["pull_steps"] == SPEC["pull"], name
+        assert str(REPO) not in json.dumps(dep["pull_steps"]) and dep["path"] in (None, ""), name
+        if "cfg" in (spec.get("parameters") or {}):
+            assert dep["parameters"]["cfg"] == spec["parameters"]["cfg"], name
+            assert "cfg" in dep["parameter_openapi_schema"]["required"], name
+            assert dep["enforce_parameter_schema"], name
+    for role, params in {"rft-explorer/default": {"run_url", "explorer_id"}, "rft-trainer/default": {"run_url"}}.items():
+        schema = deployed[role]["parameter_openapi_schema"]
+        assert params <= set(schema["properties"]) and schema["required"] == ["run_url"], (role, schema)
+    nightly = deployed["one-step-off-policy/one-step-off-policy-nightly"]
+    assert [s["active"] for s in nightly["schedules"]] == [False]
+    assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]
+
+
+TICK_FLOW = '''
+from prefect import flow
+
+
+@flow(name="rft-test-tick")
+def tick() -> int:
+    return 1
+'''
+
+
+@pytest.mark.timeout(240)
+def test_schedule_creates_runs(prefect_live, deployed, tmp_path):
+    """The server's scheduler turns an interval schedule into scheduled flow runs; an inactive one into none."""
+    (tmp_path / "tick.py").write_text(TICK_FLOW)
+    ensure_process_pool(prefect_live, "rft-test-schedules")  # no worker: the runs stay scheduled
+    prefect_live.cli("deploy", "./tick.py:tick", "--name", "every-2s", "--pool", "rft-test-schedules", "--interval", "2", cwd=tmp_path, timeout=120)
+    dep = prefect_live.deployment("rft-test-tick/every-2s")
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            runs = prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}, "limit": 20})
+            scheduled = [r for r in runs if r["auto_scheduled"] and r["state_type"] == "SCHEDULED"]
+            if len(scheduled) >= 3:
+                break
+            assert time.monotonic() < deadline, f"the scheduler made {len(runs)} runs in 90 s\n{prefect_live.log_tail()}"
+            time.sleep(1)
+        starts = sorted(r["expected_start_time"] for r in scheduled)
+        assert len(set(starts)) == len(starts)
+        nightly = deployed["one-step-off-policy/one-step-off-policy-nightly"]
+        assert prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [nightly["id"]]}}}) == []
+    finally:
+        prefect_live.api("DELETE", f"/deployments/{dep['id']}")
+
+
+@pytest.mark.timeout(600)
+def test_synchronous_deployment_runs_on_the_worker(prefect_live, deployed, rft_worker, tiny_model_dir, task_file, tmp_path):
+    """`prefect deployment run 'synchronous/synchronous' --param cfg=...` trains to Completed on the process worker."""
+    storage = tmp_path / "runs"
+    cfg = small_config(tiny_model_dir, task_file, str(storage), mode="synchronous", total_steps=3)
+    t0 = time.monotonic()
+    out = prefect_live.cli("deployment", "run", "synchronous/synchronous", "--param", f"cfg={json.dumps(cfg)}", timeout=60)
+    run_id = flow_run_id_from_cli(out.stdout)
+    state = wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=480, worker=rft_worker)
+    elapsed = time.monotonic() - t0
+    run = prefect_live.flow_run(run_id)
+    print(f"synchronous deployment run: {elapsed:.1f} s from `prefect deployment run` to Completed (flow run {run['total_run_time']:.1f} s)")
+    assert state["type"] == "COMPLETED"
+    configs = list(storage.glob("*/config.yaml"))
+    assert len(configs) == 1, list(storage.iterdir()) if storage.exists() else "no storage dir"
+    stored = yaml.safe_load(configs[0].read_text())
+    assert stored["synchronizer"]["mode"] == "synchronous" and stored["trainer"]["total_steps"] == 3
+    assert Path(stored["model"]["path"]) == Path(tiny_model_dir)
+
+
+@pytest.mark.timeout(180)
+def test_serve_registers_mode_and_roles(prefect_live, tiny_model_dir, tmp_path):
+    """`python -m deployments.serve CONFIG --name served` serves the mode's flow and both roles."""
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg = yaml.safe_load((REPO / "configs" / "synchronous.yaml").read_text())
+    cfg["model"]["path"] = tiny_model_dir
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deployments.serve", str(cfg_path), "--name", "served"],
+            cwd=REPO, env=prefect_live.env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    try:
+        want = {"synchronous/served", "rft-explorer/served", "rft-trainer/served"}
+        deadline = time.monotonic() + 120
+        while True:
+            found = {n for n in want if prefect_live.api("GET", f"/deployments/name/{n}", ok=(200, 404)).get("name") == "served"}
+            if found == want:
+                break
+            assert proc.poll() is None, f"serve exited {proc.returncode}\n{log_tail(log)}"
+            assert time.monotonic() < deadline, f"served only {sorted(found)} in 120 s\n{log_tail(log)}"
+            time.sleep(1)
+        served = prefect_live.deployment("synchronous/served")
+        assert served["parameters"]["cfg"]["model"]["path"] == tiny_model_dir and served["work_pool_name"] is None
+    finally:
+        kill_process_group(proc)
+        for name in ("synchronous/served", "rft-explorer/served", "rft-trainer/served"):
+            dep = prefect_live.api("GET", f"/deployments/name/{name}", ok=(200, 404))
+            if dep.get("id"):
+                prefect_live.api("DELETE", f"/deployments/{dep['id']}")

@@ -1,0 +1,20 @@
+"""deployments/serve.py: the config's mode flow with its `cfg`, plus the two role flows."""
+
+from __future__ import annotations
+
+import pytest
+
+from deployments.serve import build_deployments
+from rl_engine.config import load_config
+from tests.prefect_live import REPO
+
+
+@pytest.mark.parametrize("mode", ["synchronous", "one_step_off_policy", "fully_async", "multi_explorer"])
+def test_build_deployments(mode, tiny_model_dir):
+    cfg = load_config(REPO / "configs" / f"{mode}.yaml", [f"model.path={tiny_model_dir}"])
+    deps = build_deployments(cfg, "default", cron="0 3 * * *")
+    assert [d.flow_name for d in deps] == [mode.replace("_", "-"), "rft-explorer", "rft-trainer"]
+    assert {d.name for d in deps} == {"default"}
+    assert deps[0].parameters["cfg"]["synchronizer"]["mode"] == mode
+    assert deps[0].schedules and not deps[1].schedules and not deps[2].schedules
+    assert deps[1].parameters == {} and deps[2].parameters == {}
