@@ -17,14 +17,29 @@ defaults) that is exactly what the trainer computes, `log_softmax(logits / tempe
 With top_k / top_p on, it is the truncated, renormalised distribution (tokens outside the
 nucleus have probability 0); a trainer that wants to match must apply the same truncation.
 At temperature 0 (greedy) vLLM returns log_softmax(logits) (temperature 1).
+
+Dead engines: vLLM's synchronous client waits for outputs and utility replies without a
+timeout and is never woken when its EngineCore dies, so a call could wait forever. Here every
+blocking vLLM call runs in a helper thread; the caller waits on it and meanwhile polls the
+engine's processes (EngineCore and workers) every `_POLL_S` s. Once one is gone it fails what is
+pending inside vLLM (so the helper returns too) and raises `EngineDiedError` naming the explorer
+and the process, within `_POLL_S + _WAKE_GRACE_S` s of the death even if vLLM never wakes.
+`close()` never waits for a call in flight. The engine processes also exit by themselves when
+the process that built the engine dies (see `rl_engine.rollout.worker_ext`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import signal
 import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -32,11 +47,17 @@ from typing import Any, Literal, Protocol
 from rl_engine.config import EngineConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
 
+log = logging.getLogger(__name__)
+
 WORKER_EXTENSION = "rl_engine.rollout.worker_ext.RFTWorkerExtension"
 _GIB = 1 << 30
 _CPU_TOKEN_BUDGET = 4096  # vLLM's CPU default for max_num_batched_tokens
 # Env changes for one engine start are process-wide: serialise starts from several threads.
 _START_LOCK = threading.Lock()
+_POLL_S = 0.25  # how often a waiting call looks at the engine processes
+_WAKE_GRACE_S = 2.0  # after a death, how long a woken vLLM call gets to fail by itself before the caller gives up on it
+_SHUTDOWN_S = 10.0  # close(): how long vLLM's own shutdown may take before the processes are killed
+_KILL_WAIT_S = 5.0  # close(): how long to wait for killed processes to exit
 
 
 class EngineDiedError(RuntimeError):
@@ -131,18 +152,113 @@ def _cpu_thread_bind(num_threads: int | None, explorer_id: int) -> str | None:
     return ",".join(str(c) for c in cores)
 
 
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "exited"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+class _EngineProcesses:
+    """The processes of one vLLM engine: its EngineCore(s) (multiprocessing children of this
+    process) and their workers (grandchildren, as psutil handles: safe against PID reuse)."""
+
+    def __init__(self, llm: Any):
+        import psutil
+
+        manager = getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
+        self.cores: list[Any] = list(getattr(manager, "processes", None) or [])
+        self.workers: list[tuple[Any, str]] = []  # (psutil.Process, its name at start)
+        for core in self.cores:
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(core.pid).children(recursive=True):
+                    # A resource tracker is bookkeeping, not part of the engine; it exits on its own.
+                    with contextlib.suppress(psutil.Error):
+                        if "resource_tracker" not in " ".join(child.cmdline()):
+                            self.workers.append((child, child.name()))
+
+    def first_dead(self) -> str | None:
+        """'<name> pid <pid> <how>' of the first engine process that is gone, else None."""
+        import psutil
+
+        for core in self.cores:
+            code = core.exitcode
+            if code is not None:
+                return f"{core.name} pid {core.pid} {_describe_exit(code)}"
+        for w, name in self.workers:
+            try:
+                gone = not w.is_running() or w.status() == psutil.STATUS_ZOMBIE  # unreaped counts as gone
+            except psutil.Error:
+                gone = True
+            if gone:
+                return f"{name} pid {w.pid} exited"
+        return None
+
+    def kill(self, timeout: float) -> None:
+        """SIGKILL every engine process still running and wait up to `timeout` s for them to exit."""
+        import psutil
+
+        for core in self.cores:
+            with contextlib.suppress(Exception):
+                if core.exitcode is None:
+                    core.kill()
+        for w, _ in self.workers:
+            with contextlib.suppress(psutil.Error):
+                w.kill()
+        deadline = time.monotonic() + timeout
+        for core in self.cores:
+            with contextlib.suppress(Exception):
+                core.join(max(0.0, deadline - time.monotonic()))
+        with contextlib.suppress(Exception):
+            psutil.wait_procs([w for w, _ in self.workers], timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _wake_pending_calls(client: Any) -> None:
+    """Fail every call blocked inside vLLM's synchronous client (SyncMPClient, vLLM 0.32).
+
+    vLLM's own monitor marks a dead EngineCore but leaves `generate` blocked on
+    `outputs_queue.get()` and utility calls (`collective_rpc`, `reset_prefix_cache`) on futures
+    nobody completes (and it does not watch the workers at all).
+    Internals, hence every step guarded: the caller's bounded wait (`_call`) is the backstop.
+    """
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    resources = getattr(client, "resources", None)
+    if resources is not None:
+        resources.engine_dead = True  # set first: a call that sends after this fails in ensure_alive()
+    outputs = getattr(client, "outputs_queue", None)
+    if outputs is not None:
+        with contextlib.suppress(Exception):
+            outputs.put_nowait(EngineDeadError(suppress_context=True))
+    for fut in list((getattr(client, "utility_results", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            if not fut.done():
+                fut.set_exception(EngineDeadError(suppress_context=True))
+
+
 class VLLMRolloutEngine:
-    """A live vLLM `LLM` with the RFT worker extension; thread-safe (one call at a time)."""
+    """A live vLLM `LLM` with the RFT worker extension; thread-safe (one call at a time).
+
+    Every call fails with `EngineDiedError` within about `_POLL_S + _WAKE_GRACE_S` s once an
+    engine process is gone; `close()` returns within `_SHUTDOWN_S + _KILL_WAIT_S` s even while a
+    call is stuck.
+    """
 
     def __init__(self, model_path: str, tokenizer_path: str, dtype: str, max_model_len: int, engine: EngineConfig, seed: int = 0, explorer_id: int = 0):
         from vllm import LLM
         from vllm.platforms import current_platform
 
+        from rl_engine.rollout.worker_ext import OWNER_PID_ENV
+
         self.max_model_len = max_model_len
         self.explorer_id = explorer_id
         self._version = 0
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # one vLLM call at a time
+        self._close_lock = threading.Lock()  # close() only: never waits for a call in flight
         self._closed = False
+        self._dead: str | None = None  # which process died, once the engine is dead
         kwargs: dict[str, Any] = dict(
             model=model_path,
             tokenizer=tokenizer_path,
@@ -154,7 +270,8 @@ class VLLMRolloutEngine:
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
         )
-        env: dict[str, str | None] = {}
+        # The engine processes inherit this and exit when this process is gone (worker_ext).
+        env: dict[str, str | None] = {OWNER_PID_ENV: str(os.getpid())}
         if current_platform.is_cpu():
             # The config field is the one source of the KV cache size: the legacy
             # VLLM_CPU_KVCACHE_SPACE (whole GiB only) would override kv_cache_memory_bytes.
@@ -172,6 +289,8 @@ class VLLMRolloutEngine:
         with _START_LOCK, _engine_env(env):
             self._llm = LLM(**kwargs)
         self._tokenizer = self._llm.get_tokenizer()
+        self._client = self._llm.llm_engine.engine_core
+        self._procs = _EngineProcesses(self._llm)
 
     # ---- properties
 
@@ -232,65 +351,120 @@ class VLLMRolloutEngine:
         with self._lock:
             self._check_alive()
             version = self._version
-            try:
-                outputs = self._llm.generate(inputs, params, use_tqdm=False)
-            except Exception as e:
-                self._raise_if_dead(e)
-                raise
+            outputs = self._call("generate", lambda llm: llm.generate(inputs, params, use_tqdm=False))
         return [[_to_rollout(list(p), c, version) for c in sorted(out.outputs, key=lambda c: c.index)] for p, out in zip(prompts, outputs)]
 
     # ---- weight sync hooks
 
     def rpc(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
-        with self._lock:
-            self._check_alive()
-            try:
-                return self._llm.collective_rpc(method, timeout=timeout, args=args)
-            except Exception as e:
-                self._raise_if_dead(e)
-                raise
+        return self._call(f"rpc {method}", lambda llm: llm.collective_rpc(method, timeout=timeout, args=args))
 
     def mark_synced(self, version: int) -> None:
         with self._lock:
             # Prefix-cache entries hold KV computed with the old weights; drop them. (The sync
             # tests resend the same prompts after a sync, so a stale cache fails them.)
-            if not self._llm.reset_prefix_cache():
+            if not self._call("reset_prefix_cache", lambda llm: llm.reset_prefix_cache()):
                 raise RuntimeError(f"explorer {self.explorer_id}: vLLM refused to reset its prefix cache after loading version {version}")
             self._version = version
 
     # ---- lifecycle
 
+    def _call(self, what: str, fn: Callable[[Any], Any]) -> Any:
+        """`fn(llm)` under the call lock, in a helper thread this thread waits on.
+
+        vLLM's blocking calls have no timeout; this wait ends within `_POLL_S + _WAKE_GRACE_S` s
+        of an engine process dying (or of close()), even if vLLM never wakes the helper (which
+        is then left behind, a daemon blocked on a dead engine).
+        """
+        with self._lock:
+            self._check_alive()
+            llm = self._llm
+            fut: Future[Any] = Future()
+
+            def run() -> None:
+                try:
+                    fut.set_result(fn(llm))
+                except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                    fut.set_exception(e)
+
+            threading.Thread(target=run, daemon=True, name=f"rft-explorer-{self.explorer_id}-{what}").start()
+            gave_up_at: float | None = None
+            while not wait_futures([fut], timeout=_POLL_S).done:
+                if self._dead is None and not self._closed:
+                    dead = self._procs.first_dead()
+                    if dead is None:
+                        continue
+                    self._engine_died(dead)
+                gave_up_at = gave_up_at or time.monotonic()
+                if time.monotonic() - gave_up_at > _WAKE_GRACE_S:
+                    raise self._died_error()
+            try:
+                return fut.result()
+            except Exception as e:
+                self._raise_if_dead(e)
+                # vLLM can report a process death as a plain error first (a worker's RPC
+                # "cancelled", a socket error) before anything marks the engine dead.
+                if self._dead is None and not self._closed:
+                    dead = self._procs.first_dead()
+                    if dead is not None:
+                        self._engine_died(dead)
+                if self._dead is not None or self._closed:
+                    raise self._died_error() from e
+                raise
+
+    def _died_error(self) -> EngineDiedError:
+        dead = getattr(self, "_dead", None)
+        if dead is not None:
+            return EngineDiedError(
+                f"the vLLM engine of explorer {self.explorer_id} died ({dead}: crash, out of memory, or "
+                "killed); see its log above for the cause, then build a new engine"
+            )
+        return EngineDiedError(f"rollout engine of explorer {self.explorer_id} was closed; build a new one")
+
     def _check_alive(self) -> None:
         if self._closed:
-            raise EngineDiedError(f"rollout engine of explorer {self.explorer_id} was closed; build a new one")
-        # vLLM notices a dead EngineCore asynchronously; a call that races its monitor can wait
-        # forever on a reply that never comes, so look at the processes first.
-        manager = getattr(getattr(self._llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
-        for proc in getattr(manager, "processes", None) or []:
-            if proc.exitcode is not None:
-                raise EngineDiedError(
-                    f"the vLLM engine process of explorer {self.explorer_id} died (exit code {proc.exitcode}: crash, "
-                    "out of memory, or killed); see its log above for the cause, then build a new engine"
-                )
+            raise self._died_error()
+        if self._dead is None:
+            # vLLM notices a dead EngineCore asynchronously and never a dead worker: look first.
+            dead = self._procs.first_dead()
+            if dead is not None:
+                self._engine_died(dead)
+        if self._dead is not None:
+            raise self._died_error()
 
-    def _raise_if_dead(self, e: Exception) -> None:
+    def _engine_died(self, which: str) -> None:
+        """Record the death (first cause wins) and fail every call pending inside vLLM."""
+        if self._dead is None:
+            self._dead = which
+            log.warning("explorer %d: vLLM engine process %s; failing its pending calls", self.explorer_id, which)
+        _wake_pending_calls(self._client)
+
+    def _raise_if_dead(self, e: BaseException) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if isinstance(e, EngineDeadError):
-            raise EngineDiedError(
-                f"the vLLM engine process of explorer {self.explorer_id} died (crash, out of memory, or killed); "
-                "see its log above for the cause, then build a new engine"
-            ) from e
+            if getattr(self, "_dead", None) is None and not getattr(self, "_closed", False):
+                self._dead = "its EngineCore reported itself dead"
+            raise self._died_error() from e
 
     def close(self) -> None:
-        """Stop the engine processes; idempotent."""
-        with self._lock:
+        """Stop the engine processes; idempotent, bounded, and never waits for a call in flight.
+
+        A call blocked in this engine (on another thread) fails with EngineDiedError.
+        """
+        with self._close_lock:
             if self._closed:
                 return
             self._closed = True
-            with contextlib.suppress(Exception):
-                self._llm.llm_engine.engine_core.shutdown()
-            del self._llm
+        client = self._client
+        # vLLM's own shutdown (SIGTERM, wait, SIGKILL, close sockets) in a helper thread: on a
+        # wedged client it can block, and close() must return.
+        stopper = threading.Thread(target=lambda: client.shutdown(), daemon=True, name=f"rft-engine-close-{self.explorer_id}")
+        stopper.start()
+        stopper.join(_SHUTDOWN_S)
+        self._procs.kill(_KILL_WAIT_S)  # whatever survived, workers of a dead EngineCore included
+        _wake_pending_calls(client)
+        self._llm = None
 
     def __enter__(self) -> "VLLMRolloutEngine":
         return self

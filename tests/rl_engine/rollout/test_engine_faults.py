@@ -1,0 +1,214 @@
+"""Dead vLLM engines: calls in flight fail within a bound, close() never hangs, no orphans.
+
+Each test kills engine processes on purpose, so each builds its own engine (explorer 7, not
+the session's shared ones) and discards it. Every wait is bounded (thread joins with a timeout):
+a regression fails these tests instead of hanging the suite.
+
+    .venv/bin/python -m pytest tests/rl_engine/rollout/test_engine_faults.py -q -s
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from rl_engine.config import SamplingConfig
+from rl_engine.rollout import engine as engine_mod
+from rl_engine.rollout.engine import EngineDiedError
+from tests.conftest import free_port
+from tests.rl_engine.rollout.engines import discard, shared_engine
+
+EXPLORER = 7
+DEATH_BOUND_S = 30.0  # kill -> EngineDiedError in the caller (measured ~0.3 s; the design bound is ~2.3 s)
+CLOSE_BOUND_S = 30.0  # close() with a call stuck on a dead engine (measured ~1 s)
+ORPHAN_BOUND_S = 15.0  # owner SIGKILLed -> its engine processes gone (measured ~0.6 s)
+REPO = Path(__file__).resolve().parents[3]
+
+# ~250k tokens to sample: tens of seconds on 2 cores, so a kill 1 s in lands mid-generate.
+BIG_BATCH = [[3 + (i * 7 + j) % 250 for j in range(10)] for i in range(256)]
+BIG_SAMPLING = SamplingConfig(max_tokens=100)
+
+
+class _Call:
+    """One call on its own thread: the test joins it with a timeout and never hangs on it."""
+
+    def __init__(self, fn: Callable[[], Any], name: str):
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.ended_at: float | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name=name)
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as e:  # noqa: BLE001 - inspected by the test
+            self.error = e
+        finally:
+            self.ended_at = time.monotonic()
+
+    def join(self, timeout: float) -> bool:
+        """True if the call ended within `timeout` s."""
+        self.thread.join(timeout)
+        return not self.thread.is_alive()
+
+
+@pytest.fixture
+def doomed_engine(tiny_model_dir):
+    """A fresh engine for a test that kills it; closed and forgotten afterwards."""
+    discard(EXPLORER)
+    eng = shared_engine(tiny_model_dir, EXPLORER)
+    try:
+        yield eng
+    finally:
+        t0 = time.monotonic()
+        discard(EXPLORER)
+        assert time.monotonic() - t0 < CLOSE_BOUND_S
+
+
+def _core(eng) -> Any:
+    return eng.llm.llm_engine.engine_core.resources.engine_manager.processes[0]
+
+
+def _in_flight(eng, what: str) -> _Call:
+    call = _Call(lambda: eng.generate(BIG_BATCH, 8, BIG_SAMPLING, seed=0), name=f"test-{what}")
+    time.sleep(1.0)
+    assert call.thread.is_alive(), f"the {what} ended before the kill ({call.error!r}); give it more work"
+    return call
+
+
+def _alive(p: psutil.Process) -> bool:
+    """Still running; a zombie its (new) parent has not reaped yet holds no memory and counts as gone."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.slow
+def test_engine_core_killed_during_generate_fails_it(doomed_engine):
+    eng = doomed_engine
+    call = _in_flight(eng, "generate")
+    core = _core(eng)
+    killed_at = time.monotonic()
+    os.kill(core.pid, signal.SIGKILL)
+    assert call.join(DEATH_BOUND_S), f"generate still blocked {DEATH_BOUND_S} s after its EngineCore was killed"
+    took = call.ended_at - killed_at
+    print(f"EngineCore SIGKILLed mid-generate -> EngineDiedError after {took:.2f} s")
+    assert isinstance(call.error, EngineDiedError), repr(call.error)
+    msg = str(call.error)
+    assert f"explorer {EXPLORER} died" in msg and f"pid {core.pid}" in msg and "SIGKILL" in msg, msg
+    # The helper thread that ran vLLM's generate was woken too (nothing left behind).
+    deadline = time.monotonic() + 5
+    while [t for t in threading.enumerate() if t.name.startswith(f"rft-explorer-{EXPLORER}-")] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t for t in threading.enumerate() if t.name.startswith(f"rft-explorer-{EXPLORER}-")]
+    # Every later call fails at once, and close() is quick.
+    for later in (lambda: eng.rpc("rft_version", timeout=10), lambda: eng.generate([[5, 6]], 1, BIG_SAMPLING, seed=0)):
+        after = _Call(later, name="test-after-death")
+        assert after.join(DEATH_BOUND_S)
+        assert isinstance(after.error, EngineDiedError) and f"explorer {EXPLORER} died" in str(after.error), repr(after.error)
+
+
+@pytest.mark.slow
+def test_worker_killed_during_collective_rpc_fails_it(doomed_engine):
+    """A group join that waits for a trainer that never comes; its vLLM worker is killed meanwhile."""
+    eng = doomed_engine
+    join = _Call(lambda: eng.rpc("rft_join_group", "127.0.0.1", free_port(), 1, 2, "gloo", 300.0), name="test-join")
+    time.sleep(2.0)
+    assert join.thread.is_alive(), f"the group join ended without its trainer: {join.error!r}"
+    workers = [c for c in psutil.Process(_core(eng).pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
+    assert len(workers) == 1, workers
+    killed_at = time.monotonic()
+    workers[0].kill()
+    assert join.join(DEATH_BOUND_S), f"collective_rpc still blocked {DEATH_BOUND_S} s after its worker was killed"
+    print(f"worker SIGKILLed mid-collective_rpc -> EngineDiedError after {join.ended_at - killed_at:.2f} s")
+    assert isinstance(join.error, EngineDiedError), repr(join.error)
+    assert f"explorer {EXPLORER} died" in str(join.error), str(join.error)
+
+
+@pytest.mark.slow
+def test_close_returns_while_a_call_is_stuck_on_a_dead_engine(doomed_engine, monkeypatch):
+    """The hang of issue 13: close() waited for a generate stuck on a SIGKILLed EngineCore.
+
+    Waking vLLM's pending calls is switched off here, so vLLM's generate really stays blocked
+    on the dead engine: both close() and the caller must still return within their bounds.
+    """
+    eng = doomed_engine
+    client = eng.llm.llm_engine.engine_core
+    wake = engine_mod._wake_pending_calls
+    monkeypatch.setattr(engine_mod, "_wake_pending_calls", lambda client: None)
+    try:
+        call = _in_flight(eng, "generate")
+        os.kill(_core(eng).pid, signal.SIGKILL)
+        closer = _Call(eng.close, name="test-close")  # at once: the generate still holds the call lock
+        started = time.monotonic()
+        assert closer.join(CLOSE_BOUND_S), f"close() still blocked after {CLOSE_BOUND_S} s"
+        print(f"close() with a generate stuck on a dead EngineCore returned after {closer.ended_at - started:.2f} s")
+        assert closer.error is None, repr(closer.error)
+        assert call.join(DEATH_BOUND_S), f"generate still blocked {DEATH_BOUND_S} s after close()"
+        assert isinstance(call.error, EngineDiedError) and f"explorer {EXPLORER}" in str(call.error), repr(call.error)
+        stuck = [t for t in threading.enumerate() if t.name == f"rft-explorer-{EXPLORER}-generate"]
+        assert stuck, "vLLM's generate was not stuck after all: this test proves nothing"
+    finally:
+        monkeypatch.undo()
+        wake(client)  # release the helper thread left blocked in vLLM
+
+
+_OWNER = """
+import sys, time
+from rl_engine.rollout.engine import build_rollout_engine
+from tests.rl_engine.rollout.engines import make_config
+
+if __name__ == "__main__":
+    engine = build_rollout_engine(make_config(sys.argv[1]), explorer_id=0)
+    print("READY", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_engine_processes_exit_when_their_owner_is_killed(tiny_model_dir, tmp_path):
+    log = tmp_path / "owner.log"
+    with open(log, "w") as err:
+        owner = subprocess.Popen(
+            [sys.executable, "-c", _OWNER, tiny_model_dir], cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in owner.stdout], daemon=True).start()
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                if "READY" in lines.get(timeout=max(0.1, deadline - time.monotonic())):
+                    break
+            except queue.Empty:
+                pytest.fail(f"the owner did not start its engine within 240 s (exit code {owner.poll()}):\n{log.read_text()[-3000:]}")
+        children = psutil.Process(owner.pid).children(recursive=True)
+        names = sorted(c.name() for c in children)
+        assert any("EngineCore" in n for n in names) and any("Worker" in n for n in names), names
+        killed_at = time.monotonic()
+        owner.kill()
+        owner.wait(timeout=30)
+        while any(_alive(c) for c in children) and time.monotonic() - killed_at < ORPHAN_BOUND_S:
+            time.sleep(0.05)
+        survivors = [(c.pid, c.name()) for c in children if _alive(c)]
+        print(f"owner SIGKILLed -> its {len(children)} processes {names} gone after {time.monotonic() - killed_at:.2f} s")
+        assert not survivors, f"still running {ORPHAN_BOUND_S} s after their owner was killed: {survivors}\n{log.read_text()[-3000:]}"
+    finally:
+        owner.kill()
+        for c in children:
+            if _alive(c):
+                c.kill()
