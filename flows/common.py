@@ -7,6 +7,7 @@ The schedule itself lives in the roles (rl_engine/roles.py); a mode's flow only 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from typing import Any, Iterator
 
@@ -67,7 +68,8 @@ def watch_cancellation(run: RunContext, poll_s: float = 1.0) -> Iterator[Cancel]
                     request_stop(board, "cancelled", "the flow run was cancelled", by="flow")
                     return
 
-    watcher = threading.Thread(target=watch, name="cancel-watch", daemon=True)
+    # In the flow's context: its settings (API URL) are context variables, which threads do not inherit.
+    watcher = threading.Thread(target=contextvars.copy_context().run, args=(watch,), name="cancel-watch", daemon=True)
     watcher.start()
     try:
         yield cancel

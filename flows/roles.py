@@ -25,13 +25,13 @@ def _outcome(role: str, run_url: str, result: roles.RoleResult) -> Any:
     return {"role": role, "run": run_url, "steps": len(result.metrics)}
 
 
-@flow(name="rft-explorer", flow_run_name="{run_url}: explorer-{explorer_id}", log_prints=True)
+@flow(name="rft-explorer", log_prints=True)
 def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None) -> Any:
     """Explorer `explorer_id` of the run at `run_url` (started by the run's mode flow)."""
     return _outcome(f"explorer-{explorer_id}", run_url, roles.explorer_role(run_url, explorer_id, storage_options, on_step=log_step))
 
 
-@flow(name="rft-trainer", flow_run_name="{run_url}: trainer", log_prints=True)
+@flow(name="rft-trainer", log_prints=True)
 def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None) -> Any:
     """The trainer of the run at `run_url` (started by the run's mode flow)."""
     return _outcome("trainer", run_url, roles.trainer_role(run_url, storage_options, on_step=log_step))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from rl_engine.control import Board
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from tests.conftest import free_port
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff
@@ -20,7 +21,7 @@ CHANGED = 1e-2  # a real weight change moves logprobs by far more than this
 
 
 @pytest.mark.slow
-def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2):
+def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2, tmp_path):
     cfg = make_config(
         tiny_model_dir,
         explorer={"count": 2, "engine": {"kv_cache_space_gib": 0.25}},
@@ -33,14 +34,15 @@ def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2):
         assert e.version == 0
         assert max_logprob_diff(original, rollouts(e), 1.0) < LOGPROB_TOL
 
-    sender = build_weight_sender(cfg)
-    receivers = [build_weight_receiver(cfg, explorer_id=x) for x in (0, 1)]
+    board = Board(str(tmp_path))
+    sender = build_weight_sender(cfg, board)
+    receivers = [build_weight_receiver(cfg, board, explorer_id=x) for x in (0, 1)]
     # Group formation: trainer and both explorers join concurrently from their own threads.
     run_concurrently(sender.connect, *[lambda r=r, e=e: r.connect(e) for r, e in zip(receivers, engines)])
     try:
         got = run_concurrently(
-            lambda: sender.send(named_weights(trained), version=1),
-            *[lambda r=r, e=e: r.receive(e) for r, e in zip(receivers, engines)],
+            lambda: (sender.prepare(1), sender.send(named_weights(trained), version=1)),
+            *[lambda r=r, e=e: (r.prepare(1), r.receive(e))[1] for r, e in zip(receivers, engines)],
         )
         assert got[1:] == [1, 1]
         assert sender.last.version == 1 and sender.last.bytes > 0
@@ -56,7 +58,7 @@ def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2):
         # A second sync on the same group restores the original weights (and leaves the shared
         # engines as the other tests expect them: version 0, original weights).
         got = run_concurrently(
-            lambda: sender.send(named_weights(original), version=0),
+            lambda: sender.send(named_weights(original), version=0),  # no handshake needed: both receivers are in receive()
             *[lambda r=r, e=e: r.receive(e, version=0) for r, e in zip(receivers, engines)],
         )
         assert got[1:] == [0, 0]

@@ -1,0 +1,203 @@
+"""Placement `deployments`: every role its own flow run, in its own OS process, on a real process worker.
+
+A real `prefect server start` on loopback and a real `prefect worker start` (tests/prefect_live.py);
+the role deployments are deployed with the README's `prefect deploy --all`. The mode's flow runs
+in this test process against that server and starts the roles with `run_deployment`. What is
+asserted comes from the run's storage (versions in the buffer, role markers on the board) and
+from the server (flow-run states), never from in-memory state.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from flows.run import run_config
+from rl_engine.config import validate_config
+from rl_engine.learner import latest_state_step
+from rl_engine.run import last_committed_steps, open_run
+from rl_engine.schedule import rendezvous_version
+from tests.flows.conftest import small_config
+from tests.flows.test_modes import stored_experiences, versions_by_step
+from tests.prefect_live import DEPLOY_ALL
+
+pytestmark = pytest.mark.slow
+
+HEARTBEAT_TIMEOUT_S = 10.0
+
+
+@pytest.fixture(scope="module")
+def live(prefect_live, prefect_worker):
+    """The live server with the role deployments deployed and a worker on their pool; while a
+    test uses it, in-process flows (the mode's flow) talk to it instead of the ephemeral server."""
+    prefect_worker("rft-cpu")  # creates the pool first, as the README's first command does
+    prefect_live.cli(*DEPLOY_ALL, timeout=300)
+    return prefect_live
+
+
+@pytest.fixture
+def on_live_server(live):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: live.api_url}):
+        yield live
+
+
+def deployments_config(model: str, tasks: str, root: Path, **sync) -> dict:
+    data = small_config(model, tasks, str(root), **sync)
+    data["synchronizer"]["collective"].pop("port")  # the trainer picks a free one and publishes it
+    data["placement"] = {"type": "deployments", "heartbeat_s": 1.0, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S, "start_timeout_s": 300}
+    return data
+
+
+def role_markers(run_url: str) -> dict[str, dict]:
+    return {p.stem.removeprefix("role-"): json.loads(p.read_text()) for p in Path(run_url, "control").glob("role-*.json")}
+
+
+def child_runs(live, run_name: str) -> dict[str, dict]:
+    """{role: its flow run} on the server, found by the names the mode's flow gave them."""
+    rows = live.api("POST", "/flow_runs/filter", json={"flow_runs": {"name": {"like_": f"{run_name}-"}}, "limit": 50})
+    return {r["name"].removeprefix(f"{run_name}-"): r for r in rows}
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    p = psutil.Process(pid)
+    return [p, *p.children(recursive=True)]
+
+
+def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 30.0) -> None:
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    assert not alive, f"processes of the run left behind: {[(p.pid, p.name()) for p in alive]}"
+
+
+@pytest.mark.parametrize(
+    "mode,method",
+    [("synchronous", "collective"), ("one_step_off_policy", "checkpoint"), ("fully_async", "checkpoint"), ("multi_explorer", "collective")],
+)
+def test_every_role_in_its_own_process(mode, method, on_live_server, tiny_model_dir, task_file, tmp_path):
+    extra = {"one_step_off_policy": {"sync_offset": 1}, "multi_explorer": {"count": 2, "max_staleness": 3}}.get(mode, {})
+    total, k = 4, 2 if mode in ("fully_async", "multi_explorer") else 1
+    cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, mode=mode, sync_method=method, sync_interval=k, total_steps=total, **extra))
+    summary = run_config(cfg)
+    assert summary["final_version"] == total
+
+    # Every role ran to its end in an OS process of its own, none of them this (the mode's flow's) process.
+    markers = role_markers(summary["run"])
+    assert set(markers) == {"trainer"} | {f"explorer-{i}" for i in range(cfg.explorer.count)}
+    pids = {m["pid"] for m in markers.values()}
+    assert len(pids) == len(markers) and os.getpid() not in pids, markers
+    assert {m["state"] for m in markers.values()} == {"done"}
+    # ... as flow runs of their deployments, completed, that the UI shows under the run's name.
+    children = child_runs(on_live_server, summary["run"].rsplit("/", 1)[-1])
+    assert set(children) == set(markers) and {c["state_type"] for c in children.values()} == {"COMPLETED"}
+
+    # The schedule holds across processes, read from the stored versions alone.
+    by_step = versions_by_step(stored_experiences(summary["run"]))
+    if mode in ("synchronous", "one_step_off_policy"):
+        m = extra.get("sync_offset", 0)
+        assert sorted(by_step) == [(0, e) for e in range(1, total + 1)]
+        for (_, e), versions in by_step.items():
+            assert versions == {rendezvous_version(e, k, m)}, f"step {e}: {versions}"
+        assert summary["max_staleness_seen"] <= k - 1 + m
+    else:
+        used = {v for vs in by_step.values() for v in vs}
+        assert used <= {0, 2, 4} and {i for i, _ in by_step} == set(range(cfg.explorer.count))
+
+
+def _run_in_thread(cfg, resume=None) -> tuple[threading.Thread, list]:
+    out: list = []
+
+    def target():
+        try:
+            out.append(run_config(cfg, resume=resume))
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            out.append(e)
+
+    t = threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True)  # keeps the live server's settings
+    t.start()
+    return t, out
+
+
+def _wait_trainer_version(run_dir: Path, version: int, timeout_s: float = 300) -> None:
+    marker = run_dir / "control" / "trainer.json"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if marker.exists() and json.loads(marker.read_text())["version"] >= version:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the trainer did not reach version {version} within {timeout_s:.0f} s")
+
+
+def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server, tiny_model_dir, task_file, tmp_path):
+    total = 30
+    cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, name="kill-me", mode="one_step_off_policy", sync_offset=1, total_steps=total))
+    run_dir = tmp_path / "kill-me"
+    thread, out = _run_in_thread(cfg)
+    _wait_trainer_version(run_dir, 3)
+    explorer = role_markers(str(run_dir))["explorer-0"]
+    trainer = role_markers(str(run_dir))["trainer"]
+    doomed = process_tree(explorer["pid"])  # the role's process, its vLLM engine core and worker
+    assert len(doomed) >= 2, "the explorer's engine runs in processes of its own"
+    doomed[0].kill()  # SIGKILL: no word on the board from the explorer
+    killed_at = time.monotonic()
+    thread.join(HEARTBEAT_TIMEOUT_S + 60)
+    assert not thread.is_alive(), "the run did not notice the dead explorer"
+    took = time.monotonic() - killed_at
+    [error] = out
+    assert isinstance(error, Exception) and "explorer-0" in str(error), error
+    assert took < HEARTBEAT_TIMEOUT_S + 30, f"noticed after {took:.0f} s"
+    # The trainer stopped too (the run's stop request names the dead explorer), and nothing of the explorer survives.
+    stop = json.loads((run_dir / "control" / "stop.json").read_text())
+    assert stop["kind"] == "failed" and "explorer-0" in stop["reason"]
+    assert_all_gone(doomed[1:])
+    assert_all_gone([psutil.Process(trainer["pid"])] if psutil.pid_exists(trainer["pid"]) else [])
+
+    run = open_run(str(run_dir))
+    saved, committed = latest_state_step(run), last_committed_steps(run)[0]
+    before = {r["experience_id"] for r in stored_experiences(run.url)}
+    assert saved is not None and committed < total
+
+    summary = run_config(run.cfg, resume=run.url)
+    assert summary["final_version"] == total
+    rows = stored_experiences(run.url)
+    ids = [r["experience_id"] for r in rows]
+    assert len(ids) == len(set(ids)) and before <= set(ids)  # nothing committed before the kill is lost
+    assert sorted({r["explorer_step"] for r in rows}) == list(range(1, total + 1)) and len(rows) == total * 4
+    metrics = [json.loads(line) for line in Path(run.url, "report", "metrics.jsonl").read_text().splitlines()]
+    trainer_steps = [m for m in metrics if "explorer_steps" in m]
+    assert [m["step"] for m in trainer_steps] == list(range(1, total + 1))
+    assert [m["explorer_steps"] for m in trainer_steps if m["resumed_from"] == saved] == [[t] for t in range(saved + 1, total + 1)]
+
+
+def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_dir, task_file, tmp_path):
+    cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, name="cancel-roles", mode="multi_explorer", count=2, sync_method="collective", sync_interval=1, total_steps=40))
+    run_dir = tmp_path / "cancel-roles"
+    thread, out = _run_in_thread(cfg)
+    _wait_trainer_version(run_dir, 2)
+    procs = [p for m in role_markers(str(run_dir)).values() for p in process_tree(m["pid"])]
+    parents = on_live_server.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["multi-explorer"]}}, "limit": 200})
+    [parent] = [r for r in parents if r["parameters"].get("cfg", {}).get("name") == "cancel-roles"]
+    on_live_server.api("POST", f"/flow_runs/{parent['id']}/set_state", json={"state": {"type": "CANCELLING"}, "force": True})
+    cancelled_at = time.monotonic()
+    thread.join(120)
+    assert not thread.is_alive(), "the run did not stop after its cancellation"
+    took = time.monotonic() - cancelled_at
+    [result] = out
+    assert not isinstance(result, dict), f"the run was not cancelled: {result}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        children = child_runs(on_live_server, "cancel-roles")
+        if all(c["state_type"] in ("CANCELLED", "COMPLETED", "FAILED", "CRASHED") for c in children.values()):
+            break
+        time.sleep(1)
+    assert set(children) == {"trainer", "explorer-0", "explorer-1"}
+    assert {c["state_type"] for c in children.values()} == {"CANCELLED"}, {r: (c["state_type"], c["state"]["message"]) for r, c in children.items()}
+    assert_all_gone(procs)
+    print(f"cancel -> mode flow ended in {took:.1f} s")
