@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import json
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -77,35 +78,51 @@ def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 30.0) -> Non
     assert not alive, f"processes of the run left behind: {[(p.pid, p.name()) for p in alive]}"
 
 
-@pytest.mark.parametrize(
-    "mode,method",
-    [("synchronous", "collective"), ("one_step_off_policy", "checkpoint"), ("fully_async", "checkpoint"), ("multi_explorer", "collective")],
-)
+def assert_roles_ran_apart(live, run_url: str, num_explorers: int) -> None:
+    """Every role ran to its end in an OS process of its own, none of them this (the test's)
+    process, as a completed flow run of its deployment named after the run."""
+    markers = role_markers(run_url)
+    assert set(markers) == {"trainer"} | {f"explorer-{i}" for i in range(num_explorers)}
+    pids = {m["pid"] for m in markers.values()}
+    assert len(pids) == len(markers) and os.getpid() not in pids, markers
+    assert {m["state"] for m in markers.values()} == {"done"}
+    children = child_runs(live, run_url.rsplit("/", 1)[-1])
+    assert set(children) == set(markers) and {c["state_type"] for c in children.values()} == {"COMPLETED"}
+
+
+def test_readme_command_runs_every_role_on_the_worker(live, tiny_model_dir, task_file, tmp_path):
+    """`rft run configs/synchronous.yaml --set placement.type=deployments`, as the README shows it."""
+    from tests.prefect_live import REPO, VENV_BIN
+
+    total = 4
+    sets = [f"model.path={tiny_model_dir}", "model.max_model_len=64", f"taskset.path={task_file}", f"buffer.storage.url={tmp_path}", "name=readme"]
+    sets += ["explorer.batch_size=2", "algorithm.repeat_times=2", "explorer.engine.kv_cache_space_gib=0.25", f"trainer.total_steps={total}", "trainer.micro_batch_size=4"]
+    cmd = [str(VENV_BIN / "rft"), "run", "configs/synchronous.yaml", "--set", "placement.type=deployments"] + [a for kv in sets for a in ("--set", kv)]
+    res = subprocess.run(cmd, cwd=REPO, env=live.env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_url = str(tmp_path / "readme")
+    assert f"trained:    {total} steps -> version {total}" in res.stdout
+    assert_roles_ran_apart(live, run_url, 1)
+    by_step = versions_by_step(stored_experiences(run_url))
+    assert {e: vs for (_, e), vs in by_step.items()} == {e: {e - 1} for e in range(1, total + 1)}  # synchronous: step e by v(e-1)
+
+
+@pytest.mark.parametrize("mode,method", [("one_step_off_policy", "checkpoint"), ("fully_async", "collective"), ("multi_explorer", "checkpoint")])
 def test_every_role_in_its_own_process(mode, method, on_live_server, tiny_model_dir, task_file, tmp_path):
     extra = {"one_step_off_policy": {"sync_offset": 1}, "multi_explorer": {"count": 2, "max_staleness": 3}}.get(mode, {})
     total, k = 4, 2 if mode in ("fully_async", "multi_explorer") else 1
     cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, mode=mode, sync_method=method, sync_interval=k, total_steps=total, **extra))
     summary = run_config(cfg)
     assert summary["final_version"] == total
-
-    # Every role ran to its end in an OS process of its own, none of them this (the mode's flow's) process.
-    markers = role_markers(summary["run"])
-    assert set(markers) == {"trainer"} | {f"explorer-{i}" for i in range(cfg.explorer.count)}
-    pids = {m["pid"] for m in markers.values()}
-    assert len(pids) == len(markers) and os.getpid() not in pids, markers
-    assert {m["state"] for m in markers.values()} == {"done"}
-    # ... as flow runs of their deployments, completed, that the UI shows under the run's name.
-    children = child_runs(on_live_server, summary["run"].rsplit("/", 1)[-1])
-    assert set(children) == set(markers) and {c["state_type"] for c in children.values()} == {"COMPLETED"}
+    assert_roles_ran_apart(on_live_server, summary["run"], cfg.explorer.count)
 
     # The schedule holds across processes, read from the stored versions alone.
     by_step = versions_by_step(stored_experiences(summary["run"]))
-    if mode in ("synchronous", "one_step_off_policy"):
-        m = extra.get("sync_offset", 0)
+    if mode == "one_step_off_policy":
         assert sorted(by_step) == [(0, e) for e in range(1, total + 1)]
         for (_, e), versions in by_step.items():
-            assert versions == {rendezvous_version(e, k, m)}, f"step {e}: {versions}"
-        assert summary["max_staleness_seen"] <= k - 1 + m
+            assert versions == {rendezvous_version(e, k, 1)}, f"step {e}: {versions}"
+        assert summary["max_staleness_seen"] <= k
     else:
         used = {v for vs in by_step.values() for v in vs}
         assert used <= {0, 2, 4} and {i for i, _ in by_step} == set(range(cfg.explorer.count))

@@ -1,0 +1,132 @@
+"""What roles tell each other on the run's board: stop requests, heartbeats, failures (no engines).
+
+The roles themselves run for real in tests/flows (threads of one flow run, and processes on a
+worker); here the board protocol is checked on its own, with short heartbeats.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rl_engine.control import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_key, silent_roles
+from rl_engine.roles import Role, post_start, read_start
+from rl_engine.run import ResumePoint, start_run
+from tests.rl_engine.rollout.engines import make_config
+
+
+def wait_until(cond, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def signals(board: Board, role: str, peers: list[str], attempt: str = "a1", timeout_s: float = 30.0) -> RoleSignals:
+    return RoleSignals(board, role, peers, attempt, heartbeat_s=0.1, heartbeat_timeout_s=timeout_s)
+
+
+def test_stop_request_reaches_every_role_and_the_first_reason_wins(tmp_path):
+    board = Board(str(tmp_path))
+    a, b = signals(board, "trainer", ["explorer-0"]), signals(board, "explorer-0", ["trainer"])
+    try:
+        assert not a.is_set() and not b.is_set()
+        request_stop(board, "cancelled", "the flow run was cancelled", by="flow")
+        request_stop(board, "failed", "a later reason", by="trainer")
+        assert wait_until(lambda: a.is_set() and b.is_set())
+        assert board.get(STOP_KEY)["reason"] == "the flow run was cancelled"
+        assert b.request["kind"] == "cancelled"
+    finally:
+        a.close("stopped"), b.close("stopped")
+    assert board.get(role_key("trainer"))["state"] == "stopped"
+
+
+def test_heartbeats_refresh_the_role_marker(tmp_path):
+    board = Board(str(tmp_path))
+    s = signals(board, "explorer-0", [])
+    try:
+        first = board.get(role_key("explorer-0"))
+        assert first["state"] == "running" and first["pid"] > 0 and first["attempt"] == "a1"
+        assert wait_until(lambda: board.get(role_key("explorer-0"))["time"] > first["time"] + 0.15)
+    finally:
+        s.close("done")
+
+
+def test_a_silent_peer_of_this_attempt_stops_the_run_naming_it(tmp_path):
+    board = Board(str(tmp_path))
+    # A crashed attempt's explorer, silent for long, must not count; this attempt's one must.
+    board.post(role_key("explorer-1"), {"pid": 1, "host": "h", "state": "running", "attempt": "old"})
+    board.post(role_key("explorer-0"), {"pid": 4242, "host": "h", "state": "running", "attempt": "a1"})
+    trainer = signals(board, "trainer", ["explorer-0", "explorer-1"], timeout_s=0.5)
+    try:
+        assert wait_until(trainer.is_set, timeout_s=5)
+        stop = board.get(STOP_KEY)
+        assert stop["kind"] == "failed" and stop["by"] == "trainer"
+        assert stop["reason"].startswith("explorer-0 went silent") and "pid 4242" in stop["reason"]
+        assert silent_roles(board, ["explorer-0", "explorer-1", "trainer"], "a1", 0.5) == ["explorer-0"]
+    finally:
+        trainer.close("stopped")
+
+
+def test_a_peer_that_finished_is_not_silent(tmp_path):
+    board = Board(str(tmp_path))
+    board.post(role_key("explorer-0"), {"pid": 1, "host": "h", "state": "done", "attempt": "a1"})
+    trainer = signals(board, "trainer", ["explorer-0"], timeout_s=0.2)
+    try:
+        time.sleep(1.0)
+        assert not trainer.is_set()
+    finally:
+        trainer.close("done")
+
+
+@pytest.fixture
+def run(tiny_model_dir, tmp_path):
+    cfg = make_config(tiny_model_dir, name="roles", buffer={"storage": {"url": str(tmp_path)}}, placement={"type": "local", "heartbeat_s": 0.1})
+    run = start_run(cfg)
+    post_start(Board(run.url), ResumePoint(3, {0: 5}))
+    return run
+
+
+def test_start_marker_tells_every_role_where_the_attempt_starts(run):
+    attempt, at = read_start(Board(run.url), timeout_s=5)
+    assert len(attempt) == 12 and at == ResumePoint(3, {0: 5}) and at.resumed
+
+
+def test_a_failing_role_stops_the_others_with_its_error(run):
+    role = Role(run, "explorer-0", on_step=None)
+    with pytest.raises(ValueError, match="boom"):
+        with role.running():
+            raise ValueError("boom")
+    board = Board(run.url)
+    assert board.get(STOP_KEY)["reason"] == "explorer-0 failed: ValueError: boom"
+    marker = board.get(role_key("explorer-0"))
+    assert marker["state"] == "failed" and marker["error"] == "ValueError: boom"
+    assert role.result().stopped_by["kind"] == "failed"
+
+
+def test_a_stopped_role_ends_quietly_and_says_why(run):
+    role = Role(run, "trainer", on_step=None)
+    request_stop(role.board, "cancelled", "the flow run was cancelled", by="flow")
+    assert wait_until(role.stop.is_set)
+    with role.running():
+        raise Stopped("stopped while waiting for experiences")
+    assert role.board.get(role_key("trainer"))["state"] == "stopped"
+    assert role.result().stopped_by["reason"] == "the flow run was cancelled"
+
+
+def test_steps_are_recorded_in_the_run(run):
+    from rl_engine.report import load_metrics
+
+    role = Role(run, "trainer", on_step=None)
+    seen = []
+    role.on_step = lambda name, m: seen.append((name, m["step"]))
+    with role.running():
+        role.record(1, {"step": 1, "reward_mean": 0.5})
+        role.record(2, {"step": 2, "reward_mean": 0.7})
+        role.record(2, {"step": 2, "reward_mean": 0.8})  # a resumed run redoes step 2: it replaces it
+    trainer, explorer = load_metrics(run)
+    assert [m["reward_mean"] for m in trainer] == [0.5, 0.8] and explorer == []
+    assert seen == [("trainer", 1), ("trainer", 2), ("trainer", 2)]
