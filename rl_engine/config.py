@@ -227,6 +227,11 @@ class BufferConfig(_Model):
         default=None, gt=0.0, le=60.0, description="How often a waiting reader (and the control board) looks for news; null: 5 ms on local disk, 100 ms on object stores."
     )
     on_corrupt: Literal["fail", "skip"] = Field(default="fail", description="What a reader does with a committed file it cannot read: stop with its path, or report and skip it.")
+    max_backlog_steps: int | None = Field(
+        default=8,
+        ge=1,
+        description="Async modes without synchronizer.max_staleness: explorers pause while this many explorer steps are written but not yet trained; null: no cap.",
+    )
     verify_checksums: bool = Field(
         default=True,
         description="Check each file's CRC32 against its commit record before use. Off saves one pass over the bytes (reads ~2-3x faster) "
@@ -281,7 +286,11 @@ class SynchronizerConfig(_Model):
     sync_interval: int = Field(default=1, ge=1, description="k: rendezvous every k explorer steps; in async modes publish weights every k trainer steps.")
     sync_offset: int = Field(default=0, ge=0, description="m: the explorer runs m steps ahead before its first sync (rendezvous modes only).")
     sync_method: Literal["collective", "checkpoint"] = Field(default="collective", description="Broadcast over a process group, or committed checkpoints on storage.")
-    max_staleness: int | None = Field(default=None, ge=0, description="Async modes: bound on (trainer version - generating version); null for no bound.")
+    max_staleness: int | None = Field(
+        default=None,
+        ge=0,
+        description="Async modes: bound on (trainer version at training - generating version), enforced as admission control: explorers wait for newer weights before generating what would be too stale; null for no bound.",
+    )
     collective: CollectiveConfig = Field(default_factory=CollectiveConfig, description="Settings of the collective method.")
     wait_timeout_s: float = Field(default=600.0, gt=0.0, description="Longest a side waits at a rendezvous before failing.")
 
@@ -378,6 +387,12 @@ class RFTConfig(_Model):
             )
         group = self.explorer.batch_size * self.algorithm.repeat_times
         tbs = self.trainer.train_batch_size
+        backlog = self.buffer.max_backlog_steps
+        if s.mode not in RENDEZVOUS_MODES and s.max_staleness is None and backlog is not None and backlog * group < (tbs or group):
+            raise ValueError(
+                f"buffer.max_backlog_steps = {backlog}: explorers pause at {backlog} unconsumed steps of {group} experiences, "
+                f"fewer than one trainer batch (trainer.train_batch_size = {tbs}); raise it to at least {-(-tbs // group)}"
+            )
         if s.mode in RENDEZVOUS_MODES and tbs is not None and tbs != group:
             raise ValueError(
                 f"trainer.train_batch_size = {tbs}: in the rendezvous modes one trainer step trains one explorer step, "

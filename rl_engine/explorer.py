@@ -7,7 +7,8 @@ which is what the schedule tests read back. Each action is recorded as a timelin
 
 Weight sync: `receive(version)` is the rendezvous side (wait for the trainer to reach the
 version, then load it), `pick_up_newest()` the decoupled side (load the newest published
-version if any; wait only when `max_staleness` requires it). How the weights travel, and the
+version if any; wait only when admission control requires it: `max_staleness`, or the backlog cap
+without it, see `rl_engine.schedule.admission_wait`). How the weights travel, and the
 board keys of that handshake, are the sync method's business (`rl_engine.sync`).
 
 Engines are expensive to start (~20 s on CPU). `ENGINES` keeps them warm across runs of one
@@ -32,8 +33,14 @@ from rl_engine.experience import Experience, ExperienceBatch
 from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
 from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.run import RunContext
+from rl_engine.schedule import admission_wait
 from rl_engine.sync import build_weight_receiver
 from rl_engine.timeline import TimelineRecorder
+
+
+def progress_key(explorer_id: int) -> str:
+    """Board key of the explorer step explorer `explorer_id` is about to start (decoupled admission control)."""
+    return f"explorer-{explorer_id}-progress"
 
 
 class EnginePool:
@@ -119,7 +126,7 @@ def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any
 class Explorer:
     """Generates, scores and writes experiences; holds a live vLLM engine."""
 
-    def __init__(self, run: RunContext, explorer_id: int = 0, stop: StopSignal | None = None):
+    def __init__(self, run: RunContext, explorer_id: int = 0, stop: StopSignal | None = None, first_step: int = 1):
         cfg = run.cfg
         self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
         self.name = f"explorer-{explorer_id}"
@@ -132,6 +139,7 @@ class Explorer:
         tasks = load_taskset(cfg.taskset, run.storage_options)
         # Each explorer walks its own seeded order, so several explorers do not repeat each other in lockstep.
         self.tasks = TaskIterator(tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle)
+        self.tasks.advance(first_step - 1)  # step e draws the e-th batch of the stream, also after a resume
         self.reward_fn = build_reward(cfg.taskset.reward)
         self.writer = BufferWriter(run.url, run.storage_options, explorer_id)
 
@@ -182,16 +190,37 @@ class Explorer:
         self._wait_published(version - 1, f"trainer to publish version {version}", stop)
         return self._install(version, stop)
 
-    def pick_up_newest(self, stop: StopSignal) -> int:
-        """Decoupled: load the newest published version if newer; wait only for `max_staleness`."""
+    def _install_newest(self, stop: StopSignal) -> dict[str, Any]:
         trainer = self.board.get("trainer") or {}
         if trainer.get("published", -1) > self.engine.version:
             self._install(trainer["published"], stop)
-        bound = self.cfg.synchronizer.max_staleness
-        if bound is not None and not stop.is_set() and trainer.get("version", 0) - self.engine.version > bound:
-            mine = self.engine.version
-            self._install(self._wait_published(mine, f"a version newer than {mine} (max_staleness {bound})", stop), stop)
+        return trainer
+
+    def pick_up_newest(self, e: int, stop: StopSignal, first_steps: dict[int, int]) -> int:
+        """Decoupled, before explorer step e: load the newest published version if newer, then
+        wait while admission control forbids starting the batch (the explorers' batches counted
+        together; `first_steps` is where each explorer started this attempt)."""
+        cfg = self.cfg
+        trainer = self._install_newest(stop)
+        while not stop.is_set():
+            before = (e - 1) + sum(self._started(j, first_steps[j]) for j in range(cfg.explorer.count) if j != self.explorer_id)
+            why = admission_wait(
+                before, self.engine.version, trainer.get("version", 0), cfg.explorer.batch_size * cfg.algorithm.repeat_times,
+                cfg.trainer.train_batch_size, cfg.synchronizer.max_staleness, cfg.buffer.max_backlog_steps,
+            )
+            if why is None:
+                break
+            seen = (trainer.get("version", 0), trainer.get("published", -1))
+            with self.timeline.span("wait", step=e, version=self.engine.version):
+                self.board.wait("trainer", lambda m: (m.get("version", 0), m.get("published", -1)) != seen, what=why, timeout_s=cfg.synchronizer.wait_timeout_s, stop=stop)
+            trainer = self._install_newest(stop)
+        self.board.post(progress_key(self.explorer_id), {"step": e})
         return self.engine.version
+
+    def _started(self, explorer_id: int, first_step: int) -> int:
+        """How many steps explorer `explorer_id` has started (at least those it had committed before this attempt)."""
+        m = self.board.get(progress_key(explorer_id))
+        return max(first_step - 1, m["step"] if m else 0)
 
     def close(self) -> None:
         self.timeline.flush()

@@ -15,7 +15,7 @@ process or machine (placement `deployments`). Prefect-free; the flows wrap these
 The loops follow DESIGN.md's schedules: rendezvous (synchronous, one_step_off_policy: the
 explorer syncs after step e iff e > m and (e - m) % k == 0, receiving version e - m) and
 decoupled (fully_async, multi_explorer: the trainer publishes every k steps, explorers pick up
-the newest between their steps and wait only for `max_staleness`).
+the newest between their steps and wait only when admission control says so).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from rl_engine.explorer import Explorer
 from rl_engine.learner import Learner
 from rl_engine.report import record_step
 from rl_engine.run import ResumePoint, RunContext, open_run
-from rl_engine.schedule import decoupled_publish, resumed_rendezvous_syncs
+from rl_engine.schedule import decoupled_publish, resume_catch_up, resumed_rendezvous_syncs
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str,
     run = open_run(run_url, storage_options)
     role = Role(run, f"explorer-{explorer_id}", on_step)
     with role.running():
-        explorer = Explorer(run, explorer_id, role.stop)
+        explorer = Explorer(run, explorer_id, role.stop, first_step=role.at.first_steps[explorer_id])
         try:
             loop = _rendezvous_explorer if run.cfg.synchronizer.mode in RENDEZVOUS_MODES else _decoupled_explorer
             loop(run, explorer, role)
@@ -147,11 +147,16 @@ def _plan(run: RunContext, at: ResumePoint) -> dict[int, int]:
     return resumed_rendezvous_syncs(run.cfg.trainer.total_steps, s.sync_interval, s.sync_offset, at.trainer_version, at.first_steps[0])
 
 
+def _catch_up(run: RunContext, at: ResumePoint) -> int:
+    s = run.cfg.synchronizer
+    return resume_catch_up(s.sync_interval, s.sync_offset, at.trainer_version, at.first_steps[0])
+
+
 def _rendezvous_explorer(run: RunContext, explorer: Explorer, role: Role) -> None:
     at, total, stop = role.at, run.cfg.trainer.total_steps, role.stop
     syncs, first = _plan(run, at), at.first_steps[0]
     if at.resumed and first <= total:
-        explorer.receive(at.trainer_version, stop)  # catch up to the restored trainer
+        explorer.receive(_catch_up(run, at), stop)  # the version the schedule gives the first step
     for e in range(first, total + 1):
         if stop.is_set():
             break
@@ -161,9 +166,10 @@ def _rendezvous_explorer(run: RunContext, explorer: Explorer, role: Role) -> Non
 
 
 def _decoupled_explorer(run: RunContext, explorer: Explorer, role: Role) -> None:
-    e, stop = role.at.first_steps[explorer.explorer_id], role.stop
+    at, stop = role.at, role.stop
+    e = at.first_steps[explorer.explorer_id]
     while True:
-        explorer.pick_up_newest(stop)  # also after stop: a broadcast in flight needs every explorer
+        explorer.pick_up_newest(e, stop, at.first_steps)  # also after stop: a broadcast in flight needs every explorer
         if stop.is_set():
             break
         role.record(e, explorer.step(e))
@@ -174,7 +180,9 @@ def _rendezvous_trainer(run: RunContext, learner: Learner, role: Role) -> None:
     cfg, at, stop = run.cfg, role.at, role.stop
     sends = set(_plan(run, at).values())
     if at.resumed and at.first_steps[0] <= cfg.trainer.total_steps:
-        learner.publish(learner.version, stop)
+        sends.add(_catch_up(run, at))  # the resumed explorer waits for it before its first step
+        if learner.version in sends:
+            learner.publish(learner.version, stop)
     while learner.version < cfg.trainer.total_steps and not stop.is_set():
         role.record(learner.version + 1, {**learner.step(stop), "resumed_from": at.trainer_version})
         if learner.version in sends:

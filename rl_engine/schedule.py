@@ -9,7 +9,8 @@ A run of T trainer steps has T explorer steps; the sync after the last explorer 
 no rollout, so neither side does it (both sides read this from `rendezvous_syncs`, so they agree).
 
 Decoupled schedule (fully_async / multi_explorer): the trainer publishes every k trainer steps;
-explorers pick up the newest between their steps and wait only when `max_staleness` requires it.
+explorers pick up the newest between their steps and wait only when admission control requires
+it (`admission_wait`: `max_staleness`, or the backlog bound when there is none).
 
     python -m rl_engine.schedule 4 0 8     # print the rendezvous plan for k=4, m=0, T=8
 """
@@ -48,6 +49,14 @@ def resumed_rendezvous_syncs(total_steps: int, k: int, m: int, trainer_version: 
     return {e: v for e, v in rendezvous_syncs(total_steps, k, m).items() if e >= first_step and v > trainer_version}
 
 
+def resume_catch_up(k: int, m: int, trainer_version: int, first_step: int) -> int:
+    """The version a resumed rendezvous explorer loads before its first step: the one the schedule
+    says generates that step, or the restored trainer's if that is newer (its older weights are
+    gone). The trainer publishes it once it has trained up to it, so the staleness bound of the
+    mode holds across a resume."""
+    return max(trainer_version, rendezvous_version(first_step, k, m))
+
+
 def rendezvous_version(e: int, k: int, m: int) -> int:
     """The policy version that generates explorer step e under the rendezvous schedule.
 
@@ -62,13 +71,29 @@ def max_rendezvous_staleness(k: int, m: int) -> int:
     return k - 1 + m
 
 
-def staleness_ok(explorer_version: int, trainer_version: int, max_staleness: int | None) -> bool:
-    """Decoupled schedule: may an explorer holding `explorer_version` generate another step?
+def admission_wait(
+    batches_before: int, version: int, trainer_version: int, explorer_batch: int, train_batch: int, max_staleness: int | None, max_backlog: int | None
+) -> str | None:
+    """Decoupled admission control: why the explorers may not start their next batch yet, or None.
 
-    Its experiences will be trained at trainer version >= trainer_version, so it may go on while
-    trainer_version - explorer_version <= max_staleness.
+    The trainer consumes batches in order, so batch b = batches_before + 1 (counted over all
+    explorers, each of `explorer_batch` experiences) is trained at trainer step
+    t_b = ceil(b * explorer_batch / train_batch), i.e. by version t_b - 1. With max_staleness η
+    an explorer holding `version` may start it only while t_b - 1 - version <= η (AReaL's rule:
+    nothing generated is ever too stale to train). Without a bound, it may start it only while
+    fewer than `max_backlog` batches are started but not yet consumed (`trainer_version` steps
+    consumed trainer_version * train_batch experiences).
     """
-    return max_staleness is None or trainer_version - explorer_version <= max_staleness
+    b = batches_before + 1
+    if max_staleness is not None:
+        trained_by = -(-b * explorer_batch // train_batch) - 1
+        if trained_by - version > max_staleness:
+            return f"version {trained_by - max_staleness} or newer (batch {b} is trained by version {trained_by}; max_staleness {max_staleness})"
+        return None
+    consumed = trainer_version * train_batch // explorer_batch
+    if max_backlog is not None and batches_before - consumed >= max_backlog:
+        return f"the trainer to consume a batch ({batches_before - consumed} batches unconsumed; buffer.max_backlog_steps {max_backlog})"
+    return None
 
 
 def decoupled_publish(t: int, k: int) -> bool:

@@ -157,6 +157,14 @@ class TaskIterator:
         self.batches += 1
         return out
 
+    def advance(self, batches: int) -> None:
+        """Skip `batches` batches, exactly as that many `next_batch()` calls would (a resumed
+        explorer continues its task stream where it stopped instead of replaying it)."""
+        taken = self.epoch * len(self.tasks) + self.pos + batches * self.batch_size
+        self.epoch, self.pos = divmod(taken, len(self.tasks))
+        self.batches += batches
+        self._order = self._epoch_order(self.epoch)
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,

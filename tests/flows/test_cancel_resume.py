@@ -13,6 +13,7 @@ import pytest
 from flows.run import run_config
 from rl_engine.config import validate_config
 from rl_engine.learner import latest_state_step
+from rl_engine.rewards import TaskIterator, load_taskset
 from rl_engine.run import last_committed_steps, open_run
 from tests.flows.conftest import small_config
 from tests.flows.test_modes import stored_experiences
@@ -69,12 +70,20 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
 
     summary = run_config(run.cfg, resume=run.url)
     assert summary["final_version"] == total
+    assert summary["max_staleness_seen"] <= 1  # the mode's bound (k - 1 + m) holds across the resume too
     rows = stored_experiences(run.url)
     ids = [r["experience_id"] for r in rows]
     assert len(ids) == len(set(ids)) and before <= set(ids)  # nothing committed before the cancel is lost
     steps = sorted((r["explorer_id"], r["explorer_step"]) for r in rows)
     assert sorted(set(steps)) == [(0, e) for e in range(1, total + 1)]  # the explorer continued after its last step
     assert len(rows) == total * 4  # ... and regenerated nothing
+    # ... and continued its task stream: step e drew the e-th batch of its seeded order, no prompt replayed.
+    stream = TaskIterator(load_taskset(run.cfg.taskset), run.cfg.explorer.batch_size, seed=run.cfg.seed, shuffle=run.cfg.taskset.shuffle)
+    expected = {e: sorted(t.task_id for t in stream.next_batch()) for e in range(1, total + 1)}
+    drawn: dict[int, set] = {}
+    for r in rows:
+        drawn.setdefault(r["explorer_step"], set()).add(r["group_id"].split("-", 2)[2])
+    assert {e: sorted(ids) for e, ids in drawn.items()} == expected
     # The report covers the whole run across the resume; the resumed trainer trained steps
     # saved+1..total on exactly explorer steps saved+1..total: nothing twice.
     metrics = [json.loads(line) for line in Path(run.url, "report", "metrics.jsonl").read_text().splitlines()]

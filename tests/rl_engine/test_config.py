@@ -83,6 +83,10 @@ def test_no_field_without_description():
 
 # (overrides on a valid base, substrings the message must contain)
 BAD = [
+    (
+        {"synchronizer": {"mode": "fully_async"}, "buffer": {"max_backlog_steps": 1}, "trainer": {"train_batch_size": 64}},
+        ["buffer.max_backlog_steps = 1", "fewer than one trainer batch", "at least"],
+    ),
     ({"placement": {"type": "kubernetes"}}, ["placement", "'kubernetes'", "local", "deployments"]),
     ({"placement": {"type": "deployments", "job_variables": {"explorer0": {}}}}, ["placement.deployments.job_variables", "explorer0", "explorer-<i>"]),
     ({"placement": {"type": "local", "heartbeat_timeout_s": 0}}, ["placement.local.heartbeat_timeout_s", "greater than 0"]),

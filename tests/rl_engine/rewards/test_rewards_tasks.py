@@ -195,3 +195,15 @@ def test_format_prompt(tiny_model_dir):
     assert format_prompt(tok, '{{"q": "{prompt}"}}', "x") == '{"q": "x"}'
     with pytest.raises(UserError, match="taskset.template"):
         format_prompt(tok, "{question}", "x")
+
+
+@pytest.mark.parametrize("n_tasks,batch", [(7, 3), (6, 3), (5, 8)])
+def test_advance_equals_drawing_the_batches(n_tasks, batch):
+    for skip in (0, 1, 2, 5, 11):
+        drawn = TaskIterator(_tasks(n_tasks), batch_size=batch, seed=9)
+        for _ in range(skip):
+            drawn.next_batch()
+        jumped = TaskIterator(_tasks(n_tasks), batch_size=batch, seed=9)
+        jumped.advance(skip)
+        assert [t.task_id for t in jumped.next_batch()] == [t.task_id for t in drawn.next_batch()], skip
+        assert jumped.state_dict() == drawn.state_dict()
