@@ -3,11 +3,18 @@
 `start_run(cfg)` resolves the config, creates `<storage>/<name>/` and writes `config.yaml`
 (without credentials: they never enter the config). `open_run(url)` reads it back for
 `rft run --resume`. Every worker (explorer, trainer, reporter) gets a `RunContext`.
+`RunLease` keeps two drivers (say, two `rft run --resume` of one run) from running it at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
+import socket
+import threading
+import time
+import uuid
 from typing import Any
 
 import fsspec
@@ -15,7 +22,7 @@ import yaml
 
 from rl_engine.config import RFTConfig, to_yaml, validate_config
 from rl_engine.errors import UserError
-from rl_engine.storage import join, open_storage, write_bytes_atomic
+from rl_engine.storage import join, open_storage, read_json, write_bytes_atomic, write_json
 
 CONFIG_FILE = "config.yaml"
 
@@ -91,3 +98,62 @@ def last_committed_steps(run: RunContext) -> dict[int, int]:
 def resume_point(run: RunContext, trainer_version: int) -> ResumePoint:
     last = last_committed_steps(run)
     return ResumePoint(trainer_version, {i: last.get(i, 0) + 1 for i in range(run.cfg.explorer.count)})
+
+
+LEASE_FILE = "lease.json"
+
+
+class RunLease:
+    """One writer per run: whoever drives a run (the mode's flow) holds `<run>/lease.json` and
+    renews it every `ttl_s / 3` from a background thread; a second driver of the same run is
+    refused with the holder named. A holder that died stops renewing, and its lease is free
+    again after `ttl_s`. Object stores have no atomic create, so an acquirer reads the lease back
+    after writing it to see who won."""
+
+    def __init__(self, run: RunContext, ttl_s: float = 60.0):
+        self.run, self.ttl_s = run, ttl_s
+        self.fs, root = run.fs()
+        self.path = join(root, LEASE_FILE)
+        self.me = {"holder": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self) -> dict[str, Any] | None:
+        self.fs.invalidate_cache()
+        try:
+            return read_json(self.fs, self.path)
+        except FileNotFoundError:
+            return None
+
+    def _refuse(self, cur: dict[str, Any]) -> None:
+        age = time.time() - cur["time"]
+        raise UserError(
+            f"run {self.run.url} is being run by pid {cur['pid']} on {cur['host']} (its lease was renewed {age:.0f} s ago); "
+            f"wait for that run to end or cancel it, or if it died, retry in {max(0.0, cur['ttl_s'] - age):.0f} s, when its lease expires"
+        )
+
+    def acquire(self) -> "RunLease":
+        cur = self._read()
+        if cur is not None and time.time() - cur["time"] < cur["ttl_s"]:
+            self._refuse(cur)
+        write_json(self.fs, self.path, {**self.me, "time": time.time(), "ttl_s": self.ttl_s})
+        time.sleep(0.2)  # a racing acquirer's write lands in this window; the last writer wins
+        cur = self._read()
+        if cur is None or cur["holder"] != self.me["holder"]:
+            self._refuse(cur or {**self.me, "time": time.time(), "ttl_s": self.ttl_s})
+        self._thread = threading.Thread(target=self._renew, name="run-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _renew(self) -> None:
+        while not self._done.wait(self.ttl_s / 3):
+            with contextlib.suppress(Exception):  # a storage hiccup: the next renewal tries again
+                write_json(self.fs, self.path, {**self.me, "time": time.time(), "ttl_s": self.ttl_s})
+
+    def release(self) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(10)
+            cur = self._read()
+            if cur is not None and cur["holder"] == self.me["holder"]:
+                self.fs.rm(self.path)

@@ -44,12 +44,13 @@ def group_device(backend: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
 
 
-def init_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float) -> Any:
-    """Join the weight-sync process group (blocks until all world_size ranks joined); rank 0 hosts the store."""
+def init_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, listen_socket: Any = None) -> Any:
+    """Join the weight-sync process group (blocks until all world_size ranks joined); rank 0 hosts
+    the store, on `listen_socket` if given (bound and listening already: no race for the port)."""
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
     return stateless_init_torch_distributed_process_group(
-        host, port, rank, world_size, backend=backend, timeout=timedelta(seconds=timeout_s)
+        host, port, rank, world_size, backend=backend, timeout=timedelta(seconds=timeout_s), listen_socket=listen_socket
     )
 
 

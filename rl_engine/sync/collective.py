@@ -44,11 +44,21 @@ def joining_key(explorer_id: int) -> str:
     return f"explorer-{explorer_id}-joining"
 
 
-def free_port(host: str) -> int:
-    """A TCP port free on `host` right now (the group's store binds it moments later)."""
-    with socket.socket() as s:
-        s.bind((host if host not in ("localhost",) else "127.0.0.1", 0))
-        return s.getsockname()[1]
+def listen(host: str, port: int | None) -> socket.socket:
+    """The socket the group's store will serve on, bound and listening: on `port`, or on a free
+    one the OS picks (no window in which another process could take it)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port or 0))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(
+            f"weight-sync group: cannot listen on {host}:{port} ({e.strerror}); another run may hold it: "
+            "set synchronizer.collective.port to null to let the trainer pick a free port"
+        ) from e
+    sock.listen()
+    return sock
 
 
 @dataclass
@@ -81,9 +91,10 @@ class CollectiveSender:
         """Publish the group's address, host the group and wait until every explorer's workers
         joined (up to collective.timeout_s)."""
         if self._pg is None:
-            port = self.c.port or free_port(self.c.host)
+            sock = listen(self.c.host, self.c.port)
+            port = sock.getsockname()[1]
             self.board.post(ADDRESS_KEY, {"host": self.c.host, "port": port})
-            self._pg = init_group(self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s)
+            self._pg = init_group(self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, listen_socket=sock)
 
     def prepare(self, version: int, stop: StopSignal | None = None) -> None:
         """Wait until every explorer posted that it joins the broadcast of `version`, then say go."""

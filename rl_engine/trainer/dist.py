@@ -18,17 +18,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+OWNER = "RFT_DIST_ENV_OWNER"  # pid of the process that filled in the variables below for itself
+
+
 def ensure_dist_env() -> None:
-    """Set the rendezvous variables for a one-process world unless a launcher already did."""
+    """Set the rendezvous variables for a one-process world unless a launcher already did.
+
+    Values this function set in another process (our parent, say a test or a `serve` process
+    that ran a trainer before starting a Prefect worker) are not a launcher's: children inherit
+    them, and reusing the parent's MASTER_PORT, which the parent still holds, fails with
+    EADDRINUSE. Those are replaced.
+    """
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return  # an earlier trainer in this process already joined; DeepSpeed reuses the group
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+    inherited = os.environ.get(OWNER) not in (None, str(os.getpid()))
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not inherited:
         os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         return
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", **{OWNER: str(os.getpid())})
 
 
 def accelerator_device() -> str:

@@ -7,6 +7,7 @@ worker); here the board protocol is checked on its own, with short heartbeats.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,29 @@ def test_steps_are_recorded_in_the_run(run):
     trainer, explorer = load_metrics(run)
     assert [m["reward_mean"] for m in trainer] == [0.5, 0.8] and explorer == []
     assert seen == [("trainer", 1), ("trainer", 2), ("trainer", 2)]
+
+
+def test_one_driver_per_run_and_a_dead_drivers_lease_expires(run):
+    import json
+
+    from rl_engine.errors import UserError
+    from rl_engine.run import RunLease
+
+    first = RunLease(run, ttl_s=1.5).acquire()
+    try:
+        with pytest.raises(UserError, match=rf"run {run.url} is being run by pid \d+ on .*retry in \d+ s"):
+            RunLease(run, ttl_s=1.5).acquire()
+        time.sleep(2.0)  # the holder keeps renewing: still refused after its ttl
+        with pytest.raises(UserError, match="is being run by"):
+            RunLease(run, ttl_s=1.5).acquire()
+    finally:
+        first.release()
+    second = RunLease(run, ttl_s=1.5).acquire()  # released: free at once
+    second._done.set()  # the holder dies: no more renewals, no release
+    second._thread.join(5)
+    lease = json.loads((Path(run.url) / "lease.json").read_text())
+    assert lease["holder"] == second.me["holder"]
+    time.sleep(1.7)
+    third = RunLease(run, ttl_s=1.5).acquire()  # the dead holder's lease expired
+    third.release()
+    assert not (Path(run.url) / "lease.json").exists()

@@ -91,3 +91,27 @@ def test_empty_stream_is_an_error_on_both_sides(tmp_path):
 
     _, (version, got, calls) = run_concurrently(trainer, lambda: _receiver(port, 1, 2))
     assert (version, got, calls) == (3, {}, 0)  # the receiver learns version 3 with nothing in it
+
+
+def test_trainer_picks_and_publishes_a_free_port_or_names_a_taken_one(tmp_path):
+    import socket
+
+    from rl_engine.sync.collective import ADDRESS_KEY, listen
+
+    sock = listen("127.0.0.1", None)  # what CollectiveSender.connect does with collective.port null
+    try:
+        port = sock.getsockname()[1]
+        assert port > 0
+        with pytest.raises(RuntimeError, match=rf"cannot listen on 127.0.0.1:{port}.*synchronizer.collective.port to null"):
+            listen("127.0.0.1", port)  # a second run asking for the same fixed port
+    finally:
+        sock.close()
+    # The address receivers join: published on the run's board before the trainer waits in the group.
+    board = Board(str(tmp_path))
+    sender = CollectiveSender(CollectiveConfig(port=None, timeout_s=5), board, 1, 1, torch.float32, 5)
+    with pytest.raises(Exception):
+        sender.connect()  # nobody joins: the group times out after 5 s
+    addr = board.get(ADDRESS_KEY)
+    assert addr["host"] == "127.0.0.1" and addr["port"] > 0
+    with socket.socket() as s:  # and the port is released again
+        s.bind(("127.0.0.1", addr["port"]))

@@ -36,3 +36,30 @@ def test_batch_size_not_multiple_of_micro_batch(tiny_model_dir):
     cfg = make_cfg(tiny_model_dir, trainer={"micro_batch_size": 3})  # train_batch_size 4
     with pytest.raises(UserError, match="train_batch_size = 4 must be a multiple of trainer.micro_batch_size = 3"):
         build_trainer(cfg)
+
+
+def test_dist_env_inherited_from_a_parent_trainer_is_replaced(monkeypatch):
+    import os
+
+    import torch.distributed
+
+    from rl_engine.trainer import dist
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)  # as in a fresh process
+    monkeypatch.setattr(dist, "free_port", lambda: 45678)
+    # A launcher's variables (no owner mark) are kept.
+    for k, v in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": "29500", "MASTER_ADDR": "10.0.0.1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv(dist.OWNER, raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    dist.ensure_dist_env()
+    assert (os.environ["RANK"], os.environ["MASTER_PORT"], os.environ["LOCAL_RANK"]) == ("1", "29500", "1")
+    # What a parent process filled in for its own one-process world (it still holds that port) is replaced.
+    monkeypatch.setenv(dist.OWNER, str(os.getpid() + 1))
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("MASTER_PORT", "31337")
+    dist.ensure_dist_env()
+    assert (os.environ["MASTER_PORT"], os.environ[dist.OWNER], os.environ["WORLD_SIZE"]) == ("45678", str(os.getpid()), "1")
+    # ... and then kept on later calls in this process.
+    monkeypatch.setattr(dist, "free_port", lambda: 1)
+    dist.ensure_dist_env()
+    assert os.environ["MASTER_PORT"] == "45678"
