@@ -1,6 +1,6 @@
 """Benchmark of the four sync modes on one workload: step time, busy fractions, measured/ideal.
 
-    python -m bench.modes [--quick] [--synthetic]
+    python -m bench.modes [--quick] [--synthetic] [--placements local,deployments]
 
 Each mode runs as a real Prefect flow (ephemeral server, buffer on local disk, control board,
 timeline). Without --synthetic the explorer is the vLLM engine and the trainer DeepSpeed on the
@@ -14,6 +14,13 @@ Performance model (DESIGN.md): ideal step time R + T + S (synchronous), max(R, T
 R, T, S are the configured costs (synthetic) or the mean measured span durations (real).
 efficiency = ideal / measured step time; orchestration_overhead = (measured - ideal) / measured
 of the synchronous mode, where every cost is on the critical path.
+
+Placement axis (real workload only: the cost model patches this process): every mode runs with
+`placement: local` (roles as tasks of one flow run) and `placement: deployments` (each role its
+own flow run and OS process, on a real `prefect server start` and process worker started by the
+benchmark). cross_process_overhead = (steady step time with deployments - with local) / local,
+per mode; the table shows what a step is made of in each (rollout R, train T, sync S, the
+trainer's wait for experiences) and the start-up each placement pays before the first step.
 """
 
 from __future__ import annotations
@@ -40,24 +47,24 @@ def ideal_step(mode: str, r: float, t: float, s: float, n: int) -> float:
     return {"synchronous": r + t + s, "one_step_off_policy": max(r, t) + s, "fully_async": max(r, t), "multi_explorer": max(r / n, t)}[mode]
 
 
-def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool) -> dict:
+def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool, placement: str = "local") -> dict:
     from flows.run import run_config
     from rl_engine.config import validate_config
     from rl_engine.timeline import load_spans
-    from tests.conftest import free_port
     from tests.flows.conftest import small_config
 
     spec = dict(MODES[name])
     if synthetic:
         spec["sync_method"] = "checkpoint"  # the cost model has no inference workers to join a process group
-    data = small_config(model, tasks, root, total_steps=steps, checkpoint_interval=steps, name=f"bench-{name}", **spec)
+    data = small_config(model, tasks, root, total_steps=steps, checkpoint_interval=steps, name=f"bench-{name}-{placement}", **spec)
+    data["placement"] = {"type": placement}
     if not synthetic:  # a workload where compute, not bookkeeping, dominates a step
         data["explorer"].update(batch_size=8, sampling={"max_tokens": 8})
         data["algorithm"]["repeat_times"] = 8
         data["trainer"]["micro_batch_size"] = 32
     data["explorer"]["engine"]["num_threads"] = 1
     data["trainer"]["num_threads"] = 1
-    data["synchronizer"]["collective"]["port"] = free_port()
+    data["synchronizer"]["collective"].pop("port")  # the trainer picks a free one when it binds and publishes it
     cfg = validate_config(data)
     started = time.time()
     summary = run_config(cfg)
@@ -81,6 +88,7 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
     ideal = ideal_step(name, r, t, s, cfg.explorer.count)
     return {
         "mode": name,
+        "placement": placement,
         "step_s": step_time,
         "ideal_s": ideal,
         "efficiency": ideal / step_time if step_time > 0 else 0.0,
@@ -89,8 +97,32 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
         "S_s": s,
         "explorer_busy": mean(busy(f"explorer-{i}") for i in range(cfg.explorer.count)),
         "trainer_busy": busy("trainer"),
+        "trainer_wait_s": mean_of("wait", "trainer"),
+        "startup_s": min(x.start for x in spans) - started,  # flow start -> first recorded span (engines, groups)
         "wall_s": wall,
     }
+
+
+def run_with_roles_on_a_worker(names: list[str], model: str, tasks: str, root: str, steps: int) -> list[dict]:
+    """Every mode with placement `deployments`: a real Prefect server, a process worker and the
+    role deployments (`prefect deploy --all`), started here and stopped afterwards."""
+    from pathlib import Path
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from tests.prefect_live import DEPLOY_ALL, start_server, start_worker
+
+    server = start_server(Path(root) / "prefect-live", ui=False)
+    try:
+        worker = start_worker(server, "rft-cpu", Path(root) / "prefect-live")
+        try:
+            server.cli(*DEPLOY_ALL, timeout=300)
+            with temporary_settings({PREFECT_API_URL: server.api_url}):
+                return [run_mode(name, model, tasks, f"{root}/runs", steps, False, "deployments") for name in names]
+        finally:
+            worker.stop()
+    finally:
+        server.stop()
 
 
 def main() -> None:
@@ -100,7 +132,11 @@ def main() -> None:
     ap.add_argument("--rollout-s", type=float, default=0.6, help="synthetic rollout time R")
     ap.add_argument("--train-s", type=float, default=0.6, help="synthetic train time T")
     ap.add_argument("--sync-s", type=float, default=0.05, help="synthetic weight-load time S")
+    ap.add_argument("--placements", default=None, help="comma-separated: local,deployments (default: both for the real workload, local with --synthetic)")
     a = ap.parse_args()
+    placements = (a.placements or ("local" if a.synthetic else "local,deployments")).split(",")
+    if a.synthetic and placements != ["local"]:
+        ap.error("--synthetic patches this process's engine and trainer: it measures placement local only")
 
     from bench._report import emit_json, print_table
     from prefect.testing.utilities import prefect_test_harness
@@ -122,20 +158,27 @@ def main() -> None:
         os.environ["RFT_KEEP_ENGINES"] = "1"
         label = "real tiny model: vLLM CPU explorer(s) and DeepSpeed CPU trainer, one core each"
     rows = []
-    with prefect_test_harness(server_startup_timeout=120):
-        for name in MODES:
-            rows.append(run_mode(name, model, tasks, f"{root}/runs", steps, a.synthetic))
+    if "local" in placements:
+        with prefect_test_harness(server_startup_timeout=120):
+            for name in MODES:
+                rows.append(run_mode(name, model, tasks, f"{root}/runs", steps, a.synthetic))
+    if "deployments" in placements:
+        rows += run_with_roles_on_a_worker(list(MODES), model, tasks, root, steps)
     print_table(rows, title=f"bench.modes ({label}); {steps} trainer steps per mode")
-    sync = next(r for r in rows if r["mode"] == "synchronous")
-    emit_json(
-        {
-            "workload": "synthetic" if a.synthetic else "tiny-model",
-            "steps": steps,
-            "efficiency": {r["mode"]: round(r["efficiency"], 3) for r in rows},
-            "step_s": {r["mode"]: round(r["step_s"], 3) for r in rows},
-            "orchestration_overhead": round(max(0.0, (sync["step_s"] - sync["ideal_s"]) / sync["step_s"]), 3),
-        }
-    )
+    by = {(r["mode"], r["placement"]): r for r in rows}
+    out = {"workload": "synthetic" if a.synthetic else "tiny-model", "steps": steps}
+    for placement in placements:
+        mine = [r for r in rows if r["placement"] == placement]
+        key = "" if placement == "local" else f"_{placement}"
+        out[f"efficiency{key}"] = {r["mode"]: round(r["efficiency"], 3) for r in mine}
+        out[f"step_s{key}"] = {r["mode"]: round(r["step_s"], 3) for r in mine}
+    if "local" in placements:
+        sync = by[("synchronous", "local")]
+        out["orchestration_overhead"] = round(max(0.0, (sync["step_s"] - sync["ideal_s"]) / sync["step_s"]), 3)
+    if {"local", "deployments"} <= set(placements):
+        out["cross_process_overhead"] = {m: round((by[(m, "deployments")]["step_s"] - by[(m, "local")]["step_s"]) / by[(m, "local")]["step_s"], 3) for m in MODES}
+        out["startup_s"] = {f"{m}/{p}": round(by[(m, p)]["startup_s"], 1) for m in MODES for p in ("local", "deployments")}
+    emit_json(out)
 
 
 if __name__ == "__main__":

@@ -173,8 +173,9 @@ class Explorer:
 
     def _install(self, version: int, stop: StopSignal) -> int:
         """Load `version` (announced by the trainer) into the engine; the receiver acknowledges it."""
-        with self.timeline.span("sync", version=version, method=self.receiver.method) as span:
+        with self.timeline.span("wait", version=self.engine.version):  # the trainer's go (collective) or the commit (checkpoint)
             self.receiver.prepare(version, stop)
+        with self.timeline.span("sync", version=version, method=self.receiver.method) as span:
             got = self.receiver.receive(self.engine, version)
             span.version = got
         self.timeline.flush()
