@@ -20,7 +20,7 @@ from rl_engine.control import STOP_KEY, Board, request_stop
 from rl_engine.errors import UserError
 from rl_engine.learner import latest_state_step
 from rl_engine.roles import post_start
-from rl_engine.run import ResumePoint, RunContext, open_run, resume_point, start_run
+from rl_engine.run import ResumePoint, RunContext, RunLease, open_run, resume_point, start_run
 from tasks.report import publish_report
 from tasks.roles import explorer_task, trainer_task
 
@@ -101,13 +101,20 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str) -> Any:
     """The body of every mode's flow: the schedule is the roles' business, the placement says where they run."""
     from flows.placement import run_deployments
 
-    run, attempt = open_or_start(cfg, resume, mode)
-    with watch_cancellation(run) as cancel:
-        if run.cfg.placement.type == "local":
-            run_local(run)
-        else:
-            run_deployments(run, attempt, cancel)
-    return finish_run(run, cancelled=cancel.cancelled)
+    # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
+    lease = RunLease(open_run(resume, cfg.buffer.storage.options).url, cfg.buffer.storage.options).acquire() if resume else None
+    try:
+        run, attempt = open_or_start(cfg, resume, mode)
+        lease = lease or RunLease(run.url, run.storage_options).acquire()
+        with watch_cancellation(run) as cancel:
+            if run.cfg.placement.type == "local":
+                run_local(run)
+            else:
+                run_deployments(run, attempt, cancel)
+        return finish_run(run, cancelled=cancel.cancelled)
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 def finish_run(run: RunContext, cancelled: bool = False) -> Any:

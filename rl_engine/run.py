@@ -110,9 +110,9 @@ class RunLease:
     again after `ttl_s`. Object stores have no atomic create, so an acquirer reads the lease back
     after writing it to see who won."""
 
-    def __init__(self, run: RunContext, ttl_s: float = 60.0):
-        self.run, self.ttl_s = run, ttl_s
-        self.fs, root = run.fs()
+    def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, ttl_s: float = 60.0):
+        self.url, self.ttl_s = run_url, ttl_s
+        self.fs, root = open_storage(run_url, storage_options)
         self.path = join(root, LEASE_FILE)
         self.me = {"holder": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
         self._done = threading.Event()
@@ -128,7 +128,7 @@ class RunLease:
     def _refuse(self, cur: dict[str, Any]) -> None:
         age = time.time() - cur["time"]
         raise UserError(
-            f"run {self.run.url} is being run by pid {cur['pid']} on {cur['host']} (its lease was renewed {age:.0f} s ago); "
+            f"run {self.url} is being run by pid {cur['pid']} on {cur['host']} (its lease was renewed {age:.0f} s ago); "
             f"wait for that run to end or cancel it, or if it died, retry in {max(0.0, cur['ttl_s'] - age):.0f} s, when its lease expires"
         )
 

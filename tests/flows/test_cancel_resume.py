@@ -90,3 +90,28 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
     trainer = [m for m in metrics if "explorer_steps" in m]
     assert [m["step"] for m in trainer] == list(range(1, total + 1))
     assert [m["explorer_steps"] for m in trainer if m["resumed_from"] == saved] == [[t] for t in range(saved + 1, total + 1)]
+
+
+def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_dir, task_file, tmp_path):
+    import contextvars
+    import os
+
+    from rl_engine.control import Board, request_stop
+    from rl_engine.errors import UserError
+
+    cfg = validate_config(small_config(tiny_model_dir, task_file, str(tmp_path), name="busy", mode="one_step_off_policy", sync_offset=1, total_steps=40))
+    out: list = []
+    first = threading.Thread(target=contextvars.copy_context().run, args=(lambda: out.append(run_config(cfg)),), daemon=True)
+    first.start()
+    board = Board(str(tmp_path / "busy"))
+    deadline = time.monotonic() + 240
+    while (board.get("trainer") or {}).get("version", 0) < 1 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    attempt = board.get("start")["attempt"]
+    with pytest.raises(UserError, match=rf"run {tmp_path}/busy is being run by pid {os.getpid()} on .*wait for that run to end"):
+        run_config(open_run(str(tmp_path / "busy")).cfg, resume=str(tmp_path / "busy"))
+    assert board.get("start")["attempt"] == attempt  # the refused driver touched nothing of the running one
+    request_stop(board, "cancelled", "test over", by="test")
+    first.join(120)
+    assert not first.is_alive() and out and out[0]["final_version"] < 40
+    assert not (tmp_path / "busy" / "lease.json").exists()  # released when the run ended

@@ -139,21 +139,21 @@ def test_one_driver_per_run_and_a_dead_drivers_lease_expires(run):
     from rl_engine.errors import UserError
     from rl_engine.run import RunLease
 
-    first = RunLease(run, ttl_s=1.5).acquire()
+    first = RunLease(run.url, ttl_s=1.5).acquire()
     try:
         with pytest.raises(UserError, match=rf"run {run.url} is being run by pid \d+ on .*retry in \d+ s"):
-            RunLease(run, ttl_s=1.5).acquire()
+            RunLease(run.url, ttl_s=1.5).acquire()
         time.sleep(2.0)  # the holder keeps renewing: still refused after its ttl
         with pytest.raises(UserError, match="is being run by"):
-            RunLease(run, ttl_s=1.5).acquire()
+            RunLease(run.url, ttl_s=1.5).acquire()
     finally:
         first.release()
-    second = RunLease(run, ttl_s=1.5).acquire()  # released: free at once
+    second = RunLease(run.url, ttl_s=1.5).acquire()  # released: free at once
     second._done.set()  # the holder dies: no more renewals, no release
     second._thread.join(5)
     lease = json.loads((Path(run.url) / "lease.json").read_text())
     assert lease["holder"] == second.me["holder"]
     time.sleep(1.7)
-    third = RunLease(run, ttl_s=1.5).acquire()  # the dead holder's lease expired
+    third = RunLease(run.url, ttl_s=1.5).acquire()  # the dead holder's lease expired
     third.release()
     assert not (Path(run.url) / "lease.json").exists()
