@@ -184,8 +184,16 @@ class LiveServer:
         return res
 
     def api(self, method: str, path: str, json: Any = None, timeout: float = 30, ok: Iterable[int] = (200, 201, 204)) -> Any:
-        """One REST call (`path` relative to the API root, e.g. '/deployments/filter'); its JSON body."""
-        r = httpx.request(method, self.api_url.rstrip("/") + path, json=json, timeout=timeout)
+        """One REST call (`path` relative to the API root, e.g. '/deployments/filter'); its JSON body.
+
+        A server busy on its SQLite database answers 503 now and then (Prefect's own client
+        retries those too): retried a few times with backoff before it counts.
+        """
+        for attempt in range(5):
+            r = httpx.request(method, self.api_url.rstrip("/") + path, json=json, timeout=timeout)
+            if r.status_code not in (502, 503, 504) or r.status_code in tuple(ok):
+                break
+            time.sleep(0.5 * 2**attempt)
         if r.status_code not in tuple(ok):
             raise AssertionError(f"{method} {path} -> {r.status_code}: {r.text[:2000]}")
         return r.json() if r.content else None
