@@ -98,7 +98,9 @@ def run_deployments(run: RunContext, attempt: str, cancel: Cancel) -> None:
             raise
     stop = board.get(STOP_KEY) or {}
     if stop.get("kind") == "failed" and not cancel.cancelled:
-        raise RoleFailed(f"run {run.url} failed: {stop['reason']}")
+        # A role whose process died is the cause even when a peer's error (a broadcast cut short) was posted first.
+        crashed = [f"{r} crashed: {s.message}" for r, s in states.items() if s.is_crashed() and not stop["reason"].startswith(r)]
+        raise RoleFailed(f"run {run.url} failed: {'; '.join(crashed + [stop['reason']])}")
 
 
 def _cancel(client: Any, children: dict[str, Any], states: dict[str, Any]) -> None:
