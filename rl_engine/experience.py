@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from rl_engine.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added `segments`; version-1 tables are read (upgraded) too
 SCHEMA_VERSION_KEY = b"rft.schema_version"
 FINISH_REASONS = ("stop", "length", "repeat", "truncated")
 
@@ -34,6 +34,9 @@ FINISH_REASONS = ("stop", "length", "repeat", "truncated")
 def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = False) -> pa.Field:
     return pa.field(name, type_, nullable=nullable, metadata={b"doc": doc.encode()})
 
+
+# One segment: the response tokens [start, end) generated in explorer step `explorer_step` by `version`.
+SEGMENT_TYPE = pa.struct([("explorer_step", pa.int64()), ("version", pa.int32()), ("start", pa.int32()), ("end", pa.int32())])
 
 # One field per column, each with its meaning. Token lists are int32 (vocabularies < 2**31);
 # per-token logprobs are float32 (they dominate file size, and vLLM computes them in float32).
@@ -52,7 +55,8 @@ EXPERIENCE_SCHEMA = pa.schema(
         _f("reward", pa.float64(), "Scalar reward of the whole trajectory (sum of components unless the reward says otherwise)."),
         _f("reward_components", pa.map_(pa.string(), pa.float64()), "Named parts of the reward, e.g. {correct: 1.0, format: 0.1}."),
         _f("finish_reason", pa.string(), "How the generation ended: stop | length | repeat | truncated."),
-        _f("num_segments", pa.int32(), "Number of explorer steps (segments) it took; 1 without partial rollouts."),
+        _f("num_segments", pa.int32(), "Number of segments it took (len(segments)); 1 without partial rollouts."),
+        _f("segments", pa.list_(SEGMENT_TYPE), "Its segments in order: explorer step, policy version and token span [start, end) of response_ids each generated."),
         _f("created_at", pa.float64(), "Unix time (s) it was completed and scored."),
         _f("started_at", pa.float64(), "Unix time (s) its first segment started; null if unknown.", nullable=True),
         _f("prompt_text", pa.string(), "Prompt text, for inspection."),
@@ -89,7 +93,8 @@ class Experience:
     reward: float
     reward_components: dict[str, float] = dataclasses.field(default_factory=dict)
     finish_reason: str = "stop"
-    num_segments: int = 1
+    num_segments: int | None = None  # None: len(segments)
+    segments: list[dict[str, int]] | None = None  # None: one per run of equal versions, in explorer_step
     created_at: float = dataclasses.field(default_factory=time.time)
     started_at: float | None = None
     prompt_text: str = ""
@@ -117,7 +122,8 @@ class ExperienceBatch:
         Extra columns are dropped (a newer writer may add some without a version bump only if
         it keeps these); missing columns, wrong types, nulls and misaligned token lists raise.
         """
-        _check_version(table.schema, source)
+        if _check_version(table.schema, source) == 1:
+            table = _upgrade_v1(table)
         columns = []
         for field in EXPERIENCE_SCHEMA:
             idx = table.schema.get_field_index(field.name)
@@ -136,7 +142,7 @@ class ExperienceBatch:
 
     @classmethod
     def from_experiences(cls, experiences: Iterable[Experience]) -> "ExperienceBatch":
-        rows = list(experiences)
+        rows = [_with_segments(e) for e in experiences]
         data = {f.name: [getattr(e, f.name) for e in rows] for f in EXPERIENCE_SCHEMA}
         data["reward_components"] = [list(d.items()) for d in data["reward_components"]]
         try:
@@ -268,14 +274,39 @@ def _positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, pos
 
 
-def _check_version(schema: pa.Schema, source: str) -> None:
+def _check_version(schema: pa.Schema, source: str) -> int:
     raw = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
     if raw is None:
         raise SchemaError(source, f"no experience schema version in its metadata (key {SCHEMA_VERSION_KEY.decode()!r}); not an experience table?")
-    if raw != str(SCHEMA_VERSION).encode():
+    if raw not in (b"1", str(SCHEMA_VERSION).encode()):
         raise SchemaError(
-            source, f"experience schema version {raw.decode(errors='replace')}, this code reads version {SCHEMA_VERSION}; use the matching rl_engine version"
+            source, f"experience schema version {raw.decode(errors='replace')}, this code reads versions 1 to {SCHEMA_VERSION}; use the matching rl_engine version"
         )
+    return int(raw)
+
+
+def version_runs(explorer_step: int, versions: Sequence[int]) -> list[dict[str, int]]:
+    """Segments of a response generated in one explorer step: one per run of equal versions."""
+    out: list[dict[str, int]] = []
+    for k, v in enumerate(versions):
+        if out and out[-1]["version"] == v:
+            out[-1]["end"] = k + 1
+        else:
+            out.append({"explorer_step": int(explorer_step), "version": int(v), "start": k, "end": k + 1})
+    return out or [{"explorer_step": int(explorer_step), "version": -1, "start": 0, "end": 0}]
+
+
+def _with_segments(e: Experience) -> Experience:
+    segments = e.segments if e.segments is not None else version_runs(e.explorer_step, e.versions)
+    return dataclasses.replace(e, segments=segments, num_segments=len(segments) if e.num_segments is None else e.num_segments)
+
+
+def _upgrade_v1(table: pa.Table) -> pa.Table:
+    """A version-1 table (before partial rollouts): derive `segments` from steps and versions."""
+    steps = table.column("explorer_step").to_pylist()
+    segments = [version_runs(s, v) for s, v in zip(steps, table.column("versions").to_pylist())]
+    table = table.set_column(table.schema.get_field_index("num_segments"), "num_segments", pa.array([len(s) for s in segments], pa.int32()))
+    return table.append_column("segments", pa.array(segments, pa.list_(SEGMENT_TYPE)))
 
 
 def _check_rows(table: pa.Table, source: str) -> None:
@@ -286,8 +317,41 @@ def _check_rows(table: pa.Table, source: str) -> None:
         if pc.any(bad).as_py():
             row = pc.index(bad, True).as_py()
             raise SchemaError(source, f"row {row} has a different length than response_ids; it must hold one value per response token", name)
+    _check_segments(table, source)
     known = pc.is_in(table.column("finish_reason"), value_set=pa.array(FINISH_REASONS))
     if len(table) and not pc.all(known).as_py():
         row = pc.index(known, False).as_py()
         value = table.column("finish_reason")[row].as_py()
         raise SchemaError(source, f"row {row} has {value!r}; expected one of {', '.join(FINISH_REASONS)}", "finish_reason")
+
+
+def _check_segments(table: pa.Table, source: str) -> None:
+    """Segments tile [0, len(response)) in order, their count is num_segments, and each one's
+    tokens carry its version (what schedule checks read from stored data)."""
+    seg_len, seg = _lists(table.column("segments")) if len(table) else (np.zeros(0, np.int64), None)
+    bad = np.flatnonzero(seg_len != table.column("num_segments").to_numpy())
+    if len(bad):
+        raise SchemaError(source, f"row {bad[0]} has {seg_len[bad[0]]} segment(s) but num_segments = {table.column('num_segments')[int(bad[0])]}", "segments")
+    if not len(table):
+        return
+    r_len = pc.list_value_length(table.column("response_ids")).to_numpy()
+    flat = pc.list_flatten(table.column("segments")).combine_chunks()
+    start, end, version = (flat.field(k).to_numpy(zero_copy_only=False).astype(np.int64) for k in ("start", "end", "version"))
+    first = np.cumsum(seg_len) - seg_len  # [B] index of each row's first segment
+    last = first + seg_len - 1
+    row = np.repeat(np.arange(len(seg_len)), seg_len)  # [S] row of each segment
+    prev_end = np.concatenate([[0], end[:-1]])
+    prev_end[first[seg_len > 0]] = 0
+    broken = (start != prev_end) | (end < start)
+    ends_wrong = np.zeros(len(seg_len), bool)
+    ends_wrong[seg_len > 0] = end[last[seg_len > 0]] != r_len[seg_len > 0]
+    bad_rows = sorted(set(row[broken].tolist()) | set(np.flatnonzero(ends_wrong | (seg_len == 0)).tolist()))
+    if bad_rows:
+        raise SchemaError(source, f"row {bad_rows[0]}: segments must cover response tokens [0, {r_len[bad_rows[0]]}) in order without gaps", "segments")
+    tok_versions = _lists(table.column("versions"))[1].astype(np.int64)
+    starts = np.cumsum(r_len) - r_len  # [B] offset of each row's response in the flat token list
+    expected = np.repeat(version, end - start)  # [T] version each token should carry
+    if not np.array_equal(expected, tok_versions[: len(expected)]) or len(expected) != len(tok_versions):
+        mismatch = np.flatnonzero(np.repeat(version, end - start) != tok_versions)
+        r = int(np.searchsorted(starts, mismatch[0], side="right") - 1) if len(mismatch) else 0
+        raise SchemaError(source, f"row {r}: a token's version differs from the version of its segment", "segments")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from rl_engine.experience import EXPERIENCE_SCHEMA, FINISH_REASONS, Experience, ExperienceBatch
+from rl_engine.experience import EXPERIENCE_SCHEMA, FINISH_REASONS, SEGMENT_TYPE, Experience, ExperienceBatch, version_runs
 
 _WORDS = "the quick brown fox jumps over a lazy dog and then computes 17 * 23 = 391 "
 
@@ -65,6 +65,7 @@ def make_batch(
         "reward_components": pa.array([[("correct", r)] for r in reward], EXPERIENCE_SCHEMA.field("reward_components").type),
         "finish_reason": pa.array([FINISH_REASONS[i % 2] for i in rows], pa.string()),
         "num_segments": pa.array(np.ones(n, dtype=np.int32)),
+        "segments": pa.array([[{"explorer_step": explorer_step, "version": version, "start": 0, "end": response_len}]] * n, pa.list_(SEGMENT_TYPE)),
         "created_at": pa.array(np.full(n, 1.7e9) + rows),
         "started_at": pa.array(np.full(n, 1.7e9) + rows - 1.0),
         "prompt_text": text(prompt_len),
@@ -83,6 +84,7 @@ def make_experiences(n: int, *, explorer_id: int = 0, explorer_step: int = 1, gr
     out = []
     for i in range(n):
         p, r = int(rng.integers(1, 20)), int(rng.integers(0, 30))
+        versions = sorted(rng.integers(0, 5, r).tolist())
         out.append(
             Experience(
                 experience_id=f"{prefix}-{i}",
@@ -93,12 +95,13 @@ def make_experiences(n: int, *, explorer_id: int = 0, explorer_step: int = 1, gr
                 prompt_ids=rng.integers(0, 2**31 - 1, p).tolist(),
                 response_ids=rng.integers(0, 50000, r).tolist(),
                 logprobs=[float(np.float32(x)) for x in -rng.exponential(1.0, r)],
-                versions=sorted(rng.integers(0, 5, r).tolist()),
+                versions=versions,
                 loss_mask=rng.integers(0, 2, r).tolist(),
                 reward=float(rng.normal()),
                 reward_components={f"c{k}": float(rng.normal()) for k in range(i % 3)},
                 finish_reason=FINISH_REASONS[i % len(FINISH_REASONS)],
-                num_segments=1 + i % 3,
+                segments=version_runs(explorer_step, versions),  # one per version: mixed versions as under partial rollouts
+                num_segments=len(version_runs(explorer_step, versions)),
                 created_at=1.7e9 + float(rng.random()),
                 started_at=None if i % 2 else 1.6e9 + i,
                 prompt_text=f"Q{i}: what is 7·6? ✓",

@@ -18,6 +18,7 @@ from rl_engine.experience import (
     Experience,
     ExperienceBatch,
     SchemaError,
+    version_runs,
 )
 
 
@@ -37,13 +38,14 @@ def _exp(i: int, prompt_len: int = 3, response_len: int = 4, group: str = "g0", 
         reward=0.1 * i,
         reward_components={"correct": float(i), "format": 0.25},
         finish_reason=FINISH_REASONS[i % 4],
-        num_segments=1 + i % 2,
         created_at=1_700_000_000.123456 + i,
         started_at=None if i % 2 else 1_699_999_999.5,
         prompt_text=f"prompt {i} ü",
         response_text=f"response {i}",
     )
     fields.update(kw)
+    fields.setdefault("segments", version_runs(fields["explorer_step"], fields["versions"]))
+    fields.setdefault("num_segments", len(fields["segments"]))
     return Experience(**fields)
 
 
@@ -143,3 +145,30 @@ def test_extra_columns_dropped_and_slicing():
     both = ExperienceBatch.concat([batch, batch.slice(1)])
     assert len(both) == 3
     assert [e.experience_id for e in both.take(np.array([2, 0])).experiences()] == ["x1", "x0"]
+
+
+def test_version_1_table_reads_with_segments_derived():
+    # A buffer written before partial rollouts (schema 1, no `segments`) still reads: one segment per version run.
+    t = ExperienceBatch.from_experiences([_exp(i) for i in range(3)]).to_table().drop_columns(["segments"])
+    t = t.replace_schema_metadata({SCHEMA_VERSION_KEY: b"1"})
+    back = ExperienceBatch.from_table(t, source="old.arrow").experiences()
+    assert back[1].segments == [{"explorer_step": 11, "version": 1, "start": 0, "end": 2}, {"explorer_step": 11, "version": 2, "start": 2, "end": 4}]
+    assert [e.num_segments for e in back] == [2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    "segments, message",
+    [
+        ([{"explorer_step": 3, "version": 1, "start": 0, "end": 1}, {"explorer_step": 4, "version": 2, "start": 2, "end": 4}], "without gaps"),
+        ([{"explorer_step": 3, "version": 1, "start": 0, "end": 3}], "without gaps"),  # ends before the response does
+        ([{"explorer_step": 3, "version": 1, "start": 0, "end": 4}], "version differs"),  # tokens 2, 3 carry version 2
+    ],
+)
+def test_segments_must_tile_the_response_with_their_versions(segments, message):
+    with pytest.raises(SchemaError, match=f"row 0: .*{message}"):
+        ExperienceBatch.from_experiences([_exp(1, segments=segments, num_segments=len(segments))])
+
+
+def test_num_segments_must_count_the_segments():
+    with pytest.raises(SchemaError, match="row 0 has 2 segment.* num_segments = 5"):
+        ExperienceBatch.from_experiences([_exp(1, num_segments=5)])

@@ -14,7 +14,7 @@ import pytest
 from rl_engine.buffer import BufferReader, BufferTimeout, BufferWriter, CorruptFileError
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
-from rl_engine.experience import SCHEMA_VERSION_KEY, ExperienceBatch
+from rl_engine.experience import SCHEMA_VERSION_KEY, ExperienceBatch, version_runs
 
 
 def _ids(batch: ExperienceBatch) -> list[str]:
@@ -58,8 +58,11 @@ def test_stale_experiences_dropped_and_counted(tmp_path):
 def test_group_with_one_stale_member_dropped_whole(tmp_path):
     run = str(tmp_path)
     t = make_batch(4, group_size=2, version=5).to_table()
-    versions = pa.array([[5] * 32, [1] + [5] * 31, [5] * 32, [5] * 32], pa.list_(pa.int32()))
-    t = t.set_column(t.schema.get_field_index("versions"), t.schema.field("versions"), versions)
+    versions = [[5] * 32, [1] + [5] * 31, [5] * 32, [5] * 32]
+    t = t.set_column(t.schema.get_field_index("versions"), t.schema.field("versions"), pa.array(versions, pa.list_(pa.int32())))
+    segments = [version_runs(1, v) for v in versions]
+    t = t.set_column(t.schema.get_field_index("segments"), t.schema.field("segments"), pa.array(segments, t.schema.field("segments").type))
+    t = t.set_column(t.schema.get_field_index("num_segments"), t.schema.field("num_segments"), pa.array([len(x) for x in segments], pa.int32()))
     BufferWriter(run, {}, 0).write(1, ExperienceBatch.from_table(t))
     reader = BufferReader(run, {}, BufferConfig(whole_groups=True))
     assert _ids(reader.read_batch(2, trainer_version=5, max_staleness=2, timeout_s=0)) == ["e0-s1-2", "e0-s1-3"]
@@ -129,7 +132,7 @@ def _committed_invalid(run: str, table: pa.Table) -> str:
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.replace_schema_metadata({SCHEMA_VERSION_KEY: b"2"}), r"experience schema version 2, this code reads version 1"),
+        (lambda t: t.replace_schema_metadata({SCHEMA_VERSION_KEY: b"9"}), r"experience schema version 9, this code reads versions 1 to 2"),
         (lambda t: t.drop_columns(["logprobs"]), r"column 'logprobs': missing"),
         (lambda t: t.set_column(t.schema.get_field_index("reward"), "reward", pa.array(np.zeros(4, np.float32))), r"column 'reward': has type float, expected double"),
     ],
