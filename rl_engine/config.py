@@ -156,8 +156,9 @@ class PartialRolloutConfig(_Model):
     enabled: bool = Field(default=False, description="Turn partial rollouts on.")
     segment_max_tokens: int = Field(default=32, ge=1, description="Token budget of one segment within one explorer step.")
     max_response_tokens: int = Field(default=128, ge=1, description="Total response budget; a trajectory reaching it is complete, marked truncated.")
-    repeat_ngram: int = Field(default=4, ge=1, description="n of the repetition detector's n-gram.")
-    repeat_threshold: int = Field(default=8, ge=2, description="Stop early once the last n-gram has repeated this many times in a row.")
+    max_groups_in_flight: int | None = Field(default=None, ge=1, description="Most GRPO groups an explorer holds unfinished or unwritten (new tasks start only below it); null = 2 x explorer.batch_size.")
+    repeat_ngram: int = Field(default=4, ge=1, description="Longest repeating pattern, in tokens, the repetition detector looks for (patterns of 1..n tokens).")
+    repeat_threshold: int = Field(default=8, ge=2, description="Stop a generation early (finish reason `repeat`) once its last pattern occurred this many times in a row, across segment boundaries.")
     repeat_penalty: float = Field(default=0.0, le=0.0, description="Reward added to trajectories stopped for repetition (<= 0).")
 
     @model_validator(mode="after")
@@ -364,8 +365,8 @@ class RFTConfig(_Model):
     @model_validator(mode="after")
     def _consistent(self) -> "RFTConfig":
         s, x = self.synchronizer, self.explorer
-        if x.partial.enabled:
-            raise ValueError("explorer.partial.enabled = True: partial rollouts are not built yet (only their continuation store is); set it to false")
+        if x.partial.enabled and (x.partial.max_groups_in_flight or 2 * x.batch_size) < x.batch_size:
+            raise ValueError(f"explorer.partial.max_groups_in_flight = {x.partial.max_groups_in_flight} is below explorer.batch_size = {x.batch_size}; a step could never fill its batch")
         if s.mode == "multi_explorer" and x.count < 2:
             raise ValueError(f"explorer.count = {x.count}: synchronizer.mode 'multi_explorer' needs explorer.count >= 2 (or use mode 'fully_async')")
         if s.mode != "multi_explorer" and x.count != 1:
@@ -402,6 +403,8 @@ class RFTConfig(_Model):
             raise ValueError(f"trainer.train_batch_size = {tbs} must be a multiple of algorithm.repeat_times = {self.algorithm.repeat_times} when buffer.whole_groups is true")
         if self.explorer.sampling.max_tokens >= self.model.max_model_len:
             raise ValueError(f"explorer.sampling.max_tokens = {self.explorer.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
+        if x.partial.enabled and x.partial.max_response_tokens >= self.model.max_model_len:
+            raise ValueError(f"explorer.partial.max_response_tokens = {x.partial.max_response_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
         return self
 
     # ---- derived values (the one resolve step)

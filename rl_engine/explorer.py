@@ -27,10 +27,11 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from rl_engine.buffer import BufferWriter
+from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.control import Board, StopSignal
 from rl_engine.experience import Experience, ExperienceBatch
 from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
+from rl_engine.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.run import RunContext
 from rl_engine.schedule import admission_wait
@@ -123,6 +124,11 @@ def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any
     return ExperienceBatch.from_experiences(rows), scores.metrics
 
 
+def partial_settings(cfg: Any, explorer_id: int) -> PartialSettings:
+    x = cfg.explorer
+    return PartialSettings(x.partial, x.sampling, x.batch_size, cfg.algorithm.repeat_times, cfg.model.max_model_len, cfg.taskset.template, cfg.seed, explorer_id)
+
+
 class Explorer:
     """Generates, scores and writes experiences; holds a live vLLM engine."""
 
@@ -139,9 +145,14 @@ class Explorer:
         tasks = load_taskset(cfg.taskset, run.storage_options)
         # Each explorer walks its own seeded order, so several explorers do not repeat each other in lockstep.
         self.tasks = TaskIterator(tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle)
-        self.tasks.advance(first_step - 1)  # step e draws the e-th batch of the stream, also after a resume
         self.reward_fn = build_reward(cfg.taskset.reward)
         self.writer = BufferWriter(run.url, run.storage_options, explorer_id)
+        self.partial: PartialRollouts | None = None
+        if cfg.explorer.partial.enabled:  # it restores the task stream's position with its continuations
+            store = ContinuationStore(run.url, run.storage_options, explorer_id)
+            self.partial = PartialRollouts(self.engine, store, self.tasks, self.reward_fn, partial_settings(cfg, explorer_id), first_step)
+        else:
+            self.tasks.advance(first_step - 1)  # step e draws the e-th batch of the stream, also after a resume
 
     @property
     def version(self) -> int:
@@ -150,10 +161,18 @@ class Explorer:
     def step(self, e: int) -> dict[str, Any]:
         """Explorer step e: rollout -> reward -> buffer; returns its metrics."""
         v, started = self.engine.version, time.time()
-        with self.timeline.span("rollout", step=e, version=v):
-            batch, reward_metrics = generate_experiences(self.engine, self.tasks.next_batch(), self.reward_fn, self.cfg, self.explorer_id, e)
+        with self.timeline.span("rollout", step=e, version=v) as span:
+            if self.partial is None:
+                batch, reward_metrics = generate_experiences(self.engine, self.tasks.next_batch(), self.reward_fn, self.cfg, self.explorer_id, e)
+            else:
+                batch, reward_metrics = self.partial.generate(e)
+                span.cut, span.resumed = reward_metrics.get("cut_generations"), reward_metrics.get("resumed_generations")
         with self.timeline.span("write", step=e, version=v):
+            if self.partial is not None:
+                self.partial.stage(e, batch)
             self.writer.write(e, batch)
+            if self.partial is not None:
+                self.partial.committed(e)
         self.timeline.flush()
         rewards = batch.column("reward")
         lengths = pc.list_value_length(batch.to_table().column("response_ids")).to_numpy()
@@ -166,7 +185,8 @@ class Explorer:
             "response_len_mean": float(lengths.mean()) if len(batch) else 0.0,
             "tokens": int(lengths.sum()),
             "rollout_s": time.time() - started,
-            "reward_errors": reward_metrics.get("reward/errors", 0),
+            "reward_errors": reward_metrics.get("reward/errors", reward_metrics.get("reward_errors", 0)),
+            **({"partial": {k: v for k, v in reward_metrics.items() if k != "reward_errors"}} if self.partial is not None else {}),
         }
 
     # ---- weight sync

@@ -53,6 +53,8 @@ class Span:
     step: int | None = None
     version: int | None = None
     method: str | None = None  # sync only: collective | checkpoint
+    cut: int | None = None  # rollout under partial rollouts: generations cut (to be continued) in this step
+    resumed: int | None = None  # rollout under partial rollouts: generations continued from earlier steps
 
     @property
     def duration(self) -> float:

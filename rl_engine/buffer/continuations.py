@@ -6,7 +6,10 @@ is the source of truth (a Prefect artifact may mirror `manifest()` for people an
 run). A data file is written whole before the manifest names it, and every change of the
 manifest is one atomic write, so after a crash the store holds either the old sets or the new
 ones. `save(batch, retire=ids)` adds a set and retires the ones it continues in one step, so a
-resumed set can never be resumed twice nor lost.
+resumed set can never be resumed twice nor lost. `commit(sets, retire=..., state=...)` does the
+same for several sets of different kinds at once (`pending`: to be continued; `outbox`: a
+finished batch staged before its buffer commit, see rl_engine/partial.py) together with the
+owner's state (its task-stream position), which `state()` reads back.
 
 One store per explorer, used by one process at a time (the explorer that owns it); it is
 thread-safe within that process.
@@ -53,6 +56,7 @@ class ContinuationEntry:
     created_at: float
     size: int
     crc32: int
+    kind: str = "pending"  # pending (to be continued) | outbox (staged for the buffer)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -74,17 +78,38 @@ class ContinuationStore:
         """Persist a set (validated against the schema); retire `retire` in the same commit; returns its id."""
         if isinstance(batch, pa.Table):
             batch = ExperienceBatch.from_table(batch, source="ContinuationStore.save")
-        cid = uuid.uuid4().hex
-        name = f"part-{cid}.arrow"
-        info = _files.write_data(self.fs, join(self.dir, name), batch.to_table(), fsync=self.fsync)
-        tokens = pc.sum(pc.list_value_length(batch.to_table().column("response_ids"))).as_py() or 0
-        entry = ContinuationEntry(cid, name, len(batch), int(tokens), explorer_step, time.time(), info["size"], info["crc32"])
+        (cid,) = self.commit([(batch, "pending")], explorer_step=explorer_step, retire=retire)
+        return cid
+
+    def commit(
+        self, sets: list[tuple[ExperienceBatch, str]], *, explorer_step: int | None = None, retire: Iterable[str] = (), state: dict[str, Any] | None = None
+    ) -> list[str | None]:
+        """Add sets `(batch, kind)`, retire `retire` and (if given) replace the owner's state, in
+        one manifest write; returns the new ids (None for an empty batch, which adds no set)."""
+        added: list[ContinuationEntry | None] = []
+        for batch, kind in sets:
+            if kind not in ("pending", "outbox"):
+                raise ValueError(f"continuation set kind {kind!r}: expected pending or outbox")
+            if not len(batch):
+                added.append(None)
+                continue
+            cid = uuid.uuid4().hex
+            name = f"part-{cid}.arrow"
+            info = _files.write_data(self.fs, join(self.dir, name), batch.to_table(), fsync=self.fsync)
+            tokens = pc.sum(pc.list_value_length(batch.to_table().column("response_ids"))).as_py() or 0
+            added.append(ContinuationEntry(cid, name, len(batch), int(tokens), explorer_step, time.time(), info["size"], info["crc32"], kind))
         with self._lock:
             manifest = self._read_manifest()
             doomed = self._check_retire(manifest, retire)
-            manifest["entries"] = [e for e in manifest["entries"] if e["id"] not in doomed] + [entry.to_dict()]
+            manifest["entries"] = [e for e in manifest["entries"] if e["id"] not in doomed] + [e.to_dict() for e in added if e is not None]
+            if state is not None:
+                manifest["state"] = state
             self._commit(manifest, doomed)
-        return cid
+        return [e.id if e is not None else None for e in added]
+
+    def state(self) -> dict[str, Any] | None:
+        """The owner's state saved by the last `commit(..., state=...)`, or None."""
+        return self._read_manifest().get("state")
 
     def list(self) -> list[ContinuationEntry]:
         """Active (not retired) sets, oldest first."""

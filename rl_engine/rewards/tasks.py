@@ -146,14 +146,16 @@ class TaskIterator:
             random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         return order
 
+    def next_task(self) -> Task:
+        """The next task of the stream (partial rollouts draw tasks one at a time)."""
+        if self.pos == len(self._order):
+            self.epoch, self.pos = self.epoch + 1, 0
+            self._order = self._epoch_order(self.epoch)
+        self.pos += 1
+        return self.tasks[self._order[self.pos - 1]]
+
     def next_batch(self) -> list[Task]:
-        out = []
-        while len(out) < self.batch_size:
-            if self.pos == len(self._order):
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._epoch_order(self.epoch)
-            out.append(self.tasks[self._order[self.pos]])
-            self.pos += 1
+        out = [self.next_task() for _ in range(self.batch_size)]
         self.batches += 1
         return out
 

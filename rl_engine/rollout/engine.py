@@ -42,7 +42,7 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, Sequence
 
 from rl_engine.config import EngineConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
@@ -75,7 +75,7 @@ class Rollout:
     prompt_ids: list[int]
     response_ids: list[int]
     logprobs: list[float]  # behavior logprob of each response token (see module docstring)
-    finish_reason: Literal["stop", "length"]
+    finish_reason: Literal["stop", "length", "repeat"]
     version: int  # weight version of the engine that sampled it
     text: str = field(repr=False, default="")
 
@@ -89,7 +89,9 @@ class RolloutEngine(Protocol):
     @property
     def tokenizer(self) -> Any: ...
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int) -> list[list[Rollout]]: ...
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+    ) -> list[list[Rollout]]: ...
 
     def rpc(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
         """Call `method` of the worker extension on every inference worker; one result per worker."""
@@ -309,22 +311,28 @@ class VLLMRolloutEngine:
 
     # ---- generation
 
-    def sampling_params(self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int) -> list[Any]:
+    def sampling_params(
+        self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+    ) -> list[Any]:
         """The per-request vLLM SamplingParams `generate` uses (distinct seeds per prompt)."""
         from vllm import SamplingParams
+        from vllm.sampling_params import RepetitionDetectionParams
 
+        budgets = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * len(prompts)
+        detect = RepetitionDetectionParams(max_pattern_size=repeat[0], min_pattern_size=1, min_count=repeat[1]) if repeat else None
         return [
             SamplingParams(
                 n=n,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=max(sampling.top_k, 0),  # vLLM: 0 disables top-k
-                max_tokens=sampling.max_tokens,
+                max_tokens=budget,
                 stop=list(sampling.stop) or None,
                 logprobs=0,  # only the sampled token's logprob
                 seed=s,
+                repetition_detection=detect,
             )
-            for s in request_seeds(seed, len(prompts), n)
+            for s, budget in zip(request_seeds(seed, len(prompts), n), budgets)
         ]
 
     def _check_prompts(self, prompts: list[list[int]], n: int) -> None:
@@ -339,15 +347,22 @@ class VLLMRolloutEngine:
                     f"model.max_model_len = {self.max_model_len}; shorten the prompt or raise model.max_model_len"
                 )
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int) -> list[list[Rollout]]:
-        """n samples per prompt in one batched vLLM call; result[i][k] is sample k of prompt i."""
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+    ) -> list[list[Rollout]]:
+        """n samples per prompt in one batched vLLM call; result[i][k] is sample k of prompt i.
+
+        `max_tokens[i]` overrides `sampling.max_tokens` for prompt i (a segment's budget);
+        `repeat = (n, count)` stops a sample early (finish reason `repeat`) once its last
+        1..n tokens have repeated `count` times in a row (vLLM's repetition detection).
+        """
         from vllm.inputs import TokensPrompt
 
         self._check_prompts(prompts, n)
         if not prompts:
             return []
         inputs = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
-        params = self.sampling_params(prompts, n, sampling, seed)
+        params = self.sampling_params(prompts, n, sampling, seed, max_tokens, repeat)
         with self._lock:
             self._check_alive()
             version = self._version
@@ -479,9 +494,10 @@ def _to_rollout(prompt_ids: list[int], c: Any, version: int) -> Rollout:
     if c.logprobs is None or len(c.logprobs) != len(ids):
         raise RuntimeError(f"vLLM returned {0 if c.logprobs is None else len(c.logprobs)} logprobs for {len(ids)} response tokens")
     logprobs = [float(c.logprobs[j][t].logprob) for j, t in enumerate(ids)]
-    if c.finish_reason not in ("stop", "length"):
-        raise RuntimeError(f"vLLM finished a generation with reason {c.finish_reason!r} (expected stop or length)")
-    return Rollout(prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, finish_reason=c.finish_reason, version=version, text=c.text)
+    reason = {"stop": "stop", "length": "length", "repetition": "repeat"}.get(c.finish_reason)
+    if reason is None:
+        raise RuntimeError(f"vLLM finished a generation with reason {c.finish_reason!r} (expected stop, length or repetition)")
+    return Rollout(prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, finish_reason=reason, version=version, text=c.text)
 
 
 def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0) -> RolloutEngine:

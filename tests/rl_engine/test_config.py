@@ -109,7 +109,8 @@ BAD = [
     ({"taskset": {"reward": {"type": "nope"}}}, ["taskset.reward", "arithmetic", "python"]),
     ({"buffer": {"storage": {"options": {"key": "AKIA..."}}}}, ["buffer.storage.options", "credentials", "AWS_ACCESS_KEY_ID"]),
     ({"explorer": {"partial": {"enabled": True, "segment_max_tokens": 64, "max_response_tokens": 32}}}, ["segment_max_tokens = 64", "max_response_tokens = 32"]),
-    ({"explorer": {"partial": {"enabled": True}}}, ["explorer.partial.enabled = True", "not built yet"]),
+    ({"explorer": {"batch_size": 4, "partial": {"enabled": True, "max_groups_in_flight": 3}}}, ["max_groups_in_flight = 3", "explorer.batch_size = 4"]),
+    ({"explorer": {"partial": {"enabled": True, "max_response_tokens": 600}}}, ["explorer.partial.max_response_tokens = 600", "model.max_model_len"]),
     ({"explorer": {"sampling": {"max_tokens": 600}}}, ["explorer.sampling.max_tokens = 600", "model.max_model_len"]),
     ({"model": {"dtype": "int4"}}, ["model.dtype", "'int4'", "float32"]),
 ]

@@ -1,0 +1,352 @@
+"""Partial rollouts: generations cut by a token budget per explorer step and continued later.
+
+With `explorer.partial.enabled`, every generation gets at most `segment_max_tokens` new tokens
+per explorer step (one **segment**). After each segment a generation is finished (`stop`: EOS or
+a stop string; `repeat`: a repetition detector stopped it; `truncated`: `max_response_tokens` or
+the context is full) or **cut**, and then continued in a later explorer step by re-prefilling
+prompt + tokens so far with the weights the explorer then holds. Every token keeps its behavior
+logprob and version; every generation keeps its segments (explorer step, version, token span).
+
+A step still yields exactly one trainer batch: `explorer.batch_size` complete GRPO groups, oldest
+first. It gives pending groups their next segment, starts new tasks only while the groups that
+could still finish this step fall short of the batch (at most `max_groups_in_flight` groups
+held), and, only when every held group has had its segment and the batch is still short, gives
+the oldest unfinished groups another segment in the same step (counted as `extra_rounds`).
+
+Crash safety (the continuation store's manifest is the source of truth): step e first stages
+its batch as the store's **outbox** together with the groups still pending, retiring the previous
+pending set, in one manifest write; then commits the batch to the buffer; then retires the
+outbox. A resumed explorer starts at one past its last committed step: an outbox for an older
+step was committed (retire it), an outbox for the step it starts at was not (write it as that
+step's batch, without generating). So a group is written exactly once, and a pending one is
+never lost or continued twice. The task stream's position is saved in the same write.
+
+    partial = PartialRollouts(engine, store, tasks, reward_fn, settings, first_step=e0)
+    batch, metrics = partial.generate(e)     # step e's batch: outbox if recovered, else segments
+    partial.stage(e, batch); writer.write(e, batch); partial.committed(e)
+
+Tests: `.venv/bin/python -m pytest tests/rl_engine/test_partial.py tests/rl_engine/rollout/test_partial_engine.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+import uuid
+from typing import Any, Sequence
+
+from rl_engine.buffer import ContinuationStore
+from rl_engine.config import PartialRolloutConfig, SamplingConfig
+from rl_engine.errors import UserError
+from rl_engine.experience import Experience, ExperienceBatch
+from rl_engine.rewards import RolloutSample, Task, TaskIterator, format_prompt, score_rollouts
+
+UNFINISHED = "length"  # finish_reason of a cut generation in the continuation store
+
+
+# --------------------------------------------------------------------------- ending a segment
+
+
+def repeat_cut(response_ids: Sequence[int], since: int, ngram: int, count: int) -> int | None:
+    """Shortest prefix length k > since at which the response's tail repeats (vLLM's rule: the
+    last 1..ngram tokens occurred `count` times in a row), or None. Checked on the whole
+    response, so a loop that began in an earlier segment is seen too."""
+    from vllm.sampling_params import RepetitionDetectionParams
+    from vllm.v1.core.sched.utils import check_sequence_repetition
+
+    params = RepetitionDetectionParams(max_pattern_size=ngram, min_pattern_size=1, min_count=count)
+    for k in range(max(since, 0) + 1, len(response_ids) + 1):
+        if check_sequence_repetition(response_ids[:k], params):
+            return k
+    return None
+
+
+def stop_cut(tokenizer: Any, response_ids: Sequence[int], since: int, stops: Sequence[str]) -> int | None:
+    """Shortest prefix length k > since whose text contains a stop string, or None. vLLM matches
+    stop strings within one segment only; one that spans a segment boundary is found here
+    (token ids are the source of truth: the text is decoded from them)."""
+    if not stops or not any(s in tokenizer.decode(list(response_ids), skip_special_tokens=True) for s in stops):
+        return None
+    for k in range(max(since, 0) + 1, len(response_ids) + 1):
+        text = tokenizer.decode(list(response_ids[:k]), skip_special_tokens=True)
+        if any(s in text for s in stops):
+            return k
+    return None
+
+
+def response_text(tokenizer: Any, response_ids: Sequence[int], stops: Sequence[str]) -> str:
+    """The response as text, decoded once from all its tokens, ending before the first stop string."""
+    text = tokenizer.decode(list(response_ids), skip_special_tokens=True)
+    cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(cuts)] if cuts else text
+
+
+# --------------------------------------------------------------------------- state
+
+
+@dataclasses.dataclass
+class Generation:
+    """One member of a group: its response so far, and where every token came from."""
+
+    experience_id: str
+    prompt_ids: list[int]
+    started_at: float
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    segments: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None  # None while cut (to be continued)
+
+    def extend(self, step: int, version: int, ids: Sequence[int], logprobs: Sequence[float]) -> int:
+        """Append one segment; returns where it starts."""
+        start = len(self.response_ids)
+        self.response_ids += list(ids)
+        self.logprobs += list(logprobs)
+        self.versions += [version] * len(ids)
+        self.segments.append({"explorer_step": step, "version": version, "start": start, "end": len(self.response_ids)})
+        return start
+
+    def keep(self, k: int) -> None:
+        """Keep the first k response tokens (a stop or a repeat found inside the last segment)."""
+        if not self.segments[-1]["start"] < k <= self.segments[-1]["end"]:
+            raise ValueError(f"keep({k}): outside the last segment {self.segments[-1]}")
+        del self.response_ids[k:], self.logprobs[k:], self.versions[k:]
+        self.segments[-1]["end"] = k
+
+
+@dataclasses.dataclass
+class Group:
+    """The `repeat_times` generations of one task; enters the buffer only when all are finished."""
+
+    group_id: str
+    task: Task
+    prompt_text: str
+    members: list[Generation]
+
+    @property
+    def done(self) -> bool:
+        return all(m.finish_reason is not None for m in self.members)
+
+    @property
+    def first_step(self) -> int:
+        return min((m.segments[0]["explorer_step"] for m in self.members if m.segments), default=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialSettings:
+    """What partial rollouts need from the config (components take values, not the tree)."""
+
+    partial: PartialRolloutConfig
+    sampling: SamplingConfig
+    batch_size: int
+    repeat_times: int
+    max_model_len: int
+    template: str | None
+    seed: int
+    explorer_id: int
+
+    @property
+    def max_groups_in_flight(self) -> int:
+        return self.partial.max_groups_in_flight or 2 * self.batch_size
+
+
+# --------------------------------------------------------------------------- the explorer's side
+
+
+class PartialRollouts:
+    """Segments, continuations and the step's batch of one explorer (see the module docstring)."""
+
+    def __init__(self, engine: Any, store: ContinuationStore, tasks: TaskIterator, reward_fn: Any, settings: PartialSettings, first_step: int):
+        self.engine, self.store, self.tasks, self.reward_fn, self.s = engine, store, tasks, reward_fn, settings
+        self.tok = engine.tokenizer
+        self.by_id = {t.task_id: t for t in tasks.tasks}
+        self.groups: list[Group] = []  # held, oldest first
+        self._pending_ids: list[str] = []
+        self._outbox: tuple[int, str] | None = None
+        self.draws = 0
+        self._resume(first_step)
+
+    # ---- resume
+
+    def _resume(self, first_step: int) -> None:
+        entries = self.store.list()
+        for e in (x for x in entries if x.kind == "outbox"):
+            if e.explorer_step < first_step:
+                self.store.retire([e.id])  # its buffer commit happened before the crash
+            elif e.explorer_step == first_step:
+                self._outbox = (e.explorer_step, e.id)
+            else:
+                raise UserError(
+                    f"{self.store.manifest()['uri']}: staged batch of explorer step {e.explorer_step}, but the buffer's last committed "
+                    f"step of explorer {self.s.explorer_id} is {first_step - 1}: the buffer and the continuation store disagree"
+                )
+        state = self.store.state()
+        if state:
+            self.tasks.load_state_dict(state["tasks"])
+            self.draws = state["draws"]
+        else:
+            self.tasks.advance(first_step - 1)  # nothing staged yet: no partial step ever ran
+        pending = [e.id for e in entries if e.kind == "pending"]
+        if pending:
+            self.groups = self._groups_from(self.store.load(pending))
+        self._pending_ids = pending
+
+    def _groups_from(self, batch: ExperienceBatch) -> list[Group]:
+        groups: dict[str, Group] = {}
+        for x in batch.experiences():
+            task = self.by_id.get(x.task_id)
+            if task is None:
+                raise UserError(f"{self.store.manifest()['uri']}: continuation of task {x.task_id!r}, which the task set no longer has; restore the task set or start a new run")
+            g = groups.setdefault(x.group_id, Group(x.group_id, task, x.prompt_text, []))
+            g.members.append(
+                Generation(
+                    x.experience_id, x.prompt_ids, x.started_at or x.created_at, x.response_ids, x.logprobs, x.versions, x.segments or [],
+                    None if x.finish_reason == UNFINISHED else x.finish_reason,
+                )
+            )
+        return sorted(groups.values(), key=lambda g: g.first_step)
+
+    # ---- one step
+
+    def generate(self, e: int) -> tuple[ExperienceBatch, dict[str, Any]]:
+        """Step e's batch: `batch_size` complete groups, oldest first (the staged one, if a crash left it)."""
+        if self._outbox is not None and self._outbox[0] == e:
+            return self.store.load([self._outbox[1]]), {"recovered_staged_batch": 1}
+        b = self.s.batch_size
+        resumed = sum(1 for g in self.groups for m in g.members if m.finish_reason is None)
+        advanced: set[str] = set()
+        counts = {"rounds": 0, "extra_rounds": 0, "started_groups": 0, "segments": 0, "tokens": 0}
+        while sum(g.done for g in self.groups) < b:
+            todo = [g for g in self.groups if not g.done and g.group_id not in advanced]
+            short = b - sum(g.done for g in self.groups) - len(todo)
+            room = self.s.max_groups_in_flight - len(self.groups)
+            new = [self._start_group() for _ in range(max(0, min(short, room)))]
+            self.groups += new
+            todo += new
+            counts["started_groups"] += len(new)
+            if not todo:  # every held group had its segment this step and the batch is still short: the oldest go on
+                todo = [g for g in self.groups if not g.done][: b - sum(g.done for g in self.groups)]
+                counts["extra_rounds"] += 1
+            self._segment(todo, e, counts["rounds"], counts)
+            advanced |= {g.group_id for g in todo}
+            counts["rounds"] += 1
+        done = [g for g in self.groups if g.done][:b]
+        self.groups = [g for g in self.groups if g not in done]
+        batch, metrics = self._experiences(done, e)
+        cut = sum(1 for g in self.groups for m in g.members if m.finish_reason is None and m.segments[-1]["explorer_step"] == e)
+        return batch, {**metrics, **counts, "resumed_generations": resumed, "cut_generations": cut, "pending_groups": len(self.groups)}
+
+    def _start_group(self) -> Group:
+        task = self.tasks.next_task()
+        self.draws += 1
+        text = format_prompt(self.tok, self.s.template, task.prompt)
+        ids = self.tok(text, add_special_tokens=False).input_ids
+        now = time.time()
+        members = [Generation(uuid.uuid4().hex, list(ids), now) for _ in range(self.s.repeat_times)]
+        # The draw number keeps ids unique when a small task set repeats a task.
+        return Group(f"{self.s.explorer_id}-d{self.draws}-{task.task_id}", task, text, members)
+
+    def _segment(self, groups: list[Group], e: int, round_: int, counts: dict[str, int]) -> None:
+        """One segment for every unfinished member of `groups`, in one batched generate call."""
+        p, limit = self.s.partial, self.s.max_model_len
+        members = [(g, m) for g in groups for m in g.members if m.finish_reason is None]
+        budgets = [min(p.segment_max_tokens, p.max_response_tokens - len(m.response_ids), limit - len(m.prompt_ids) - len(m.response_ids)) for _, m in members]
+        ready = [(m, n) for (_, m), n in zip(members, budgets) if n > 0]
+        for (g, m), n in zip(members, budgets):
+            if n <= 0 and not m.segments:
+                raise UserError(
+                    f"the prompt of task {g.task.task_id!r} has {len(m.prompt_ids)} tokens, which leaves no room for a response within "
+                    f"model.max_model_len = {limit}; shorten the prompt or raise model.max_model_len"
+                )
+            if n <= 0:
+                m.finish_reason = "truncated"
+        if not ready:
+            return
+        # A distinct seed per (explorer, step, round): segments never share a sampling stream.
+        seed = int.from_bytes(hashlib.blake2b(f"{self.s.seed}/{self.s.explorer_id}/{e}/{round_}".encode(), digest_size=6).digest(), "little")
+        version = self.engine.version
+        out = self.engine.generate(
+            [m.prompt_ids + m.response_ids for m, _ in ready], 1, self.s.sampling, seed, max_tokens=[n for _, n in ready], repeat=(p.repeat_ngram, p.repeat_threshold)
+        )
+        for (m, _), (r,) in zip(ready, out):
+            start = m.extend(e, version, r.response_ids, r.logprobs)
+            self._finish(m, r.finish_reason, start)
+            counts["segments"] += 1
+            counts["tokens"] += len(r.response_ids)
+
+    def _finish(self, m: Generation, reason: str, start: int) -> None:
+        """Classify a member after a segment: stop / repeat / truncated, or still cut (None)."""
+        p = self.s.partial
+        if reason in ("stop", "repeat"):
+            m.finish_reason = reason
+            return
+        cuts = {
+            "stop": stop_cut(self.tok, m.response_ids, start, self.s.sampling.stop),
+            "repeat": repeat_cut(m.response_ids, start, p.repeat_ngram, p.repeat_threshold),
+        }
+        found = {k: v for k, v in cuts.items() if v is not None}
+        if found:
+            why = min(found, key=found.get)
+            m.keep(found[why])
+            m.finish_reason = why
+        elif len(m.response_ids) >= p.max_response_tokens or len(m.prompt_ids) + len(m.response_ids) >= self.s.max_model_len:
+            m.finish_reason = "truncated"
+
+    def _experiences(self, groups: list[Group], e: int) -> tuple[ExperienceBatch, dict[str, Any]]:
+        """Score finished groups (a repeat gets `repeat_penalty` added) into step e's rows."""
+        flat = [(g, m, response_text(self.tok, m.response_ids, self.s.sampling.stop)) for g in groups for m in g.members]
+        scores = score_rollouts(self.reward_fn, [RolloutSample(g.prompt_text, text, g.task, m.finish_reason) for g, m, text in flat])
+        now, penalty = time.time(), self.s.partial.repeat_penalty
+        rows = []
+        for (g, m, text), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok):
+            if not ok:
+                continue
+            if m.finish_reason == "repeat" and penalty:
+                reward, comps = reward + penalty, {**comps, "repeat_penalty": penalty}
+            rows.append(self._row(g, m, e, reward, comps, text, now))
+        reasons = [m.finish_reason for _, m, _ in flat]
+        mix = {f"finish/{r}": reasons.count(r) for r in sorted(set(reasons))}
+        return ExperienceBatch.from_experiences(rows), {**mix, "reward_errors": scores.metrics.get("reward/errors", 0)}
+
+    def _row(self, g: Group, m: Generation, e: int, reward: float, comps: dict[str, float], text: str, now: float) -> Experience:
+        return Experience(
+            experience_id=m.experience_id,
+            task_id=g.task.task_id,
+            group_id=g.group_id,
+            explorer_id=self.s.explorer_id,
+            explorer_step=e,
+            prompt_ids=m.prompt_ids,
+            response_ids=m.response_ids,
+            logprobs=m.logprobs,
+            versions=m.versions,
+            loss_mask=[1] * len(m.response_ids),
+            reward=float(reward),
+            reward_components=comps,
+            finish_reason=m.finish_reason or UNFINISHED,
+            segments=[dict(s) for s in m.segments],
+            num_segments=len(m.segments),
+            created_at=now,
+            started_at=m.started_at,
+            prompt_text=g.prompt_text,
+            response_text=text,
+        )
+
+    # ---- staging and committing
+
+    def stage(self, e: int, batch: ExperienceBatch) -> None:
+        """Before step e's buffer commit: stage its batch and the still-pending groups, retiring
+        the previous pending set, in one manifest write (a no-op for a recovered batch)."""
+        if self._outbox is not None and self._outbox[0] == e:
+            return
+        now = time.time()
+        pending = ExperienceBatch.from_experiences(self._row(g, m, m.segments[-1]["explorer_step"], 0.0, {}, "", now) for g in self.groups for m in g.members)
+        state = {"tasks": self.tasks.state_dict(), "draws": self.draws}
+        ids = self.store.commit([(batch, "outbox"), (pending, "pending")], explorer_step=e, retire=self._pending_ids, state=state)
+        self._outbox, self._pending_ids = (e, ids[0]), [i for i in ids[1:] if i is not None]
+
+    def committed(self, e: int) -> None:
+        """After step e's buffer commit: retire its outbox."""
+        if self._outbox is not None and self._outbox[0] == e:
+            self.store.retire([self._outbox[1]])
+            self._outbox = None

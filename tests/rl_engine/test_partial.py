@@ -1,0 +1,221 @@
+"""Partial rollouts without an engine: how a segment ends, how a step fills its batch, what a crash leaves.
+
+The engine here is scripted: each prompt's continuation is a fixed string, handed out
+`max_tokens` characters at a time (the tiny model's tokenizer: one token per character), with
+vLLM's finish reasons. That isolates the segment logic; the real-engine tests are in
+tests/rl_engine/rollout/test_partial_engine.py.
+
+    .venv/bin/python -m pytest tests/rl_engine/test_partial.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_engine.buffer import BufferWriter, ContinuationStore, _files
+from rl_engine.buffer.stats import commit_records
+from rl_engine.config import PartialRolloutConfig, SamplingConfig
+from rl_engine.partial import Generation, PartialRollouts, PartialSettings, repeat_cut, response_text, stop_cut
+from rl_engine.rewards import Task, TaskIterator
+from rl_engine.rollout.engine import Rollout
+from rl_engine.storage import join, open_storage
+from rl_engine.tiny_model import build_tokenizer
+
+TOK = build_tokenizer()
+
+
+def ids(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False).input_ids
+
+
+class ScriptedEngine:
+    """Continues prompt "<task>:" + response so far with answers[task] (then EOS); records calls.
+
+    answers[task] may be a list: fresh prompts of that task take its answers in turn, and a
+    continuation goes on with the answer it started."""
+
+    def __init__(self, answers: dict[str, str | list[str]]):
+        self.answers, self.version, self.calls, self.turn = answers, 0, [], 0
+        self.tokenizer = TOK
+
+    def _answer(self, task: str, done: str) -> str:
+        options = self.answers[task] if isinstance(self.answers[task], list) else [self.answers[task]]
+        if done:
+            return next(a for a in options if a.startswith(done))
+        self.turn += 1
+        return options[(self.turn - 1) % len(options)]
+
+    def generate(self, prompts, n, sampling, seed, max_tokens=None, repeat=None):
+        self.calls.append({"prompts": len(prompts), "seed": seed, "max_tokens": list(max_tokens)})
+        out = []
+        for p, budget in zip(prompts, max_tokens):
+            text = TOK.decode(p)
+            task, done = text.split(":", 1)
+            full = ids(self._answer(task, done)) + [TOK.eos_token_id]
+            rest = full[len(ids(done)) :] if done else full
+            got = rest[:budget]
+            reason = "stop" if got and got[-1] == TOK.eos_token_id else "length"
+            out.append([Rollout(prompt_ids=p, response_ids=got, logprobs=[-0.5] * len(got), finish_reason=reason, version=self.version)])
+        return out
+
+
+LONG = "0123456789abcdefghijklmnopqrstuvwxyzABCD"  # no repeats
+
+
+def settings(batch_size=2, repeat_times=2, segment=4, max_response=12, stop=(), in_flight=None, max_model_len=64, **partial) -> PartialSettings:
+    p = PartialRolloutConfig(enabled=True, segment_max_tokens=segment, max_response_tokens=max_response, max_groups_in_flight=in_flight, **partial)
+    return PartialSettings(p, SamplingConfig(stop=list(stop)), batch_size, repeat_times, max_model_len, None, 0, 0)
+
+
+def reward(prompt, response, task, finish_reason):
+    return float(response == task.answer)
+
+
+def make(tmp_path, answers: dict[str, str], first_step=1, **kw) -> tuple[PartialRollouts, ScriptedEngine]:
+    engine = ScriptedEngine(answers)
+    tasks = TaskIterator([Task(t, t + ":", a if isinstance(a, str) else a[0]) for t, a in answers.items()], 1, seed=0, shuffle=False)
+    store = ContinuationStore(str(tmp_path), {}, 0, fsync=False)
+    return PartialRollouts(engine, store, tasks, reward, settings(**kw), first_step), engine
+
+
+def run_step(p: PartialRollouts, writer: BufferWriter, e: int):
+    batch, m = p.generate(e)
+    p.stage(e, batch)
+    writer.write(e, batch)
+    p.committed(e)
+    return batch, m
+
+
+# --------------------------------------------------------------------------- ending a segment
+
+
+def test_stop_string_across_a_segment_boundary_is_found_in_the_tokens():
+    resp = ids("abc##de")
+    # Segment 1 ended after "abc#", segment 2 after "##de": the stop "##" spans the boundary.
+    assert stop_cut(TOK, resp, since=4, stops=["##"]) == 5  # keep "abc##" (the stop's tokens stay, as vLLM keeps them)
+    assert stop_cut(TOK, resp, since=4, stops=["zz"]) is None
+    assert response_text(TOK, resp[:5], ["##"]) == "abc"
+
+
+def test_repetition_across_a_segment_boundary():
+    resp = ids("xyabababab")  # "ab" x4: with n <= 2, count 4 the loop completes at token 10
+    assert repeat_cut(resp, since=6, ngram=2, count=4) == 10
+    assert repeat_cut(resp, since=6, ngram=2, count=5) is None
+    assert repeat_cut(ids("aaaa"), since=2, ngram=1, count=3) == 3  # found at the first prefix that repeats
+
+
+def test_generation_keep_trims_only_inside_the_last_segment():
+    g = Generation("x", [1], 0.0)
+    g.extend(1, 0, [5, 6, 7], [-1.0] * 3)
+    g.extend(2, 1, [8, 9], [-2.0] * 2)
+    g.keep(4)
+    assert (g.response_ids, g.versions, g.segments[-1]) == ([5, 6, 7, 8], [0, 0, 0, 1], {"explorer_step": 2, "version": 1, "start": 3, "end": 4})
+    with pytest.raises(ValueError, match="outside the last segment"):
+        g.keep(2)
+
+
+# --------------------------------------------------------------------------- a step
+
+
+def test_cut_generations_continue_with_the_new_version_and_keep_their_provenance(tmp_path):
+    p, engine = make(tmp_path, {"a": "12", "b": "1234567", "c": "34"}, batch_size=1, repeat_times=1, segment=4, in_flight=2)
+    writer = BufferWriter(str(tmp_path), {}, 0)
+    b1, m1 = run_step(p, writer, 1)  # starts only a: "12" + EOS fits one segment and fills the batch
+    b2, m2 = run_step(p, writer, 2)  # b is cut after 4 tokens, so c is started to fill the batch
+    engine.version = 3  # a sync between steps
+    b3, m3 = run_step(p, writer, 3)  # b continues with version 3
+    assert [[x.task_id for x in b.experiences()] for b in (b1, b2, b3)] == [["a"], ["c"], ["b"]]
+    assert (m1["started_groups"], m2["started_groups"], m3["started_groups"]) == (1, 2, 0)
+    assert (m2["cut_generations"], m3["resumed_generations"], m3["pending_groups"]) == (1, 1, 0)
+    (b,) = b3.experiences()
+    assert TOK.decode(b.response_ids, skip_special_tokens=True) == "1234567" and b.finish_reason == "stop"
+    assert b.segments == [{"explorer_step": 2, "version": 0, "start": 0, "end": 4}, {"explorer_step": 3, "version": 3, "start": 4, "end": 8}]
+    assert b.versions == [0] * 4 + [3] * 4 and b.num_segments == 2 and b.reward == 1.0 and b.explorer_step == 3
+    assert len({c["seed"] for c in engine.calls}) == len(engine.calls)  # every segment samples with its own seed
+
+
+def test_truncated_at_max_response_tokens_and_at_the_context(tmp_path):
+    p, _ = make(tmp_path, {"a": LONG}, batch_size=1, repeat_times=1, segment=4, max_response=10)
+    writer = BufferWriter(str(tmp_path), {}, 0)
+    batch, m = run_step(p, writer, 1)  # the batch is short: extra rounds in the same step finish it
+    (x,) = batch.experiences()
+    assert x.finish_reason == "truncated" and len(x.response_ids) == 10 and m["extra_rounds"] == 2
+    # Near the context limit the segment budget shrinks to what fits.
+    p2, engine2 = make(tmp_path / "ctx", {"a": LONG}, batch_size=1, repeat_times=1, segment=4, max_response=30, max_model_len=9)
+    x = run_step(p2, BufferWriter(str(tmp_path / "ctx"), {}, 0), 1)[0].experiences()[0]
+    assert x.finish_reason == "truncated" and len(x.prompt_ids) + len(x.response_ids) == 9
+    # Prompt "a:" is 2 tokens: a segment of 4; a second group is started for the batch; then only
+    # the oldest goes on, with the 3 tokens that still fit. The second waits for the next step.
+    assert [c["max_tokens"] for c in engine2.calls] == [[4], [4], [3]]
+    assert [len(g.members[0].response_ids) for g in p2.groups] == [4]
+
+
+def test_repeat_across_segments_stops_early_with_the_penalty(tmp_path):
+    p, _ = make(tmp_path, {"a": "qabababababab"}, batch_size=1, repeat_times=1, segment=4, max_response=30, repeat_ngram=2, repeat_threshold=3, repeat_penalty=-0.5)
+    (x,) = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)[0].experiences()
+    assert x.finish_reason == "repeat" and TOK.decode(x.response_ids) == "qababab"
+    assert x.reward == -0.5 and x.reward_components["repeat_penalty"] == -0.5
+
+
+def test_a_group_enters_the_buffer_only_when_every_member_finished(tmp_path):
+    # Group a: one member answers at once, the other needs 3 segments; b and c finish at once.
+    p, _ = make(tmp_path, {"a": ["1", "0123456789"], "b": "2", "c": "3"}, batch_size=1, repeat_times=2, segment=4)
+    writer = BufferWriter(str(tmp_path), {}, 0)
+    written = [sorted({x.task_id for x in run_step(p, writer, e)[0].experiences()}) for e in (1, 2, 3)]
+    assert written == [["b"], ["c"], ["a"]]  # a waited (its finished member in the store) and came whole
+    rows = {TOK.decode(x.response_ids, skip_special_tokens=True): x for x in _all_rows(tmp_path) if x.task_id == "a"}
+    assert set(rows) == {"1", "0123456789"} and rows["1"].segments[0]["explorer_step"] == 1 and rows["1"].explorer_step == 3
+
+
+def test_every_group_written_once_and_nothing_lost_over_a_crash_at_each_point(tmp_path):
+    answers = {f"t{i}": "z" * (1 + (7 * i) % 11) for i in range(12)}
+
+    def steps(run, crash_at: str | None, e_crash: int):
+        p, _ = make(run, answers, batch_size=2, repeat_times=2, segment=3, max_response=20)
+        writer = BufferWriter(str(run), {}, 0)
+        for e in range(1, 7):
+            batch, _ = p.generate(e)
+            if crash_at == "before_stage" and e == e_crash:
+                return
+            p.stage(e, batch)
+            if crash_at == "before_commit" and e == e_crash:
+                return
+            writer.write(e, batch)
+            if crash_at == "before_retire" and e == e_crash:
+                return
+            p.committed(e)
+
+    clean = tmp_path / "clean"
+    steps(clean, None, 0)
+    want = _group_ids(clean)
+    assert len(want) == 6 * 2 * 2  # 6 steps x 2 groups x 2 members, each row once
+    for point in ("before_stage", "before_commit", "before_retire"):
+        run = tmp_path / point
+        steps(run, point, 4)
+        first = _last_committed(run) + 1  # what a resume starts at
+        p, _ = make(run, answers, first_step=first, batch_size=2, repeat_times=2, segment=3, max_response=20)
+        writer = BufferWriter(str(run), {}, 0)
+        for e in range(first, 7):
+            run_step(p, writer, e)
+        assert _group_ids(run) == want, point  # the same groups as without a crash, each written once
+        assert not [x for x in p.store.list() if x.kind == "outbox"]
+
+
+def _last_committed(run) -> int:
+    return max((r["explorer_step"] for _, r in commit_records(*open_storage(str(run), {}))), default=0)
+
+
+def _all_rows(run) -> list:
+    fs, root = open_storage(str(run), {})
+    rows = []
+    for _, rec in commit_records(fs, root):
+        path = join(_files.buffer_root(root), rec["path"])
+        rows += _files.read_data(fs, path, size=rec["size"], crc=rec["crc32"], uri=path).experiences()
+    return rows
+
+
+def _group_ids(run) -> list[str]:
+    """Every committed row's group id (sorted), after checking no experience was committed twice."""
+    rows = _all_rows(run)
+    assert len(rows) == len({x.experience_id for x in rows})
+    return sorted(x.group_id for x in rows)
