@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_make_tiny_model)
 
     for name, module, help_ in (
-        ("make-tasks", "rl_engine.rewards.arithmetic", "write the demo arithmetic task set (JSONL)"),
+        ("make-tasks", "rl_engine.rewards.make_tasks", "write a demo task set (JSONL): --task arithmetic (default) or countdown"),
         ("warmstart", "rl_engine.warmstart", "build the demo's base model: tiny model + SFT on the demo task"),
         ("timeline", "rl_engine.timeline", "render a run's Gantt chart and utilization summary"),
     ):
@@ -124,7 +124,14 @@ def main(argv: list[str] | None = None) -> int:
 
     # The ephemeral server's telemetry service races its own SQLite start-up ("database is locked").
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and hasattr(args, "rest"):
+        # A delegated subcommand's options that come before its first positional (`rft make-tasks
+        # --task countdown OUT`, `rft warmstart --help`) are not taken by REMAINDER; they belong to it.
+        args.rest = unknown + args.rest
+    elif unknown:
+        parser.parse_args(argv)  # argparse's own "unrecognized arguments" error
     try:
         return args.fn(args)
     except UserError as e:

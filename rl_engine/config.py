@@ -67,6 +67,14 @@ class ArithmeticReward(_Model):
     format_weight: float = Field(default=0.1, ge=0.0, description="Reward for a well-formed answer (digits only, then a stop).")
 
 
+class CountdownReward(_Model):
+    """Reward of the long-tail countdown task: exact answer then a stop, plus shaped progress."""
+
+    type: Literal["countdown"] = Field(description="Reward variant selector.")
+    correct_weight: float = Field(default=1.0, description="Reward for exactly the answer, ended by a stop.")
+    close_weight: float = Field(default=0.5, ge=0.0, description="Weight of the progress term: the fraction of the answer's numbers right from the start, over the longer of answer and response.")
+
+
 class PythonReward(_Model):
     """A user reward function `module:function(prompt, response, task) -> float | dict[str, float]`."""
 
@@ -75,8 +83,8 @@ class PythonReward(_Model):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
 
 
-RewardConfig = Annotated[Union[ArithmeticReward, PythonReward], Field(discriminator="type")]
-_REWARD_TAGS = ("arithmetic", "python")
+RewardConfig = Annotated[Union[ArithmeticReward, CountdownReward, PythonReward], Field(discriminator="type")]
+_REWARD_TAGS = ("arithmetic", "countdown", "python")
 
 
 class TasksetConfig(_Model):

@@ -1,11 +1,14 @@
-"""Task sets and reward functions (see tasks.py, scoring.py, and arithmetic.py for the demo task)."""
+"""Task sets and reward functions (see tasks.py, scoring.py, arithmetic.py for the demo task and
+countdown.py for the long-tail task of partial rollouts)."""
 
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn, make_arithmetic_tasks, write_arithmetic_taskset
+from rl_engine.rewards.countdown import CountdownRewardFn, make_countdown_tasks, write_countdown_taskset
 from rl_engine.rewards.scoring import PythonRewardFn, RewardFn, RolloutSample, ScoreResult, build_reward, score_rollouts
-from rl_engine.rewards.tasks import Task, TaskIterator, format_prompt, load_taskset
+from rl_engine.rewards.tasks import Task, TaskIterator, format_prompt, load_taskset, write_taskset
 
 __all__ = [
     "ArithmeticRewardFn",
+    "CountdownRewardFn",
     "PythonRewardFn",
     "RewardFn",
     "RolloutSample",
@@ -16,6 +19,9 @@ __all__ = [
     "format_prompt",
     "load_taskset",
     "make_arithmetic_tasks",
+    "make_countdown_tasks",
     "score_rollouts",
     "write_arithmetic_taskset",
+    "write_countdown_taskset",
+    "write_taskset",
 ]

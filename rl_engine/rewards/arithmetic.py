@@ -17,7 +17,6 @@ digits and ended by a stop (finish_reason == "stop"), returned as named componen
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 from typing import TYPE_CHECKING, Any
@@ -49,13 +48,9 @@ def write_arithmetic_taskset(
     path_or_url: str, n: int, seed: int = 0, max_operand: int = DEFAULT_MAX_OPERAND, storage_options: dict[str, Any] | None = None
 ) -> str:
     """Write `make_arithmetic_tasks(n, seed)` as JSONL to a local path or fsspec URL; returns the path."""
-    from rl_engine.storage import open_storage, write_bytes_atomic
+    from rl_engine.rewards.tasks import write_taskset
 
-    rows = make_arithmetic_tasks(n, seed, max_operand)
-    data = "".join(json.dumps(r) + "\n" for r in rows).encode()
-    fs, path = open_storage(path_or_url, storage_options)
-    write_bytes_atomic(fs, path, data)
-    return path_or_url
+    return write_taskset(path_or_url, make_arithmetic_tasks(n, seed, max_operand), storage_options)
 
 
 class ArithmeticRewardFn:
@@ -80,7 +75,7 @@ class ArithmeticRewardFn:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: write the demo task set; `rft make-tasks OUT --n N --seed S`."""
-    ap = argparse.ArgumentParser(prog="rft make-tasks", description="Write the demo arithmetic task set (JSONL: id, question, answer).")
+    ap = argparse.ArgumentParser(prog="rft make-tasks", description="Write the demo arithmetic task set (JSONL: id, question, answer); --task countdown writes the long-tail task instead.")
     ap.add_argument("out", help="output file: a local path or fsspec URL (s3://...), e.g. runs/data/arithmetic.jsonl")
     ap.add_argument("--n", type=int, default=2000, help="number of tasks (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

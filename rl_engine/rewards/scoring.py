@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from rl_engine.errors import UserError
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn
+from rl_engine.rewards.countdown import CountdownRewardFn
 from rl_engine.rewards.tasks import Task
 
 log = logging.getLogger(__name__)
@@ -106,9 +107,11 @@ def _import_function(spec: str) -> Callable[..., Any]:
 
 
 def build_reward(cfg: Any) -> RewardFn:
-    """The reward callable of a RewardConfig (ArithmeticReward | PythonReward)."""
+    """The reward callable of a RewardConfig (ArithmeticReward | CountdownReward | PythonReward)."""
     if cfg.type == "arithmetic":
         return ArithmeticRewardFn(correct_weight=cfg.correct_weight, format_weight=cfg.format_weight)
+    if cfg.type == "countdown":
+        return CountdownRewardFn(correct_weight=cfg.correct_weight, close_weight=cfg.close_weight)
     if cfg.type == "python":
         return PythonRewardFn(cfg.function, _import_function(cfg.function), cfg.kwargs)
     raise ValueError(f"unknown reward type {cfg.type!r}")

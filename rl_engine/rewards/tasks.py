@@ -117,6 +117,15 @@ def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None) -> lis
     return tasks
 
 
+def write_taskset(path_or_url: str, rows: list[dict[str, Any]], storage_options: dict[str, Any] | None = None) -> str:
+    """Write task rows as JSONL (atomically) to a local path or fsspec URL; returns it."""
+    from rl_engine.storage import open_storage, write_bytes_atomic
+
+    fs, path = open_storage(path_or_url, storage_options)
+    write_bytes_atomic(fs, path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return path_or_url
+
+
 # --------------------------------------------------------------------------- iteration
 
 

@@ -1,0 +1,27 @@
+"""`rft make-tasks`: write a demo task set, picking the task with `--task` (default arithmetic).
+
+The rest of the arguments are the chosen task's own (`--task countdown --help` lists them):
+
+    rft make-tasks runs/data/arith-train.jsonl --n 2000 --seed 0
+    rft make-tasks runs/data/countdown-train.jsonl --task countdown --n 2000 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+TASKS = {"arithmetic": "rl_engine.rewards.arithmetic", "countdown": "rl_engine.rewards.countdown"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="rft make-tasks", add_help=False)
+    ap.add_argument("--task", choices=sorted(TASKS), default="arithmetic")
+    a, rest = ap.parse_known_args(argv)
+    return int(importlib.import_module(TASKS[a.task]).main(rest) or 0)
+
+
+if __name__ == "__main__":
+    from rl_engine.errors import run_main
+
+    run_main(main)
