@@ -1,7 +1,9 @@
-"""What every mode's flow does: start or resume the run, start its roles where the placement
-says, honour cancellation, publish the report.
+"""What every mode's flow does: apply the run's `set` overrides, start or resume the run, start
+its roles where the placement says, honour cancellation, publish the report (also when cancelled).
 
 The schedule itself lives in the roles (rl_engine/roles.py); a mode's flow only orchestrates.
+Every mode's flow takes the same parameters (`cfg`, `set`, `resume`), is named after its run
+(`flow_run_label`), and returns the run's summary as its result, stored as JSON.
 """
 
 from __future__ import annotations
@@ -9,20 +11,74 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
+from prefect import flow
 from prefect.context import get_run_context
 from prefect.logging import get_run_logger
 from prefect.states import Cancelled
 
-from rl_engine.config import RFTConfig
+from rl_engine.config import RFTConfig, apply_overrides, validate_config
 from rl_engine.control import STOP_KEY, Board, request_stop
 from rl_engine.errors import UserError
 from rl_engine.learner import latest_state_step
 from rl_engine.roles import post_start
 from rl_engine.run import ResumePoint, RunContext, RunLease, open_run, resume_point, start_run
-from tasks.report import publish_report
+from tasks.report import publish_report, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
+
+
+def with_overrides(cfg: RFTConfig, overrides: list[str] | None) -> RFTConfig:
+    """`cfg` with the flow run's dotted overrides (its `set` parameter, e.g. `["trainer.total_steps=50"]`)
+    applied and validated again, as `rft run --set` does on a file: the deployment's `cfg` stays
+    whole, only the named fields change; a bad key or value is a ConfigError naming it."""
+    if not overrides:
+        return cfg
+    return validate_config(apply_overrides(cfg.model_dump(mode="json"), list(overrides)), f"flow parameter set={list(overrides)}")
+
+
+def flow_run_label(mode: str) -> Callable[[], str]:
+    """`flow_run_name` of a mode's flow: the run's name, which starts with the mode
+    (`synchronous-20250101-030000-1a2b3c`; a named run `nightly` gives `synchronous-nightly`, a
+    resumed one `synchronous-nightly-resume`). A new unnamed run's name is drawn here and the flow
+    adopts it (`run_mode`), so the flow run and the run directory carry the same name."""
+
+    def label() -> str:
+        from prefect.runtime import flow_run
+
+        p = flow_run.parameters
+        try:
+            if p.get("resume"):
+                name, tail = str(p["resume"]).rstrip("/").rsplit("/", 1)[-1], "-resume"
+            else:
+                name, tail = with_overrides(RFTConfig.model_validate(p["cfg"]), p.get("set")).resolved().name, ""
+        except Exception:  # noqa: BLE001 - the flow itself reports a bad config, naming the field
+            return f"{mode}-invalid-config"
+        return (name if name.startswith(mode) else f"{mode}-{name}") + tail
+
+    return label
+
+
+# The parameters' descriptions in the deployment's schema (the UI's run form); Prefect reads them
+# from the flow function's docstring (Google style), where `mode_flow` appends them.
+PARAMETERS_DOC = """
+
+    Args:
+        cfg: The whole run config (RFTConfig); a deployment's run gets the deployment's values unless the run replaces all of it.
+        resume: URL of a run to continue from its last trainer checkpoint, with the config stored in that run.
+        set: Dotted overrides applied on top of `cfg`, like `rft run --set`: e.g. ["trainer.total_steps=50"] changes only that field of the deployment's config.
+"""
+
+
+def mode_flow(name: str, mode: str) -> Callable[[Callable[..., Any]], Any]:
+    """The Prefect flow of a mode, `fn(cfg, resume, set)`: named after its run (`flow_run_label`), its
+    result (the run's summary) stored as JSON, its parameters described in the run form."""
+
+    def decorate(fn: Callable[..., Any]) -> Any:
+        fn.__doc__ = (fn.__doc__ or "").rstrip() + PARAMETERS_DOC
+        return flow(name=name, log_prints=True, flow_run_name=flow_run_label(mode), persist_result=True, result_serializer="json")(fn)
+
+    return decorate
 
 
 def open_or_start(cfg: RFTConfig, resume: str | None, mode: str) -> tuple[RunContext, str]:
@@ -81,10 +137,10 @@ def watch_cancellation(run: RunContext, poll_s: float = 1.0) -> Iterator[Cancel]
         done.set()
 
 
-def run_local(run: RunContext) -> None:
+def run_local(run: RunContext, progress_id: str | None = None) -> None:
     """Placement `local`: every role as a concurrent task of this flow run; the first failure is raised."""
     opts = run.storage_options
-    futures = [trainer_task.submit(run.url, opts)] + [explorer_task.submit(run.url, i, opts) for i in range(run.cfg.explorer.count)]
+    futures = [trainer_task.submit(run.url, opts, progress_id)] + [explorer_task.submit(run.url, i, opts) for i in range(run.cfg.explorer.count)]
     errors = []
     for f in futures:
         try:
@@ -97,29 +153,50 @@ def run_local(run: RunContext) -> None:
         raise errors[0]
 
 
-def run_mode(cfg: RFTConfig, resume: str | None, mode: str) -> Any:
+def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str] | None = None) -> Any:
     """The body of every mode's flow: the schedule is the roles' business, the placement says where they run."""
     from flows.placement import run_deployments
 
+    if resume is not None and overrides:
+        raise UserError(f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings")
+    cfg = with_overrides(cfg, overrides)
+    flow_run = get_run_context().flow_run
+    if resume is None and cfg.name is None:
+        cfg = validate_config({**cfg.model_dump(mode="json"), "name": flow_run.name}, f"flow run name {flow_run.name!r}")
     # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
     lease = RunLease(open_run(resume, cfg.buffer.storage.options).url, cfg.buffer.storage.options).acquire() if resume else None
     try:
         run, attempt = open_or_start(cfg, resume, mode)
         lease = lease or RunLease(run.url, run.storage_options).acquire()
-        with watch_cancellation(run) as cancel:
-            if run.cfg.placement.type == "local":
-                run_local(run)
-            else:
-                run_deployments(run, attempt, cancel)
-        return finish_run(run, cancelled=cancel.cancelled)
+        keys = report_key_prefix(get_run_context().flow.name)
+        progress_id = start_progress(run, keys) if run.cfg.monitor.artifacts else None
+        try:
+            with watch_cancellation(run) as cancel:
+                if run.cfg.placement.type == "local":
+                    run_local(run, progress_id)
+                else:
+                    run_deployments(run, attempt, cancel, progress_id)
+        except BaseException:
+            report_anyway(run, keys)
+            raise
+        return finish_run(run, keys, cancelled=cancel.cancelled)
     finally:
         if lease is not None:
             lease.release()
 
 
-def finish_run(run: RunContext, cancelled: bool = False) -> Any:
-    """Publish the timeline, metrics and reward curve; the run's summary, or a Cancelled state."""
-    summary = publish_report(run)
+def report_anyway(run: RunContext, keys: str) -> None:
+    """The report of a run cancelled by its worker (SIGTERM) or failed: what was done still goes out,
+    and a failure to publish it never hides why the run ended."""
+    try:
+        publish_report(run, keys)
+    except Exception as e:  # noqa: BLE001 - the run's own error is what propagates
+        get_run_logger().warning("could not publish the report of %s: %s: %s", run.url, type(e).__name__, e)
+
+
+def finish_run(run: RunContext, keys: str, cancelled: bool = False) -> Any:
+    """Publish the timeline, metrics, reward curve and model link; the run's summary, or a Cancelled state."""
+    summary = publish_report(run, keys)
     if cancelled:
         return Cancelled(message=f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
     return summary

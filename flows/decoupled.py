@@ -13,19 +13,17 @@ deployments (`placement`).
 
 from __future__ import annotations
 
-from prefect import flow
-
-from flows.common import run_mode
+from flows.common import mode_flow, run_mode
 from rl_engine.config import RFTConfig
 
 
-@flow(name="fully-async", log_prints=True)
-def fully_async(cfg: RFTConfig, resume: str | None = None):
+@mode_flow("fully-async", "fully_async")
+def fully_async(cfg: RFTConfig, resume: str | None = None, set: list[str] | None = None):
     """Mode (c): one explorer and the trainer as independent loops."""
-    return run_mode(cfg, resume, "fully_async")
+    return run_mode(cfg, resume, "fully_async", set)
 
 
-@flow(name="multi-explorer", log_prints=True)
-def multi_explorer(cfg: RFTConfig, resume: str | None = None):
+@mode_flow("multi-explorer", "multi_explorer")
+def multi_explorer(cfg: RFTConfig, resume: str | None = None, set: list[str] | None = None):
     """Mode (d): explorer.count explorers and one trainer, one buffer."""
-    return run_mode(cfg, resume, "multi_explorer")
+    return run_mode(cfg, resume, "multi_explorer", set)

@@ -36,10 +36,11 @@ def _job_variables(p: DeploymentsPlacement, role: str) -> dict[str, Any]:
     return {**general, **p.job_variables.get(role, {})}
 
 
-def start_roles(run: RunContext) -> dict[str, Any]:
-    """{role: its flow run}, each started on its deployment (returns at once)."""
+def start_roles(run: RunContext, progress_id: str | None = None) -> dict[str, Any]:
+    """{role: its flow run}, each started on its deployment (returns at once); the trainer moves
+    the run's progress artifact `progress_id`."""
     p = run.cfg.placement
-    params: dict[str, dict[str, Any]] = {"trainer": {"run_url": run.url, "storage_options": run.storage_options}}
+    params: dict[str, dict[str, Any]] = {"trainer": {"run_url": run.url, "storage_options": run.storage_options, "progress_id": progress_id}}
     for i in range(run.cfg.explorer.count):
         params[f"explorer-{i}"] = {"run_url": run.url, "explorer_id": i, "storage_options": run.storage_options}
     return {
@@ -71,10 +72,10 @@ def _problem(run: RunContext, attempt: str, states: dict[str, Any], started_at: 
     return None
 
 
-def run_deployments(run: RunContext, attempt: str, cancel: Cancel) -> None:
+def run_deployments(run: RunContext, attempt: str, cancel: Cancel, progress_id: str | None = None) -> None:
     """Start every role as its own flow run and watch them until all ended; raise RoleFailed naming the first to fail."""
     log, board = get_run_logger(), Board(run.url, run.storage_options)
-    children = start_roles(run)
+    children = start_roles(run, progress_id)
     log.info("roles started as flow runs: %s", {r: str(fr.id) for r, fr in children.items()})
     started_at, stop_seen, cancelled_children = time.monotonic(), None, False
     with get_client(sync_client=True) as client:

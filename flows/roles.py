@@ -15,7 +15,7 @@ from prefect import flow
 from prefect.states import Cancelled
 
 from rl_engine import roles
-from tasks.report import log_step
+from tasks.report import log_step, trainer_step_done
 
 
 def _outcome(role: str, run_url: str, result: roles.RoleResult) -> Any:
@@ -32,6 +32,7 @@ def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str,
 
 
 @flow(name="rft-trainer", log_prints=True)
-def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None) -> Any:
-    """The trainer of the run at `run_url` (started by the run's mode flow)."""
-    return _outcome("trainer", run_url, roles.trainer_role(run_url, storage_options, on_step=log_step))
+def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, progress_id: str | None = None) -> Any:
+    """The trainer of the run at `run_url` (started by the run's mode flow, which passes the id of
+    the run's progress artifact, moved every trainer step)."""
+    return _outcome("trainer", run_url, roles.trainer_role(run_url, storage_options, on_step=trainer_step_done(run_url, storage_options, progress_id)))

@@ -1,20 +1,30 @@
-"""Prefect-side reporting: per-step progress lines, and the artifacts of a finished run
-(metrics table, reward curve, timeline Gantt chart, utilization summary).
+"""Prefect-side reporting: per-step progress lines, a progress artifact the trainer moves every
+step, and the artifacts of a finished (or cancelled) run: metrics table, reward curve and timeline
+Gantt chart (markdown images), summary, and a link to the trained model.
+
+Artifact keys are stable per deployment (`<flow>-<deployment>-<what>`, e.g.
+`synchronous-synchronous-summary`) or, for a run without one (`rft run`), per mode flow
+(`synchronous-summary`), so the UI's Artifacts page shows their history across runs; the run's
+name is in each artifact's description.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+import logging
+from pathlib import Path
+from typing import Any, Callable
+from uuid import UUID
 
 from prefect import task
-from prefect.artifacts import create_image_artifact, create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
+from rl_engine.learner import latest_state_step
 from rl_engine.report import build_report
-from rl_engine.run import RunContext
+from rl_engine.run import RunContext, open_run
 
 
 def log_step(role: str, m: dict[str, Any]) -> dict[str, Any]:
@@ -34,22 +44,66 @@ def log_step(role: str, m: dict[str, Any]) -> dict[str, Any]:
     return m
 
 
-def _key(run: RunContext, what: str) -> str:
+def _slug(text: str) -> str:
     # Artifact keys: lowercase letters, digits and dashes only.
-    slug = "".join(c if c.isalnum() else "-" for c in run.cfg.name.lower()).strip("-")
-    return f"{slug}-{what}"
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
+
+
+def report_key_prefix(flow_name: str) -> str:
+    """`<flow>-<deployment>` for a deployment's flow run, `<flow>` for one without (see module doc)."""
+    from prefect.runtime import deployment
+
+    return _slug(f"{flow_name}-{deployment.name}" if deployment.name else flow_name)
+
+
+def start_progress(run: RunContext, keys: str) -> str:
+    """The run's progress artifact (trainer steps done / trainer.total_steps, in %), at where the
+    run starts (0, or the resumed trainer version); returns its id for the trainer to move."""
+    total, done = run.cfg.trainer.total_steps, latest_state_step(run) or 0
+    return str(create_progress_artifact(100.0 * done / total, key=f"{keys}-progress", description=_progress_text(run.cfg.name, done, total)))
+
+
+def _progress_text(name: str | None, step: int, total: int) -> str:
+    return f"Run {name}: trainer step {step}/{total}"
+
+
+def trainer_step_done(run_url: str, storage_options: dict[str, Any] | None, progress_id: str | None) -> Callable[[str, dict[str, Any]], Any]:
+    """The trainer's step callback in Prefect: a progress line, then the progress artifact moved to this step."""
+    cfg = open_run(run_url, storage_options).cfg
+    total = cfg.trainer.total_steps
+
+    def on_step(role: str, m: dict[str, Any]) -> dict[str, Any]:
+        log_step(role, m)
+        if progress_id is not None:
+            try:
+                update_progress_artifact(UUID(progress_id), min(100.0, 100.0 * m["step"] / total), description=_progress_text(cfg.name, m["step"], total))
+            except Exception as e:  # noqa: BLE001 - a monitoring hiccup never stops training
+                logging.getLogger(__name__).warning("progress artifact not updated at trainer step %s: %s", m["step"], e)
+        return m
+
+    return on_step
+
+
+def _link(url: str) -> str:
+    """A URL the UI can link to: local paths become file:// URIs, fsspec URLs (s3://...) stay."""
+    return url if "://" in url else Path(url).resolve().as_uri()
 
 
 @task(cache_policy=NO_CACHE, task_run_name="publish-report")
-def publish_report(run: RunContext) -> dict[str, Any]:
-    """Write report files to the run and mirror them as Prefect artifacts; returns the summary."""
+def publish_report(run: RunContext, keys: str) -> dict[str, Any]:
+    """Write report files to the run and mirror them as Prefect artifacts under `keys`; returns the summary."""
     rep = build_report(run)
+    name = run.cfg.name
     if run.cfg.monitor.artifacts:
         if rep.table:
-            create_table_artifact(rep.table, key=_key(run, "metrics"), description=f"Per trainer step metrics of {run.url}")
-        for name, png in rep.images.items():
-            url = "data:image/png;base64," + base64.b64encode(png).decode()
-            create_image_artifact(url, key=_key(run, name), description=f"{name} of {run.url}")
-        create_markdown_artifact(rep.markdown, key=_key(run, "summary"), description=f"Summary of {run.url}")
+            create_table_artifact(rep.table, key=f"{keys}-metrics", description=f"Per trainer step metrics of run {name} ({run.url})")
+        for what, png in rep.images.items():
+            # Markdown, not an image artifact: the UI would print the whole data: URL under the picture.
+            image = f"![{what} of run {name}](data:image/png;base64,{base64.b64encode(png).decode()})"
+            create_markdown_artifact(image, key=f"{keys}-{what}", description=f"{what} of run {name} ({run.url})")
+        create_markdown_artifact(rep.markdown, key=f"{keys}-summary", description=f"Summary of run {name} ({run.url})")
+        if run.fs()[0].exists(run.path("model", "config.json")):
+            model = f"{run.url}/model"
+            create_link_artifact(_link(model), link_text=model, key=f"{keys}-model", description=f"Trained model of run {name}")
     get_run_logger().info("run summary: %s", json.dumps(rep.summary))
     return rep.summary

@@ -9,7 +9,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rl_engine import roles
-from tasks.report import log_step
+from tasks.report import log_step, trainer_step_done
 
 
 @task(cache_policy=NO_CACHE, task_run_name="explorer-{explorer_id}")
@@ -19,6 +19,7 @@ def explorer_task(run_url: str, explorer_id: int, storage_options: dict[str, Any
 
 
 @task(cache_policy=NO_CACHE, task_run_name="trainer")
-def trainer_task(run_url: str, storage_options: dict[str, Any] | None = None) -> int:
-    """The trainer of the run, in a thread of this flow run; returns its step count."""
-    return len(roles.trainer_role(run_url, storage_options, on_step=log_step).metrics)
+def trainer_task(run_url: str, storage_options: dict[str, Any] | None = None, progress_id: str | None = None) -> int:
+    """The trainer of the run, in a thread of this flow run, moving the run's progress artifact
+    (`progress_id`) every step; returns its step count."""
+    return len(roles.trainer_role(run_url, storage_options, on_step=trainer_step_done(run_url, storage_options, progress_id)).metrics)

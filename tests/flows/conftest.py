@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -47,6 +48,16 @@ def small_config(model_dir: str, task_file: str, storage: str, **sync) -> dict:
         "synchronizer": {"collective": {"port": free_port()}, "wait_timeout_s": 120, **sync},
         "monitor": {"artifacts": True},
     }
+
+
+def artifacts_of(flow_run_id: Any) -> dict[str, Any]:
+    """{key: artifact} of the keyed artifacts one flow run (or its task runs) created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        rows = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return {a.key: a for a in rows if a.key}
 
 
 def write_config(path: Path, data: dict) -> str:

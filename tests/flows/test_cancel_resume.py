@@ -15,7 +15,7 @@ from rl_engine.config import validate_config
 from rl_engine.learner import latest_state_step
 from rl_engine.rewards import TaskIterator, load_taskset
 from rl_engine.run import last_committed_steps, open_run
-from tests.flows.conftest import small_config
+from tests.flows.conftest import artifacts_of, small_config
 from tests.flows.test_modes import stored_experiences
 
 pytestmark = pytest.mark.slow
@@ -60,6 +60,10 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
 
     with get_client(sync_client=True) as client:
         assert len(cancelled) == 1 and client.read_flow_run(cancelled[0]).state.is_cancelled(), result
+    # The cancelled run still published its report, under the mode flow's keys; its progress stopped short of 100%.
+    arts = artifacts_of(cancelled[0])
+    assert {f"one-step-off-policy-{what}" for what in ("summary", "metrics", "timeline", "reward-curve", "progress")} <= set(arts), sorted(arts)
+    assert 0 < arts["one-step-off-policy-progress"].data < 100 and "cancel-me" in arts["one-step-off-policy-summary"].description
     run = open_run(str(tmp_path / "cancel-me"))
     saved = latest_state_step(run)
     committed = last_committed_steps(run)[0]

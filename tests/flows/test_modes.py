@@ -83,15 +83,16 @@ def test_fully_async_never_waits_without_bound(method, prefect_server, tiny_mode
     used = {v for vs in versions_by_step(stored_experiences(summary["run"])).values() for v in vs}
     assert used <= {0, 2, 4, 6} and len(used) >= 2
     assert summary["final_version"] == 6
-    # The run published its report as Prefect artifacts: metrics table, timeline and reward curve.
+    # The run published its report as Prefect artifacts under the mode flow's keys (latest: this run):
+    # metrics table, timeline and reward curve (markdown images, tests/flows/test_operations.py).
     from prefect.artifacts import Artifact
 
-    slug = "".join(c if c.isalnum() else "-" for c in summary["run"].rsplit("/", 1)[-1].lower())
-    table = Artifact.get(f"{slug}-metrics")
-    assert table is not None and table.type == "table" and '"step": 6' in table.data
-    for name in ("timeline", "reward-curve"):
-        image = Artifact.get(f"{slug}-{name}")
-        assert image is not None and "data:image/png;base64,iVBOR" in image.data  # a PNG, inline
+    name = summary["run"].rsplit("/", 1)[-1]
+    table = Artifact.get("fully-async-metrics")
+    assert table is not None and table.type == "table" and '"step": 6' in table.data and name in table.description
+    for what in ("timeline", "reward-curve"):
+        image = Artifact.get(f"fully-async-{what}")
+        assert image is not None and image.data.startswith(f"![{what} of run {name}](data:image/png;base64,iVBOR")  # a PNG, inline
 
 
 def test_fully_async_max_staleness_is_admission_control(prefect_server, tiny_model_dir, task_file, tmp_path):

@@ -115,6 +115,10 @@ def test_every_role_in_its_own_process(mode, method, on_live_server, tiny_model_
     summary = run_config(cfg)
     assert summary["final_version"] == total
     assert_roles_ran_apart(on_live_server, summary["run"], cfg.explorer.count)
+    from prefect.artifacts import Artifact
+
+    progress = Artifact.get(f"{mode.replace('_', '-')}-progress")  # the mode flow run's, moved by the trainer's flow run
+    assert progress.data == 100.0 and progress.description == f"Run {Path(summary['run']).name}: trainer step {total}/{total}"
 
     # The schedule holds across processes, read from the stored versions alone.
     by_step = versions_by_step(stored_experiences(summary["run"]))
