@@ -38,6 +38,7 @@ bench: setup
 	$(PY) -m bench.rollout --quick
 	$(PY) -m bench.sync --quick
 	$(PY) -m bench.modes --quick --synthetic
+	$(PY) -m bench.partial --quick
 
 # Regenerate the constraints file from the current environment.
 lock:

@@ -47,6 +47,19 @@ def ideal_step(mode: str, r: float, t: float, s: float, n: int) -> float:
     return {"synchronous": r + t + s, "one_step_off_policy": max(r, t) + s, "fully_async": max(r, t), "multi_explorer": max(r / n, t)}[mode]
 
 
+def steady_state(spans: list, skip: int = 1) -> tuple[float, float, float, list]:
+    """(t0, t1, trainer step time, the spans within): from the end of trainer step `skip` to the end
+    of the last step, so engine start-up and first-call warm-up are not counted."""
+    train_spans = sorted((s for s in spans if s.component == "trainer" and s.kind == "train"), key=lambda s: s.start)
+    t0, t1 = train_spans[skip - 1].end, train_spans[-1].end
+    return t0, t1, (t1 - t0) / max(len(train_spans) - skip, 1), [s for s in spans if s.start >= t0 and s.end <= t1]
+
+
+def busy_fraction(steady: list, lane: str, t0: float, t1: float) -> float:
+    """Share of [t0, t1] that `lane` spent on anything but waiting."""
+    return sum(s.duration for s in steady if s.component == lane and s.kind != "wait") / (t1 - t0)
+
+
 def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool, placement: str = "local") -> dict:
     from flows.run import run_config
     from rl_engine.config import validate_config
@@ -70,19 +83,11 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
     summary = run_config(cfg)
     wall = time.time() - started
     spans = load_spans(summary["run"])
-    train_spans = sorted((s for s in spans if s.component == "trainer" and s.kind == "train"), key=lambda s: s.start)
-    # Steady state: from the end of trainer step 1 to the end of the last step, so engine
-    # start-up and first-call warm-up are not counted.
-    t0, t1 = train_spans[0].end, train_spans[-1].end
-    step_time = (t1 - t0) / max(len(train_spans) - 1, 1)
-    steady = [s for s in spans if s.start >= t0 and s.end <= t1]
+    t0, t1, step_time, steady = steady_state(spans)
 
     def mean_of(kind: str, lane: str) -> float:
         xs = [s.duration for s in steady if s.kind == kind and s.component.startswith(lane)]
         return mean(xs) if xs else 0.0
-
-    def busy(lane: str) -> float:
-        return sum(s.duration for s in steady if s.component == lane and s.kind != "wait") / (t1 - t0)
 
     r, t, s = mean_of("rollout", "explorer"), mean_of("train", "trainer"), mean_of("sync", "explorer")
     ideal = ideal_step(name, r, t, s, cfg.explorer.count)
@@ -95,8 +100,8 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
         "R_s": r,
         "T_s": t,
         "S_s": s,
-        "explorer_busy": mean(busy(f"explorer-{i}") for i in range(cfg.explorer.count)),
-        "trainer_busy": busy("trainer"),
+        "explorer_busy": mean(busy_fraction(steady, f"explorer-{i}", t0, t1) for i in range(cfg.explorer.count)),
+        "trainer_busy": busy_fraction(steady, "trainer", t0, t1),
         "trainer_wait_s": mean_of("wait", "trainer"),
         "startup_s": min(x.start for x in spans) - started,  # flow start -> first recorded span (engines, groups)
         "wall_s": wall,

@@ -160,3 +160,17 @@ def test_warmstart_bad_task():
 
     with pytest.raises(SystemExit):
         main(["/tmp/unused", "--task", "nope"])
+
+
+@pytest.mark.slow  # a DeepSpeed trainer: ~10 s on idle cores
+def test_cli_warmstart_countdown(tmp_path):
+    """`rft warmstart DIR --task countdown` (README): the saved model is the one its figures describe."""
+    from rl_engine.warmstart import evaluate_dir
+
+    out = tmp_path / "m"
+    assert rft(["warmstart", str(out), "--task", "countdown", "--steps", "2", "--batch-size", "8", "--threads", "1"]) == 0
+    summary = json.loads((out / "warmstart.json").read_text())
+    assert (summary["task"], summary["steps"], summary["batch_size"], summary["max_n"], summary["alpha"]) == ("countdown", 2, 8, 40, 1.0)
+    again = evaluate_dir(str(out), task="countdown")
+    assert again["expected_exact_t1"] == pytest.approx(summary["expected_exact_t1"], rel=1e-4, abs=1e-7)
+    assert again["greedy_exact"] == summary["greedy_exact"]

@@ -1,0 +1,166 @@
+"""Benchmark of partial rollouts: the same trainer steps on the long-tail countdown task with them off and on.
+
+    python -m bench.partial [--quick] [--steps N] [--seeds 0,1,2] [--model DIR]
+
+Workload: configs/partial.yaml (one-step off-policy; 8 tasks x 8 rollouts per step; countdown
+"n..1=" with P(n) ~ 1/n on 1..40, answers of up to 111 tokens) on the countdown warm start
+(`rft warmstart --task countdown`, built here unless --model names one). Each seed runs the
+config twice as real Prefect flows (vLLM CPU explorer and DeepSpeed CPU trainer, one core each):
+`explorer.partial.enabled` false (every generation in one go, up to sampling.max_tokens = 128)
+and true (segments of 16 tokens per explorer step, continuations resumed in later steps).
+
+Per run, over the steady state (bench.modes.steady_state, from the end of trainer step 8 to the
+end of the last: with 16-token segments the longest answers take 8 steps, and until then partial
+rollouts' batches lean to short tasks): explorer step time (mean rollout span: generate + score),
+its write time (buffer commit; with partial rollouts also staging and retiring continuations),
+generate calls per step (rounds of segments), trainer step time, trainer idle fraction (share of
+the window the trainer spent waiting), generated tokens per rollout-second, generations cut per
+step, mean response length; at the end the trained batches' mean reward (last quarter of trainer
+steps) and the final policy's expected exact-match at temperature 1 over the task distribution
+(`rl_engine.warmstart.evaluate_dir`: exact, no sampling noise). The batch reward is not
+comparable between off and on (short groups finish first, and only partial rollouts stop
+repeats, with a penalty), so `reward_off` / `reward_on` are the final policy's expected
+exact-match (the expected `correct` reward), averaged over seeds, and `reward_spread` is
+max - min of reward_off over the seeds.
+
+JSON keys: step_time_speedup (explorer step time off / on), trainer_step_speedup, reward_off,
+reward_on, reward_spread, reward_gap (on - off), reward_on_within_spread (min <= reward_on <= max
+of the off seeds; null with one seed), plus per-setting means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+
+if __name__ == "__main__":
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "partial.yaml"
+
+
+def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: bool) -> dict:
+    """One real flow run of configs/partial.yaml; its steady-state figures."""
+    import yaml
+
+    from bench.modes import busy_fraction, steady_state
+    from flows.run import run_config
+    from rl_engine.config import validate_config
+    from rl_engine.report import load_metrics
+    from rl_engine.run import open_run
+    from rl_engine.timeline import load_spans
+    from rl_engine.warmstart import evaluate_dir
+
+    data = yaml.safe_load(CONFIG.read_text())
+    data.update(seed=seed, name=f"bench-partial-{'on' if partial else 'off'}-s{seed}")
+    data["model"]["path"], data["taskset"]["path"] = model, tasks
+    data["buffer"] = {"storage": {"url": root}}
+    data["explorer"]["partial"]["enabled"] = partial
+    data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
+    data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
+    started = time.time()
+    summary = run_config(validate_config(data))
+    wall = time.time() - started
+    # Partial rollouts fill their pipeline first: a group of the longest answers needs
+    # max_response_tokens / segment_max_tokens steps, and until then batches lean to short tasks.
+    p = data["explorer"]["partial"]
+    fill = -(-p["max_response_tokens"] // p["segment_max_tokens"])
+    if steps < fill + 3:
+        raise SystemExit(f"bench.partial: --steps {steps} leaves no steady state; use at least {fill + 3} (the pipeline fills in {fill} steps)")
+    t0, t1, step_s, steady = steady_state(load_spans(summary["run"]), skip=fill)
+    rollouts = {s.step: s for s in steady if s.component == "explorer-0" and s.kind == "rollout"}
+    writes = [s.duration for s in steady if s.component == "explorer-0" and s.kind == "write"]
+    _, explorer_metrics = load_metrics(open_run(summary["run"]))
+    by_step = {m["explorer_step"]: m for m in explorer_metrics}
+    # Tokens generated in the step (a partial step's segments, not the finished groups' totals).
+    generated = {e: (m["partial"]["tokens"] if partial else m["tokens"]) for e, m in by_step.items()}
+    final = evaluate_dir(f"{summary['run']}/model", task="countdown")
+    return {
+        "partial": "on" if partial else "off",
+        "seed": seed,
+        "explorer_step_s": mean(s.duration for s in rollouts.values()),
+        "write_s": mean(writes) if writes else 0.0,
+        "generate_calls": mean(by_step[e]["partial"]["rounds"] if partial else 1 for e in rollouts),
+        "trainer_step_s": step_s,
+        "trainer_idle": 1.0 - busy_fraction(steady, "trainer", t0, t1),
+        "tokens_per_s": sum(generated[e] for e in rollouts) / sum(s.duration for s in rollouts.values()),
+        "resp_len": mean(by_step[e]["response_len_mean"] for e in rollouts),
+        "cut_per_step": mean(s.cut or 0 for s in rollouts.values()),
+        "batch_reward_last": summary["reward_last"],
+        "exact_t1_final": final["expected_exact_t1"],
+        "greedy_final": final["greedy_exact"],
+        "steady_steps": len(rollouts),
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CI size: 1 seed, 12 trainer steps")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 24, 12 with --quick)")
+    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0 with --quick)")
+    ap.add_argument("--model", default=None, help="a countdown warm start to use (default: build one, `rft warmstart --task countdown`, seed 0)")
+    a = ap.parse_args()
+    steps = a.steps or (12 if a.quick else 24)
+    seeds = [int(s) for s in (a.seeds or ("0" if a.quick else "0,1,2")).split(",")]
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    from bench._report import emit_json, print_table
+    from rl_engine.explorer import ENGINES
+    from rl_engine.rewards import write_countdown_taskset
+    from rl_engine.warmstart import COUNTDOWN, DEFAULTS, evaluate_dir, warmstart
+
+    root = tempfile.mkdtemp(prefix="bench-partial-")
+    model = a.model
+    if model is None:
+        model = f"{root}/tiny-countdown-sft"
+        d = {**DEFAULTS, **COUNTDOWN}
+        warmstart(model, d["steps"], d["batch_size"], d["lr"], d["warmup_steps"], seed=0, max_operand=d["max_operand"], threads=2, task="countdown")
+    start = evaluate_dir(model, task="countdown")
+    tasks = write_countdown_taskset(f"{root}/countdown.jsonl", n=2000, seed=0)
+    os.environ["RFT_KEEP_ENGINES"] = "1"  # off and on of a seed share one warm engine
+    rows = []
+    with prefect_test_harness(server_startup_timeout=120):
+        for seed in seeds:
+            for partial in (False, True):
+                rows.append(run_one(model, tasks, f"{root}/runs", steps, seed, partial))
+    ENGINES.close_all()  # their shutdown logs would follow the JSON line
+    print_table(
+        rows,
+        title=f"bench.partial (real tiny model: vLLM CPU explorer, DeepSpeed CPU trainer, one core each; configs/partial.yaml, "
+        f"{steps} trainer steps per run; warm start exact@T=1 {start['expected_exact_t1']:.3f})",
+    )
+
+    def avg(setting: str, key: str) -> float:
+        return mean(r[key] for r in rows if r["partial"] == setting)
+
+    off = [r["exact_t1_final"] for r in rows if r["partial"] == "off"]
+    on = [r["exact_t1_final"] for r in rows if r["partial"] == "on"]
+    spread = max(off) - min(off)
+    out = {
+        "steps": steps,
+        "seeds": seeds,
+        "step_time_speedup": round(avg("off", "explorer_step_s") / avg("on", "explorer_step_s"), 3),
+        "trainer_step_speedup": round(avg("off", "trainer_step_s") / avg("on", "trainer_step_s"), 3),
+        "reward_start": round(start["expected_exact_t1"], 4),
+        "reward_off": round(mean(off), 4),
+        "reward_on": round(mean(on), 4),
+        "reward_spread": round(spread, 4),
+        "reward_on_range": [round(min(on), 4), round(max(on), 4)],
+        "reward_gap": round(mean(on) - mean(off), 4),
+        "reward_on_within_spread": min(off) <= mean(on) <= max(off) if len(off) > 1 else None,
+    }
+    for key in ("explorer_step_s", "trainer_step_s", "trainer_idle", "tokens_per_s", "batch_reward_last"):
+        out[key] = {s: round(avg(s, key), 3) for s in ("off", "on")}
+    emit_json(out)
+
+
+if __name__ == "__main__":
+    main()
