@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rl_engine.config import RFTConfig, load_config
-from rl_engine.errors import UserError
+from rl_engine.errors import hide_user_error_tracebacks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,14 +30,14 @@ def run_config(cfg: RFTConfig, resume: str | None = None) -> Any:
 
 
 def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -> int:
-    cfg = load_config(config, overrides)
-    if resume is not None:
-        from rl_engine.run import open_run
+    """`rft run`: check the inputs (rl_engine.preflight) before Prefect or any engine starts, then run the flow.
+    A UserError raised later, inside the flow, reaches the user as its message, without the
+    traceback Prefect would log for it."""
+    from rl_engine.preflight import preflight
 
-        saved = open_run(resume, cfg.buffer.storage.options).cfg
-        if saved.synchronizer.mode != cfg.synchronizer.mode:
-            raise UserError(f"--resume {resume}: that run is mode {saved.synchronizer.mode!r}, {config} says {cfg.synchronizer.mode!r}")
-        cfg = saved
+    source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
+    cfg = preflight(load_config(config, overrides), resume, source)
+    hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     summary = run_config(cfg, resume)
     if not isinstance(summary, dict):
         print(f"run ended: {summary}")
@@ -62,6 +62,7 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def demo(root: str = "runs") -> int:
     """Build the demo's model and tasks if missing, then run configs/demo.yaml under `root`."""
+    from rl_engine.preflight import preflight
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.warmstart import main as warmstart
 
@@ -71,7 +72,8 @@ def demo(root: str = "runs") -> int:
         warmstart([str(model)])
     if not tasks.exists():
         write_arithmetic_taskset(str(tasks), n=2000, seed=1)
-    cfg = load_config(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"])
+    cfg = preflight(load_config(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"]))
+    hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     summary = run_config(cfg)
     if not isinstance(summary, dict):
         print(f"run ended: {summary}")

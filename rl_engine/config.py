@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Union
 
 import yaml
 from rl_engine.errors import UserError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class _Model(BaseModel):
@@ -42,16 +42,17 @@ class ModelConfig(_Model):
 
     @field_validator("path", "tokenizer_path")
     @classmethod
-    def _local_dir(cls, v: str | None) -> str | None:
+    def _local_dir(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is None:
             return v
         p = Path(v).expanduser()
         if not p.is_dir():
             raise ValueError(
                 f"model directory {v!r} does not exist; build one with `rft make-tiny-model {v}` "
-                "(or `rft warmstart`) or point model.path at a local Hugging Face model directory"
+                f"(or `rft warmstart`) or point model.{info.field_name} at a local Hugging Face model directory"
             )
-        if not (p / "config.json").is_file():
+        # A tokenizer directory needs only the tokenizer's files (rl_engine.preflight checks them).
+        if info.field_name == "path" and not (p / "config.json").is_file():
             raise ValueError(f"{v!r} has no config.json; model.path must be a Hugging Face model directory")
         return v
 
@@ -81,6 +82,9 @@ class PythonReward(_Model):
     type: Literal["python"] = Field(description="Reward variant selector.")
     function: str = Field(description="Import path `package.module:function` of the reward callable.", pattern=r"^[\w.]+:\w+$")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+    timeout_s: float = Field(
+        default=60.0, gt=0.0, description="Longest one call may take; a call still running then fails the explorer step (and the run) naming the function."
+    )
 
 
 RewardConfig = Annotated[Union[ArithmeticReward, CountdownReward, PythonReward], Field(discriminator="type")]
@@ -141,11 +145,18 @@ class AlgorithmConfig(_Model):
 class SamplingConfig(_Model):
     """vLLM sampling parameters of a rollout."""
 
-    temperature: float = Field(default=1.0, ge=0.0, le=10.0, description="Sampling temperature; 1.0 samples the policy itself (what the loss assumes).")
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description="Sampling temperature, 0..2 as vLLM accepts; 1.0 samples the policy itself (what the loss assumes).")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     top_k: int = Field(default=-1, ge=-1, description="Top-k sampling; -1 disables.")
     max_tokens: int = Field(default=64, ge=1, description="Response token budget of one generation (one segment when partial rollouts are on).")
-    stop: list[str] = Field(default_factory=list, description="Stop strings (EOS always stops).")
+    stop: list[str] = Field(default_factory=list, description="Stop strings (EOS always stops); none may be empty.")
+
+    @field_validator("stop")
+    @classmethod
+    def _no_empty_stop(cls, v: list[str]) -> list[str]:
+        if any(not s for s in v):
+            raise ValueError("an empty stop string would stop every generation at once (vLLM refuses it); remove it")
+        return v
 
 
 class EngineConfig(_Model):
@@ -409,6 +420,11 @@ class RFTConfig(_Model):
             )
         if tbs is not None and self.buffer.whole_groups and tbs % self.algorithm.repeat_times:
             raise ValueError(f"trainer.train_batch_size = {tbs} must be a multiple of algorithm.repeat_times = {self.algorithm.repeat_times} when buffer.whole_groups is true")
+        if x.sampling.temperature < 1e-5 and self.algorithm.repeat_times > 1 and not x.partial.enabled:
+            raise ValueError(
+                f"explorer.sampling.temperature = {x.sampling.temperature}: greedy sampling gives algorithm.repeat_times = {self.algorithm.repeat_times} "
+                "identical rollouts per task (vLLM refuses n > 1 when greedy, and GRPO learns nothing from them); use a temperature > 0, e.g. 1.0"
+            )
         if self.explorer.sampling.max_tokens >= self.model.max_model_len:
             raise ValueError(f"explorer.sampling.max_tokens = {self.explorer.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
         if x.partial.enabled and x.partial.max_response_tokens >= self.model.max_model_len:

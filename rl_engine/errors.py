@@ -1,12 +1,34 @@
 """Errors a user can fix (bad config, missing file, malformed row).
 
 The CLI prints a `UserError` as its message alone, one clear line (or a few), and exits 2;
-anything else is a bug and keeps its traceback.
+anything else is a bug and keeps its traceback. A UserError raised inside a flow or task is
+also logged by Prefect on its way out, traceback and all: `rft run` calls
+`hide_user_error_tracebacks` on Prefect's run loggers so those records keep only their message.
 """
+
+import logging
 
 
 class UserError(Exception):
     """A mistake in the user's input; the message names the problem and the fix."""
+
+
+class _NoUserErrorTraceback(logging.Filter):
+    """Drops the traceback of a log record whose exception is a UserError (the message stays)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], UserError):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def hide_user_error_tracebacks(*logger_names: str) -> None:
+    """Log a UserError on these loggers (e.g. Prefect's `prefect.flow_runs`, `prefect.task_runs`)
+    without its traceback; idempotent."""
+    for name in logger_names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoUserErrorTraceback) for f in logger.filters):
+            logger.addFilter(_NoUserErrorTraceback())
 
 
 def run_main(main) -> None:

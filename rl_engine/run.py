@@ -49,8 +49,11 @@ class RunContext:
 
 def start_run(cfg: RFTConfig) -> RunContext:
     """Resolve `cfg`, create the run directory and save the resolved config (refuses to reuse a run)."""
+    from rl_engine.preflight import check_storage
+
     cfg = cfg.resolved()
     run = RunContext(cfg=cfg, url=cfg.run_url)
+    check_storage(cfg.buffer.storage.url, run.storage_options)  # a missing bucket is an error, never created by makedirs below
     fs, root = run.fs()
     if fs.exists(join(root, CONFIG_FILE)):
         raise UserError(f"run {run.url} already exists; resume it with `rft run --resume {run.url}` or pick another name (name: ...)")

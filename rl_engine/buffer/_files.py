@@ -37,8 +37,11 @@ class CorruptFileError(UserError):
     """A committed file that cannot be read back as it was written; names the file."""
 
     def __init__(self, path: str, reason: str):
-        self.path = path
-        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+        super().__init__(
+            f"{path}: {reason}. Nothing was deleted: restore the file from a copy, or set buffer.on_corrupt: skip "
+            "(for a started run, in its config.yaml) to leave it out, counted in the report"
+        )
 
 
 @dataclasses.dataclass(frozen=True, order=True)

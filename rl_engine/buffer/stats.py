@@ -64,7 +64,7 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
         try:
             batch = _files.read_data(fs, path, size=rec["size"], crc=rec["crc32"], uri=fs.unstrip_protocol(path), num_rows=rec["num_rows"])
         except _files.CorruptFileError as e:
-            corrupt.append(str(e))
+            corrupt.append(f"{e.path}: {e.reason}")  # the file and what is wrong; the run-time fix does not apply here
             continue
         t = batch.to_table()
         rows["explorer"].append(t.column("explorer_id").to_numpy())

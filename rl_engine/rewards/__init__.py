@@ -3,13 +3,14 @@ countdown.py for the long-tail task of partial rollouts)."""
 
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn, make_arithmetic_tasks, write_arithmetic_taskset
 from rl_engine.rewards.countdown import CountdownRewardFn, make_countdown_tasks, write_countdown_taskset
-from rl_engine.rewards.scoring import PythonRewardFn, RewardFn, RolloutSample, ScoreResult, build_reward, score_rollouts
+from rl_engine.rewards.scoring import PythonRewardFn, RewardError, RewardFn, RolloutSample, ScoreResult, build_reward, score_rollouts
 from rl_engine.rewards.tasks import Task, TaskIterator, format_prompt, load_taskset, write_taskset
 
 __all__ = [
     "ArithmeticRewardFn",
     "CountdownRewardFn",
     "PythonRewardFn",
+    "RewardError",
     "RewardFn",
     "RolloutSample",
     "ScoreResult",

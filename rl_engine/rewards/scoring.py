@@ -3,7 +3,11 @@
 A reward is any callable `(prompt, response, task, finish_reason) -> float | dict[str, float]`;
 a dict gives named components whose sum is the reward. `score_rollouts` calls it on every
 sample: a reward that raises (or returns something that is not a finite number) marks only that
-sample as failed, counted in the metrics with its message, and the run goes on without it.
+sample as failed, counted in the metrics with its message, and the run goes on without it. Two
+failures stop the step at once instead, as a `RewardError` (a UserError) naming the reward: a
+reward that failed on every sample of the call (it is broken, not unlucky, and a step with
+nothing scored cannot train), and a user reward still running after its
+`taskset.reward.timeout_s`.
 
     reward_fn = build_reward(cfg.taskset.reward)
     result = score_rollouts(reward_fn, [RolloutSample(prompt, response, task, "stop"), ...])
@@ -17,6 +21,7 @@ import inspect
 import logging
 import math
 import numbers
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
@@ -27,6 +32,10 @@ from rl_engine.rewards.tasks import Task
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGES = 5
+
+
+class RewardError(UserError):
+    """The reward itself is broken (fails on every sample, or never returns): the step fails with this."""
 
 
 class RewardFn(Protocol):
@@ -49,17 +58,40 @@ class PythonRewardFn:
     """A user function `module:function` with its configured kwargs bound.
 
     Functions that take `finish_reason` (or **kwargs) get it; three-argument functions
-    `(prompt, response, task)` are called without it.
+    `(prompt, response, task)` are called without it. With `timeout_s`, each call runs in a
+    daemon thread and one still running after `timeout_s` raises RewardError; the stuck thread is
+    abandoned (Python cannot kill it), which is harmless because the step, and so the run, fails.
+    A call stuck in C code that holds the GIL (a catastrophic regex) cannot be timed out this way.
     """
 
-    def __init__(self, spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]):
-        self.spec, self.fn, self.kwargs = spec, fn, dict(kwargs)
+    def __init__(self, spec: str, fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float | None = None):
+        self.spec, self.fn, self.kwargs, self.timeout_s = spec, fn, dict(kwargs), timeout_s
         self.pass_finish_reason = _check_signature(spec, fn, self.kwargs)
 
     def __call__(self, prompt: str, response: str, task: Task, finish_reason: str) -> float | dict[str, float]:
-        if self.pass_finish_reason:
-            return self.fn(prompt, response, task, finish_reason=finish_reason, **self.kwargs)
-        return self.fn(prompt, response, task, **self.kwargs)
+        kwargs = {"finish_reason": finish_reason, **self.kwargs} if self.pass_finish_reason else self.kwargs
+        if self.timeout_s is None:
+            return self.fn(prompt, response, task, **kwargs)
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def call() -> None:
+            try:
+                box["value"] = self.fn(prompt, response, task, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
+                box["error"] = e
+            finally:
+                done.set()
+
+        threading.Thread(target=call, name=f"reward-{self.spec}", daemon=True).start()
+        if not done.wait(self.timeout_s):
+            raise RewardError(
+                f"taskset.reward.function = {self.spec!r} did not return within taskset.reward.timeout_s = {self.timeout_s:g} s "
+                f"(task {getattr(task, 'task_id', '?')!r}); make it return faster (no network waits or unbounded loops) or raise taskset.reward.timeout_s"
+            )
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def __repr__(self) -> str:
         return f"PythonRewardFn({self.spec!r}, kwargs={self.kwargs!r})"
@@ -113,7 +145,7 @@ def build_reward(cfg: Any) -> RewardFn:
     if cfg.type == "countdown":
         return CountdownRewardFn(correct_weight=cfg.correct_weight, close_weight=cfg.close_weight)
     if cfg.type == "python":
-        return PythonRewardFn(cfg.function, _import_function(cfg.function), cfg.kwargs)
+        return PythonRewardFn(cfg.function, _import_function(cfg.function), cfg.kwargs, cfg.timeout_s)
     raise ValueError(f"unknown reward type {cfg.type!r}")
 
 
@@ -159,24 +191,41 @@ def _as_reward(value: Any) -> tuple[float, dict[str, float]]:
 
 
 def score_rollouts(reward_fn: RewardFn, items: Iterable[Any]) -> ScoreResult:
-    """Score each (prompt, response, task, finish_reason) sample; failures are isolated per sample."""
+    """Score each (prompt, response, task, finish_reason) sample; failures are isolated per sample,
+    except a reward that fails on every sample or times out: RewardError (see the module docstring)."""
     rewards: list[float | None] = []
     components: list[dict[str, float]] = []
     errors: list[str | None] = []
+    first_task = None
     for item in items:
         prompt, response, task, finish_reason = item
         try:
             total, comps = _as_reward(reward_fn(prompt, response, task, finish_reason))
-        except Exception as e:  # noqa: BLE001 - a buggy reward must not kill the run
+        except RewardError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a reward failing on some samples must not kill the run
             msg = f"{type(e).__name__}: {e}"
             log.warning("reward failed on task %s: %s", getattr(task, "task_id", "?"), msg)
             total, comps = None, {}
+            if first_task is None:
+                first_task = task
         else:
             msg = None
         rewards.append(total)
         components.append(comps)
         errors.append(msg)
+    if errors and all(e is not None for e in errors):
+        raise RewardError(
+            f"the reward {_describe(reward_fn)} failed on all {len(errors)} samples of this step, e.g. on task "
+            f"{getattr(first_task, 'task_id', '?')!r}: {errors[0]}; fix the reward: it must return a finite float or a dict of "
+            "str -> float for every response (a sample it fails on now and then is left out and counted as reward/errors)"
+        )
     return ScoreResult(rewards, components, errors, _metrics(rewards, components, errors))
+
+
+def _describe(reward_fn: Any) -> str:
+    spec = getattr(reward_fn, "spec", None)
+    return f"taskset.reward.function = {spec!r}" if spec else type(reward_fn).__name__
 
 
 def _metrics(rewards: list[float | None], components: list[dict[str, float]], errors: list[str | None]) -> dict[str, Any]:

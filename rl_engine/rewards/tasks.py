@@ -64,7 +64,7 @@ def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[
         with fsspec.open(path, "rt", encoding="utf-8-sig", newline="", compression="infer", **(storage_options or {})) as f:
             lines = f.read().split("\n")
     except FileNotFoundError:
-        raise UserError(f"taskset.path = {path!r}: file not found") from None
+        raise UserError(f"taskset.path = {path!r}: file not found; fix taskset.path (a relative path starts at the working directory) or write the demo's tasks with `rft make-tasks {path}`") from None
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file to the user
@@ -76,18 +76,18 @@ def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[
         try:
             rows.append((lineno, json.loads(line)))
         except json.JSONDecodeError as e:
-            raise UserError(f"{path}: line {lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+            raise UserError(f"{path}: line {lineno}: not valid JSON ({e.msg} at column {e.colno}); fix or delete that line (JSONL: one JSON object per line)") from None
     return rows
 
 
 def _to_task(path: str, name: str, where: str, num: int, raw: Any, prompt_key: str, answer_key: str) -> Task:
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: {where}: expected a JSON object with a {prompt_key!r} key, got {type(raw).__name__}")
+        raise UserError(f"{path}: {where}: expected a JSON object with a {prompt_key!r} key, got {type(raw).__name__}; make that row an object")
     if prompt_key not in raw:
         raise UserError(f"{path}: {where}: no {prompt_key!r} key (keys: {sorted(raw)}); set taskset.prompt_key to the prompt column")
     prompt = raw[prompt_key]
     if not isinstance(prompt, str):
-        raise UserError(f"{path}: {where}: {prompt_key!r} must be a string, got {type(prompt).__name__} {prompt!r}")
+        raise UserError(f"{path}: {where}: {prompt_key!r} must be a string, got {type(prompt).__name__} {prompt!r}; write the prompt as a string (or set taskset.prompt_key to the column that holds it)")
     answer = raw.get(answer_key)
     task_id = str(raw["id"]) if raw.get("id") is not None else f"{name}#{num}"
     return Task(task_id=task_id, prompt=prompt, answer=None if answer is None else str(answer), row=raw)
@@ -109,11 +109,11 @@ def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None) -> lis
         task = _to_task(path, name, where, num, raw, cfg.prompt_key, cfg.answer_key)
         if task.task_id in seen:
             # GRPO groups and the buffer key on task ids: duplicates would merge unrelated groups.
-            raise UserError(f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]})")
+            raise UserError(f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]}); give every row its own id (or drop the id column: rows are then named by line)")
         seen[task.task_id] = where
         tasks.append(task)
     if not tasks:
-        raise UserError(f"taskset.path = {path!r}: the task set is empty (no rows)")
+        raise UserError(f"taskset.path = {path!r}: the task set is empty (no rows); add rows, one JSON object per line with a {cfg.prompt_key!r} key, or point taskset.path at another file")
     return tasks
 
 

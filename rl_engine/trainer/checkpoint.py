@@ -135,14 +135,29 @@ def collect_state(module: torch.nn.Module, optimizer) -> tuple[dict[str, torch.T
     return weights, opt_tensors, {"param_groups": groups, "step": max(steps, default=0)}
 
 
+def _shape(t: Any) -> tuple[int, ...]:
+    # A ZeRO-3 parameter's own shape is its (empty) partition; ds_shape is the full one.
+    return tuple(getattr(t, "ds_shape", None) or t.shape) if hasattr(t, "shape") else tuple(t)
+
+
+def check_fits(params: dict[str, Any], weights: dict[str, Any], where: str = "trainer state") -> None:
+    """UserError unless `weights` has exactly the model's parameter names and shapes (values:
+    tensors, or shapes as tuples, so a file's header is enough)."""
+    missing, unexpected = sorted(params.keys() - weights.keys()), sorted(weights.keys() - params.keys())
+    wrong = [f"{k} {list(_shape(weights[k]))}, the model's {list(_shape(params[k]))}" for k in sorted(params.keys() & weights.keys()) if _shape(params[k]) != _shape(weights[k])]
+    problems = [f"{what} {names[:5]}" for what, names in (("missing", missing), ("unexpected", unexpected), ("shapes", wrong)) if names]
+    if problems:
+        raise UserError(
+            f"{where} does not fit this model, it was saved from another one ({'; '.join(problems)}). "
+            "Resume with the model the run was started from (model.path in the run's config.yaml), or start a new run"
+        )
+
+
 def restore_state(module: torch.nn.Module, optimizer, weights: dict[str, torch.Tensor], opt_tensors: dict[str, torch.Tensor], opt_meta: dict[str, Any]) -> None:
     """Inverse of `collect_state`: load weights (model and fp32 master) and optimizer state."""
+    check_fits(dict(module.named_parameters()), weights)
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
-    names = {name for name, _ in module.named_parameters()}
-    missing, unexpected = names - weights.keys(), weights.keys() - names
-    if missing or unexpected:
-        raise UserError(f"trainer state does not fit this model: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
     base = _base_optimizer(optimizer)
     if opt_tensors and any(_zero_managed(p) for p in module.parameters()):
         _materialize_optimizer_state(optimizer)
@@ -213,6 +228,7 @@ def check_format(meta: dict[str, Any], url: str) -> None:
 
 __all__ = [
     "COMMIT_MARKER",
+    "check_fits",
     "FORMAT",
     "FORMAT_VERSION",
     "check_format",

@@ -57,7 +57,7 @@ class DeepSpeedTrainer:
             torch.set_num_threads(tcfg.num_threads)
         torch.manual_seed(cfg.seed)
         model_dir = _check_model_dir(cfg.model.path)
-        tok_dir = _check_model_dir(cfg.model.tokenizer_path or cfg.model.path)
+        tok_dir = str(Path(cfg.model.tokenizer_path).expanduser()) if cfg.model.tokenizer_path else model_dir  # a tokenizer needs no config.json
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         if self.tokenizer.pad_token_id is None:
             raise UserError(

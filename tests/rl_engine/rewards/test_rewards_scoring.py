@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import textwrap
 
 import pytest
 
 from rl_engine.config import PythonReward
 from rl_engine.errors import UserError
-from rl_engine.rewards import PythonRewardFn, RolloutSample, Task, build_reward, score_rollouts
+from rl_engine.rewards import PythonRewardFn, RewardError, RolloutSample, Task, build_reward, score_rollouts
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn
 
 
@@ -48,10 +47,13 @@ def test_raising_reward_marks_only_that_sample():
 
 @pytest.mark.parametrize("bad", [float("nan"), "1.0", None, {"a": "x"}, {"a": float("inf")}, True])
 def test_unusable_return_values_are_sample_errors(bad):
-    result = score_rollouts(lambda p, r, t, f: bad, [_sample("19"), _sample("19")])
-    assert result.ok == [False, False]
+    result = score_rollouts(lambda p, r, t, f: bad if r == "19" else 0.5, [_sample("19"), _sample("18"), _sample("19")])
+    assert result.ok == [False, True, False]
     assert result.metrics["reward/errors"] == 2
-    assert math.isnan(result.metrics["reward/mean"])
+    assert result.metrics["reward/mean"] == 0.5
+    # Unusable on every sample: the reward is broken, and the step fails naming it.
+    with pytest.raises(RewardError, match=r"failed on all 2 samples of this step.*fix the reward"):
+        score_rollouts(lambda p, r, t, f: bad, [_sample("19"), _sample("19")])
 
 
 def test_float_int_and_numpy_rewards():

@@ -1,0 +1,296 @@
+"""Preflight: check a run's inputs before any engine starts, each failure a UserError that names
+the problem and the fix.
+
+An engine takes ~20 s to start and a trainer more; a bad model directory, task set, reward or
+storage URL found by them costs that wait and ends in whichever role tripped first (a tokenizer
+without a pad token used to fail the trainer while the explorer waited for it forever). So
+`rft run` calls `preflight` before its flow starts, and checks, cheapest first:
+
+- the run: a new run's name is free; a resumed run exists, has the same mode, and the config
+  given with `--resume` is the one it was started with (a resumed run keeps its config);
+- storage: it opens, an object store's bucket exists (rft never creates one), and a probe file
+  can be written and removed;
+- the reward imports and takes `(prompt, response, task[, finish_reason])`;
+- the task set: readable, not empty, every row with a string prompt (rows named by line);
+- the model directory: a parseable config.json, safetensors weights that are not truncated and
+  whose shapes fit config.json; the tokenizer loads and has a pad token;
+- every prompt, as the explorer will format it, leaves room for a response in model.max_model_len;
+- on resume, the latest trainer state fits the model.
+
+    cfg = preflight(load_config("configs/demo.yaml"))                  # a new run: the config back
+    cfg = preflight(load_config(path), resume="runs/my-run", source=path)  # the run's saved config
+
+What can only fail later (a reward failing on every sample, a corrupt buffer file) fails there
+with the same kind of error (rl_engine.rewards.scoring, rl_engine.buffer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rl_engine.config import RFTConfig
+from rl_engine.errors import UserError
+from rl_engine.storage import is_local, join, open_storage
+
+# Object stores whose first path component is a bucket (which makedirs would create: never called there).
+_BUCKET_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "abfs", "az", "adl"}
+MAX_LISTED = 5  # rows / fields named in one message
+
+
+def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> RFTConfig:
+    """Check everything a run needs that can be checked without an engine; returns the config the
+    run will use (on resume: the run's saved one). Raises UserError naming the problem and the fix."""
+    opts = cfg.buffer.storage.options
+    if resume is None:
+        check_new_run(cfg)
+        check_storage(cfg.buffer.storage.url, opts)
+    else:
+        cfg = check_resume(cfg, resume, source)
+        check_storage(resume, opts)
+    from rl_engine.rewards import build_reward, load_taskset
+
+    build_reward(cfg.taskset.reward)
+    tasks = load_taskset(cfg.taskset, opts)
+    model = cfg.model.path
+    config, weights = check_model_dir(model)
+    vocab = config.get("vocab_size")
+    tokenizer = check_tokenizer(cfg.model.tokenizer_path or model, "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path", vocab if isinstance(vocab, int) else None)
+    check_prompts(tokenizer, tasks, cfg)
+    params = check_weights_fit(model, weights)
+    if resume is not None:
+        check_trainer_state(resume, opts, params)
+    return cfg
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def check_new_run(cfg: RFTConfig) -> None:
+    """A named new run must not exist yet (an unnamed one gets a fresh name)."""
+    if cfg.name is None:
+        return
+    from rl_engine.run import CONFIG_FILE
+
+    url = cfg.resolved().run_url
+    fs, root = _open(cfg.buffer.storage.url, cfg.buffer.storage.options)
+    if _try(fs.exists, join(root, cfg.name, CONFIG_FILE), url=url, op="look for an existing run"):
+        raise UserError(f"run {url} already exists; resume it with `rft run CONFIG --resume {url}` or give the new run another name (name: ...)")
+
+
+def check_resume(cfg: RFTConfig, resume: str, source: str) -> RFTConfig:
+    """The run to resume exists, and `cfg` (what the user gave with --resume) is its config; returns the saved config."""
+    from rl_engine.run import CONFIG_FILE, open_run
+
+    saved = open_run(resume, cfg.buffer.storage.options).cfg
+    saved_file = f"{resume.rstrip('/')}/{CONFIG_FILE}"
+    if saved.synchronizer.mode != cfg.synchronizer.mode:
+        raise UserError(
+            f"--resume {resume}: that run is mode {saved.synchronizer.mode!r}, {source} says {cfg.synchronizer.mode!r}; a run keeps its mode: "
+            f"resume it with its own config (`rft run {saved_file} --resume {resume}`), or start a new run for the other mode"
+        )
+    given = cfg if cfg.name is not None else cfg.model_copy(update={"name": saved.name})
+    diffs = config_diff(saved.model_dump(mode="json"), given.resolved().model_dump(mode="json"))
+    if diffs:
+        shown = ", ".join(f"{k} (the run's {a!r}, given {b!r})" for k, a, b in diffs[:MAX_LISTED])
+        raise UserError(
+            f"--resume {resume}: {source} differs from the config the run was started with in {len(diffs)} field(s): {shown}; a resumed run keeps its config, "
+            f"so resume with that one (`rft run {saved_file} --resume {resume}`, no --set), or start a new run to change settings"
+        )
+    return saved
+
+
+def config_diff(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted path, a's value, b's value) of every leaf where two config dumps differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(a.keys() | b.keys()) for d in config_diff(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [(prefix.rstrip("."), a, b)]
+
+
+# --------------------------------------------------------------------------- storage
+
+
+def check_storage(url: str, options: dict[str, Any] | None = None) -> None:
+    """`url` opens and a probe file can be written and removed there; on an object store a failed
+    probe whose bucket does not exist says so (rft never creates buckets: no makedirs there)."""
+    fs, root = _open(url, options)
+    protocols = set(fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
+    probe = join(root, f".rft-probe-{uuid.uuid4().hex}")
+    try:
+        if is_local(fs):
+            os.makedirs(root, exist_ok=True)
+        fs.pipe_file(probe, b"probe")
+        fs.rm(probe)
+    except Exception as e:  # noqa: BLE001 - PermissionError, read-only file system, no such bucket, access denied, ...
+        error = f"{type(e).__name__}: {e}"
+    else:
+        return
+    bucket = root.split("/", 1)[0]
+    if protocols & _BUCKET_PROTOCOLS and not _try(fs.exists, bucket, url=url, op=f"look up bucket {bucket!r} ({error})"):
+        raise UserError(
+            f"buffer.storage.url = {url!r}: bucket {bucket!r} does not exist (rft never creates buckets); "
+            f"create it first (e.g. `aws s3 mb s3://{bucket}`, with your endpoint) or fix buffer.storage.url"
+        )
+    raise UserError(
+        f"buffer.storage.url = {url!r}: cannot write there ({error}); "
+        "point buffer.storage.url at a directory or bucket you can write to, or fix its permissions"
+    )
+
+
+def _open(url: str, options: dict[str, Any] | None) -> tuple[Any, str]:
+    try:
+        return open_storage(url, options)
+    except Exception as e:  # noqa: BLE001 - unknown protocol, missing s3fs, bad options
+        raise UserError(
+            f"buffer.storage.url = {url!r}: cannot open it ({type(e).__name__}: {e}); use a local directory or an fsspec URL such as s3://bucket/prefix, "
+            "with its options in buffer.storage.options"
+        ) from None
+
+
+def _try(fn: Any, *args: Any, url: str, op: str) -> Any:
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 - unreachable endpoint, access denied
+        raise UserError(f"buffer.storage.url = {url!r}: cannot {op} ({type(e).__name__}: {e}); check the URL, its endpoint and your credentials") from None
+
+
+# --------------------------------------------------------------------------- model directory
+
+
+def check_model_dir(path: str, what: str = "model.path") -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """config.json parses and every *.safetensors file is whole; returns (config.json, {tensor name: shape} of the weights)."""
+    d = Path(path).expanduser()
+    if not d.is_dir() or not (d / "config.json").is_file():
+        raise UserError(f"{what} = {path!r}: no such model directory (or no config.json in it); build one with `rft make-tiny-model {path}` or point {what} at a Hugging Face model directory")
+    try:
+        config = json.loads((d / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UserError(f"{d / 'config.json'}: not valid JSON ({e}); restore the model's config.json from where the model came from (or rebuild the model)") from None
+    if not isinstance(config, dict) or "model_type" not in config:
+        raise UserError(f"{d / 'config.json'}: not a Hugging Face model config (no 'model_type'); restore the model's config.json from where the model came from")
+    files = sorted(d.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in d.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        hint = f"it has only pickle weights {pickles} (never loaded: unsafe); convert them with model.save_pretrained(dir, safe_serialization=True)" if pickles else "save the model with model.save_pretrained(dir)"
+        raise UserError(f"{what} = {path!r}: no *.safetensors weights; {hint}")
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        shapes.update(safetensors_shapes(f))
+    return config, shapes
+
+
+def safetensors_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} from a safetensors file's header, after checking that the file holds
+    every byte the header describes (a truncated copy is caught without reading the data)."""
+    fix = "copy it again from where the model came from (or rebuild the model)"
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 0 or 8 + n > size:
+            raise UserError(f"{path}: truncated ({size} bytes, not even its header); {fix}")
+        try:
+            header = json.loads(f.read(n))
+            spans = {k: (tuple(v["shape"]), v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"}
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError) as e:
+            raise UserError(f"{path}: not a safetensors file (unreadable header: {e}); {fix}") from None
+    need = 8 + n + max((end for _, end in spans.values()), default=0)
+    if size < need:
+        raise UserError(f"{path}: truncated ({size} bytes, its header describes {need}); {fix}")
+    return {k: shape for k, (shape, _) in spans.items()}
+
+
+# A tokenizer directory holds one of these; without any, transformers builds an empty tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "vocab.txt", "spiece.model")
+
+
+def check_tokenizer(path: str, what: str = "model.path", vocab_size: int | None = None) -> Any:
+    """The tokenizer loads, has a pad token (the trainer pads batches with it) and no more tokens
+    than the model's embedding has rows; returns it."""
+    from transformers import AutoTokenizer
+
+    files = "the directory needs tokenizer.json and tokenizer_config.json as tokenizer.save_pretrained(dir) writes them (or set model.tokenizer_path to a tokenizer directory)"
+    if not any((Path(path).expanduser() / f).is_file() for f in TOKENIZER_FILES):
+        raise UserError(f"{what} = {path!r}: cannot load a tokenizer, it has none of {list(TOKENIZER_FILES)}; {files}")
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - missing files, bad JSON, unknown class
+        raise UserError(f"{what} = {path!r}: cannot load a tokenizer ({type(e).__name__}: {str(e)[:300]}); {files}") from None
+    if tok.pad_token_id is None:
+        raise UserError(
+            f"{what} = {path!r}: the tokenizer has no pad token, and the trainer pads batches with it; set one and save it "
+            "(tokenizer.pad_token = tokenizer.eos_token; tokenizer.save_pretrained(dir)) or use a tokenizer that has one"
+        )
+    if vocab_size is not None and len(tok) > vocab_size:
+        raise UserError(
+            f"{what} = {path!r}: the tokenizer has {len(tok)} tokens but the model's embedding only {vocab_size} rows (config.json vocab_size), "
+            "so it belongs to another model; use the model's own tokenizer (model.tokenizer_path)"
+        )
+    return tok
+
+
+def check_weights_fit(path: str, weights: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The weights' shapes fit the architecture config.json describes (built on the meta device:
+    no memory); returns the model's {parameter name: shape}."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # noqa: BLE001 - unknown model_type, inconsistent sizes
+        raise UserError(f"{path}/config.json: transformers cannot build a causal LM from it ({type(e).__name__}: {str(e)[:300]}); restore the model's config.json") from None
+    params = {k: tuple(v.shape) for k, v in model.named_parameters()}
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    wrong = [f"{k} {list(s)} (config.json makes it {list(expected[k])})" for k, s in sorted(weights.items()) if k in expected and expected[k] != s]
+    if wrong or not weights.keys() & expected.keys():
+        raise UserError(
+            f"model.path = {path!r}: its weights do not fit its config.json, they come from another model ({'; '.join(wrong[:3]) or 'no tensor name in common'}); "
+            "put the config.json and the *.safetensors of one model together (or rebuild the model)"
+        )
+    return params
+
+
+def check_trainer_state(run_url: str, options: dict[str, Any] | None, params: dict[str, tuple[int, ...]]) -> None:
+    """The trainer state a resume would load (the latest committed one) fits the model."""
+    from rl_engine.learner import STATE_DIR, latest_state_step
+    from rl_engine.run import open_run
+    from rl_engine.trainer.checkpoint import check_fits
+
+    run = open_run(run_url, options)
+    step = latest_state_step(run)
+    if step is None:
+        return
+    fs, root = run.fs()
+    path = join(root, STATE_DIR, f"step={step}", "model.safetensors")
+    with fs.open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    shapes = {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    check_fits(params, shapes, where=f"--resume {run_url}: its trainer state {STATE_DIR}/step={step}")
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def check_prompts(tokenizer: Any, tasks: list[Any], cfg: RFTConfig) -> None:
+    """Every prompt, formatted as the explorer formats it, has tokens and leaves room for a response."""
+    from rl_engine.rewards import format_prompt
+
+    limit = cfg.model.max_model_len
+    texts = [format_prompt(tokenizer, cfg.taskset.template, t.prompt) for t in tasks]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids] if texts else []
+    empty = [t.task_id for t, n in zip(tasks, lengths) if n == 0]
+    if empty:
+        raise UserError(f"taskset.path = {cfg.taskset.path!r}: {len(empty)} prompt(s) are empty, e.g. task(s) {empty[:MAX_LISTED]}; give every row a prompt (or set taskset.template)")
+    long = [(t.task_id, n) for t, n in zip(tasks, lengths) if n >= limit]
+    if long:
+        shown = ", ".join(f"{tid!r} ({n} tokens)" for tid, n in long[:MAX_LISTED])
+        raise UserError(
+            f"taskset.path = {cfg.taskset.path!r}: {len(long)} prompt(s) leave no room for a response within model.max_model_len = {limit}: {shown}; "
+            "shorten or drop those rows, or raise model.max_model_len"
+        )
