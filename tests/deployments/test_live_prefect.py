@@ -17,37 +17,11 @@ import pytest
 import yaml
 
 from tests.flows.conftest import small_config
-from tests.prefect_live import CREATE_POOL, DEPLOY_ALL, REPO, LiveServer, ensure_process_pool, flow_run_id_from_cli, kill_process_group, log_tail, wait_flow_run
+from tests.prefect_live import REPO, ensure_process_pool, flow_run_id_from_cli, kill_process_group, log_tail, wait_flow_run
 
 pytestmark = pytest.mark.slow
 
 SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
-
-
-@pytest.fixture(scope="module")
-def rft_worker(prefect_live, prefect_worker):
-    """The README's pool (`prefect work-pool create rft-cpu --type process`) and a worker polling it."""
-    if prefect_live.api("GET", "/work_pools/rft-cpu", ok=(200, 404)).get("name") != "rft-cpu":
-        prefect_live.cli(*CREATE_POOL, timeout=60)
-    return prefect_worker("rft-cpu")
-
-
-@pytest.fixture(scope="module")
-def deployed(prefect_live: LiveServer, rft_worker) -> dict[str, dict]:
-    """`prefect deploy --all` from the repo root; {'flow-name/deployment-name': deployment}."""
-    prefect_live.cli(*DEPLOY_ALL, cwd=REPO, timeout=300)
-    rows = prefect_live.api("POST", "/deployments/filter", json={})
-    flows = {f["id"]: f["name"] for f in prefect_live.api("POST", "/flows/filter", json={})}
-    return {f"{flows[d['flow_id']]}/{d['name']}": d for d in rows}
-
-
-@pytest.fixture(scope="module")
-def task_file(tmp_path_factory) -> str:
-    from rl_engine.rewards import write_arithmetic_taskset
-
-    path = tmp_path_factory.mktemp("data") / "arith.jsonl"
-    write_arithmetic_taskset(str(path), n=200, seed=3)
-    return str(path)
 
 
 @pytest.mark.timeout(180)
@@ -86,6 +60,10 @@ def test_deploy_all_from_repo_root(deployed):
             assert dep["parameters"]["cfg"] == spec["parameters"]["cfg"], name
             assert "cfg" in dep["parameter_openapi_schema"]["required"], name
             assert dep["enforce_parameter_schema"], name
+            # The run form's `set` field: dotted overrides on top of `cfg`, described.
+            set_ = dep["parameter_openapi_schema"]["properties"]["set"]
+            assert {"type": "array", "items": {"type": "string"}} in set_["anyOf"] and "set" not in dep["parameters"], name
+            assert set_["description"].startswith("Dotted overrides applied on top of `cfg`"), name
     for role, params in {"rft-explorer/default": {"run_url", "explorer_id"}, "rft-trainer/default": {"run_url"}}.items():
         schema = deployed[role]["parameter_openapi_schema"]
         assert params <= set(schema["properties"]) and schema["required"] == ["run_url"], (role, schema)

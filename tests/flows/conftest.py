@@ -50,6 +50,13 @@ def small_config(model_dir: str, task_file: str, storage: str, **sync) -> dict:
     }
 
 
+def flatten(d: Any, path: str = "") -> dict[str, Any]:
+    """{'trainer.total_steps': 2, ...} of a nested mapping."""
+    if not isinstance(d, dict) or not d:
+        return {path: d}
+    return {k: v for key, sub in d.items() for k, v in flatten(sub, f"{path}.{key}" if path else key).items()}
+
+
 def artifacts_of(flow_run_id: Any) -> dict[str, Any]:
     """{key: artifact} of the keyed artifacts one flow run (or its task runs) created."""
     from prefect.client.orchestration import get_client

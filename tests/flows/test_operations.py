@@ -21,16 +21,9 @@ import yaml
 from flows.rendezvous import synchronous
 from rl_engine.config import ConfigError, validate_config
 from rl_engine.errors import UserError
-from tests.flows.conftest import artifacts_of, small_config
+from tests.flows.conftest import artifacts_of, flatten, small_config
 
 pytestmark = pytest.mark.slow
-
-
-def flatten(d: Any, path: str = "") -> dict[str, Any]:
-    """{'trainer.total_steps': 2, ...} of a nested mapping."""
-    if not isinstance(d, dict) or not d:
-        return {path: d}
-    return {k: v for key, sub in d.items() for k, v in flatten(sub, f"{path}.{key}" if path else key).items()}
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,133 @@
+"""Runs of a mode deployment changed with the `set` parameter, and what they show, on a real
+`prefect server start` and a real process worker, with the README's own commands.
+
+The README's `synchronous/synchronous` deployment (`prefect deploy --all`) gets a test config
+for the test (tiny model, storage under the test's tmp dir; PATCHed as a UI user would edit it,
+restored after); then the bash block of "Operate it with Prefect" that starts runs with `set`
+(`prefect deployment run ... --param set=...` and `curl ... /create_flow_run`) runs as written.
+Both runs complete; each stored config differs from the deployment's `cfg` exactly in the
+overridden field; their artifacts sit under the deployment's stable keys and their results are
+the runs' summaries. A bad override fails its run naming the key, and a run cancelled through the
+API on the worker still publishes its report.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rl_engine.config import validate_config
+from tests.flows.conftest import flatten, small_config
+from tests.prefect_live import REPO, LiveServer, flow_run_id_from_cli, wait_flow_run
+
+pytestmark = pytest.mark.slow
+
+KEYS = "synchronous-synchronous"  # <flow>-<deployment>
+
+
+def readme_set_block() -> str:
+    """The README's bash block that starts deployment runs with `set`."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    found = [b for b in blocks if "--param set=" in b]
+    assert len(found) == 1, "README: one bash block with `prefect deployment run ... --param set=`"
+    return found[0]
+
+
+def artifacts(live: LiveServer, flow_run_id: str) -> dict[str, dict]:
+    rows = live.api("POST", "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+    return {a["key"]: a for a in rows if a["key"]}
+
+
+def create_run(live: LiveServer, deployment_id: str, overrides: list[str]) -> str:
+    return live.api("POST", f"/deployments/{deployment_id}/create_flow_run", json={"parameters": {"set": overrides}})["id"]
+
+
+@pytest.fixture
+def test_deployment(prefect_live, deployed, tiny_model_dir, task_file, tmp_path):
+    """synchronous/synchronous with a 2-step test `cfg` while the test runs; yields (deployment, cfg, storage)."""
+    dep = prefect_live.deployment("synchronous/synchronous")
+    storage = tmp_path / "runs"
+    cfg = small_config(tiny_model_dir, task_file, str(storage), mode="synchronous", total_steps=2)
+    cfg["synchronizer"]["collective"]["port"] = None  # runs side by side: a free port each
+    prefect_live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": {"cfg": cfg}})
+    try:
+        yield dep, cfg, storage
+    finally:
+        prefect_live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": dep["parameters"]})
+
+
+@pytest.mark.timeout(900)
+def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deployment, rft_worker):
+    dep, cfg, storage = test_deployment
+    block = readme_set_block()
+    overrides = set(re.findall(r'"(trainer\.total_steps=\d+)"', block))
+    assert len(overrides) == 1, block
+    total = int(next(iter(overrides)).split("=")[1])
+    assert total != cfg["trainer"]["total_steps"]
+
+    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO, env=prefect_live.env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    runs = {"cli": flow_run_id_from_cli(res.stdout), "rest": json.loads(res.stdout.rstrip().splitlines()[-1])["id"]}
+    t0 = time.monotonic()
+    for how, run_id in runs.items():
+        wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=600, worker=rft_worker)
+    print(f"CLI and REST runs with set, side by side on the worker: {time.monotonic() - t0:.0f} s to both Completed")
+
+    given = flatten(validate_config(cfg).resolved().model_dump(mode="json"))
+    for how, run_id in runs.items():
+        flow_run = prefect_live.flow_run(run_id)
+        assert flow_run["parameters"] == {"cfg": cfg, "set": [f"trainer.total_steps={total}"]}, how  # cfg: the deployment's, whole
+        run_dir = storage / flow_run["name"]  # the flow run is named after its run
+        stored = flatten(yaml.safe_load((run_dir / "config.yaml").read_text()))
+        differ = {k for k in stored.keys() | given.keys() if stored.get(k) != given.get(k)}
+        assert differ == {"name", "trainer.total_steps"} and stored["trainer.total_steps"] == total, (how, differ)
+
+        summary = json.loads((run_dir / "report" / "summary.json").read_text())
+        assert summary["final_version"] == total
+        result = flow_run["state"]["data"]  # the result record's metadata; the record is JSON on the worker's machine
+        assert result["serializer"]["type"] == "json" and json.loads(Path(result["storage_key"]).read_text()) == summary, how
+
+        arts = artifacts(prefect_live, run_id)
+        assert set(arts) == {f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary", "model")}, (how, sorted(arts))
+        assert all(flow_run["name"] in a["description"] for a in arts.values()), how
+        assert arts[f"{KEYS}-progress"]["data"] == 100.0 and arts[f"{KEYS}-timeline"]["data"].startswith("![timeline of run ")
+        assert arts[f"{KEYS}-model"]["data"] == f"[{run_dir}/model]({(run_dir / 'model').resolve().as_uri()})"
+    # One key, both runs: the UI's page of the key lists them as its history.
+    history = prefect_live.api("POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": [f"{KEYS}-summary"]}}})
+    assert set(runs.values()) <= {a["flow_run_id"] for a in history}
+
+
+@pytest.mark.timeout(600)
+def test_bad_override_from_rest_fails_naming_the_key(prefect_live, test_deployment, rft_worker):
+    dep, _, storage = test_deployment
+    run_id = create_run(prefect_live, dep["id"], ["trainer.total_stepz=3"])
+    state = wait_flow_run(prefect_live, run_id, ["FAILED"], timeout_s=300, worker=rft_worker)
+    assert "trainer.total_stepz = 3: unknown key" in state["message"], state["message"]
+    assert not storage.exists() or not list(storage.iterdir())  # nothing started
+
+
+@pytest.mark.timeout(900)
+def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment, rft_worker):
+    dep, _, storage = test_deployment
+    run_id = create_run(prefect_live, dep["id"], ["trainer.total_steps=60"])
+    deadline = time.monotonic() + 480
+    while True:  # until the trainer is 2 steps in
+        markers = list(storage.glob("*/control/trainer.json"))
+        if markers and json.loads(markers[0].read_text()).get("version", 0) >= 2:
+            break
+        assert time.monotonic() < deadline, f"the trainer never reached version 2\n{rft_worker.log_tail()}"
+        assert prefect_live.flow_run(run_id)["state_type"] in ("SCHEDULED", "PENDING", "RUNNING"), prefect_live.flow_run(run_id)["state"]
+        time.sleep(0.5)
+    prefect_live.api("POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True})
+    wait_flow_run(prefect_live, run_id, ["CANCELLED"], timeout_s=180, worker=rft_worker)
+    arts = artifacts(prefect_live, run_id)
+    assert {f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary")} <= set(arts), sorted(arts)
+    assert 0 < arts[f"{KEYS}-progress"]["data"] < 100
+    run_name = prefect_live.flow_run(run_id)["name"]
+    assert run_name in arts[f"{KEYS}-summary"]["description"] and (storage / run_name / "report" / "summary.json").is_file()
