@@ -1,17 +1,28 @@
-"""Buffer throughput against raw pyarrow IPC, on local disk and on an S3 server (moto, loopback).
+"""Buffer throughput against raw pyarrow IPC, and polling cost as a run grows; local disk and S3 (moto, loopback).
 
-Writes N experiences of realistic shape (512-token prompts, 1,024-token responses, text) as one
-file per explorer step of 256, then reads them back as train batches of 256, with the buffer
-(BufferWriter / BufferReader: commit records, CRC, validation, cursor) and with plain pyarrow
-IPC on the same storage (same tables, same file split), interleaved call by call; each figure
-is the median time of one call (over files and `--repeat` runs) times the number of files.
-Goal: buffer / pyarrow >= 0.8 for write and read on local disk.
+Throughput: writes N experiences of realistic shape (512-token prompts, 1,024-token responses,
+text) as one file per explorer step of 256, then reads them back as train batches of 256, with
+the buffer (BufferWriter / BufferReader: commit records, CRC, validation, cursor) and with plain
+pyarrow IPC on the same storage (same tables, same file split), interleaved call by call; each
+figure is the median time of one call (over files and `--repeat` runs) times the number of
+files. Goal: buffer / pyarrow >= 0.8 for write and read on local disk.
 
-    python -m bench.buffer            # N = 4096 (local), 1024 (S3)
-    python -m bench.buffer --quick    # N = 1024 (local), 256 (S3), 3 repeats
+Polling cost: two runs whose trainer has consumed 10 and 10,000 (`--commits`) commits, made one
+second apart and ending two minutes ago (a run at one step per second; the records are copies
+of one real commit, so the prefill is quick), each resumed from that cursor. Then, interleaved
+between the two: a poll with nothing new (median of many), and a commit of 256 experiences
+followed by the read_batch(256) that picks it up. Also shown: the full listing a reader makes
+at start and every buffer.full_listing_interval_s, which is what every poll cost before.
+On S3 both runs share one bucket: moto scans every key of a bucket on each LIST (S3 itself
+serves a listing from its index), and that scan should weigh on both sides alike.
+Goal: poll time at 10,000 commits / at 10 <= 1.5, on local disk and on S3.
+
+    python -m bench.buffer            # N = 4096 (local), 1024 (S3); 10,000 commits
+    python -m bench.buffer --quick    # N = 1024 (local), 256 (S3), 3 repeats; 10,000 commits
 
 Last line: JSON with write_ratio_vs_pyarrow, read_ratio_vs_pyarrow (local disk), batch_read_ms
-(one read_batch(256), local), s3_* ratios and the absolute rates.
+(one read_batch(256), local), s3_* ratios and the absolute rates; poll_s_at_10k_over_10 and
+batch_read_s_at_10k_over_10 ({"local", "s3"}), poll_ms_at_10k, full_listing_ms_at_10k, commits.
 """
 
 from __future__ import annotations
@@ -23,12 +34,16 @@ import tempfile
 import time
 import uuid
 
+import numpy as np
 import pyarrow as pa
 
 from bench._report import emit_json, print_table
-from rl_engine.buffer import BufferReader, BufferWriter
+from rl_engine.buffer import BufferReader, BufferWriter, _files
+from rl_engine.buffer.cursor import ConsumedSet
+from rl_engine.buffer.reader import STATE_FORMAT
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
+from rl_engine.experience import ExperienceBatch
 from rl_engine.storage import is_local, open_storage
 
 BATCH = 256
@@ -62,8 +77,6 @@ def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, 
     processes), so both sides are measured alike. Variants (local only): the writer with
     fsync=True, the reader with verify_checksums=False.
     """
-    from rl_engine.experience import ExperienceBatch
-
     calls: dict[str, list[float]] = {}
     for r in range(repeat):
         url = f"{base_url}/{uuid.uuid4().hex[:8]}"
@@ -112,6 +125,62 @@ def _rows(storage: str, m: dict[str, float], n: int, mb: float) -> list[dict]:
     ]
 
 
+def _consumed_run(url: str, options: dict, n: int) -> dict:
+    """A run of `n` commits one second apart, the newest two minutes old; returns the cursor of a
+    trainer that consumed them all. One real commit, its record copied under n keys (same data file)."""
+    fs, root = open_storage(url, options)
+    writer = BufferWriter(url, options, 0)
+    writer.write(1, make_batch(1))
+    [(key, path)] = _files.list_commits(fs, root)
+    record = fs.cat_file(path)
+    fs.rm(path)
+    newest = time.time_ns() - 120 * 10**9
+    keys = [_files.CommitKey(newest - (n - i) * 10**9, 0, key.writer, i) for i in range(1, n + 1)]
+    copies = {_files.record_path(root, k): record for k in keys}
+    if is_local(fs):
+        for d in {p.rsplit("/", 1)[0] for p in copies}:
+            os.makedirs(d, exist_ok=True)
+    fs.pipe(copies)  # concurrent PUTs on S3
+    consumed = ConsumedSet()
+    for k in keys:
+        consumed.mark(k, np.ones(1, dtype=bool))
+    return {"format": STATE_FORMAT, "consumed": consumed.to_json(), "counters": {"consumed": n}}
+
+
+def _poll_cost(base_url: str, options: dict, commits: int, tables: list[pa.Table], polls: int, reads: int) -> dict:
+    """Median seconds of a poll and of a commit's read_batch(256), and the start-up full listing, per run size."""
+    runs = {}
+    for n in (10, commits):
+        url = f"{base_url}/poll-{n}-{uuid.uuid4().hex[:8]}"
+        state = _consumed_run(url, options, n)
+        reader = BufferReader(url, options, BufferConfig())
+        reader.load_state_dict(state)
+        t0 = time.perf_counter()
+        reader.poll()  # the full listing of a reader's start
+        runs[n] = {"reader": reader, "writer": BufferWriter(url, options, 0), "full listing": [time.perf_counter() - t0]}
+    for i in range(polls):
+        for n in runs if i % 2 == 0 else list(runs)[::-1]:
+            t0 = time.perf_counter()
+            runs[n]["reader"].poll()
+            runs[n].setdefault("poll", []).append(time.perf_counter() - t0)
+    for i in range(reads):
+        j = i % len(tables)
+        for n in runs if i % 2 == 0 else list(runs)[::-1]:
+            runs[n]["writer"].write(j + 1, ExperienceBatch(tables[j]))
+            t0 = time.perf_counter()
+            assert len(runs[n]["reader"].read_batch(BATCH, timeout_s=0)) == BATCH
+            runs[n].setdefault("read_batch", []).append(time.perf_counter() - t0)
+    for n in runs:
+        fs, root = open_storage(runs[n]["reader"].run_url, options)
+        fs.rm(root, recursive=True)
+    return {n: {op: statistics.median(v) for op, v in r.items() if isinstance(v, list)} for n, r in runs.items()}
+
+
+def _poll_rows(storage: str, cost: dict) -> list[dict]:
+    ops = {"full listing": f"full listing (start; every {BufferConfig().full_listing_interval_s:g} s)", "poll": "poll, nothing new", "read_batch": "commit 256, then read_batch(256)"}
+    return [{"storage": storage, "commits": n, "op": label, "ms": cost[n][op] * 1e3} for n in cost for op, label in ops.items()]
+
+
 def _s3_server():
     from moto.server import ThreadedMotoServer
 
@@ -136,7 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=None, help="Experiences on local disk (multiple of 256).")
     ap.add_argument("--repeat", type=int, default=None, help="Alternating runs per figure (median is reported).")
     ap.add_argument("--no-s3", action="store_true", help="Skip the S3 (moto) part.")
+    ap.add_argument("--commits", type=int, default=10_000, help="Commits of the long run in the polling figure (compared with 10).")
     args = ap.parse_args(argv)
+    if args.commits <= 10:
+        ap.error(f"--commits {args.commits}: the long run must have more than the short run's 10 commits")
     n = args.n or (1024 if args.quick else 4096)
     n_s3 = max(BATCH, n // 4)
     repeat = args.repeat or (3 if args.quick else 7)
@@ -144,8 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     tables = _tables(n)
     mb = sum(t.nbytes for t in tables) / 1e6
     result: dict[str, float] = {"n": n, "mb": round(mb, 1), "repeat": repeat}
+    polls, reads = (100, 8) if args.quick else (300, 20)
     with tempfile.TemporaryDirectory(prefix="bench-buffer-") as tmp:
         local = _measure(tmp, {}, tables, repeat, variants=True)
+        polling = {"local": _poll_cost(tmp, {}, args.commits, tables, polls, reads)}
     rows = _rows("local", local, n, mb)
     result.update(
         write_ratio_vs_pyarrow=round(local["raw_write"] / local["buffer_write"], 3),
@@ -166,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             s3_tables = tables[: n_s3 // BATCH]
             s3_mb = sum(t.nbytes for t in s3_tables) / 1e6
             s3 = _measure(f"s3://{bucket}", options, s3_tables, repeat, variants=False)
+            polling["s3"] = _poll_cost(f"s3://{bucket}", options, args.commits, s3_tables, polls // 3, reads // 2)
         finally:
             server.stop()
         rows += _rows("s3 (moto)", s3, n_s3, s3_mb)
@@ -176,6 +251,19 @@ def main(argv: list[str] | None = None) -> int:
             s3_batch_read_ms=round(s3["batch"] * 1e3, 2),
         )
     print_table(rows, title=f"buffer vs raw pyarrow IPC: {n} experiences x (512 prompt + 1024 response tokens), {mb:.0f} MB, median per file of {repeat} runs")
+    print()
+    print_table(
+        [r for storage, cost in polling.items() for r in _poll_rows("s3 (moto)" if storage == "s3" else storage, cost)],
+        title=f"polling as a run grows: a trainer that consumed 10 vs {args.commits:,} commits (median of {polls} polls, {reads} reads on local disk)",
+    )
+    at = args.commits
+    result.update(
+        commits=at,
+        poll_s_at_10k_over_10={k: round(c[at]["poll"] / c[10]["poll"], 3) for k, c in polling.items()},
+        batch_read_s_at_10k_over_10={k: round(c[at]["read_batch"] / c[10]["read_batch"], 3) for k, c in polling.items()},
+        poll_ms_at_10k={k: round(c[at]["poll"] * 1e3, 3) for k, c in polling.items()},
+        full_listing_ms_at_10k={k: round(c[at]["full listing"] * 1e3, 1) for k, c in polling.items()},
+    )
     emit_json(result)
     return 0
 

@@ -246,6 +246,15 @@ class BufferConfig(_Model):
     poll_interval_s: float | None = Field(
         default=None, gt=0.0, le=60.0, description="How often a waiting reader (and the control board) looks for news; null: 5 ms on local disk, 100 ms on object stores."
     )
+    commit_window_s: float = Field(
+        default=60.0,
+        gt=0.0,
+        description="A reader's poll lists only commit records stamped within this many seconds of its clock, so its cost stays flat as the run grows; "
+        "a record visible later than that after its stamp (a stalled commit, clocks apart between machines) waits for the next full listing.",
+    )
+    full_listing_interval_s: float = Field(
+        default=600.0, gt=0.0, description="A reader lists every commit record when it starts and then this often, finding records later than commit_window_s."
+    )
     on_corrupt: Literal["fail", "skip"] = Field(default="fail", description="What a reader does with a committed file it cannot read: stop with its path, or report and skip it.")
     max_backlog_steps: int | None = Field(
         default=8,

@@ -5,11 +5,14 @@ on it. Paths are fsspec paths (no protocol) inside the filesystem returned by `o
 
 Layout under `<run>/buffer/`:
     explorer=<id>/step=<e>/part-<uuid>.arrow     data, one Arrow IPC file, written whole
-    _commits/<commit key>.json                    one commit record per data file, written last
+    _commits/<bucket>/<commit key>.json           one commit record per data file, written last
     cursor/step=<t>.json                          the trainer's consumption state
 
 A commit key is `<unix ns:020d>-e<explorer id>-<writer id>-<seq:09d>`: it sorts by commit time,
-and (writer id, seq) identifies the record exactly (see reader.py for why both matter).
+and (writer id, seq) identifies the record exactly (see reader.py for why both matter). Its
+bucket is the first 10 of those 20 digits, one folder per 10 seconds of commit time, so a reader
+can list the records of the last minute without listing the whole run (`list_commits` with
+`since_ns`). Records directly in `_commits/` (runs written before buckets) are still read.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from rl_engine.storage import is_local, join, write_bytes_atomic, write_json
 RECORD_FORMAT = 1
 BUFFER_DIR = "buffer"
 COMMITS_DIR = "_commits"
+BUCKET_DIGITS = 10  # a bucket = the first 10 of 20 timestamp digits: 10 s of commits
+_BUCKET_NS = 10 ** (20 - BUCKET_DIGITS)
 
 
 class CorruptFileError(UserError):
@@ -82,6 +87,16 @@ def buffer_root(root: str) -> str:
 
 def commits_dir(root: str) -> str:
     return join(root, BUFFER_DIR, COMMITS_DIR)
+
+
+def bucket_of(time_ns: int) -> str:
+    """Bucket folder name of a commit time (ns); times before 1970 go to the first bucket."""
+    return f"{max(0, time_ns) // _BUCKET_NS:0{BUCKET_DIGITS}d}"
+
+
+def record_path(root: str, key: CommitKey) -> str:
+    """Where a writer puts the commit record of `key`."""
+    return join(commits_dir(root), bucket_of(key.time_ns), key.name + ".json")
 
 
 def data_relpath(explorer_id: int, explorer_step: int) -> str:
@@ -173,14 +188,83 @@ def list_names(fs: fsspec.AbstractFileSystem, directory: str) -> list[str]:
         return []
 
 
-def list_commits(fs: fsspec.AbstractFileSystem, root: str) -> list[CommitKey]:
-    """All commit keys visible now, in commit order."""
-    keys = (CommitKey.parse(n) for n in list_names(fs, commits_dir(root)))
-    return sorted(k for k in keys if k is not None)
+def list_commits(fs: fsspec.AbstractFileSystem, root: str, since_ns: int | None = None, until_ns: int | None = None) -> list[tuple[CommitKey, str]]:
+    """Commit records visible now, as (key, path) in commit order.
+
+    Without `since_ns`: all of them, a cost that grows with the run (every name; one request
+    per 1,000 records on S3). With `since_ns` and `until_ns`: at least the records stamped in
+    that span (the result may hold a few more), at a cost set by the span, not by the run: on
+    S3 one ListObjectsV2 request (two near a prefix boundary) for a narrow decimal prefix of
+    bucket names around the span, starting after `since_ns`; elsewhere the span's bucket
+    folders one by one.
+    """
+    directory = commits_dir(root)
+    if since_ns is None:
+        paths = _all_record_paths(fs, directory)
+    else:
+        first, last = max(0, since_ns) // _BUCKET_NS, max(0, until_ns if until_ns is not None else since_ns) // _BUCKET_NS
+        if _is_s3(fs):
+            after = f"{bucket_of(since_ns)}/{max(0, since_ns):020d}"
+            paths = [p for prefix in _bucket_prefixes(first, last) for p in _s3_list_after(fs, directory, prefix, after)]
+        else:
+            buckets = (f"{i:0{BUCKET_DIGITS}d}" for i in range(first, last + 1))
+            paths = [join(directory, b, n) for b in buckets for n in list_names(fs, join(directory, b))]
+    keyed = ((CommitKey.parse(p), p) for p in paths)
+    return sorted((k, p) for k, p in keyed if k is not None)
 
 
-def read_record(fs: fsspec.AbstractFileSystem, root: str, key: CommitKey) -> dict[str, Any]:
-    path = join(commits_dir(root), key.name + ".json")
+def _all_record_paths(fs: fsspec.AbstractFileSystem, directory: str) -> list[str]:
+    if not is_local(fs):
+        fs.invalidate_cache(directory)
+        try:
+            return fs.find(directory)  # on S3 one recursive listing: one request per 1,000 records
+        except FileNotFoundError:
+            return []
+    out = []
+    for name in list_names(fs, directory):
+        if name.endswith(".json"):  # a record from before buckets
+            out.append(join(directory, name))
+        elif len(name) == BUCKET_DIGITS and name.isdigit():
+            out += [join(directory, name, n) for n in list_names(fs, join(directory, name))]
+    return out
+
+
+def _bucket_prefixes(first: int, last: int) -> list[str]:
+    """One or two decimal prefixes of bucket names (two across a boundary like ...99 | ...00) that
+    cover buckets first..last, each at most ten times as wide as that span.
+
+    Some servers (moto, other S3-compatible stores) filter and sort every key under a listing's
+    prefix before applying StartAfter; a narrow prefix keeps that work near the window.
+    """
+    k = len(str(last - first + 1))
+    if k >= BUCKET_DIGITS:
+        return [""]
+    return sorted({f"{b // 10**k:0{BUCKET_DIGITS - k}d}" for b in (first, last)})
+
+
+def _is_s3(fs: fsspec.AbstractFileSystem) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    return "s3" in protocols and hasattr(fs, "call_s3")
+
+
+def _s3_list_after(fs, directory: str, prefix: str, after: str) -> list[str]:
+    """Paths of the objects under `directory/prefix` whose key sorts after `directory/after` (S3 StartAfter).
+
+    s3fs's ls/find have no start-after, so this pages through ListObjectsV2 itself.
+    """
+    bucket, key, _ = fs.split_path(directory)
+    kwargs = {"Bucket": bucket, "Prefix": f"{key}/{prefix}", "StartAfter": f"{key}/{after}"}
+    out = []
+    while True:
+        page = fs.call_s3("list_objects_v2", **kwargs)
+        out += [f"{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+        if not page.get("IsTruncated"):
+            return out
+        kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+
+def read_record(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
+    """The commit record at `path` (from `list_commits`), checked for its format."""
     try:
         record = json.loads(fs.cat_file(path))
     except (ValueError, UnicodeDecodeError) as e:

@@ -1,10 +1,19 @@
 """BufferReader: the trainer's FIFO view of committed experiences, with a resumable cursor.
 
-Commit order. Every committed data file has one commit record `buffer/_commits/<key>.json`,
-written after the file is complete; the reader lists only that directory. A key is
+Commit order. Every committed data file has one commit record `buffer/_commits/<bucket>/<key>.json`,
+written after the file is complete; the reader lists only records. A key is
 `<commit unix ns>-e<explorer>-<writer id>-<seq>`, so names sort in commit order across all
 writers (machines' clocks only blur FIFO between machines; they never break correctness).
 FIFO = ascending key among the records visible at the time of a read.
+
+Polling cost. A poll lists only the records stamped within `buffer.commit_window_s` (60 s)
+of this machine's clock, before or after: on S3 one ListObjectsV2 (two at a prefix boundary)
+that starts after the window's start, elsewhere the 10-second bucket folders of the window. So
+a poll costs what the last minute committed, not what the run did. A record that becomes
+visible later than that after its stamp (a PUT stalled that long, or clocks more than the
+window apart) is found by the full listing the reader makes when it starts and every
+`buffer.full_listing_interval_s` (600 s), with a warning naming it; it is then offered like any
+late record below.
 
 Exactly once. On S3 (no rename; listings may lag) and with several writers, a record with an
 *earlier* key can appear after later ones were consumed: its writer took the timestamp, then
@@ -29,7 +38,7 @@ and schema are still checked).
     reader = BufferReader(run_url, opts, cfg.buffer)
     batch = reader.read_batch(256, trainer_version=t, max_staleness=2)
 
-Tests: `.venv/bin/python -m pytest tests/rl_engine/buffer/`.
+Tests: `.venv/bin/python -m pytest tests/rl_engine/buffer/` (polling cost: test_buffer_polling.py).
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import dataclasses
 import logging
 import threading
 import time
+from time import time_ns as _wall_ns
 from typing import Any
 
 import numpy as np
@@ -61,7 +71,7 @@ class BufferTimeout(TimeoutError):
 @dataclasses.dataclass
 class _File:
     key: _files.CommitKey
-    uri: str
+    uri: str  # of the data file
     batch: ExperienceBatch
     decided: np.ndarray  # [rows] bool: handed out, dropped or skipped
     units: list[np.ndarray]  # undecided units (row indices) in FIFO order
@@ -80,8 +90,8 @@ class BufferReader:
 
     def _reset(self, consumed: ConsumedSet, counters: dict[str, Any]) -> None:
         self._consumed = consumed
-        self._pending: dict[_files.CommitKey, _File | None] = {}  # seen, not fully decided; None = not loaded
-        self._known: set[str] = set()  # record names already looked at
+        self._pending: dict[_files.CommitKey, _File | str] = {}  # seen, not fully decided; str = its record's path, not loaded yet
+        self._next_full_listing: float | None = None  # monotonic time; None: list everything at the next poll
         self._counters = {k: int(counters.get(k, 0)) for k in _COUNTERS}
         self._corrupt_files: list[str] = list(counters.get("corrupt_files", []))
 
@@ -104,7 +114,7 @@ class BufferReader:
         timeout = self.cfg.read_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout
         while True:
-            self._refresh()
+            self.poll()
             batch, available = self._take(n, trainer_version, max_staleness)
             if batch is not None:
                 return batch
@@ -114,6 +124,32 @@ class BufferReader:
             if left <= 0:
                 raise BufferTimeout(self._waiting_message(n, available, timeout, trainer_version, max_staleness))
             time.sleep(min(self.poll_s, left))
+
+    def poll(self) -> int:
+        """Look for newly committed files now (`read_batch` does before each try); returns how many
+        committed files are not fully consumed yet. Lists the last `commit_window_s` of commits, or
+        everything at the first poll and every `full_listing_interval_s` (module docstring)."""
+        now = _wall_ns()
+        window = int(self.cfg.commit_window_s * 1e9)
+        full = self._next_full_listing is None or time.monotonic() >= self._next_full_listing
+        if full:
+            first = self._next_full_listing is None  # at start everything is "old": no warnings
+            self._next_full_listing = time.monotonic() + self.cfg.full_listing_interval_s
+            listed = _files.list_commits(self.fs, self.root)
+        else:
+            listed = _files.list_commits(self.fs, self.root, since_ns=now - window, until_ns=now + window)
+        for key, path in listed:
+            if key in self._pending or self._consumed.is_done(key):
+                continue
+            self._pending[key] = path
+            if full and not first and abs(key.time_ns - now) > window:
+                log.warning(
+                    "%s: commit record visible more than buffer.commit_window_s = %g s away from its stamp by this machine's clock "
+                    "(a stalled commit, or clocks apart between machines); found by the full listing. Raise buffer.commit_window_s "
+                    "if this repeats: such records wait up to buffer.full_listing_interval_s to be read",
+                    self.fs.unstrip_protocol(path), self.cfg.commit_window_s,
+                )
+        return len(self._pending)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able cursor: what has been consumed (and dropped/skipped), plus the counters."""
@@ -130,15 +166,6 @@ class BufferReader:
         return {**self._counters, "corrupt_files": list(self._corrupt_files), "pending_files": len(self._pending)}
 
     # ---- internals
-
-    def _refresh(self) -> None:
-        for name in _files.list_names(self.fs, _files.commits_dir(self.root)):
-            if name in self._known:
-                continue
-            self._known.add(name)
-            key = _files.CommitKey.parse(name)
-            if key is not None and not self._consumed.is_done(key):
-                self._pending[key] = None
 
     def _take(self, n: int, version: int | None, max_staleness: int | None) -> tuple[ExperienceBatch | None, int]:
         chosen: dict[_files.CommitKey, list[np.ndarray]] = {}
@@ -194,11 +221,11 @@ class BufferReader:
     def _file(self, key: _files.CommitKey) -> _File | None:
         """The loaded file of a pending record (loading it on first use); None if skipped as corrupt."""
         f = self._pending[key]
-        if f is not None:
+        if isinstance(f, _File):
             return f
         record: dict[str, Any] = {}
         try:
-            record = _files.read_record(self.fs, self.root, key)
+            record = _files.read_record(self.fs, f)
             path = join(_files.buffer_root(self.root), record["path"])
             uri = self.fs.unstrip_protocol(path)
             batch = _files.read_data(

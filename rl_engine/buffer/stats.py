@@ -41,13 +41,13 @@ def committed_files(run_url: str, storage_options: dict[str, Any] | None = None)
 
 def commit_records(fs, root: str) -> list[tuple[_files.CommitKey, dict[str, Any]]]:
     """Every commit record of the buffer under run root `root`, in commit order (one batched read)."""
-    keys = _files.list_commits(fs, root)
-    paths = [join(_files.commits_dir(root), k.name + ".json") for k in keys]
+    listed = _files.list_commits(fs, root)
+    paths = [p for _, p in listed]
     raw = fs.cat(paths) if paths else {}  # one concurrent batch of GETs on object stores
     if isinstance(raw, bytes):  # fsspec returns bare bytes for a single path on some filesystems
         raw = {paths[0]: raw}
     by_name = {p.rsplit("/", 1)[-1]: v for p, v in raw.items()}
-    return [(k, json.loads(by_name[k.name + ".json"])) for k in keys]
+    return [(k, json.loads(by_name[k.name + ".json"])) for k, _ in listed]
 
 
 def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:

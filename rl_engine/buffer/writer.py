@@ -76,7 +76,7 @@ class BufferWriter:
                 "committed_at": key.time_ns / 1e9,
                 **info,
             }
-            _files.put_json(self.fs, join(_files.commits_dir(self.root), key.name + ".json"), record, fsync=self.fsync)
+            _files.put_json(self.fs, _files.record_path(self.root, key), record, fsync=self.fsync)
         except BaseException:
             # A failed seq is a permanent gap in this writer's numbering; starting a new writer id
             # keeps the reader's per-writer watermark moving instead of tracking every later seq.

@@ -285,8 +285,7 @@ def _corrupt_buffer(damage: str) -> Callable[[Env], Callable[[], Any]]:
 
         _, run_url = _started_run(env)
         fs, root = open_storage(run_url)
-        key = list_commits(fs, root)[0]
-        record = Path(root) / "buffer" / "_commits" / f"{key.name}.json"
+        record = Path(list_commits(fs, root)[0][1])
         if damage == "truncated":
             _truncate(Path(root) / "buffer" / json.loads(record.read_text())["path"])
         elif damage == "bit flip":

@@ -5,13 +5,14 @@
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from rl_engine.buffer import BufferReader, BufferTimeout, BufferWriter, CorruptFileError
+from rl_engine.buffer import BufferReader, BufferTimeout, BufferWriter, CorruptFileError, _files
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
 from rl_engine.experience import SCHEMA_VERSION_KEY, ExperienceBatch, version_runs
@@ -157,8 +158,10 @@ def test_late_commit_with_earlier_key_is_read_once(tmp_path, monkeypatch):
     reader = BufferReader(run, {}, BufferConfig())
     assert {x.explorer_id for x in reader.read_batch(4, timeout_s=0).experiences()} == {1}
     before_late = reader.state_dict()
-    # explorer 0's commit carries a timestamp older than the one already consumed (slow PUT, lagging listing)
-    monkeypatch.setattr(writer_mod.time, "time_ns", lambda: 1)
+    # explorer 0's commit carries a timestamp older than the one already consumed (slow PUT, lagging
+    # listing), within buffer.commit_window_s (later ones: test_buffer_polling.py)
+    consumed_stamp = _files.list_commits(reader.fs, reader.root)[0][0].time_ns
+    monkeypatch.setattr(writer_mod, "time", types.SimpleNamespace(time_ns=lambda: consumed_stamp - 5 * 10**9))
     early.write(1, make_batch(4, explorer_id=0))
     assert {x.explorer_id for x in reader.read_batch(4, timeout_s=0).experiences()} == {0}
     with pytest.raises(BufferTimeout):
