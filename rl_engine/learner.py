@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 
 from rl_engine.buffer import BufferReader
 from rl_engine.control import Board, Stopped, StopSignal
@@ -37,6 +38,20 @@ def latest_state_step(run: RunContext) -> int | None:
     for p in fs.glob(join(root, STATE_DIR, "step=*", COMMIT_MARKER)):
         steps.append(int(p.rsplit("step=", 1)[1].split("/")[0]))
     return max(steps, default=None)
+
+
+def token_versions(batch: Any, trainer_version: int) -> dict[str, float]:
+    """How old the trained tokens are: the version gap (trainer version at training time minus
+    each token's version) and the fraction of tokens from an older version than the newest
+    segment of their own trajectory (mixed versions under partial rollouts)."""
+    table = batch.to_table()
+    lengths = pc.list_value_length(table.column("versions")).to_numpy()  # [B]
+    versions = pc.list_flatten(table.column("versions")).to_numpy().astype(np.int64)  # [T]
+    if not len(versions):
+        return {"version_gap_mean": 0.0, "version_gap_max": 0, "tokens_older_fraction": 0.0}
+    newest = np.repeat(np.maximum.reduceat(versions, (np.cumsum(lengths) - lengths)[lengths > 0]), lengths[lengths > 0])  # [T]
+    gap = trainer_version - versions
+    return {"version_gap_mean": float(gap.mean()), "version_gap_max": int(gap.max()), "tokens_older_fraction": float((versions < newest).mean())}
 
 
 class Learner:
@@ -94,6 +109,7 @@ class Learner:
             "staleness_max": int(staleness.max()),
             "staleness_mean": float(staleness.mean()),
             "staleness_hist": {int(s): int(c) for s, c in zip(*np.unique(staleness, return_counts=True))},
+            **token_versions(batch, self.version - 1),
             "explorer_steps": sorted({int(x) for x in batch.column("explorer_step")}),
             "wait_experience_s": waited,
             "train_s": time.time() - started - waited,

@@ -235,7 +235,24 @@ class PartialRollouts:
         self.groups = [g for g in self.groups if g not in done]
         batch, metrics = self._experiences(done, e)
         cut = sum(1 for g in self.groups for m in g.members if m.finish_reason is None and m.segments[-1]["explorer_step"] == e)
-        return batch, {**metrics, **counts, "resumed_generations": resumed, "cut_generations": cut, "pending_groups": len(self.groups)}
+        return batch, {**metrics, **counts, "resumed_generations": resumed, "cut_generations": cut, "pending_groups": len(self.groups), "continuations": self.catalog(e)}
+
+    def catalog(self, e: int) -> dict[str, Any]:
+        """The groups held after step e, for people (a Prefect table artifact mirrors it); the
+        store's manifest, named by `manifest`, stays the source of truth."""
+        rows = [
+            {
+                "group": g.group_id,
+                "task": g.task.task_id,
+                "finished": f"{sum(m.finish_reason is not None for m in g.members)}/{len(g.members)}",
+                "segments": max(len(m.segments) for m in g.members),
+                "tokens": sum(len(m.response_ids) for m in g.members),
+                "versions": sorted({v for m in g.members for v in m.versions}),
+                "age_steps": e - g.first_step,
+            }
+            for g in self.groups
+        ]
+        return {"manifest": self.store.manifest_uri, "groups": rows}
 
     def _start_group(self) -> Group:
         task = self.tasks.next_task()

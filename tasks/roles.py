@@ -9,13 +9,14 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from rl_engine import roles
-from tasks.report import log_step, trainer_step_done
+from tasks.continuations import explorer_step_done
+from tasks.report import trainer_step_done
 
 
 @task(cache_policy=NO_CACHE, task_run_name="explorer-{explorer_id}")
 def explorer_task(run_url: str, explorer_id: int, storage_options: dict[str, Any] | None = None) -> int:
     """Explorer `explorer_id` of the run, in a thread of this flow run; returns its step count."""
-    return len(roles.explorer_role(run_url, explorer_id, storage_options, on_step=log_step).metrics)
+    return len(roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done).metrics)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="trainer")

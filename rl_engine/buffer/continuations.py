@@ -149,6 +149,10 @@ class ContinuationStore:
             e["uri"] = self._uri(e["path"])
         return m
 
+    @property
+    def manifest_uri(self) -> str:
+        return self._uri(MANIFEST_NAME)
+
     # ---- internals
 
     def _uri(self, name: str) -> str:

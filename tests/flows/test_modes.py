@@ -174,6 +174,8 @@ def test_every_shipped_config_runs_a_smoke_flow(prefect_server, tiny_model_dir, 
                 "trainer.total_steps=2",
                 "trainer.micro_batch_size=4",
                 f"synchronizer.collective.port={free_port()}",
+                "explorer.sampling.max_tokens=16",
+                *(["explorer.partial.max_response_tokens=16", "explorer.partial.segment_max_tokens=8"] if "partial:" in Path(path).read_text() else []),
             ],
         )
         summary = run_config(cfg)

@@ -219,3 +219,16 @@ def _group_ids(run) -> list[str]:
     rows = _all_rows(run)
     assert len(rows) == len({x.experience_id for x in rows})
     return sorted(x.group_id for x in rows)
+
+
+def test_token_version_metrics_by_hand():
+    from rl_engine.experience import Experience, ExperienceBatch
+    from rl_engine.learner import token_versions
+
+    def row(i, versions):
+        return Experience(experience_id=f"x{i}", task_id="t", group_id="g", explorer_id=0, explorer_step=3, prompt_ids=[1], response_ids=[5] * len(versions),
+                          logprobs=[-1.0] * len(versions), versions=versions, loss_mask=[1] * len(versions), reward=0.0)
+
+    m = token_versions(ExperienceBatch.from_experiences([row(0, [0, 0, 1, 1]), row(1, [1, 1])]), trainer_version=2)
+    # gaps 2, 2, 1, 1, 1, 1; two tokens older than the newest segment of their trajectory
+    assert m == {"version_gap_mean": pytest.approx(8 / 6), "version_gap_max": 2, "tokens_older_fraction": pytest.approx(2 / 6)}
