@@ -20,7 +20,7 @@ from prefect.states import Cancelled
 
 from rl_engine.config import RFTConfig, apply_overrides, validate_config
 from rl_engine.control import STOP_KEY, Board, request_stop
-from rl_engine.errors import UserError
+from rl_engine.errors import UserError, hide_user_error_tracebacks
 from rl_engine.learner import latest_state_step
 from rl_engine.roles import post_start
 from rl_engine.run import ResumePoint, RunContext, RunLease, open_run, resume_point, start_run
@@ -156,6 +156,7 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
 def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str] | None = None) -> Any:
     """The body of every mode's flow: the schedule is the roles' business, the placement says where they run."""
     from flows.placement import run_deployments
+    from rl_engine.preflight import preflight
 
     if resume is not None and overrides:
         raise UserError(f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings")
@@ -163,6 +164,10 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
     flow_run = get_run_context().flow_run
     if resume is None and cfg.name is None:
         cfg = validate_config({**cfg.model_dump(mode="json"), "name": flow_run.name}, f"flow run name {flow_run.name!r}")
+    # A run started from a deployment or the API gets the checks `rft run` makes before any engine starts.
+    hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
+    if resume is None:
+        preflight(cfg, None, f"the cfg parameter of flow run {flow_run.name!r}")
     # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
     lease = RunLease(open_run(resume, cfg.buffer.storage.options).url, cfg.buffer.storage.options).acquire() if resume else None
     try:

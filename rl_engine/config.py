@@ -175,7 +175,7 @@ class PartialRolloutConfig(_Model):
     enabled: bool = Field(default=False, description="Turn partial rollouts on.")
     segment_max_tokens: int = Field(default=32, ge=1, description="Token budget of one segment within one explorer step.")
     max_response_tokens: int = Field(default=128, ge=1, description="Total response budget; a trajectory reaching it is complete, marked truncated.")
-    max_groups_in_flight: int | None = Field(default=None, ge=1, description="Most GRPO groups an explorer holds unfinished or unwritten (new tasks start only below it); null = 2 x explorer.batch_size.")
+    max_groups_in_flight: int | None = Field(default=None, ge=1, description="GRPO groups an explorer holds unfinished or unwritten: each step starts new tasks up to it, so it bounds work in flight and how many versions a group can span; null = 2 x explorer.batch_size.")
     repeat_ngram: int = Field(default=4, ge=1, description="Longest repeating pattern, in tokens, the repetition detector looks for (patterns of 1..n tokens).")
     repeat_threshold: int = Field(default=8, ge=2, description="Stop a generation early (finish reason `repeat`) once its last pattern occurred this many times in a row, across segment boundaries.")
     repeat_penalty: float = Field(default=0.0, le=0.0, description="Reward added to trajectories stopped for repetition (<= 0).")

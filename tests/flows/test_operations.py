@@ -134,3 +134,17 @@ def test_mode_mismatch_is_refused_by_name(prefect_server, base_cfg):
         synchronous(cfg=cfg, set=["synchronizer.mode=fully_async"])
     with pytest.raises(UserError, match=r"a resumed run keeps the config it was started with"):
         synchronous(cfg=cfg, resume="/nowhere/run", set=["trainer.total_steps=3"])
+
+
+def test_a_flow_run_checks_its_inputs_before_any_engine_starts(prefect_server, base_cfg, tiny_model_dir, tmp_path):
+    """A deployment or API run gets `rft run`'s preflight: a model without weights fails by name, no run is started."""
+    import shutil
+
+    model = tmp_path / "no-weights"
+    model.mkdir()
+    shutil.copy(Path(tiny_model_dir) / "config.json", model)
+    runs = Path(base_cfg["buffer"]["storage"]["url"])
+    before = set(runs.iterdir())
+    with pytest.raises(UserError, match=r"model.path = .*no-weights.*: no \*\.safetensors weights; save the model with model.save_pretrained"):
+        synchronous(cfg=validate_config(base_cfg), set=[f"model.path={model}"])
+    assert set(runs.iterdir()) == before  # nothing written: the run never started

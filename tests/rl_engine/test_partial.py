@@ -120,17 +120,19 @@ def test_generation_keep_trims_only_inside_the_last_segment():
 def test_cut_generations_continue_with_the_new_version_and_keep_their_provenance(tmp_path):
     p, engine = make(tmp_path, {"a": "12", "b": "1234567", "c": "34"}, batch_size=1, repeat_times=1, segment=4, in_flight=2)
     writer = BufferWriter(str(tmp_path), {}, 0)
-    b1, m1 = run_step(p, writer, 1)  # starts only a: "12" + EOS fits one segment and fills the batch
-    b2, m2 = run_step(p, writer, 2)  # b is cut after 4 tokens, so c is started to fill the batch
+    b1, m1 = run_step(p, writer, 1)  # starts a and b (2 in flight): a fits one segment, b is cut after 4 tokens
     engine.version = 3  # a sync between steps
-    b3, m3 = run_step(p, writer, 3)  # b continues with version 3
-    assert [[x.task_id for x in b.experiences()] for b in (b1, b2, b3)] == [["a"], ["c"], ["b"]]
-    assert (m1["started_groups"], m2["started_groups"], m3["started_groups"]) == (1, 2, 0)
-    assert (m2["cut_generations"], m3["resumed_generations"], m3["pending_groups"]) == (1, 1, 0)
-    (b,) = b3.experiences()
+    b2, m2 = run_step(p, writer, 2)  # b continues with version 3; c is started to keep 2 in flight
+    b3, m3 = run_step(p, writer, 3)  # c finished in step 2 and waited: the oldest complete group goes first
+    assert [[x.task_id for x in b.experiences()] for b in (b1, b2, b3)] == [["a"], ["b"], ["c"]]
+    assert (m1["started_groups"], m2["started_groups"], m3["started_groups"]) == (2, 1, 1)
+    assert (m1["cut_generations"], m2["resumed_generations"], m2["pending_groups"]) == (1, 1, 1)
+    assert m3["rounds"] == 1 and m3["extra_rounds"] == 0
+    (b,) = b2.experiences()
     assert TOK.decode(b.response_ids, skip_special_tokens=True) == "1234567" and b.finish_reason == "stop"
-    assert b.segments == [{"explorer_step": 2, "version": 0, "start": 0, "end": 4}, {"explorer_step": 3, "version": 3, "start": 4, "end": 8}]
-    assert b.versions == [0] * 4 + [3] * 4 and b.num_segments == 2 and b.reward == 1.0 and b.explorer_step == 3
+    assert b.segments == [{"explorer_step": 1, "version": 0, "start": 0, "end": 4}, {"explorer_step": 2, "version": 3, "start": 4, "end": 8}]
+    assert b.versions == [0] * 4 + [3] * 4 and b.num_segments == 2 and b.reward == 1.0 and b.explorer_step == 2
+    assert [c["prompts"] for c in engine.calls] == [2, 2, 1]  # one generate call per step for every held group
     assert len({c["seed"] for c in engine.calls}) == len(engine.calls)  # every segment samples with its own seed
 
 
@@ -144,9 +146,9 @@ def test_truncated_at_max_response_tokens_and_at_the_context(tmp_path):
     p2, engine2 = make(tmp_path / "ctx", {"a": LONG}, batch_size=1, repeat_times=1, segment=4, max_response=30, max_model_len=9)
     x = run_step(p2, BufferWriter(str(tmp_path / "ctx"), {}, 0), 1)[0].experiences()[0]
     assert x.finish_reason == "truncated" and len(x.prompt_ids) + len(x.response_ids) == 9
-    # Prompt "a:" is 2 tokens: a segment of 4; a second group is started for the batch; then only
-    # the oldest goes on, with the 3 tokens that still fit. The second waits for the next step.
-    assert [c["max_tokens"] for c in engine2.calls] == [[4], [4], [3]]
+    # Prompt "a:" is 2 tokens: both held groups get a segment of 4 in one call; then only the
+    # oldest goes on, with the 3 tokens that still fit. The second waits for the next step.
+    assert [c["max_tokens"] for c in engine2.calls] == [[4, 4], [3]]
     assert [len(g.members[0].response_ids) for g in p2.groups] == [4]
 
 

@@ -61,7 +61,7 @@ def test_after_a_sync_new_tokens_carry_the_new_version_and_the_trainers_logprobs
     p = _partial(engine, tmp_path, segment=6, max_response=30, sampling=sampling)
     writer = BufferWriter(str(tmp_path), {}, 0)
     # Step 1 with version 0. The random tiny model rarely samples EOS: the first group runs to
-    # its 30 tokens in extra rounds, the second (started in round 2) is left cut after 24.
+    # its 30 tokens in extra rounds, the second (held from the start, 2 in flight) is left cut after its one segment.
     run_step(p, writer, 1)
     pending = [m for g in p.groups for m in g.members if m.finish_reason is None]
     assert pending, "expected a cut generation after step 1"
