@@ -90,12 +90,9 @@ class ResumePoint:
 
 def last_committed_steps(run: RunContext) -> dict[int, int]:
     """{explorer id: highest explorer step with committed experiences} from the buffer's commit records."""
-    from rl_engine.buffer.stats import commit_records
+    from rl_engine.buffer.stats import commit_records, last_committed
 
-    last: dict[int, int] = {}
-    for _, rec in commit_records(*run.fs()):
-        last[rec["explorer_id"]] = max(last.get(rec["explorer_id"], 0), rec["explorer_step"])
-    return last
+    return last_committed(commit_records(*run.fs()))
 
 
 def resume_point(run: RunContext, trainer_version: int) -> ResumePoint:

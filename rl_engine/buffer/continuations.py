@@ -41,6 +41,7 @@ from rl_engine.storage import join, open_storage
 
 MANIFEST_FORMAT = 1
 MANIFEST_NAME = "_manifest.json"  # leading underscore: Arrow dataset discovery skips it
+STORE_DIR = "continuations"  # <run>/continuations/explorer=<id>/
 _RETIRED_KEPT = 1000  # retired ids remembered so a repeated retire is a no-op
 
 
@@ -62,13 +63,23 @@ class ContinuationEntry:
         return dataclasses.asdict(self)
 
 
+def store_explorer_ids(run_url: str, storage_options: dict[str, Any] | None) -> list[int]:
+    """Ids of the explorers that have a continuation store in the run (none without partial rollouts); reads only."""
+    fs, root = open_storage(run_url, storage_options)
+    try:
+        names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(join(root, STORE_DIR), detail=False)]
+    except FileNotFoundError:
+        return []
+    return sorted(int(n.split("=", 1)[1]) for n in names if n.startswith("explorer=") and n.split("=", 1)[1].isdigit())
+
+
 class ContinuationStore:
     """Save / list / load / retire sets of partial rollouts of one explorer."""
 
     def __init__(self, run_url: str, storage_options: dict[str, Any] | None, explorer_id: int, *, fsync: bool = True):
         self.fs, root = open_storage(run_url, storage_options)
         self.explorer_id = int(explorer_id)
-        self.dir = join(root, "continuations", f"explorer={self.explorer_id}")
+        self.dir = join(root, STORE_DIR, f"explorer={self.explorer_id}")
         self.fsync = fsync
         self._lock = threading.Lock()
 

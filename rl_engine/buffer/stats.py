@@ -1,9 +1,13 @@
 """`rft buffer stats RUN`: what a run's buffer holds, without the trainer.
 
 Counts per explorer, per explorer step and per policy version (the oldest token version of an
-experience), reward / length / finish-reason summaries, files that are written but not
-committed, corrupt files, and how far the trainer's latest saved cursor got. Only committed
-files are counted, each checked against its commit record like the reader does.
+experience), reward / length / finish-reason / segment-count summaries, files that are written
+but not committed, corrupt files, and how far the trainer's latest saved cursor got. Only
+committed files are counted, each checked against its commit record like the reader does.
+With partial rollouts it also reads each explorer's continuation store (read only): pending
+groups and generations (cut, or finished and waiting for their group), tokens so far, the oldest
+pending segment's explorer step, the manifest URI, and a staged batch (outbox) with whether the
+buffer already holds its commit.
 
     python -m rl_engine.buffer.stats runs/my-run
     python -m rl_engine.buffer.stats s3://bucket/runs/my-run --storage-options '{"client_kwargs": {"endpoint_url": "http://127.0.0.1:5000"}}'
@@ -27,8 +31,10 @@ import numpy as np
 import pyarrow.compute as pc
 
 from rl_engine.buffer import _files
+from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
 from rl_engine.buffer.cursor import list_cursor_steps, load_cursor
 from rl_engine.errors import UserError
+from rl_engine.partial import UNFINISHED
 from rl_engine.storage import join, open_storage
 
 
@@ -56,7 +62,7 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
     if not fs.exists(root):
         raise UserError(f"{run_url}: no such run directory")
     records = commit_records(fs, root)
-    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("explorer", "step", "version", "reward", "prompt_len", "response_len")}
+    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("explorer", "step", "version", "reward", "prompt_len", "response_len", "segments")}
     finish: Counter[str] = Counter()
     corrupt: list[str] = []
     for _, rec in records:
@@ -73,6 +79,7 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
         rows["reward"].append(t.column("reward").to_numpy())
         rows["prompt_len"].append(pc.list_value_length(t.column("prompt_ids")).to_numpy())
         rows["response_len"].append(pc.list_value_length(t.column("response_ids")).to_numpy())
+        rows["segments"].append(t.column("num_segments").to_numpy())  # version-1 files: derived on read
         finish.update(t.column("finish_reason").to_pylist())
     cols = {k: np.concatenate(v) if v else np.zeros(0) for k, v in rows.items()}
     committed = {join(_files.buffer_root(root), r["path"]) for _, r in records}
@@ -91,8 +98,54 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
         "prompt_tokens": _summary(cols["prompt_len"]),
         "response_tokens": _summary(cols["response_len"]),
         "finish_reasons": dict(sorted(finish.items())),
+        "num_segments": {str(n): int(c) for n, c in sorted(Counter(cols["segments"].tolist()).items())},
+        "continuations": continuations(run_url, storage_options, last_committed(records)),
         "trainer_cursor": _cursor_summary(run_url, storage_options),
     }
+
+
+def last_committed(records: list[tuple[_files.CommitKey, dict[str, Any]]]) -> dict[int, int]:
+    """{explorer id: highest explorer step with a commit record} (where a resume starts: one past it)."""
+    last: dict[int, int] = {}
+    for _, rec in records:
+        last[rec["explorer_id"]] = max(last.get(rec["explorer_id"], 0), rec["explorer_step"])
+    return last
+
+
+def continuations(run_url: str, storage_options: dict[str, Any] | None, last_steps: dict[int, int]) -> list[dict[str, Any]]:
+    """Per explorer with a continuation store (none without partial rollouts): what it holds.
+
+    `last_steps` is `last_committed(records)`. An outbox is `committed` at or below that step
+    (a resume retires it), `staged` one above (a resume writes it as that step), `ahead` beyond
+    (a resume refuses: buffer and store disagree), as rl_engine/partial.py resumes.
+    """
+    out = []
+    for i in store_explorer_ids(run_url, storage_options):
+        store = ContinuationStore(run_url, storage_options, i)
+        try:
+            entries = store.list()
+            t = store.load([e.id for e in entries if e.kind == "pending"]).to_table()  # no ids: an empty table
+        except UserError as e:  # unreadable manifest, corrupt set: name it, the other explorers still show
+            out.append({"explorer": i, "manifest": store.manifest_uri, "error": str(e)})
+            continue
+        last = last_steps.get(i, 0)
+        cut = int(pc.sum(pc.equal(t.column("finish_reason"), UNFINISHED)).as_py() or 0)
+        out.append({
+            "explorer": i,
+            "manifest": store.manifest_uri,
+            "pending_groups": len(set(t.column("group_id").to_pylist())),
+            "pending_generations": len(t),
+            "cut_generations": cut,
+            "finished_waiting": len(t) - cut,
+            "tokens": int(pc.sum(pc.list_value_length(t.column("response_ids"))).as_py() or 0),
+            "oldest_segment_step": pc.min(pc.struct_field(pc.list_flatten(t.column("segments")), "explorer_step")).as_py(),
+            "outbox": [
+                {"explorer_step": e.explorer_step, "experiences": e.num_rows, "status": "committed" if e.explorer_step <= last else "staged" if e.explorer_step == last + 1 else "ahead"}
+                for e in entries if e.kind == "outbox"
+            ],
+            "last_committed_step": last,
+        })
+    return out
 
 
 def _find(fs, path: str) -> list[str]:
@@ -144,12 +197,45 @@ def render(s: dict[str, Any], max_steps: int = 20) -> str:
             out.append(f"{name + ':':<17} mean {m['mean']:.4g}  std {m['std']:.4g}  min {m['min']:.4g}  p50 {m['p50']:.4g}  p90 {m['p90']:.4g}  max {m['max']:.4g}")
     total = sum(s["finish_reasons"].values()) or 1
     out.append("finish reasons:   " + "  ".join(f"{k} {n} ({100 * n / total:.0f}%)" for k, n in s["finish_reasons"].items()))
+    total = sum(s["num_segments"].values()) or 1
+    out.append("num segments:     " + "  ".join(f"{k}: {n} ({100 * n / total:.0f}%)" for k, n in s["num_segments"].items()))
     c = s["trainer_cursor"]
     out.append(
         f"trainer cursor:   step {c['trainer_step']}: {c['consumed']} consumed, {c['dropped_stale']} dropped as stale, {c['skipped_corrupt']} corrupt files skipped"
         if c else "trainer cursor:   none saved yet"
     )
+    out += _render_continuations(s["continuations"])
     return "\n".join(out)
+
+
+_OUTBOX = {
+    "committed": "committed to the buffer, outbox not retired yet (a crash between commit and retire; a resume retires it)",
+    "staged": "staged, not committed to the buffer (a write in progress, or a crash between stage and commit; a resume writes it as step {step})",
+    "ahead": "staged, but the buffer's last committed step of this explorer is {last}: a resume refuses (buffer and continuation store disagree)",
+}
+
+
+def _render_continuations(cs: list[dict[str, Any]]) -> list[str]:
+    if not cs:
+        return ["continuations:    none (no partial rollouts pending)"]
+    out = ["\ncontinuations (partial rollouts pending):"]
+    for c in cs:
+        if "error" in c:
+            out.append(f"  explorer {c['explorer']}: unreadable: {c['error']}")
+            continue
+        if c["pending_generations"]:
+            out.append(
+                f"  explorer {c['explorer']}: {c['pending_groups']} groups, {c['pending_generations']} generations ({c['cut_generations']} cut, "
+                f"{c['finished_waiting']} finished and waiting for their group), {c['tokens']} tokens so far, oldest pending segment from step {c['oldest_segment_step']}"
+            )
+        else:
+            out.append(f"  explorer {c['explorer']}: nothing pending")
+        out.append(f"    manifest: {c['manifest']}")
+        out += [
+            f"    outbox: step {o['explorer_step']} ({o['experiences']} experiences) " + _OUTBOX[o["status"]].format(step=o["explorer_step"], last=c["last_committed_step"])
+            for o in c["outbox"]
+        ]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
