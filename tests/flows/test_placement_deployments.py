@@ -175,8 +175,10 @@ def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server,
     assert isinstance(error, Exception) and "explorer-0" in str(error), error
     assert took < HEARTBEAT_TIMEOUT_S + 30, f"noticed after {took:.0f} s"
     # The trainer stopped too (the run's stop request names the dead explorer), and nothing of the explorer survives.
+    # The stop request comes from whoever noticed first: the parent (explorer-0's flow run crashed)
+    # or the trainer (its weight-sync peer closed the connection); the run's error names both.
     stop = json.loads((run_dir / "control" / "stop.json").read_text())
-    assert stop["kind"] == "failed" and "explorer-0" in stop["reason"]
+    assert stop["kind"] == "failed" and ("explorer-0" in stop["reason"] or "Connection closed by peer" in stop["reason"]), stop
     assert_all_gone(doomed[1:])
     assert_all_gone([psutil.Process(trainer["pid"])] if psutil.pid_exists(trainer["pid"]) else [])
 
