@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.control import Board, StopSignal
 from rl_engine.experience import Experience, ExperienceBatch
+from rl_engine.failpoints import failpoint
 from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
 from rl_engine.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
@@ -170,8 +171,10 @@ class Explorer:
         with self.timeline.span("write", step=e, version=v):
             if self.partial is not None:
                 self.partial.stage(e, batch)
+                failpoint("explorer.after_stage", e)
             self.writer.write(e, batch)
             if self.partial is not None:
+                failpoint("explorer.after_commit", e)
                 self.partial.committed(e)
         self.timeline.flush()
         rewards = batch.column("reward")
