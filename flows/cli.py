@@ -47,13 +47,17 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     from flows.run import run_from_cli
+    from rl_engine.reaper import start_reaper
 
+    start_reaper()  # a killed `rft run` leaves nothing running (its ephemeral Prefect server above all)
     return run_from_cli(a.config, a.overrides, resume=a.resume)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
     from flows.run import demo
+    from rl_engine.reaper import start_reaper
 
+    start_reaper()
     return demo(a.root)
 
 

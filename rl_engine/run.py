@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import socket
 import threading
 import time
@@ -18,6 +17,7 @@ import uuid
 from typing import Any
 
 import fsspec
+import psutil
 import yaml
 
 from rl_engine.config import RFTConfig, to_yaml, validate_config
@@ -107,14 +107,17 @@ class RunLease:
     """One writer per run: whoever drives a run (the mode's flow) holds `<run>/lease.json` and
     renews it every `ttl_s / 3` from a background thread; a second driver of the same run is
     refused with the holder named. A holder that died stops renewing, and its lease is free
-    again after `ttl_s`. Object stores have no atomic create, so an acquirer reads the lease back
-    after writing it to see who won."""
+    again after `ttl_s`, or at once when the acquirer runs on the holder's machine (same host name
+    and boot time) and sees that its process is gone (a killed `rft run` resumed right away).
+    Object stores have no atomic create, so an acquirer reads the lease back after writing it to
+    see who won."""
 
     def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, ttl_s: float = 60.0):
         self.url, self.ttl_s = run_url, ttl_s
         self.fs, root = open_storage(run_url, storage_options)
         self.path = join(root, LEASE_FILE)
-        self.me = {"holder": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid()}
+        me = psutil.Process()
+        self.me = {"holder": uuid.uuid4().hex, "host": socket.gethostname(), "pid": me.pid, "boot": psutil.boot_time(), "started": me.create_time()}
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -134,7 +137,7 @@ class RunLease:
 
     def acquire(self) -> "RunLease":
         cur = self._read()
-        if cur is not None and time.time() - cur["time"] < cur["ttl_s"]:
+        if cur is not None and time.time() - cur["time"] < cur["ttl_s"] and not self._holder_dead(cur):
             self._refuse(cur)
         write_json(self.fs, self.path, {**self.me, "time": time.time(), "ttl_s": self.ttl_s})
         time.sleep(0.2)  # a racing acquirer's write lands in this window; the last writer wins
@@ -144,6 +147,17 @@ class RunLease:
         self._thread = threading.Thread(target=self._renew, name="run-lease", daemon=True)
         self._thread.start()
         return self
+
+    def _holder_dead(self, cur: dict[str, Any]) -> bool:
+        """True only when the holder provably ran on this machine and its process is gone (a
+        reused pid has another start time); a lease from elsewhere waits for its ttl."""
+        if (cur.get("host"), cur.get("boot")) != (self.me["host"], self.me["boot"]) or "started" not in cur:
+            return False
+        try:
+            proc = psutil.Process(cur["pid"])
+            return proc.create_time() != cur["started"] or proc.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     def _renew(self) -> None:
         while not self._done.wait(self.ttl_s / 3):

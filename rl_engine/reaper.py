@@ -1,0 +1,68 @@
+"""Nothing a run started outlives its main process: a small watcher process for `rft run`.
+
+A SIGKILL of the `rft run` process alone (not its process group) re-parents whatever it had
+started and leaves it running: above all Prefect's ephemeral server (`uvicorn ... prefect.server`,
+started by Prefect, which gives us no hook into its start). vLLM's engine processes watch their
+owner themselves (rl_engine/rollout/worker_ext.py); this covers everything else. `start_reaper()`
+starts `python -m rl_engine.reaper PID`, which notes the descendants of PID every `interval_s`
+and, once PID is gone (its own parent changes: the kernel re-parents it at once), stops the last
+ones it saw (SIGTERM, then SIGKILL after `grace_s`) and exits. A process group killed as a whole
+takes the reaper along.
+
+Processes started in the last `interval_s` before the death are not seen; they are children of
+ones that are (or, like vLLM's, watch for themselves).
+
+    .venv/bin/python -m pytest tests/rl_engine/test_reaper.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+_reaper: subprocess.Popen | None = None
+
+
+def start_reaper(interval_s: float = 0.5, grace_s: float = 5.0) -> subprocess.Popen:
+    """Start this process's reaper (once per process)."""
+    global _reaper
+    if _reaper is None or _reaper.poll() is not None:
+        cmd = [sys.executable, "-m", "rl_engine.reaper", str(os.getpid()), str(interval_s), str(grace_s)]
+        _reaper = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)
+    return _reaper
+
+
+def watch(parent: int, interval_s: float, grace_s: float) -> list[int]:
+    """Until `parent` is gone, note its descendants; then stop those left. Returns their pids."""
+    me, seen = os.getpid(), []
+    while os.getppid() == parent:
+        with contextlib.suppress(psutil.Error):
+            seen = [p for p in psutil.Process(parent).children(recursive=True) if p.pid != me]
+        time.sleep(interval_s)
+    left = [p for p in seen if _running(p)]
+    if left:
+        print(f"[rft] rft run (pid {parent}) is gone; stopping what it started: {[p.pid for p in left]}", file=sys.stderr, flush=True)
+    for p in left:  # psutil refuses a pid that was reused by another process
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(left, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    return [p.pid for p in left]
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]))
