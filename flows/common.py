@@ -22,6 +22,8 @@ from rl_engine.config import RFTConfig, apply_overrides, validate_config
 from rl_engine.control import STOP_KEY, Board, request_stop
 from rl_engine.errors import UserError, hide_user_error_tracebacks
 from rl_engine.learner import latest_state_step
+from rl_engine.lineage import LineageRun
+from rl_engine.lineage import begin as begin_lineage
 from rl_engine.roles import post_start
 from rl_engine.run import ResumePoint, RunContext, RunLease, open_run, resume_point, start_run
 from tasks.report import publish_report, report_key_prefix, start_progress
@@ -168,13 +170,21 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     if resume is None:
         preflight(cfg, None, f"the cfg parameter of flow run {flow_run.name!r}")
-    # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
-    lease = RunLease(open_run(resume, cfg.buffer.storage.options).url, cfg.buffer.storage.options).acquire() if resume else None
+    stored = open_run(resume, cfg.buffer.storage.options) if resume else None
+    # A run of a lineage holds the lineage's lock; a new one starts from its latest model, on its unused tasks.
+    lineage = begin_lineage(stored.cfg if stored else cfg, new=stored is None, log=get_run_logger().info)
+    cfg = lineage.cfg if lineage and not stored else cfg
+    lease = None
     try:
+        # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
+        lease = RunLease(stored.url, cfg.buffer.storage.options).acquire() if stored else None
         run, attempt = open_or_start(cfg, resume, mode)
         lease = lease or RunLease(run.url, run.storage_options).acquire()
+        if lineage and (carried := lineage.adopt(run)):
+            get_run_logger().info("lineage %s: continuing %s pending generations of %s", lineage.name, sum(map(len, carried.values())), lineage.previous["run"])
         keys = report_key_prefix(get_run_context().flow.name)
         progress_id = start_progress(run, keys) if run.cfg.monitor.artifacts else None
+        cancel = Cancel()
         try:
             with watch_cancellation(run) as cancel:
                 if run.cfg.placement.type == "local":
@@ -183,11 +193,28 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
                     run_deployments(run, attempt, cancel, progress_id)
         except BaseException:
             report_anyway(run, keys)
+            record_anyway(lineage, run, "cancelled" if cancel.cancelled else "failed")
             raise
-        return finish_run(run, keys, cancelled=cancel.cancelled)
+        result = finish_run(run, keys, cancelled=cancel.cancelled)
+        if lineage:  # only a completed run moves the lineage's latest.json
+            lineage.end(run, "cancelled" if cancel.cancelled else "completed")
+        return result
     finally:
         if lease is not None:
             lease.release()
+        if lineage:
+            lineage.release()
+
+
+def record_anyway(lineage: LineageRun | None, run: RunContext, status: str) -> None:
+    """A failed or cancelled run of a lineage goes into its runs.jsonl (consuming no tasks) without
+    moving latest.json; a failure to record it never hides why the run ended."""
+    if lineage is None:
+        return
+    try:
+        lineage.end(run, status)
+    except Exception as e:  # noqa: BLE001 - the run's own error is what propagates
+        get_run_logger().warning("could not record %s in lineage %s: %s: %s", run.url, lineage.name, type(e).__name__, e)
 
 
 def report_anyway(run: RunContext, keys: str) -> None:

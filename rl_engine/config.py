@@ -372,13 +372,34 @@ class MonitorConfig(_Model):
     log_every: int = Field(default=1, ge=1, description="Print a progress line every this many trainer steps.")
 
 
+# --------------------------------------------------------------------------- lineage
+
+
+class LineageConfig(_Model):
+    """Scheduled retraining: a series of runs under one name, each continuing from the last successful one (rl_engine/lineage.py)."""
+
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$",
+        description="Lineage of the run (state under <buffer.storage.url>/lineages/<name>/); null: a standalone run.",
+    )
+    start_from: Literal["latest", "base"] = Field(
+        default="latest", description="Start from the model of the lineage's last successful run (`latest`), or from model.path (`base`); the first run always starts from model.path."
+    )
+    when_busy: Literal["wait", "refuse"] = Field(default="wait", description="When another run of the lineage holds its lock: wait up to wait_timeout_s, or refuse at once.")
+    wait_timeout_s: float = Field(default=3600.0, gt=0.0, description="Longest a new run waits for the lineage's lock before failing (when_busy: wait).")
+    lock_ttl_s: float = Field(
+        default=60.0, gt=0.0, description="The lock's lease: renewed every ttl/3 by its holder, free again this long after a holder died."
+    )
+
+
 # --------------------------------------------------------------------------- root
 
 
 class RFTConfig(_Model):
     """A whole RFT run."""
 
-    name: str | None = Field(default=None, description="Run name (directory under buffer.storage.url); null resolves to `<mode>-<UTC timestamp>-<6 random hex digits>`.", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
+    name: str | None = Field(default=None, description="Run name (directory under buffer.storage.url); null resolves to `<mode>-[<lineage.name>-]<UTC timestamp>-<6 random hex digits>`.", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
     seed: int = Field(default=42, ge=0, description="Seed of sampling, task order and trainer.")
     model: ModelConfig = Field(description="The policy model.")
     taskset: TasksetConfig = Field(description="Tasks and reward.")
@@ -389,6 +410,7 @@ class RFTConfig(_Model):
     synchronizer: SynchronizerConfig = Field(default_factory=SynchronizerConfig, description="Sync mode, schedule and method.")
     placement: PlacementConfig = Field(default_factory=LocalPlacement, description="Where the roles run: `local` (tasks of one flow run) or `deployments` (a flow run each).")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reporting.")
+    lineage: LineageConfig = Field(default_factory=LineageConfig, description="Scheduled retraining: the lineage this run continues, if any.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "RFTConfig":
@@ -448,7 +470,8 @@ class RFTConfig(_Model):
         if out.name is None:
             stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
             # The random tail keeps runs started in the same second (schedules, several users) apart.
-            out.name = f"{out.synchronizer.mode}-{stamp}-{os.urandom(3).hex()}"
+            lineage = f"{out.lineage.name}-" if out.lineage.name else ""
+            out.name = f"{out.synchronizer.mode}-{lineage}{stamp}-{os.urandom(3).hex()}"
         if out.trainer.train_batch_size is None:
             out.trainer.train_batch_size = out.explorer.batch_size * out.algorithm.repeat_times
         if out.model.tokenizer_path is None:

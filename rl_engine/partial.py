@@ -198,8 +198,9 @@ class PartialRollouts:
 
     def _groups_from(self, batch: ExperienceBatch) -> list[Group]:
         groups: dict[str, Group] = {}
+        carried = {k: Task(**t) for k, t in self.store.carried_tasks().items()}  # continued from a lineage's previous run
         for x in batch.experiences():
-            task = self.by_id.get(x.task_id)
+            task = self.by_id.get(x.task_id) or carried.get(x.task_id)
             if task is None:
                 raise UserError(f"{self.store.manifest()['uri']}: continuation of task {x.task_id!r}, which the task set no longer has; restore the task set or start a new run")
             g = groups.setdefault(x.group_id, Group(x.group_id, task, x.prompt_text, []))

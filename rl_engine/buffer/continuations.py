@@ -93,10 +93,17 @@ class ContinuationStore:
         return cid
 
     def commit(
-        self, sets: list[tuple[ExperienceBatch, str]], *, explorer_step: int | None = None, retire: Iterable[str] = (), state: dict[str, Any] | None = None
+        self,
+        sets: list[tuple[ExperienceBatch, str]],
+        *,
+        explorer_step: int | None = None,
+        retire: Iterable[str] = (),
+        state: dict[str, Any] | None = None,
+        tasks: dict[str, dict[str, Any]] | None = None,
     ) -> list[str | None]:
-        """Add sets `(batch, kind)`, retire `retire` and (if given) replace the owner's state, in
-        one manifest write; returns the new ids (None for an empty batch, which adds no set)."""
+        """Add sets `(batch, kind)`, retire `retire` and (if given) replace the owner's state and
+        add carried tasks (`carried_tasks`), in one manifest write; returns the new ids (None for
+        an empty batch, which adds no set)."""
         added: list[ContinuationEntry | None] = []
         for batch, kind in sets:
             if kind not in ("pending", "outbox"):
@@ -115,12 +122,19 @@ class ContinuationStore:
             manifest["entries"] = [e for e in manifest["entries"] if e["id"] not in doomed] + [e.to_dict() for e in added if e is not None]
             if state is not None:
                 manifest["state"] = state
+            if tasks:
+                manifest["tasks"] = {**manifest.get("tasks", {}), **tasks}
             self._commit(manifest, doomed)
         return [e.id if e is not None else None for e in added]
 
     def state(self) -> dict[str, Any] | None:
         """The owner's state saved by the last `commit(..., state=...)`, or None."""
         return self._read_manifest().get("state")
+
+    def carried_tasks(self) -> dict[str, dict[str, Any]]:
+        """{task id: {task_id, prompt, answer, row}} of sets carried in from another run (the previous
+        run of a lineage, rl_engine/lineage.py), whose tasks this run's task set does not draw."""
+        return dict(self._read_manifest().get("tasks", {}))
 
     def list(self) -> list[ContinuationEntry]:
         """Active (not retired) sets, oldest first."""

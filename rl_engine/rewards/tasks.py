@@ -93,27 +93,56 @@ def _to_task(path: str, name: str, where: str, num: int, raw: Any, prompt_key: s
     return Task(task_id=task_id, prompt=prompt, answer=None if answer is None else str(answer), row=raw)
 
 
+def _is_task_file(path: str) -> bool:
+    name = path.lower()
+    for c in _COMPRESSIONS:
+        name = name.removesuffix(c)
+    return name.endswith(_JSONL_SUFFIXES + _PARQUET_SUFFIXES)
+
+
+def taskset_files(path: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """The files of a task set, sorted by name: `path` itself if it is a file, else the task files
+    (.jsonl, .parquet, ...) in the directory `path`, else those whose path starts with `path` (a
+    prefix such as `s3://bucket/tasks/day-`), so a folder where new task files arrive is one task set."""
+    from rl_engine.storage import open_storage
+
+    fs, root = open_storage(path, storage_options)
+    if fs.isfile(root) or _is_task_file(path) and not fs.isdir(root):
+        return [path]  # also a missing file: _read_rows names it
+    found = fs.find(root) if fs.isdir(root) else [p for p in fs.glob(root + "*") if fs.isfile(p)]
+    if fs.isdir(root):
+        found = [p for p in found if p.rsplit("/", 1)[0] == root]  # the folder's own files, not subfolders'
+    files = sorted((p for p in found if _is_task_file(p) and not p.rsplit("/", 1)[-1].startswith((".", "_"))), key=lambda p: p.rsplit("/", 1)[-1])
+    if not files and "." in path.rstrip("/").rsplit("/", 1)[-1]:
+        return [path]  # meant as one file: _read_rows names what is wrong with it
+    if not files:
+        raise UserError(f"taskset.path = {path!r}: no task files (.jsonl or .parquet) there; point taskset.path at a task file, a folder of them or a prefix of their paths")
+    return [fs.unstrip_protocol(p) if "://" in path else p for p in files]
+
+
 def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None) -> list[Task]:
-    """All tasks of `cfg.path` (a TasksetConfig), in file order; UserError names file and row of a bad row.
+    """All tasks of `cfg.path` (a TasksetConfig: a file, a folder of task files or a prefix, see
+    `taskset_files`), in file order; UserError names file and row of a bad row.
 
     Task ids come from an `id` column when present, else `<file name>#<row number>`, so they
-    stay the same when the file moves.
+    stay the same when the file moves, and rows of several files never share one.
     """
-    path = cfg.path
-    raw_rows = _read_rows(path, storage_options)
-    where_word = "row" if _file_format(path) == "parquet" else "line"
-    name = path.rstrip("/").rsplit("/", 1)[-1]
     tasks, seen = [], {}
-    for num, raw in raw_rows:
-        where = f"{where_word} {num}"
-        task = _to_task(path, name, where, num, raw, cfg.prompt_key, cfg.answer_key)
-        if task.task_id in seen:
-            # GRPO groups and the buffer key on task ids: duplicates would merge unrelated groups.
-            raise UserError(f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]}); give every row its own id (or drop the id column: rows are then named by line)")
-        seen[task.task_id] = where
-        tasks.append(task)
+    files = taskset_files(cfg.path, storage_options)
+    for path in files:
+        raw_rows = _read_rows(path, storage_options)
+        where_word = "row" if _file_format(path) == "parquet" else "line"
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        for num, raw in raw_rows:
+            where = f"{where_word} {num}"
+            task = _to_task(path, name, where, num, raw, cfg.prompt_key, cfg.answer_key)
+            if task.task_id in seen:
+                # GRPO groups and the buffer key on task ids: duplicates would merge unrelated groups.
+                raise UserError(f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]}); give every row its own id (or drop the id column: rows are then named by line)")
+            seen[task.task_id] = where if len(files) == 1 else f"{name} {where}"
+            tasks.append(task)
     if not tasks:
-        raise UserError(f"taskset.path = {path!r}: the task set is empty (no rows); add rows, one JSON object per line with a {cfg.prompt_key!r} key, or point taskset.path at another file")
+        raise UserError(f"taskset.path = {cfg.path!r}: the task set is empty (no rows); add rows, one JSON object per line with a {cfg.prompt_key!r} key, or point taskset.path at another file")
     return tasks
 
 

@@ -69,6 +69,8 @@ def test_role_flows_take_handles_only():
 def test_nightly_schedule_inactive():
     nightly = next(d for d in SPEC["deployments"] if d["name"] == "one-step-off-policy-nightly")
     assert [s["active"] for s in nightly["schedules"]] == [False]
+    # scheduled retraining that continues: one lineage, one run at a time
+    assert nightly["parameters"]["cfg"]["lineage"] == {"name": "nightly"} and nightly["concurrency_limit"] == 1
 
 
 def test_pull_steps_find_the_checkout_at_run_time(tmp_path):

@@ -39,6 +39,20 @@ def cancel_when(run_dir: Path, name: str, min_version: int, done: threading.Even
                 cancelled.append(fr.id)
 
 
+def run_and_cancel(cfg, run_dir: Path, name: str, min_version: int) -> tuple[object, list]:
+    """Run `cfg`'s flow while `cancel_when` cancels it at `min_version`; (its result or exception, the cancelled flow run ids)."""
+    done, cancelled = threading.Event(), []
+    canceller = threading.Thread(target=cancel_when, args=(run_dir, name, min_version, done, cancelled), daemon=True)
+    canceller.start()
+    try:
+        result = run_config(cfg)
+    except BaseException as e:  # a cancelled flow run may surface as an exception
+        result = e
+    done.set()
+    canceller.join(60)
+    return result, cancelled
+
+
 def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, tmp_path):
     # Long enough that the cancel (seen within ~1 s) always lands mid-run, however fast the machine.
     total = 30

@@ -9,7 +9,6 @@ loses nothing and writes nothing twice.
 from __future__ import annotations
 
 import json
-import threading
 from collections import Counter
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from rl_engine.schedule import rendezvous_version
 from rl_engine.timeline import load_spans
 from tasks.continuations import continuations_key
 from tests.flows.conftest import small_config
-from tests.flows.test_cancel_resume import cancel_when
+from tests.flows.test_cancel_resume import run_and_cancel
 
 pytestmark = pytest.mark.slow
 
@@ -104,15 +103,7 @@ def _group_ids(store: ContinuationStore, set_id: str) -> set[str]:
 def test_cancel_and_resume_with_continuations_pending(prefect_server, tiny_model_dir, task_file, tmp_path):
     total = 12
     data = partial_config(tiny_model_dir, task_file, str(tmp_path), name="partial-cancel", mode="one_step_off_policy", sync_offset=1, total_steps=total, checkpoint_interval=2)
-    done, cancelled = threading.Event(), []
-    canceller = threading.Thread(target=cancel_when, args=(tmp_path / "partial-cancel", "partial-cancel", 3, done, cancelled), daemon=True)
-    canceller.start()
-    try:
-        result = run_config(validate_config(data))
-    except BaseException as e:  # a cancelled flow run may surface as an exception
-        result = e
-    done.set()
-    canceller.join()
+    result, cancelled = run_and_cancel(validate_config(data), tmp_path / "partial-cancel", "partial-cancel", 3)
     assert not isinstance(result, dict) and cancelled, f"the run was not cancelled: {result}"
     run = open_run(str(tmp_path / "partial-cancel"))
     store = ContinuationStore(run.url, {}, 0)

@@ -1,0 +1,277 @@
+"""Lineages: a series of runs (scheduled retraining) in which each run continues the last successful one.
+
+A run with `lineage.name` set belongs to the lineage kept under `<storage>/lineages/<name>/`:
+
+    latest.json        the last successful run and its trained model (moved atomically, on success only)
+    runs.jsonl         one JSON line per run: run, base_model, model, tasks (ids it consumed), status, time
+    lease.json         the lineage's lock (a RunLease): one run of a lineage at a time
+    tasks/<run>.jsonl  the tasks a run may draw, frozen when it started (a resume draws the same)
+
+A new run of a lineage (`begin`): takes the lock (waits up to `lineage.wait_timeout_s`, or refuses
+at once with `when_busy: refuse`); starts from `latest.json`'s model unless `start_from: base` or
+no run has succeeded yet; draws only tasks of `taskset.path` (a file, a folder or a prefix where
+new task files arrive) that no completed run consumed; and, once its directory exists (`adopt`),
+takes over the previous run's pending continuations (copied from that run's stores, whose
+manifests are the source of truth) so its explorers continue them, with their tasks carried in
+the new store's manifest. `end(run, status)` records the run in runs.jsonl and, for `completed`
+only, moves `latest.json`; `release()` frees the lock. A resumed run of a lineage takes the lock
+and records itself on success, but keeps the model, tasks and continuations it started with.
+
+Consumed tasks are those a run drew: every task id in its committed buffer and in its
+continuation stores (groups still pending). Runs that failed or were cancelled are recorded but
+consume nothing: their tasks are drawn again. Used by flows/common.py:run_mode; no Prefect here.
+
+Tests: `.venv/bin/python -m pytest tests/rl_engine/test_lineage.py tests/flows/test_lineage.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from rl_engine.config import LineageConfig, RFTConfig, validate_config
+from rl_engine.errors import UserError
+from rl_engine.rewards import Task, load_taskset
+from rl_engine.run import RunContext, RunLease, open_run
+from rl_engine.storage import is_local, join, open_storage, read_json, write_bytes_atomic, write_json
+
+LINEAGES_DIR = "lineages"
+LATEST_FILE = "latest.json"
+RUNS_FILE = "runs.jsonl"
+TASKS_DIR = "tasks"
+
+
+def lineage_url(storage_url: str, name: str) -> str:
+    """`<storage>/lineages/<name>`: where a lineage's pointer, runs and lock live."""
+    return f"{storage_url.rstrip('/')}/{LINEAGES_DIR}/{name}"
+
+
+# --------------------------------------------------------------------------- pointer and runs
+
+
+def read_latest(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The lineage's `latest.json` ({run, model, time}), or None before its first successful run."""
+    fs, root = open_storage(url, storage_options)
+    fs.invalidate_cache()
+    try:
+        return read_json(fs, join(root, LATEST_FILE))
+    except FileNotFoundError:
+        return None
+
+
+def move_latest(url: str, storage_options: dict[str, Any] | None, run_url: str, model_url: str) -> dict[str, Any]:
+    """Point `latest.json` at a run and its model: temp-then-rename on local disk, one PUT on object stores."""
+    fs, root = open_storage(url, storage_options)
+    entry = {"run": run_url, "model": model_url, "time": time.time()}
+    write_json(fs, join(root, LATEST_FILE), entry)
+    return entry
+
+
+def read_runs(url: str, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The lineage's runs.jsonl, oldest first ([] before its first run)."""
+    fs, root = open_storage(url, storage_options)
+    fs.invalidate_cache()
+    try:
+        text = fs.cat_file(join(root, RUNS_FILE)).decode()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def append_run(url: str, storage_options: dict[str, Any] | None, entry: dict[str, Any]) -> None:
+    """Add one line to runs.jsonl. Object stores cannot append, so the whole file is rewritten
+    (atomically); the lineage's lock keeps writers to one."""
+    fs, root = open_storage(url, storage_options)
+    lines = [json.dumps(r, sort_keys=True) for r in read_runs(url, storage_options)] + [json.dumps(entry, sort_keys=True)]
+    write_bytes_atomic(fs, join(root, RUNS_FILE), ("\n".join(lines) + "\n").encode())
+
+
+def used_task_ids(runs: list[dict[str, Any]]) -> set[str]:
+    """Task ids consumed by the lineage's completed runs (failed and cancelled runs consume none)."""
+    return {t for r in runs if r.get("status") == "completed" for t in r.get("tasks", [])}
+
+
+def unused_tasks(tasks: list[Task], used: set[str]) -> list[Task]:
+    """The tasks not used yet, in task-set order."""
+    return [t for t in tasks if t.task_id not in used]
+
+
+def task_record(t: Task) -> dict[str, Any]:
+    """A task as JSON: a frozen task-set row (with its id) or a task carried with continuations."""
+    return {"task_id": t.task_id, "prompt": t.prompt, "answer": t.answer, "row": json.loads(json.dumps(t.row, default=str))}
+
+
+def freeze_tasks(url: str, storage_options: dict[str, Any] | None, run_name: str, tasks: list[Task], prompt_key: str, answer_key: str) -> str:
+    """Write the tasks a run may draw to `<lineage>/tasks/<run>.jsonl` (each row keeps its task id
+    in `id`); returns its URL, the run's `taskset.path`."""
+    fs, root = open_storage(url, storage_options)
+    rows = [{**task_record(t)["row"], prompt_key: t.prompt, answer_key: t.answer, "id": t.task_id} for t in tasks]
+    write_bytes_atomic(fs, join(root, TASKS_DIR, f"{run_name}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows).encode())
+    return f"{url}/{TASKS_DIR}/{run_name}.jsonl"
+
+
+def consumed_task_ids(run_url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Task ids a run drew: those in its committed buffer and in its continuation stores."""
+    from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
+    from rl_engine.buffer.stats import committed_files
+
+    fs, _ = open_storage(run_url, storage_options)
+    ids: set[str] = set()
+    for path in committed_files(run_url, storage_options):
+        ids.update(pa.ipc.open_file(pa.py_buffer(fs.cat_file(path))).read_all().column("task_id").to_pylist())
+    for i in store_explorer_ids(run_url, storage_options):
+        store = ContinuationStore(run_url, storage_options, i)
+        ids.update(str(t) for t in store.load().column("task_id"))
+    return sorted(ids)
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+def lock(url: str, storage_options: dict[str, Any] | None, cfg: LineageConfig, poll_s: float = 1.0) -> RunLease:
+    """Hold the lineage's lock (`<lineage>/lease.json`, a RunLease renewed by a background thread,
+    so a long CPU-bound run keeps it; a dead holder's lock expires after `cfg.lock_ttl_s`). When
+    another run holds it: refuse (`when_busy: refuse`) or retry every `poll_s` up to `wait_timeout_s`."""
+    deadline = time.monotonic() + cfg.wait_timeout_s
+    while True:
+        try:
+            return RunLease(url, storage_options, ttl_s=cfg.lock_ttl_s).acquire()
+        except UserError as e:
+            if cfg.when_busy == "refuse":
+                raise UserError(f"lineage {cfg.name!r} is busy: {e} (lineage.when_busy = 'refuse'; set it to 'wait' to queue behind it)") from None
+            if time.monotonic() + poll_s > deadline:
+                raise UserError(f"lineage {cfg.name!r}: waited lineage.wait_timeout_s = {cfg.wait_timeout_s:g} s for its lock: {e}") from None
+        time.sleep(poll_s)
+
+
+# --------------------------------------------------------------------------- continuations
+
+
+def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str]]:
+    """Copy the previous run's pending continuations into `run`'s stores before its explorers
+    start (previous explorer i goes to explorer i mod count), with the tasks they belong to
+    (from the previous run's task set, or carried into it), so they resolve although this run
+    does not draw them. Returns {explorer id: experience ids taken over}."""
+    from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
+    from rl_engine.experience import ExperienceBatch
+
+    sources = store_explorer_ids(prev.url, prev.storage_options)
+    if not sources or not run.cfg.explorer.partial.enabled:
+        return {}
+    known: dict[str, dict[str, Any]] | None = None
+    out: dict[int, list[str]] = {}
+    count = run.cfg.explorer.count
+    for j in range(count):
+        batches, tasks = [], {}
+        for i in (i for i in sources if i % count == j):
+            src = ContinuationStore(prev.url, prev.storage_options, i)
+            pending = src.load([e.id for e in src.list() if e.kind == "pending"])
+            if not len(pending):
+                continue
+            carried = src.carried_tasks()
+            for tid in {str(t) for t in pending.column("task_id")}:
+                if tid in carried:
+                    tasks[tid] = carried[tid]
+                    continue
+                if known is None:
+                    known = {t.task_id: task_record(t) for t in load_taskset(prev.cfg.taskset, prev.storage_options)}
+                if tid not in known:
+                    raise UserError(f"{src.manifest_uri}: pending continuation of task {tid!r}, which {prev.cfg.taskset.path} no longer has; restore that task file")
+                tasks[tid] = known[tid]
+            batches.append(pending)
+        if batches:
+            batch = ExperienceBatch.concat(batches)
+            ContinuationStore(run.url, run.storage_options, j).commit([(batch, "pending")], tasks=tasks)
+            out[j] = [str(x) for x in batch.column("experience_id")]
+    return out
+
+
+# --------------------------------------------------------------------------- a run of a lineage
+
+
+def local_model(model_url: str, storage_options: dict[str, Any] | None, cache_dir: str) -> str:
+    """A local directory holding the model at `model_url` (downloaded into `cache_dir` from an object store)."""
+    fs, root = open_storage(model_url, storage_options)
+    if is_local(fs):
+        return root
+    if not fs.exists(join(root, "config.json")):
+        raise UserError(f"lineage model {model_url}: no config.json there; the run that latest.json names did not save its model")
+    fs.get(root + "/", cache_dir.rstrip("/") + "/", recursive=True)
+    return cache_dir
+
+
+@dataclasses.dataclass
+class LineageRun:
+    """One run's membership in its lineage, from `begin` to `end`/`release`."""
+
+    name: str
+    url: str
+    storage_options: dict[str, Any]
+    lease: RunLease
+    cfg: RFTConfig  # the config the run starts with (model and task set of the lineage)
+    previous: dict[str, Any] | None  # latest.json when the run began
+    new: bool = True
+
+    def adopt(self, run: RunContext) -> dict[int, list[str]]:
+        """Take over the pending continuations of the run `latest.json` named (a new run only)."""
+        if not self.new or self.previous is None:
+            return {}
+        return carry_continuations(open_run(self.previous["run"], self.storage_options), run)
+
+    def end(self, run: RunContext, status: str) -> dict[str, Any]:
+        """Record the run in runs.jsonl; move `latest.json` to it only if it `completed`."""
+        entry = {
+            "run": run.url,
+            "base_model": run.cfg.model.path,
+            "model": f"{run.url}/model",
+            "tasks": consumed_task_ids(run.url, self.storage_options),
+            "status": status,
+            "time": time.time(),
+        }
+        append_run(self.url, self.storage_options, entry)
+        if status == "completed":
+            move_latest(self.url, self.storage_options, run.url, entry["model"])
+        return entry
+
+    def release(self) -> None:
+        self.lease.release()
+
+
+def begin(cfg: RFTConfig, new: bool = True, log: Callable[[str], Any] = print, poll_s: float = 1.0) -> LineageRun | None:
+    """Join `cfg.lineage.name` (None without one): take the lock, then for a new run (`cfg` with
+    its name set) point model.path at the latest model and taskset.path at the unused tasks,
+    frozen under the lineage. The lock is released if anything here fails."""
+    lc = cfg.lineage
+    if lc.name is None:
+        return None
+    opts = cfg.buffer.storage.options
+    url = lineage_url(cfg.buffer.storage.url, lc.name)
+    lease = lock(url, opts, lc, poll_s)
+    try:
+        previous = read_latest(url, opts)
+        if not new:
+            return LineageRun(lc.name, url, opts, lease, cfg, previous, new=False)
+        if cfg.name is None:
+            raise ValueError("lineage.begin needs the run's name (cfg.name) set")
+        data = cfg.model_dump(mode="json")
+        if previous is not None and lc.start_from == "latest":
+            import tempfile
+
+            model = local_model(previous["model"], opts, f"{tempfile.gettempdir()}/rft-lineage-models/{lc.name}/{previous['run'].rstrip('/').rsplit('/', 1)[-1]}")
+            data["model"]["path"] = model  # the saved model has its tokenizer beside it
+            log(f"lineage {lc.name}: starting from the model of {previous['run']} ({model})")
+        tasks = load_taskset(cfg.taskset, opts)
+        used = used_task_ids(read_runs(url, opts))
+        fresh = unused_tasks(tasks, used)
+        if not fresh:
+            raise UserError(f"lineage {lc.name!r} has used all {len(tasks)} tasks of taskset.path = {cfg.taskset.path!r}; add new task files there (a folder or prefix of task files takes new ones)")
+        data["taskset"]["path"] = freeze_tasks(url, opts, cfg.name, fresh, cfg.taskset.prompt_key, cfg.taskset.answer_key)
+        log(f"lineage {lc.name}: {len(fresh)} of {len(tasks)} tasks not used yet ({data['taskset']['path']})")
+        return LineageRun(lc.name, url, opts, lease, validate_config(data, f"lineage {lc.name}"), previous)
+    except BaseException:
+        lease.release()
+        raise
