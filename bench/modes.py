@@ -21,6 +21,11 @@ own flow run and OS process, on a real `prefect server start` and process worker
 benchmark). cross_process_overhead = (steady step time with deployments - with local) / local,
 per mode; the table shows what a step is made of in each (rollout R, train T, sync S, the
 trainer's wait for experiences) and the start-up each placement pays before the first step.
+
+Start-up is not a step: each role's engine start (vLLM engine + first-call warm-up, DeepSpeed) is
+its own `engine_start` span, outside the steady state and the busy fractions. The JSON reports
+`engine_start_s` (first span -> the last engine up) and `first_step_over_steady` (explorer-0's
+first rollout over the mean of its later ones: about 1 when the first step pays no warm-up).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import os
 import tempfile
 import time
 from statistics import mean
+
+from rl_engine.timeline import STARTUP
 
 if __name__ == "__main__":
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -49,21 +56,30 @@ def ideal_step(mode: str, r: float, t: float, s: float, n: int) -> float:
 
 def steady_state(spans: list, skip: int = 1) -> tuple[float, float, float, list]:
     """(t0, t1, trainer step time, the spans within): from the end of trainer step `skip` to the end
-    of the last step, so engine start-up and first-call warm-up are not counted."""
+    of the last step, so engine start-up (the engine_start spans, which end before step 1) is
+    not counted."""
     train_spans = sorted((s for s in spans if s.component == "trainer" and s.kind == "train"), key=lambda s: s.start)
     t0, t1 = train_spans[skip - 1].end, train_spans[-1].end
-    return t0, t1, (t1 - t0) / max(len(train_spans) - skip, 1), [s for s in spans if s.start >= t0 and s.end <= t1]
+    steady = [s for s in spans if s.start >= t0 and s.end <= t1 and s.kind != STARTUP]
+    return t0, t1, (t1 - t0) / max(len(train_spans) - skip, 1), steady
 
 
 def busy_fraction(steady: list, lane: str, t0: float, t1: float) -> float:
-    """Share of [t0, t1] that `lane` spent on anything but waiting."""
-    return sum(s.duration for s in steady if s.component == lane and s.kind != "wait") / (t1 - t0)
+    """Share of [t0, t1] that `lane` spent on work (not waiting, not starting an engine)."""
+    return sum(s.duration for s in steady if s.component == lane and s.kind not in ("wait", STARTUP)) / (t1 - t0)
+
+
+def first_step_over_steady(spans: list) -> float:
+    """Explorer-0's first rollout over the mean of its later ones: about 1 when engine start-up and
+    first-call warm-up stay out of rollout 1 (they are its engine_start span)."""
+    d = [s.duration for s in sorted((s for s in spans if s.component == "explorer-0" and s.kind == "rollout"), key=lambda s: s.start)]
+    return d[0] / mean(d[1:]) if len(d) > 1 and mean(d[1:]) > 0 else float("nan")
 
 
 def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool, placement: str = "local") -> dict:
     from flows.run import run_config
     from rl_engine.config import validate_config
-    from rl_engine.timeline import load_spans
+    from rl_engine.timeline import load_spans, startup_end
     from tests.flows.conftest import small_config
 
     spec = dict(MODES[name])
@@ -103,7 +119,9 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
         "explorer_busy": mean(busy_fraction(steady, f"explorer-{i}", t0, t1) for i in range(cfg.explorer.count)),
         "trainer_busy": busy_fraction(steady, "trainer", t0, t1),
         "trainer_wait_s": mean_of("wait", "trainer"),
-        "startup_s": min(x.start for x in spans) - started,  # flow start -> first recorded span (engines, groups)
+        "startup_s": min(x.start for x in spans) - started,  # flow start -> first recorded span (the engines' start)
+        "engine_start_s": startup_end(spans) - min(x.start for x in spans),  # first span -> the last engine up
+        "first_step_over_steady": first_step_over_steady(spans),
         "wall_s": wall,
     }
 
@@ -177,6 +195,8 @@ def main() -> None:
         key = "" if placement == "local" else f"_{placement}"
         out[f"efficiency{key}"] = {r["mode"]: round(r["efficiency"], 3) for r in mine}
         out[f"step_s{key}"] = {r["mode"]: round(r["step_s"], 3) for r in mine}
+        out[f"first_step_over_steady{key}"] = {r["mode"]: round(r["first_step_over_steady"], 2) for r in mine}
+        out[f"engine_start_s{key}"] = {r["mode"]: round(r["engine_start_s"], 1) for r in mine}
     if "local" in placements:
         sync = by[("synchronous", "local")]
         out["orchestration_overhead"] = round(max(0.0, (sync["step_s"] - sync["ideal_s"]) / sync["step_s"]), 3)

@@ -53,6 +53,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"trained:    {summary['trainer_steps']} steps -> version {summary['final_version']}, {summary['explorer_steps']} explorer steps")
     print(f"reward:     {summary['reward_first']:.3f} (first quarter) -> {summary['reward_last']:.3f} (last quarter)")
     print(f"staleness:  max {summary['max_staleness_seen']}")
+    if util:
+        print(f"start-up:   {util.get('startup_s', 0.0):.1f} s until every engine was up (busy below is after it)")
     for lane, u in (util.get("lanes") or {}).items():
         print(f"busy:       {lane:<12} {u['busy_fraction']:.0%} (waiting {u['wait_s']:.1f} s)")
     print(f"report:     {summary['run']}/report/ (timeline.png, reward-curve.png, summary.json)")

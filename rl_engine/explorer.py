@@ -11,9 +11,11 @@ version if any; wait only when admission control requires it: `max_staleness`, o
 without it, see `rl_engine.schedule.admission_wait`). How the weights travel, and the
 board keys of that handshake, are the sync method's business (`rl_engine.sync`).
 
-Engines are expensive to start (~20 s on CPU). `ENGINES` keeps them warm across runs of one
-process when RFT_KEEP_ENGINES=1 (tests, long-lived `serve` processes): a reused engine is
-reset to the run's base weights (version 0) before it is handed out.
+Engines are expensive to start (~20 s on CPU, and vLLM's first generate call pays a one-off
+warm-up of ~2 s more, which `warm_up` takes before the first step). The explorer records both as
+its `engine_start` span, so rollout 1 is generation only. `ENGINES` keeps engines warm across
+runs of one process when RFT_KEEP_ENGINES=1 (tests, long-lived `serve` processes): a reused
+engine is reset to the run's base weights (version 0) before it is handed out.
 """
 
 from __future__ import annotations
@@ -37,12 +39,21 @@ from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.run import RunContext
 from rl_engine.schedule import admission_wait
 from rl_engine.sync import build_weight_receiver
-from rl_engine.timeline import TimelineRecorder
+from rl_engine.timeline import STARTUP, TimelineRecorder
 
 
 def progress_key(explorer_id: int) -> str:
     """Board key of the explorer step explorer `explorer_id` is about to start (decoupled admission control)."""
     return f"explorer-{explorer_id}-progress"
+
+
+def warm_up(engine: Any, sampling: Any) -> None:
+    """One tiny generate call with the run's sampling settings: vLLM's first call is slow once
+    (~2 s on CPU), and that belongs to start-up, not to rollout 1. A one-token prompt is shorter
+    than a KV block, so nothing of it stays in the prefix cache; the per-request seeds of later
+    calls make their samples independent of this one."""
+    token = engine.tokenizer.eos_token_id or 0
+    engine.generate([[token]], 1, sampling.model_copy(update={"max_tokens": 2}), seed=0)
 
 
 class EnginePool:
@@ -62,7 +73,9 @@ class EnginePool:
             idle = self._idle.get(self._key(run, explorer_id), [])
             engine = idle.pop() if idle else None
         if engine is None:
-            return build_rollout_engine(run.cfg, explorer_id)
+            engine = build_rollout_engine(run.cfg, explorer_id)
+            warm_up(engine, run.cfg.explorer.sampling)
+            return engine
         # A reused engine holds the last run's weights: load the base model's again (version 0).
         engine.rpc("rft_load_checkpoint", run.cfg.model.path, 0)
         engine.mark_synced(0)
@@ -139,7 +152,8 @@ class Explorer:
         self.name = f"explorer-{explorer_id}"
         self.timeline = TimelineRecorder(run.url, run.storage_options, self.name, enabled=cfg.monitor.timeline)
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
-        self.engine = ENGINES.acquire(run, explorer_id)
+        with self.timeline.span(STARTUP, version=0):  # engine start-up and warm-up: before step 1, not in it
+            self.engine = ENGINES.acquire(run, explorer_id)
         self.receiver = build_weight_receiver(cfg, self.board, explorer_id)
         self.receiver.connect(self.engine, stop)  # collective: blocks until the trainer and every explorer joined
         self.tokenizer = self.engine.tokenizer

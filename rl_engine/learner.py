@@ -24,7 +24,7 @@ from rl_engine.control import Board, Stopped, StopSignal
 from rl_engine.run import RunContext
 from rl_engine.storage import join
 from rl_engine.sync import build_weight_sender
-from rl_engine.timeline import TimelineRecorder
+from rl_engine.timeline import STARTUP, TimelineRecorder
 from rl_engine.trainer import build_trainer
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
 
@@ -62,7 +62,8 @@ class Learner:
         self.run, self.cfg = run, cfg
         self.timeline = TimelineRecorder(run.url, run.storage_options, "trainer")
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
-        self.trainer = build_trainer(cfg)
+        with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
+            self.trainer = build_trainer(cfg)
         self.reader = BufferReader(run.url, run.storage_options, cfg.buffer)
         self.resumed_from: int | None = None
         if resume and (t := latest_state_step(run)) is not None:

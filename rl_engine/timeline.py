@@ -1,6 +1,11 @@
-"""Timeline of a run: every component records spans (rollout, train, sync, wait, write), they are
-stored as JSON lines under `<run>/timeline/`, and rendered as a Gantt chart plus a utilization
-summary: the picture a user compares sync modes by.
+"""Timeline of a run: every component records spans (engine_start, rollout, train, sync, wait,
+write), they are stored as JSON lines under `<run>/timeline/`, and rendered as a Gantt chart plus
+a utilization summary: the picture a user compares sync modes by.
+
+`engine_start` is a role building its engine before its first step (an explorer's vLLM engine
+and its first-call warm-up, the trainer's DeepSpeed engine). It is start-up, not work: the
+utilization reports it apart and computes busy fractions over the run after it, and the Gantt
+chart has a second panel zoomed on the last trainer steps, readable however long start-up took.
 
     rec = TimelineRecorder(run_url, storage_options, component="explorer-0")
     with rec.span("rollout", step=e, version=v):
@@ -37,7 +42,8 @@ from typing import Any, Iterator
 from rl_engine.errors import UserError
 from rl_engine.storage import join, open_storage, write_bytes_atomic
 
-KINDS = ("rollout", "train", "sync", "wait", "write")
+KINDS = ("engine_start", "rollout", "train", "sync", "wait", "write")
+STARTUP = "engine_start"
 SYNC_METHODS = ("collective", "checkpoint")
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -191,25 +197,46 @@ def _measure(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def utilization(spans: list[Span]) -> dict[str, Any]:
-    """Busy fraction per lane and time spent waiting, over the run's wall time.
+def startup_end(spans: list[Span]) -> float:
+    """When the run's start-up ended: the end of the last engine_start span begun before any
+    work (the run's first start if there is none). A resumed attempt's engine start, later in
+    the run, is not the run's start-up."""
+    first_work = min((s.start for s in spans if s.kind not in ("wait", STARTUP)), default=float("inf"))
+    return max((s.end for s in spans if s.kind == STARTUP and s.start < first_work), default=min(s.start for s in spans))
 
-    busy = union of a lane's non-wait spans; busy_fraction = busy / the whole run's wall time
-    (first start to last end over all lanes), so a lane that starts late counts as idle.
-    Trainer wait spans are time waiting for experiences; explorer wait spans, for sync.
+
+def utilization(spans: list[Span]) -> dict[str, Any]:
+    """Busy fraction per lane and time spent waiting, after start-up.
+
+    startup_s = run start (first span) to `startup_end` (all engines up); busy = union of
+    a lane's spans other than wait and engine_start, within [end of start-up, end of run];
+    busy_fraction = busy / that window (so a lane that starts late counts as idle, and engine
+    start-up is neither work nor idleness); wait_s, the lane's wait spans within that window.
+    wall_s is the whole run, start-up included; kinds_s the whole run's time per span kind
+    (engine_start among them). Trainer wait spans are time waiting for experiences; explorer
+    wait spans, for sync.
     """
     if not spans:
-        return {"wall_s": 0.0, "lanes": {}, "trainer_wait_for_experiences_s": 0.0, "explorer_wait_for_sync_s": 0.0}
+        return {"wall_s": 0.0, "startup_s": 0.0, "lanes": {}, "trainer_wait_for_experiences_s": 0.0, "explorer_wait_for_sync_s": 0.0}
     t0, t1 = min(s.start for s in spans), max(s.end for s in spans)
-    wall = t1 - t0
+    ready = startup_end(spans)
+    window = t1 - ready
     lanes = {}
     for comp in lane_order({s.component for s in spans}):
         mine = [s for s in spans if s.component == comp]
-        busy = _measure([(s.start, s.end) for s in mine if s.kind != "wait"])
+        after = [(max(s.start, ready), s.end, s.kind) for s in mine if s.end > ready]
+        busy = _measure([(a, b) for a, b, kind in after if kind not in ("wait", STARTUP)])
         kinds = {k: _measure([(s.start, s.end) for s in mine if s.kind == k]) for k in KINDS if any(s.kind == k for s in mine)}
-        lanes[comp] = {"busy_s": busy, "wait_s": kinds.get("wait", 0.0), "busy_fraction": busy / wall if wall > 0 else 0.0, "kinds_s": kinds}
+        lanes[comp] = {
+            "busy_s": busy,
+            "wait_s": _measure([(a, b) for a, b, kind in after if kind == "wait"]),
+            "engine_start_s": kinds.get(STARTUP, 0.0),
+            "busy_fraction": busy / window if window > 0 else 0.0,
+            "kinds_s": kinds,
+        }
     return {
-        "wall_s": wall,
+        "wall_s": t1 - t0,
+        "startup_s": ready - t0,
         "lanes": lanes,
         "trainer_wait_for_experiences_s": sum(v["wait_s"] for c, v in lanes.items() if c.startswith("trainer")),
         "explorer_wait_for_sync_s": sum(v["wait_s"] for c, v in lanes.items() if c.startswith("explorer")),
@@ -219,16 +246,16 @@ def utilization(spans: list[Span]) -> dict[str, Any]:
 def summary_markdown(util: dict[str, Any]) -> str:
     """A Markdown table of `utilization(...)`: one row per lane, then the waiting totals."""
     rows = [
-        "| lane | busy | busy s | waiting s | rollout s | train s | sync s | write s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| lane | busy | busy s | waiting s | rollout s | train s | sync s | write s | engine start s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for comp, v in util["lanes"].items():
         k = v["kinds_s"]
-        cells = [f"{k.get(kind, 0.0):.2f}" for kind in ("rollout", "train", "sync", "write")]
+        cells = [f"{k.get(kind, 0.0):.2f}" for kind in ("rollout", "train", "sync", "write", STARTUP)]
         rows.append(f"| {comp} | {100 * v['busy_fraction']:.1f}% | {v['busy_s']:.2f} | {v['wait_s']:.2f} | " + " | ".join(cells) + " |")
     rows += [
         "",
-        f"- wall time: {util['wall_s']:.2f} s",
+        f"- wall time: {util['wall_s']:.2f} s, of which start-up (until the last engine was up): {util['startup_s']:.2f} s; busy is over the rest",
         f"- trainer waiting for experiences: {util['trainer_wait_for_experiences_s']:.2f} s",
         f"- explorers waiting for sync: {util['explorer_wait_for_sync_s']:.2f} s",
     ]
@@ -239,6 +266,7 @@ def summary_markdown(util: dict[str, Any]) -> str:
 
 # (legend label, colour, hatch); colour-blind-safe Tableau hues, waiting pale and hatched.
 _STYLE = {
+    STARTUP: ("engine start", "#76B7B2", None),
     "rollout": ("rollout", "#4E79A7", None),
     "train": ("train", "#F28E2B", None),
     "sync:collective": ("sync (collective)", "#B07AA1", None),
@@ -248,6 +276,17 @@ _STYLE = {
     "wait": ("waiting", "#E0E0E0", "///"),
 }
 _DARK = {"rollout", "train", "sync:collective", "sync:checkpoint", "sync"}
+LAST_STEPS = 5  # the Gantt chart's second panel: the last trainer steps
+
+
+def last_steps_window(spans: list[Span], n: int = LAST_STEPS) -> tuple[float, float] | None:
+    """(start, end) of the Gantt chart's zoomed panel: from the end of trainer step (last - n) (or
+    of start-up, in a run of at most n steps) to the run's end; None when that is the whole run
+    (no start-up and at most n steps: one panel says it all)."""
+    t0, t1 = min(s.start for s in spans), max(s.end for s in spans)
+    train = sorted((s for s in spans if s.component == "trainer" and s.kind == "train"), key=lambda s: s.end)
+    a = train[-n - 1].end if len(train) > n else startup_end(spans)
+    return (a, t1) if t0 < a < t1 else None
 
 
 def _style_key(s: Span) -> str:
@@ -273,7 +312,7 @@ def _draw_bars(ax: Any, spans: list[Span], lanes: list[str], t0: float) -> list[
     return ordered
 
 
-def _decorate(ax: Any, spans: list[Span], lanes: list[str], title: str | None) -> None:
+def _decorate(ax: Any, spans: list[Span], lanes: list[str], title: str | None, legend: bool = True) -> None:
     """Lane labels, time axis, legend of the span kinds present, title."""
     from matplotlib.patches import Patch
 
@@ -285,26 +324,31 @@ def _decorate(ax: Any, spans: list[Span], lanes: list[str], title: str | None) -
         ax.spines[side].set_visible(False)
     present = [k for k in _STYLE if any(_style_key(s) == k for s in spans)]
     handles = [Patch(facecolor=_STYLE[k][1], hatch=_STYLE[k][2], edgecolor="#A0A0A0", label=_STYLE[k][0]) for k in present]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+    if legend:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
     if title:
         ax.set_title(title, loc="left", fontsize=11)
 
 
 def _label_bars(ax: Any, spans: list[Span], lanes: list[str], t0: float) -> None:
-    """Step numbers (sync: versions) inside the bars wide enough to hold them."""
-    ax.figure.canvas.draw()  # after tight_layout: the final axes geometry gives bar widths in pixels
+    """Step numbers (sync: versions) inside the bars wide enough to hold them (the visible part of
+    a bar cut by the panel's time range)."""
     px_per_s = ax.transData.transform((1, 0))[0] - ax.transData.transform((0, 0))[0]
+    lo, hi = ax.get_xlim()
     for s in spans:
         text = _label(s)
-        if text and s.duration * px_per_s > 7 * len(text) + 6:  # ~7 px per glyph at fontsize 8
+        a, b = max(s.start - t0, lo), min(s.end - t0, hi)
+        if text and (b - a) * px_per_s > 7 * len(text) + 6:  # ~7 px per glyph at fontsize 8
             dark = _style_key(s) in _DARK
-            ax.text(s.start - t0 + s.duration / 2, lanes.index(s.component), text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+            ax.text((a + b) / 2, lanes.index(s.component), text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
 
 
-def render_gantt(
-    spans: list[Span], out_png: str | None = None, title: str | None = None, storage_options: dict[str, Any] | None = None
-) -> bytes:
-    """Draw the run as a Gantt chart (PNG); writes it to `out_png` (path or URL) if given, returns the bytes."""
+def gantt_figure(spans: list[Span], title: str | None = None) -> Any:
+    """The Gantt chart as a matplotlib Figure (Agg canvas attached).
+
+    Top panel: the whole run. Below it, unless that would repeat the top, the last trainer steps
+    (`last_steps_window`) on the same time axis: the steady state, however long start-up took.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -313,18 +357,36 @@ def render_gantt(
     lanes = lane_order({s.component for s in spans})
     t0 = min(s.start for s in spans)
     wall = max(s.end for s in spans) - t0
+    panels = [(0.0, wall * 1.01 if wall > 0 else 1.0, title)]
+    zoom = last_steps_window(spans)
+    if zoom is not None:
+        a, b = zoom[0] - t0, zoom[1] - t0
+        steps = sum(1 for s in spans if s.component == "trainer" and s.kind == "train" and s.end > zoom[0])
+        panels.append((a, b + 0.01 * (b - a), f"the last {steps} trainer steps (from {a:.1f} s on)"))
     # Figure object + Agg canvas, not pyplot: no global backend state, safe from worker threads.
-    fig = Figure(figsize=(12, 1.4 + 0.55 * len(lanes)), dpi=110)
+    fig = Figure(figsize=(12, len(panels) * (1.4 + 0.55 * len(lanes))), dpi=110)
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.set_xlim(0, wall * 1.01 if wall > 0 else 1.0)
-    ax.set_ylim(len(lanes) - 0.4, -0.6)  # first lane on top
-    ordered = _draw_bars(ax, spans, lanes, t0)
-    _decorate(ax, spans, lanes, title)
+    drawn = []
+    for i, (lo, hi, panel_title) in enumerate(panels):
+        ax = fig.add_subplot(len(panels), 1, i + 1)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(len(lanes) - 0.4, -0.6)  # first lane on top
+        shown = [s for s in spans if s.end - t0 >= lo and s.start - t0 <= hi]
+        drawn.append((ax, _draw_bars(ax, shown, lanes, t0)))
+        _decorate(ax, spans, lanes, panel_title, legend=i == 0)
     fig.tight_layout()
-    _label_bars(ax, ordered, lanes, t0)
+    fig.canvas.draw()  # after tight_layout: the final axes geometry gives bar widths in pixels
+    for ax, ordered in drawn:
+        _label_bars(ax, ordered, lanes, t0)
+    return fig
+
+
+def render_gantt(
+    spans: list[Span], out_png: str | None = None, title: str | None = None, storage_options: dict[str, Any] | None = None
+) -> bytes:
+    """Draw the run as a Gantt chart (PNG, `gantt_figure`); writes it to `out_png` (path or URL) if given, returns the bytes."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png")
+    gantt_figure(spans, title).savefig(buf, format="png")
     data = buf.getvalue()
     if out_png is not None:
         fs, path = open_storage(out_png, storage_options)

@@ -151,6 +151,13 @@ def test_multi_explorer_both_contribute_nothing_lost(method, prefect_server, tin
     if method == "collective":
         # One group, one broadcast per published version: both explorers load each of them.
         assert got[0] == got[1] == sent
+    # Every role's engine start is its own span, once, before its first step, which starts after it.
+    for lane, work in (("explorer-0", "rollout"), ("explorer-1", "rollout"), ("trainer", "train")):
+        mine = sorted((s for s in spans if s.component == lane), key=lambda s: s.start)
+        starts = [s for s in mine if s.kind == "engine_start"]
+        first = next(s for s in mine if s.kind == work)
+        assert len(starts) == 1 and mine[0] is starts[0], f"{lane}: {[(s.kind, s.step) for s in mine[:3]]}"
+        assert first.step == 1 and first.start >= starts[0].end, (lane, starts[0], first)
 
 
 def test_every_shipped_config_runs_a_smoke_flow(prefect_server, tiny_model_dir, task_file, tmp_path):

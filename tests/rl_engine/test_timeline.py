@@ -14,10 +14,13 @@ from rl_engine.errors import UserError
 from rl_engine.timeline import (
     Span,
     TimelineRecorder,
+    gantt_figure,
     lane_order,
+    last_steps_window,
     load_spans,
     main,
     render_gantt,
+    startup_end,
     summary_markdown,
     utilization,
 )
@@ -189,10 +192,55 @@ def test_utilization_exact_numbers():
 
 def test_summary_markdown_table():
     md = summary_markdown(utilization(HAND_MADE))
-    assert "| explorer-0 | 80.0% | 8.00 | 2.00 | 7.00 | 0.00 | 1.00 | 0.00 |" in md
-    assert "| trainer | 30.0% | 3.00 | 7.00 | 0.00 | 2.00 | 1.00 | 0.00 |" in md
+    assert "| explorer-0 | 80.0% | 8.00 | 2.00 | 7.00 | 0.00 | 1.00 | 0.00 | 0.00 |" in md
+    assert "| trainer | 30.0% | 3.00 | 7.00 | 0.00 | 2.00 | 1.00 | 0.00 | 0.00 |" in md
+    assert "- wall time: 10.00 s, of which start-up (until the last engine was up): 0.00 s" in md
     assert "- trainer waiting for experiences: 7.00 s" in md
     assert "- explorers waiting for sync: 2.00 s" in md
+
+
+# A run whose engines take long to start: explorer-0's vLLM engine 0-20 (rollout 1 is 20-21),
+# explorer-1's 0-30 (it waited for the start lock), the trainer's DeepSpeed engine 0-5; then 8
+# trainer steps of 2 s each.
+LONG_STARTUP = [
+    _s("explorer-0", "engine_start", 0, 20, None, 0),
+    _s("explorer-1", "engine_start", 0, 30, None, 0),
+    _s("trainer", "engine_start", 0, 5, None, 0),
+    _s("explorer-0", "rollout", 20, 21, 1, 0),
+    _s("explorer-0", "wait", 21, 30, None, 0),
+    _s("explorer-1", "rollout", 30, 31, 1, 0),
+    _s("trainer", "wait", 20, 31, 1, 0),
+    *[_s("trainer", "train", 31 + 2 * i, 32 + 2 * i, i + 1, i) for i in range(8)],  # train 1 s, then 1 s of...
+    *[_s("trainer", "wait", 32 + 2 * i, 33 + 2 * i, i + 2, i + 1) for i in range(8)],  # ...waiting
+    *[_s(f"explorer-{j}", "rollout", 31 + 2 * i, 32.5 + 2 * i, i + 2, i) for i in range(8) for j in (0, 1)],
+]
+
+
+def test_engine_start_is_start_up_not_work():
+    u = utilization(LONG_STARTUP)
+    assert u["wall_s"] == 47.0 and u["startup_s"] == 30.0  # until the last engine (explorer-1's) was up
+    lanes = u["lanes"]
+    assert [lanes[c]["engine_start_s"] for c in ("explorer-0", "explorer-1", "trainer")] == [20.0, 30.0, 5.0]
+    # Busy over the 17 s after start-up: 8 rollouts of 1.5 s each (explorer-1's rollout 1 too).
+    assert lanes["explorer-0"]["busy_s"] == pytest.approx(12.0) and lanes["explorer-1"]["busy_s"] == pytest.approx(13.0)
+    assert lanes["explorer-0"]["busy_fraction"] == pytest.approx(12.0 / 17)
+    assert lanes["trainer"]["busy_fraction"] == pytest.approx(8.0 / 17)
+    # Engine start is not rollout (or any) work; waits before start-up ended are not counted either.
+    assert lanes["explorer-0"]["kinds_s"]["rollout"] == pytest.approx(13.0) and lanes["explorer-0"]["kinds_s"]["engine_start"] == 20.0
+    assert lanes["explorer-0"]["wait_s"] == 0.0 and u["explorer_wait_for_sync_s"] == 0.0
+    assert lanes["trainer"]["wait_s"] == pytest.approx(1.0 + 8.0)  # 30-31, then 1 s after each step
+    md = summary_markdown(u)
+    assert "| explorer-1 | 76.5% | 13.00 | 0.00 | 13.00 | 0.00 | 0.00 | 0.00 | 30.00 |" in md
+    assert "of which start-up (until the last engine was up): 30.00 s" in md
+
+
+def test_a_resumed_attempts_engine_start_is_not_the_runs_start_up():
+    resumed = LONG_STARTUP + [_s("explorer-0", "engine_start", 47, 60, None, 0), _s("explorer-0", "rollout", 60, 61, 10, 8)]
+    assert startup_end(resumed) == T0 + 30
+    u = utilization(resumed)
+    assert u["startup_s"] == 30.0 and u["lanes"]["explorer-0"]["busy_s"] == pytest.approx(13.0)  # 12 + rollout 10
+    assert u["lanes"]["explorer-0"]["engine_start_s"] == 33.0
+    assert startup_end(HAND_MADE) == T0  # no engine_start spans: no start-up
 
 
 def test_lane_order():
@@ -227,6 +275,29 @@ def test_render_gantt_png(tmp_path):
         assert _has_color(counts, color), color
     with pytest.raises(UserError, match="no spans"):
         render_gantt([], None)
+
+
+def test_gantt_has_a_second_panel_of_the_last_steps_after_a_long_start_up(tmp_path):
+    # The zoomed panel starts where trainer step 3 ended (the last 5 of 8 steps follow) and ends with the run.
+    assert last_steps_window(LONG_STARTUP) == (T0 + 36, T0 + 47)
+    fig = gantt_figure(LONG_STARTUP, title="long start-up")
+    full, zoom = fig.axes
+    assert full.get_xlim() == pytest.approx((0.0, 47.0 * 1.01))
+    assert zoom.get_xlim() == pytest.approx((36.0, 47.0 + 0.11))
+    assert zoom.get_title(loc="left") == "the last 5 trainer steps (from 36.0 s on)"
+    assert [t.get_text() for t in full.get_legend().get_texts()] == ["engine start", "rollout", "train", "waiting"]
+    assert zoom.get_legend() is None
+    # Only what overlaps the window is drawn below: the bars there are rollouts 5-9 (x2) and trainer steps.
+    assert len(zoom.patches) == sum(1 for s in LONG_STARTUP if s.end >= T0 + 36 and s.start <= T0 + 47.11)
+    img, counts = _pixels(render_gantt(LONG_STARTUP, str(tmp_path / "g.png")))
+    assert _has_color(counts, "#76B7B2")  # engine start in its own colour
+    assert img.height > 2 * 200
+    # A short run with no start-up needs one panel only; a run of few steps after a start-up gets
+    # the time after start-up below.
+    assert len(gantt_figure(HAND_MADE).axes) == 1 and last_steps_window(HAND_MADE) is None
+    short = [s for s in LONG_STARTUP if s.step is None or s.step <= 3]
+    assert last_steps_window(short) == (T0 + 30, max(s.end for s in short))
+    assert gantt_figure(short).axes[1].get_title(loc="left").startswith("the last 3 trainer steps")
 
 
 def test_cli_main_on_run_dir(tmp_path, capsys):

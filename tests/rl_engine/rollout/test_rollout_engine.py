@@ -94,6 +94,20 @@ def test_seed_reproduces_and_varies(engine):
 
 
 @pytest.mark.slow
+def test_warm_up_changes_no_later_sample(engine):
+    # The explorer warms a new engine up before step 1 (rl_engine.explorer.warm_up): a run's
+    # samples must be the same as without it.
+    from rl_engine.explorer import warm_up
+
+    prompts = [engine.tokenizer.encode("12+7="), engine.tokenizer.encode("abc")]
+    before = engine.generate(prompts, 3, _sampling(engine), seed=21)
+    warm_up(engine, _sampling(engine, temperature=0.7, stop=["\n"]))
+    after = engine.generate(prompts, 3, _sampling(engine), seed=21)
+    got = lambda o: [(r.response_ids, r.logprobs) for g in o for r in g]  # noqa: E731
+    assert got(after) == got(before)
+
+
+@pytest.mark.slow
 def test_finish_reasons_stop_and_length(engine):
     stops = list("abcdefghijklmnopqrstuvwxyz0123456789")  # ~14% of the byte vocabulary per token
     s = _sampling(engine, max_tokens=40, stop=stops)
