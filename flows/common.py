@@ -171,13 +171,13 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
     if resume is None:
         preflight(cfg, None, f"the cfg parameter of flow run {flow_run.name!r}")
     stored = open_run(resume, cfg.buffer.storage.options) if resume else None
-    # A run of a lineage holds the lineage's lock; a new one starts from its latest model, on its unused tasks.
-    lineage = begin_lineage(stored.cfg if stored else cfg, new=stored is None, log=get_run_logger().info)
-    cfg = lineage.cfg if lineage and not stored else cfg
-    lease = None
+    # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
+    lease = RunLease(stored.url, cfg.buffer.storage.options).acquire() if stored else None
+    lineage = None
     try:
-        # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
-        lease = RunLease(stored.url, cfg.buffer.storage.options).acquire() if stored else None
+        # A run of a lineage holds the lineage's lock; a new one starts from its latest model, on its unused tasks.
+        lineage = begin_lineage(stored.cfg if stored else cfg, new=stored is None, log=get_run_logger().info)
+        cfg = lineage.cfg if lineage and not stored else cfg
         run, attempt = open_or_start(cfg, resume, mode)
         lease = lease or RunLease(run.url, run.storage_options).acquire()
         if lineage and (carried := lineage.adopt(run)):

@@ -71,6 +71,8 @@ def test_deploy_all_from_repo_root(deployed):
     nightly = deployed["one-step-off-policy/one-step-off-policy-nightly"]
     assert [s["active"] for s in nightly["schedules"]] == [False]
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]
+    # one run at a time: the server keeps the limit as a global concurrency limit of the deployment
+    assert nightly["global_concurrency_limit"]["limit"] == 1 and nightly["parameters"]["cfg"]["lineage"] == {"name": "nightly"}
 
 
 TICK_FLOW = '''

@@ -3,7 +3,7 @@ first one's trained weights and pending continuations on tasks the lineage has n
 moves only when a run succeeds, a failing run leaves it, and a run whose lineage is busy waits for
 the lock (or is refused) and never overlaps.
 
-    .venv/bin/python -m pytest tests/flows/test_lineage.py
+    .venv/bin/python -m pytest tests/flows/test_lineage_flows.py
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def lineage_config(model_dir: str, task_file: str, storage: str, **extra) -> dic
     data = small_config(model_dir, task_file, storage, name=extra.pop("name", None), total_steps=extra.pop("total_steps", 4), **SYNC)
     data["explorer"]["partial"] = dict(PARTIAL)
     data["lineage"] = {"name": "nightly", **extra.pop("lineage", {})}
-    data["taskset"]["reward"] = {"type": "python", "function": "tests.flows.test_lineage:length_reward"}
+    data["taskset"]["reward"] = {"type": "python", "function": "tests.flows.test_lineage_flows:length_reward"}
     return data
 
 
@@ -114,7 +114,7 @@ def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(prefect_s
 
     # A run that fails (its reward raises on every sample) leaves latest where it was.
     bad = lineage_config(tiny_model_dir, task_file, storage, name="third")
-    bad["taskset"]["reward"] = {"type": "python", "function": "tests.flows.test_lineage:raising_reward"}
+    bad["taskset"]["reward"] = {"type": "python", "function": "tests.flows.test_lineage_flows:raising_reward"}
     with pytest.raises(Exception, match="reward"):
         run_config(validate_config(bad))
     assert lineage.read_latest(url)["run"] == run2
