@@ -1,4 +1,4 @@
-"""rl_engine/lineage.py without engines: the latest pointer, runs.jsonl, unused-task selection over a
+"""rl_engine/lineage.py without engines (the S3 cases, marked slow, use moto's server): the latest pointer, runs.jsonl, unused-task selection over a
 folder where new task files arrive (local and S3), the lineage's lock, and begin/end of a run.
 
     .venv/bin/python -m pytest tests/rl_engine/test_lineage.py
@@ -44,6 +44,7 @@ def test_latest_moves_atomically_and_runs_append(tmp_path):
     assert lineage.used_task_ids(lineage.read_runs(url)) == {"t1", "t2", "t4"}
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_pointer_and_runs_on_s3(s3_bucket):
     root, opts = s3_bucket
     url = lineage.lineage_url(root, "nightly")
@@ -87,6 +88,7 @@ def test_unused_tasks_from_a_folder_where_new_files_arrive(tmp_path):
         load_taskset(cfg.model_copy(update={"path": str(folder / "week-")}))
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_taskset_folder_on_s3(s3_bucket):
     root, opts = s3_bucket
     write_taskset(f"{root}/tasks/day-1.jsonl", rows("a", 2), opts)
@@ -231,6 +233,7 @@ def test_consumed_tasks_and_carried_continuations(tmp_path):
     assert set(ContinuationStore(third.url, {}, 0).carried_tasks()) == {"p-g0"}
 
 
+@pytest.mark.slow  # moto's S3 server
 def test_latest_model_on_s3_is_fetched_to_a_local_directory(s3_bucket, tmp_path):
     root, opts = s3_bucket
     fs, _ = open_storage(root, opts)
