@@ -13,7 +13,8 @@ no run has succeeded yet; draws only tasks of `taskset.path` (a file, a folder o
 new task files arrive) that no completed run consumed; and, once its directory exists (`adopt`),
 takes over the previous run's pending continuations (copied from that run's stores, whose
 manifests are the source of truth) so its explorers continue them, with their tasks carried in
-the new store's manifest. `end(run, status)` records the run in runs.jsonl and, for `completed`
+the new store's manifest and their versions and explorer steps renumbered (the previous run's
+final weights are the new run's version 0, its last explorer step is step 0). `end(run, status)` records the run in runs.jsonl and, for `completed`
 only, moves `latest.json`; `release()` frees the lock. A resumed run of a lineage takes the lock
 and records itself on success, but keeps the model, tasks and continuations it started with.
 
@@ -151,17 +152,35 @@ def lock(url: str, storage_options: dict[str, Any] | None, cfg: LineageConfig, p
 # --------------------------------------------------------------------------- continuations
 
 
+def renumber(batch: Any, version_offset: int, step_offset: int) -> Any:
+    """Rows of a previous run in the next run's numbering: the previous run's final weights are
+    the next run's version 0 and its last explorer step is step 0, so what came before counts
+    below 0 (staleness, version gaps, `max_version_gap` masking and group age stay true)."""
+    from rl_engine.experience import ExperienceBatch
+
+    table = batch.to_table()
+    rows = table.to_pylist()
+    for r in rows:
+        r["versions"] = [v - version_offset for v in r["versions"]]
+        r["segments"] = [{**s, "version": s["version"] - version_offset, "explorer_step": s["explorer_step"] - step_offset} for s in r["segments"]]
+        r["explorer_step"] -= step_offset
+    return ExperienceBatch.from_table(pa.Table.from_pylist(rows, schema=table.schema), source="carried continuations")
+
+
 def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str]]:
     """Copy the previous run's pending continuations into `run`'s stores before its explorers
-    start (previous explorer i goes to explorer i mod count), with the tasks they belong to
-    (from the previous run's task set, or carried into it), so they resolve although this run
-    does not draw them. Returns {explorer id: experience ids taken over}."""
+    start (previous explorer i goes to explorer i mod count), renumbered (`renumber`), with the
+    tasks they belong to (from the previous run's task set, or carried into it), so they resolve
+    although this run does not draw them. Returns {explorer id: experience ids taken over}."""
     from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
     from rl_engine.experience import ExperienceBatch
+    from rl_engine.learner import latest_state_step
+    from rl_engine.run import last_committed_steps
 
     sources = store_explorer_ids(prev.url, prev.storage_options)
     if not sources or not run.cfg.explorer.partial.enabled:
         return {}
+    final_version, last_steps = latest_state_step(prev) or 0, last_committed_steps(prev)
     known: dict[str, dict[str, Any]] | None = None
     out: dict[int, list[str]] = {}
     count = run.cfg.explorer.count
@@ -182,7 +201,7 @@ def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str
                 if tid not in known:
                     raise UserError(f"{src.manifest_uri}: pending continuation of task {tid!r}, which {prev.cfg.taskset.path} no longer has; restore that task file")
                 tasks[tid] = known[tid]
-            batches.append(pending)
+            batches.append(renumber(pending, final_version, last_steps.get(i, 0)))
         if batches:
             batch = ExperienceBatch.concat(batches)
             ContinuationStore(run.url, run.storage_options, j).commit([(batch, "pending")], tasks=tasks)

@@ -8,6 +8,7 @@ the lock (or is refused) and never overlaps.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -100,12 +101,17 @@ def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(prefect_s
     assert not ({r["task_id"] for r in rows2} - carried_tasks) & consumed1
     assert {r["task_id"] for r in rows2} - carried_tasks <= drawable
 
-    # It continued the first run's pending generations: same experience ids, the first run's segments first.
+    # It continued the first run's pending generations: same experience ids, the first run's segments
+    # first, renumbered (the first run's final version 4 is version 0, its explorer step 4 is step 0).
     continued = [r for r in rows2 if r["experience_id"] in held1]
     assert continued, "none of the first run's continuations reached the second run's buffer"
+    v1, e1 = first["final_version"], first["explorer_steps"]
     for r in continued:
-        before = held1[r["experience_id"]]["segments"]
+        before = [{**s, "version": s["version"] - v1, "explorer_step": s["explorer_step"] - e1} for s in held1[r["experience_id"]]["segments"]]
         assert r["segments"][: len(before)] == before and r["task_id"] == held1[r["experience_id"]]["task_id"]
+        assert all(s["version"] <= 0 and s["explorer_step"] <= 0 for s in before)
+    trained2 = [json.loads(p.read_text()) for p in Path(run2, "metrics", "role=trainer").glob("step=*.json")]
+    assert len(trained2) == 4 and all(m["version_gap_mean"] >= 0 for m in trained2)  # no token newer than the weights it is trained with
     assert any(len(r["segments"]) > len(held1[r["experience_id"]]["segments"]) for r in continued)  # given new segments
     still = pending_rows(run2)
     assert set(held1) <= {r["experience_id"] for r in continued} | set(still)  # none lost

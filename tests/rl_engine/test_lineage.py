@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -215,16 +216,24 @@ def test_consumed_tasks_and_carried_continuations(tmp_path):
     }
     prev = start_run(validate_config(data))
     BufferWriter(prev.url, {}, 0).write(1, make_batch(4, id_prefix="b", group_size=2, response_len=4))
-    pending = make_batch(2, id_prefix="p", group_size=2, response_len=4, explorer_step=1)
+    pending = make_batch(2, id_prefix="p", group_size=2, response_len=4, explorer_step=1, version=2)
     ContinuationStore(prev.url, {}, 0).save(pending, explorer_step=1)
     assert lineage.consumed_task_ids(prev.url) == ["b-g0", "b-g1", "p-g0"]  # committed and still pending
+    from rl_engine.trainer.checkpoint import COMMIT_MARKER
+
+    (Path(prev.url) / "trainer_state" / "step=3").mkdir(parents=True)
+    (Path(prev.url) / "trainer_state" / "step=3" / COMMIT_MARKER).write_text("{}")  # the previous run ended at version 3
 
     write_taskset(str(tmp_path / "other.jsonl"), [{"id": "x-g0", "question": "q", "answer": "1"}])
     run = start_run(validate_config({**data, "name": "r2", "taskset": {"path": str(tmp_path / "other.jsonl")}}))
     assert lineage.carry_continuations(prev, run) == {0: ["p-0", "p-1"]}
     store = ContinuationStore(run.url, {}, 0)
     (entry,) = store.list()
-    assert entry.kind == "pending" and store.load().to_table().equals(pending.to_table())
+    got = store.load().to_table()
+    assert entry.kind == "pending" and got.drop(["versions", "segments", "explorer_step"]).equals(pending.to_table().drop(["versions", "segments", "explorer_step"]))
+    # renumbered: the previous run's version 3 is this run's 0, its last step (1) this run's step 0
+    assert got.column("versions").to_pylist() == [[-1] * 4] * 2 and got.column("explorer_step").to_pylist() == [0, 0]
+    assert got.column("segments").to_pylist() == [[{"explorer_step": 0, "version": -1, "start": 0, "end": 4}]] * 2
     # the task resolves in the new run although its task set does not have it
     assert store.carried_tasks() == {"p-g0": {"task_id": "p-g0", "prompt": "q p-g0", "answer": "1", "row": {"id": "p-g0", "question": "q p-g0", "answer": "1"}}}
     # a run after that one carries them on, with their tasks, from the store that holds them now
