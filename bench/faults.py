@@ -1,7 +1,7 @@
-"""Faults report: how the pipeline meets bad input (and, as they land, killed runs and outages).
+"""Faults report: how the pipeline meets bad input and killed runs (and, as they land, outages).
 
-    python -m bench.faults --quick      # CI size: every bad input that needs no engine
-    python -m bench.faults              # also the rows that start a real run (minutes)
+    python -m bench.faults --quick      # CI size: every bad input that needs no engine, one kill trial
+    python -m bench.faults              # also the bad inputs that start a real run; 5 kill trials per mode (20 trials, 1.5-5 min each on 2 cores)
 
 Bad inputs: every row of the table in tests/rl_engine/test_bad_input.py (configs, model
 directories, task sets, rewards, prompts, storage, resumes, buffer files, the command line), each
@@ -12,13 +12,24 @@ sample where the design says so, with every file stored before it unchanged.
 Output: one table per section, then one JSON line. Sections are functions `(args) -> (rows,
 summary)`; the JSON line merges their summaries. Keys so far: `bad_inputs` (rows tried),
 `bad_inputs_clear` (rows clear), `bad_inputs_fixed` (rows that were not clear before issue 13).
-Kill trials add a section with `kills`, `lost`, `duplicated`, `orphans`.
+Kill trials (tests/flows/test_kill_resume.py's `kill_trial`: `rft run` with partial rollouts,
+SIGKILLed at a seeded random point, the whole process group or only the main process, then
+`rft run --resume`): `kill_trials` (= `kills`: trials that reached their kill point;
+`kill_errors`: those that did not), `kill_lost` (= `lost`: experiences committed before the kill
+and missing after the resume, plus pending continuations lost), `kill_untrained` (trials where a
+committed batch was neither trained nor dropped as stale, or the reader consumed more than the
+steps trained), `duplicated` (experience ids stored twice), `kill_trained_twice` (explorer steps
+the final model trained twice), `kill_survivors` (= `orphans`: processes of the killed run still
+running 30 s after the kill), `kill_resume_failed`, `kill_order_breaks` (prompts replayed or
+drawn out of order), `kill_schedule_breaks` (segments after the resume outside the mode's
+schedule).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -57,6 +68,56 @@ def _short(text: str, width: int = 90) -> str:
     return line if len(line) <= width else line[: width - 3] + "..."
 
 
+def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Kill trials over the modes (`--quick`: one), each started, killed and resumed through `rft`."""
+    import random
+
+    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.tiny_model import make_tiny_model
+    from tests.flows.test_kill_resume import POINTS, SCOPES, kill_trial, prompt_order_breaks, schedule_breaks, trained_twice, untrained
+    from tests.flows.test_partial_flows import MODES
+
+    rng = random.Random(args.seed)
+    plan = [("one_step_off_policy", rng.choice(SCOPES), rng.choice(POINTS))] if args.quick else [
+        (mode, SCOPES[i % 2], rng.choice(POINTS)) for mode in MODES for i in range(args.trials_per_mode)
+    ]
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="rft-kills-") as tmp:
+        model = str(make_tiny_model(Path(tmp) / "model", seed=0))
+        tasks = str(Path(tmp) / "tasks.jsonl")
+        write_arithmetic_taskset(tasks, n=200, seed=3)
+        for i, (mode, scope, point) in enumerate(plan):
+            root = Path(tmp) / f"trial-{i:02d}"
+            root.mkdir()
+            try:
+                t = kill_trial(model, tasks, root, mode, scope, point, random.Random(rng.random()))
+            except (AssertionError, OSError, subprocess.SubprocessError) as e:  # the run never reached its kill point, or hung
+                rows.append({"mode": mode, "killed": scope, "at": point, "error": _short(str(e))})
+                continue
+            rows.append({
+                "mode": mode, "killed": scope, "at": point, "after_s": t["killed_after_s"], "checkpoint": t["saved"],
+                "stored": len(t["before"]), "pending": len(t["held"]), "survivors": len(t["survivors"]), "resumed": t["resume_rc"] == 0,
+                "lost": len(t["lost"]), "untrained": bool(untrained(t)) if t["resume_rc"] == 0 else False, "continuations_lost": len(t["continuations_lost"]), "duplicated": len(t["duplicated"]),
+                "trained_twice": len(trained_twice(t)), "order_breaks": len(prompt_order_breaks(t)), "schedule_breaks": len(schedule_breaks(t)),
+                "trial_s": t["total_s"], "error": "",
+            })
+    done = [r for r in rows if not r["error"]]
+    rows = done + [r for r in rows if r["error"]]  # the table's columns come from its first row
+    summary = {
+        "kill_trials": len(done),
+        "kill_errors": len(rows) - len(done),
+        "kill_lost": sum(r["lost"] + r["continuations_lost"] for r in done),
+        "kill_untrained": sum(r["untrained"] for r in done),
+        "kill_trained_twice": sum(r["trained_twice"] for r in done),
+        "kill_survivors": sum(r["survivors"] for r in done),
+        "kill_resume_failed": sum(not r["resumed"] for r in done),
+        "kill_order_breaks": sum(r["order_breaks"] for r in done),
+        "kill_schedule_breaks": sum(r["schedule_breaks"] for r in done),
+        "duplicated": sum(r["duplicated"] for r in done),
+    }
+    return rows, {**summary, "kills": summary["kill_trials"], "lost": summary["kill_lost"], "orphans": summary["kill_survivors"], "kill_seed": args.seed}
+
+
 class _S3:
     """moto's S3 server on loopback, started on first use (the bucket rows), stopped at exit."""
 
@@ -89,13 +150,15 @@ class _S3:
 
 SECTIONS: list[tuple[str, Section]] = [
     ("bad inputs", bad_inputs),
-    # ("kill trials", kill_trials),  # kills, lost, duplicated, orphans
+    ("kill trials", kill_trials),
 ]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI size: skip what starts engines")
+    ap.add_argument("--quick", action="store_true", help="CI size: bad inputs that start no engine, one kill trial")
+    ap.add_argument("--trials-per-mode", type=int, default=5, help="kill trials per mode (without --quick)")
+    ap.add_argument("--seed", type=int, default=13, help="seed of the kill points, scopes and delays")
     args = ap.parse_args(argv)
     result: dict[str, Any] = {"quick": args.quick}
     for title, section in SECTIONS:
