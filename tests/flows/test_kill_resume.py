@@ -2,7 +2,7 @@
 
 `rft run CONFIG` (the real CLI, its own process group, its own ephemeral Prefect server) with
 partial rollouts on, SIGKILLed at a seeded random point (mid-rollout, right after a trainer
-checkpoint, mid-continuation-save), either the whole process group or only the main process;
+checkpoint, mid-continuation-save, mid-weight-sync), either the whole process group or only the main process;
 then no process of the killed run may survive (vLLM engine cores and workers, the resource
 tracker, the ephemeral Prefect server: the tree is collected just before the kill), and
 `rft run CONFIG --resume RUN` must finish the run with every committed experience trained once,
@@ -44,12 +44,15 @@ from tests.flows.test_partial_flows import MODES, partial_config, stored_rows
 pytestmark = pytest.mark.slow
 
 RFT = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "rft")
-POINTS = ("rollout", "checkpoint", "continuation")  # where a trial kills the run
+POINTS = ("rollout", "checkpoint", "continuation", "sync")  # where a trial kills the run
 SCOPES = ("group", "main")  # the whole process group, or only the `rft run` process
 TOTAL_STEPS = 6
-START_TIMEOUT_S = 300.0  # engines and the ephemeral server start on a loaded 2-core machine
-RUN_TIMEOUT_S = 400.0
+# Bounds that add up to less than the test's own timeout (900 s), so a slow trial fails here and
+# kills its run, rather than leaving it running when pytest-timeout ends the session.
+START_TIMEOUT_S = 240.0  # engines and the ephemeral server start on a loaded 2-core machine
+POINT_TIMEOUT_S = 120.0  # from then to the kill point
 GONE_TIMEOUT_S = 30.0
+RESUME_TIMEOUT_S = 450.0
 POLL_S = 0.002  # short: a continuation save is a file write and a manifest write apart
 
 
@@ -94,6 +97,14 @@ def _store_files(run_dir: Path) -> set[str]:
     return set(os.listdir(d)) if d.exists() else set()
 
 
+def _sync_marks(run_dir: Path) -> tuple[int, frozenset[str]]:
+    """What a weight sync changes first: collective, explorer 0's join of a broadcast (posted
+    before the trainer's go); checkpoint, a new checkpoints/version=v folder (before its commit)."""
+    joining, checkpoints = run_dir / "control" / "explorer-0-joining.json", run_dir / "checkpoints"
+    mtime = joining.stat().st_mtime_ns if joining.exists() else 0
+    return mtime, frozenset(os.listdir(checkpoints) if checkpoints.exists() else ())
+
+
 def wait_for_point(point: str, run_dir: Path, proc: subprocess.Popen, log: Path, rng: random.Random) -> None:
     """Return at the kill point, once the trainer reached version 2 and saved a checkpoint."""
     _wait("trainer version 2 and a checkpoint", lambda: _trainer_version(run_dir) >= 2 and _state_steps(run_dir), proc, log)
@@ -101,10 +112,13 @@ def wait_for_point(point: str, run_dir: Path, proc: subprocess.Popen, log: Path,
         time.sleep(rng.uniform(0.0, 2.0))
     elif point == "checkpoint":  # the moment a new trainer state is committed
         seen = _state_steps(run_dir)
-        _wait("a new checkpoint", lambda: _state_steps(run_dir) - seen, proc, log, RUN_TIMEOUT_S)
-    else:  # a new continuation file, written before the manifest names it (or just after)
+        _wait("a new checkpoint", lambda: _state_steps(run_dir) - seen, proc, log, POINT_TIMEOUT_S)
+    elif point == "continuation":  # a new continuation file, written before the manifest names it (or just after)
         seen = _store_files(run_dir)
-        _wait("a continuation save", lambda: {f for f in _store_files(run_dir) - seen if f.startswith("part-")}, proc, log, RUN_TIMEOUT_S)
+        _wait("a continuation save", lambda: {f for f in _store_files(run_dir) - seen if f.startswith("part-")}, proc, log, POINT_TIMEOUT_S)
+    else:  # a weight sync that has begun
+        marks = _sync_marks(run_dir)
+        _wait("a weight sync", lambda: _sync_marks(run_dir) != marks, proc, log, POINT_TIMEOUT_S)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -178,7 +192,7 @@ def kill_trial(model: str, tasks: str, root: Path, mode: str, scope: str, point:
     before = {r["experience_id"] for r in stored_rows(run.url)}
     held = pending_groups(run.url, explorers)
     saved = latest_state_step(run) or 0
-    res = subprocess.run([RFT, "run", config, "--resume", str(run_dir)], cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=RUN_TIMEOUT_S, start_new_session=True)
+    res = subprocess.run([RFT, "run", config, "--resume", str(run_dir)], cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=RESUME_TIMEOUT_S, start_new_session=True)
     rows = stored_rows(run.url)
     ids = Counter(r["experience_id"] for r in rows)
     still = pending_groups(run.url, explorers)
@@ -291,7 +305,8 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
     assert [m["step"] for m in trial["lineage"]] == list(range(1, TOTAL_STEPS + 1))
     assert not trained_twice(trial), trained_twice(trial)
     assert not untrained(trial), untrained(trial)
-    assert all(m["resumed_from"] == trial["saved"] for m in trial["lineage"] if m["step"] > trial["saved"])
+    # Steps up to the checkpoint are the killed run's, the rest the resumed run's.
+    assert [m["resumed_from"] == trial["saved"] for m in trial["lineage"]] == [t > trial["saved"] for t in range(1, TOTAL_STEPS + 1)]
     # The prompt order continued, and the mode's schedule held after the resume.
     assert not prompt_order_breaks(trial), prompt_order_breaks(trial)
     assert not schedule_breaks(trial), schedule_breaks(trial)
