@@ -108,8 +108,8 @@ def _sync_marks(run_dir: Path) -> tuple[int, frozenset[str]]:
 def wait_for_point(point: str, run_dir: Path, proc: subprocess.Popen, log: Path, rng: random.Random) -> None:
     """Return at the kill point, once the trainer reached version 2 and saved a checkpoint."""
     _wait("trainer version 2 and a checkpoint", lambda: _trainer_version(run_dir) >= 2 and _state_steps(run_dir), proc, log)
-    if point == "rollout":  # somewhere in the next steps: rollouts, writes, syncs
-        time.sleep(rng.uniform(0.0, 2.0))
+    if point == "rollout":  # somewhere in the next step or two (a step takes ~0.5 s): rollouts, writes, syncs
+        time.sleep(rng.uniform(0.0, 0.5))
     elif point == "checkpoint":  # the moment a new trainer state is committed
         seen = _state_steps(run_dir)
         _wait("a new checkpoint", lambda: _state_steps(run_dir) - seen, proc, log, POINT_TIMEOUT_S)
