@@ -129,7 +129,9 @@ def test_every_role_in_its_own_process(mode, method, on_live_server, tiny_model_
         assert summary["max_staleness_seen"] <= k
     else:
         used = {v for vs in by_step.values() for v in vs}
-        assert used <= {0, 2, 4} and {i for i, _ in by_step} == set(range(cfg.explorer.count))
+        # Which explorers wrote is a race in separate processes: one whose engine starts late may
+        # find every admitted batch already made (each one's run to its end is asserted above).
+        assert used <= {0, 2, 4} and {i for i, _ in by_step} <= set(range(cfg.explorer.count)) and by_step
 
 
 def _run_in_thread(cfg, resume=None) -> tuple[threading.Thread, list]:
