@@ -7,10 +7,11 @@ parameter is the config model itself, so deployments get it as a form in the Pre
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from rl_engine.config import RFTConfig, load_config
+from rl_engine.config import RFTConfig, load_config, validate_config
 from rl_engine.errors import hide_user_error_tracebacks
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +30,31 @@ def run_config(cfg: RFTConfig, resume: str | None = None) -> Any:
     return flow_for(cfg.synchronizer.mode)(cfg=cfg, resume=resume)
 
 
+def run_watched(cfg: RFTConfig, resume: str | None = None) -> Any:
+    """`run_config` as the terminal shows it (flows/progress.py): a progress line followed from the
+    run's storage, the engines' and libraries' output in `<run>/logs/engines.log`; an error still
+    reaches the terminal, with where the log is."""
+    import logging
+
+    from flows.progress import follow, run_log, terminal_to
+
+    if resume is None and cfg.name is None:
+        # Named here (as the flow would name it) so the terminal knows where the run's files appear.
+        cfg = validate_config({**cfg.model_dump(mode="json"), "name": cfg.resolved().name}, "the run's name")
+    url, opts = (resume.rstrip("/") if resume else cfg.run_url), cfg.buffer.storage.options
+    with run_log(url, opts) as log:
+        print(f"run {url}: engine and library logs in {log}", flush=True)
+        try:
+            with terminal_to(log) as term, follow(url, opts, cfg.trainer.total_steps, cfg.monitor.log_every, term):
+                try:
+                    return run_config(cfg, resume)
+                finally:
+                    logging.getLogger("prefect").setLevel(logging.WARNING)  # its shutdown chatter stays off the terminal
+        except BaseException:
+            print(f"the run's engine and library logs: {log}", file=sys.stderr, flush=True)
+            raise
+
+
 def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -> int:
     """`rft run`: check the inputs (rl_engine.preflight) before Prefect or any engine starts, then run the flow.
     A UserError raised later, inside the flow, reaches the user as its message, without the
@@ -38,7 +64,7 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
     source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
     cfg = preflight(load_config(config, overrides), resume, source)
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
-    summary = run_config(cfg, resume)
+    summary = run_watched(cfg, resume)
     if not isinstance(summary, dict):
         print(f"run ended: {summary}")
         return 1
@@ -76,7 +102,7 @@ def demo(root: str = "runs") -> int:
         write_arithmetic_taskset(str(tasks), n=2000, seed=1)
     cfg = preflight(load_config(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"]))
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
-    summary = run_config(cfg)
+    summary = run_watched(cfg)
     if not isinstance(summary, dict):
         print(f"run ended: {summary}")
         return 1

@@ -1,0 +1,168 @@
+"""What `rft run` and `rft demo` show on the terminal while a run goes: one progress line (trainer
+step / total, latest reward, seconds per step, ETA) instead of the engines' and libraries' logs,
+which go to `<run>/logs/engines.log`.
+
+The progress follows the run's storage (the trainer's per-step metrics, `<run>/metrics/role=trainer/`),
+never live objects, so it reads the same whether the roles are tasks of this process or flow runs
+on a worker. On a TTY the line is redrawn in place; elsewhere (a pipe, CI) a plain line is printed
+every `monitor.log_every` trainer steps.
+
+The engines' output cannot be steered by logging settings alone: vLLM's engine-core and worker
+processes also print through tqdm, `print`, Python warnings and C++ (NUMA, Triton), on the file
+descriptors they inherit. So for the run, this process's stdout and stderr descriptors point at
+the log file (every child inherits them), and the terminal keeps a duplicate for the progress
+line; both are restored before the run's error or summary is printed.
+
+    with run_log(url, opts) as log, terminal_to(log) as term, follow(url, opts, total, 1, term):
+        run_config(cfg)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Iterator, TextIO
+
+from rl_engine.report import METRICS_DIR
+from rl_engine.storage import is_local, join, open_storage, read_json
+
+LOG_FILE = "logs/engines.log"  # under the run
+
+
+@contextlib.contextmanager
+def run_log(run_url: str, storage_options: dict[str, Any] | None) -> Iterator[str]:
+    """A local file for the run's engine and library output; yields its path.
+
+    Local storage: `<run>/logs/engines.log` itself (appended to on resume). Object stores: a local
+    temp file, copied to `<run>/logs/engines.log` when the run ends (if the run was created)."""
+    fs, root = open_storage(run_url, storage_options)
+    local = is_local(fs)
+    path = join(root, LOG_FILE) if local else os.path.join(tempfile.gettempdir(), "rft-logs", root.rstrip("/").rsplit("/", 1)[-1], "engines.log")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write(f"==== rft: run {run_url}, started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()})\n")
+    try:
+        yield path
+    finally:
+        if not local and fs.exists(join(root, "config.yaml")):
+            fs.put_file(path, join(root, LOG_FILE))
+
+
+@contextlib.contextmanager
+def terminal_to(path: str) -> Iterator[TextIO]:
+    """Point fds 1 and 2 (this process and every process it starts from now on) at `path`; yields
+    a text stream on the terminal's stdout. Both fds are restored on the way out, before any error
+    propagates, so the error reaches the terminal."""
+    for s in (sys.stdout, sys.stderr):
+        s.flush()
+    saved = os.dup(1), os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    term = os.fdopen(os.dup(saved[0]), "w", buffering=1)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield term
+    finally:
+        for s in (sys.stdout, sys.stderr):
+            s.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (fd, *saved):
+            os.close(f)
+        term.close()
+
+
+def fmt_duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class ProgressLine:
+    """The line's state and text: steps seen with the time they were seen, the latest reward."""
+
+    WIDTH = 20  # characters of the bar
+
+    def __init__(self, out: TextIO, total: int, every: int, tty: bool, clock: Any = time.monotonic):
+        self.out, self.total, self.every, self.tty, self.clock = out, total, every, tty, clock
+        self.started = clock()
+        self.first: tuple[float, int] | None = None  # (time, step) of the first step seen: the rate excludes start-up
+        self.step, self.reward, self.seen_at = 0, None, self.started
+        self.printed = -1  # the step of the last plain line (non-TTY)
+
+    def seen(self, step: int, reward: float | None) -> None:
+        if step <= self.step and self.first is not None:
+            return
+        now = self.clock()
+        if self.first is None:
+            self.first = (now, step)
+        self.step, self.reward, self.seen_at = step, reward, now
+
+    def seconds_per_step(self) -> float | None:
+        if self.first is None or self.step <= self.first[1]:
+            return None
+        return (self.seen_at - self.first[0]) / (self.step - self.first[1])
+
+    def text(self) -> str:
+        if self.first is None:
+            return f"step 0/{self.total}  starting: engines and Prefect ({self.clock() - self.started:.0f} s)"
+        done = int(self.WIDTH * min(self.step, self.total) / self.total)
+        sps = self.seconds_per_step()
+        reward = "-" if self.reward is None else f"{self.reward:.3f}"
+        eta = "--:--:--" if sps is None else fmt_duration(sps * max(self.total - self.step, 0))
+        rate = "" if sps is None else f"  {sps:.1f} s/step"
+        return f"step {self.step}/{self.total} [{'#' * done}{'.' * (self.WIDTH - done)}] {100 * self.step // self.total:3d}%  reward {reward}{rate}  ETA {eta}"
+
+    def draw(self, final: bool = False) -> None:
+        """TTY: redraw in place. Otherwise: a line at the first step, every `every` steps and at the end."""
+        if self.tty:
+            self.out.write("\r" + self.text() + "\x1b[K" + ("\n" if final else ""))
+        elif self.step != self.printed and (self.printed < 0 or self.step // self.every > self.printed // self.every or self.step >= self.total or final):
+            if self.first is not None:
+                self.out.write(self.text() + "\n")
+                self.printed = self.step
+        self.out.flush()
+
+
+def latest_trainer_step(fs: Any, root: str) -> tuple[int, float | None] | None:
+    """(step, reward_mean) of the newest trainer metrics on the run's storage, or None before step 1."""
+    fs.invalidate_cache()
+    paths = fs.glob(join(root, METRICS_DIR, "role=trainer", "step=*.json"))
+    if not paths:
+        return None
+    m = read_json(fs, max(paths))
+    return int(m.get("step", max(paths).rsplit("=", 1)[-1].split(".")[0])), m.get("reward_mean")
+
+
+@contextlib.contextmanager
+def follow(run_url: str, storage_options: dict[str, Any] | None, total: int, every: int, out: TextIO, poll_s: float | None = None) -> Iterator[ProgressLine]:
+    """Draw the run's progress on `out` from a background thread until the block ends, then once more."""
+    fs, root = open_storage(run_url, storage_options)
+    line = ProgressLine(out, total, every, out.isatty())
+    poll = poll_s if poll_s is not None else (0.5 if is_local(fs) else 2.0)
+    done = threading.Event()
+
+    def tick() -> None:
+        try:
+            if (latest := latest_trainer_step(fs, root)) is not None:
+                line.seen(*latest)
+        except Exception:  # noqa: BLE001 - a file being written, or a storage hiccup: the next tick reads it
+            pass
+        line.draw()
+
+    def loop() -> None:
+        while not done.wait(poll):
+            tick()
+
+    thread = threading.Thread(target=loop, name="rft-progress", daemon=True)
+    thread.start()
+    try:
+        yield line
+    finally:
+        done.set()
+        thread.join(timeout=10)
+        tick()
+        line.draw(final=True)
