@@ -8,17 +8,20 @@ restored after); then the bash block of "Operate it with Prefect" that starts ru
 Both runs complete; each stored config differs from the deployment's `cfg` exactly in the
 overridden field; their artifacts sit under the deployment's stable keys and their results are
 the runs' summaries. A bad override fails its run naming the key, and a run cancelled through the
-API on the worker still publishes its report.
+API on the worker ends Cancelled within CANCELLED_WITHIN_S, leaves none of its processes (flow
+process, vLLM engine core and worker, by PID) running after GONE_WITHIN_S, and still publishes its report.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -29,6 +32,12 @@ from tests.prefect_live import REPO, LiveServer, flow_run_id_from_cli, wait_flow
 pytestmark = pytest.mark.slow
 
 KEYS = "synchronous-synchronous"  # <flow>-<deployment>
+# A worker-run flow cancelled through the API: measured 31.5 s to Cancelled, every process of the
+# run gone by then, on the 2-core dev machine at load ~7 (vLLM's engine shutdown 5 s, the report
+# 4 s, the flow process's exit 9 s, then the worker loads the flow again, pull steps included, to
+# look for on_cancellation hooks before it sets Cancelled). Twice that, for a busier machine.
+CANCELLED_WITHIN_S = 60.0
+GONE_WITHIN_S = 60.0
 
 
 def readme_set_block() -> str:
@@ -112,6 +121,33 @@ def test_bad_override_from_rest_fails_naming_the_key(prefect_live, test_deployme
     assert not storage.exists() or not list(storage.iterdir())  # nothing started
 
 
+def run_processes(control: Path) -> list[psutil.Process]:
+    """Every process of a worker-run flow: each role's process (the `pid` of its marker under
+    `<run>/control/role-*.json`) and all its descendants (vLLM engine cores and workers)."""
+    pids = {json.loads(m.read_text())["pid"] for m in control.glob("role-*.json")}
+    assert pids, f"no role markers under {control}"
+    procs = {}
+    for pid in pids:
+        p = psutil.Process(pid)
+        procs |= {q.pid: q for q in [p, *p.children(recursive=True)]}
+    return list(procs.values())
+
+
+def still_running(procs: list[psutil.Process], deadline: float) -> list[psutil.Process]:
+    """Those of `procs` still running at `deadline` (returns as soon as none is). An exited process
+    that nobody reaped yet (a zombie re-parented to a PID 1 that does not reap) counts as gone."""
+
+    def running(p: psutil.Process) -> bool:
+        try:
+            return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    while (alive := [p for p in procs if running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return alive
+
+
 @pytest.mark.timeout(900)
 def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment, rft_worker):
     dep, _, storage = test_deployment
@@ -124,8 +160,19 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
         assert time.monotonic() < deadline, f"the trainer never reached version 2\n{rft_worker.log_tail()}"
         assert prefect_live.flow_run(run_id)["state_type"] in ("SCHEDULED", "PENDING", "RUNNING"), prefect_live.flow_run(run_id)["state"]
         time.sleep(0.5)
+    procs = run_processes(markers[0].parent)
+    assert len(procs) >= 3, procs  # the flow process, vLLM's engine core and its worker at least
+    t0 = time.monotonic()
     prefect_live.api("POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True})
-    wait_flow_run(prefect_live, run_id, ["CANCELLED"], timeout_s=180, worker=rft_worker)
+    wait_flow_run(prefect_live, run_id, ["CANCELLED"], timeout_s=CANCELLED_WITHIN_S, worker=rft_worker, poll_s=0.25)
+    cancelled_s = time.monotonic() - t0
+    alive = still_running(procs, deadline=t0 + GONE_WITHIN_S)
+    gone_s = time.monotonic() - t0
+    for p in alive:  # never leave them to the next test
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    assert not alive, f"left running {gone_s:.0f} s after the cancel request: {[f'{p.pid} {p.name()}' for p in alive]}"
+    print(f"cancel request -> Cancelled {cancelled_s:.1f} s, -> all {len(procs)} processes of the run gone {gone_s:.1f} s")
     arts = artifacts(prefect_live, run_id)
     assert {f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary")} <= set(arts), sorted(arts)
     assert 0 < arts[f"{KEYS}-progress"]["data"] < 100
