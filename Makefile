@@ -39,6 +39,7 @@ bench: setup
 	$(PY) -m bench.sync --quick
 	$(PY) -m bench.modes --quick --synthetic
 	$(PY) -m bench.partial --quick
+	$(PY) -m bench.ops --quick
 
 # Regenerate the constraints file from the current environment.
 lock:

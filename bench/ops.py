@@ -1,0 +1,139 @@
+"""Ops benchmark (issue 10): from a REST call that starts a deployment's run to its first rollout.
+
+    python -m bench.ops --quick     # one measured run (after the warm-up run)
+    python -m bench.ops             # three measured runs, medians
+
+Against a real `prefect server start` on loopback and a real process worker (tests/prefect_live.py),
+with the project's deployments (`prefect deploy --all`, prefect.yaml): the `synchronous/synchronous`
+deployment gets a tiny test config (PATCHed, as a UI user edits it), one run warms the worker and
+the machine's caches, then each measured run is started with `POST /api/deployments/{id}/create_flow_run`
+(`set` overrides only) and timed until its explorer's first `rollout` span starts (the run's
+timeline, rl_engine/timeline.py). What that time is made of, on one clock (all on this host):
+
+    api_call        the POST until it returned (the run is SCHEDULED)
+    worker_pickup   until the worker took the run (PENDING; the worker polls every 2 s here)
+    process_spawn   until the flow's process existed (its create time, from the role marker's pid)
+    flow_import     until the flow began (RUNNING: Python, Prefect, the flow module imported)
+    run_setup       until the explorer's engine began starting (overrides, preflight, run directory, roles)
+    engine_start    the explorer's vLLM engine start with its first-call warm-up (span `engine_start`)
+    to_rollout      from the engine being up to the first rollout starting
+
+JSON keys: `api_to_first_rollout_s` (their sum) and one `<component>_s` per row above (medians).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench._report import emit_json, print_table
+
+COMPONENTS = ("api_call", "worker_pickup", "process_spawn", "flow_import", "run_setup", "engine_start", "to_rollout")
+RUN_TIMEOUT_S = 600.0
+
+
+def _ts(iso: str) -> float:
+    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def _state_times(live: Any, run_id: str) -> dict[str, float]:
+    """{state type: first time the run entered it} from the run's state history."""
+    states = live.api("GET", f"/flow_run_states/?flow_run_id={run_id}")
+    out: dict[str, float] = {}
+    for s in sorted(states, key=lambda s: s["timestamp"]):
+        out.setdefault(s["type"], _ts(s["timestamp"]))
+    return out
+
+
+def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> dict[str, float]:
+    """One run started over REST; its timeline split into COMPONENTS (seconds)."""
+    import psutil
+
+    from rl_engine.timeline import load_spans
+    from tests.prefect_live import wait_flow_run
+
+    storage.mkdir(parents=True)
+    body = {"parameters": {"set": [f"trainer.total_steps={steps}", f"buffer.storage.url={storage}"]}}
+    t_call = time.time()
+    run_id = live.api("POST", f"/deployments/{dep_id}/create_flow_run", json=body)["id"]
+    t_returned = time.time()
+    spawned, deadline = None, time.monotonic() + RUN_TIMEOUT_S
+    while spawned is None and time.monotonic() < deadline:  # the flow process's start, while it runs
+        for marker in storage.glob("*/control/role-explorer-0.json"):
+            try:
+                spawned = psutil.Process(json.loads(marker.read_text())["pid"]).create_time()
+            except (ValueError, KeyError, psutil.NoSuchProcess):  # half-written marker, or already gone
+                pass
+        if live.flow_run(run_id)["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(0.2)
+    wait_flow_run(live, run_id, ["COMPLETED"], timeout_s=max(1.0, deadline - time.monotonic()), worker=worker)
+    states = _state_times(live, run_id)
+    (run_dir,) = [p for p in storage.iterdir() if (p / "config.yaml").exists()]
+    spans = [s for s in load_spans(str(run_dir)) if s.component == "explorer-0"]
+    engine = min((s for s in spans if s.kind == "engine_start"), key=lambda s: s.start)
+    rollout = min(s.start for s in spans if s.kind == "rollout")
+    marks = [t_call, t_returned, states["PENDING"], spawned if spawned is not None else states["PENDING"], states["RUNNING"], engine.start, engine.end, rollout]
+    return {f"{c}_s": b - a for c, a, b in zip(COMPONENTS, marks, marks[1:])} | {"api_to_first_rollout_s": rollout - t_call}
+
+
+def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
+    """A live server, the README's pool and a worker, `prefect deploy --all`, a tiny model and tasks;
+    returns (server, worker, the synchronous deployment, things to stop)."""
+    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.tiny_model import make_tiny_model
+    from tests.flows.conftest import small_config
+    from tests.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
+
+    live = start_server(root / "server", ui=False)
+    stop = [live]
+    try:
+        worker = start_worker(live, "rft-cpu", root / "logs")
+        stop.insert(0, worker)
+        live.cli(*DEPLOY_ALL, cwd=REPO, timeout=300)
+        dep = live.deployment("synchronous/synchronous")
+        model = str(make_tiny_model(root / "model", seed=0))
+        tasks = str(root / "tasks.jsonl")
+        write_arithmetic_taskset(tasks, n=200, seed=3)
+        cfg = small_config(model, tasks, str(root / "runs"), mode="synchronous", total_steps=1)
+        cfg["synchronizer"]["collective"]["port"] = None
+        cfg["monitor"]["artifacts"] = False  # the measured path is start-up; reports come after it
+        live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": {"cfg": cfg}})
+    except BaseException:
+        for s in stop:
+            s.stop()
+        raise
+    return live, worker, dep, stop
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.ops", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="one measured run instead of three")
+    args = ap.parse_args(argv)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="rft-bench-ops-") as tmp:
+        root = Path(tmp)
+        live, worker, dep, stop = setup(root)
+        try:
+            t0 = time.monotonic()
+            warm = measure(live, worker, dep["id"], root / "runs-warmup", steps=1)
+            print(f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s")
+            for i in range(1 if args.quick else 3):
+                rows.append({"run": i + 1, **measure(live, worker, dep["id"], root / f"runs-{i}", steps=1)})
+        finally:
+            for s in stop:
+                s.stop()
+    print_table([{k.removesuffix("_s"): v for k, v in r.items()} for r in rows], title="API call -> first rollout, seconds (warm worker, synchronous deployment, tiny model)")
+    keys = [f"{c}_s" for c in COMPONENTS] + ["api_to_first_rollout_s"]
+    emit_json({k: round(statistics.median(r[k] for r in rows), 3) for k in keys} | {"runs": len(rows)})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
