@@ -79,6 +79,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"trained:    {summary['trainer_steps']} steps -> version {summary['final_version']}, {summary['explorer_steps']} explorer steps")
     print(f"reward:     {summary['reward_first']:.3f} (first quarter) -> {summary['reward_last']:.3f} (last quarter)")
     print(f"staleness:  max {summary['max_staleness_seen']}")
+    if x := summary.get("experiences"):
+        print(f"experiences: {x['generated']} generated, {x['trained']} trained, {x['dropped_stale']} dropped as stale, {x['untrained']} left untrained")
     if util:
         print(f"start-up:   {util.get('startup_s', 0.0):.1f} s until every engine was up (busy below is after it)")
     for lane, u in (util.get("lanes") or {}).items():

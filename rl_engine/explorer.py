@@ -37,7 +37,7 @@ from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_
 from rl_engine.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.run import RunContext
-from rl_engine.schedule import admission_wait
+from rl_engine.schedule import admission_wait, batches_needed
 from rl_engine.sync import build_weight_receiver
 from rl_engine.timeline import STARTUP, TimelineRecorder
 
@@ -246,12 +246,15 @@ class Explorer:
         together; `first_steps` is where each explorer started this attempt)."""
         cfg = self.cfg
         trainer = self._install_newest(stop)
+        explorer_batch = cfg.explorer.batch_size * cfg.algorithm.repeat_times
         while not stop.is_set():
             before = (e - 1) + sum(self._started(j, first_steps[j]) for j in range(cfg.explorer.count) if j != self.explorer_id)
             why = admission_wait(
-                before, self.engine.version, trainer.get("version", 0), cfg.explorer.batch_size * cfg.algorithm.repeat_times,
+                before, self.engine.version, trainer.get("version", 0), explorer_batch,
                 cfg.trainer.train_batch_size, cfg.synchronizer.max_staleness, cfg.buffer.max_backlog_steps,
             )
+            if before + 1 > (needed := batches_needed(cfg.trainer.total_steps, explorer_batch, cfg.trainer.train_batch_size, trainer.get("lost_rows", 0))):
+                why = f"the trainer to finish: its {cfg.trainer.total_steps} steps train {needed} batches, none past them"
             if why is None:
                 break
             seen = (trainer.get("version", 0), trainer.get("published", -1))

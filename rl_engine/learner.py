@@ -78,7 +78,9 @@ class Learner:
         self.sender.connect(stop)  # collective: blocks until every explorer's workers joined the group
 
     def _post(self) -> None:
-        self.board.post("trainer", {"version": self.version, "published": self.published})
+        c = self.reader.stats  # rows the reader dropped or skipped: the explorers make up for them
+        lost = int(c.get("dropped_stale", 0)) + int(c.get("skipped_corrupt_rows", 0))
+        self.board.post("trainer", {"version": self.version, "published": self.published, "lost_rows": lost})
 
     @property
     def version(self) -> int:

@@ -76,6 +76,27 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def experience_accounting(fs: Any, root: str, trainer_metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where the generated experiences went: committed to the buffer (`generated`), trained,
+    dropped as stale by the trainer's reader, skipped as corrupt, or still `untrained` (in the
+    buffer when the run ended). `wasted_fraction` = share of generated never trained. Generations
+    still pending as continuations are not counted: they were never committed. The reader's
+    counters travel with its cursor, so a resumed run counts from its start."""
+    from rl_engine.buffer.stats import commit_records
+
+    generated = sum(int(rec.get("num_rows") or 0) for _, rec in commit_records(fs, root))
+    counters = trainer_metrics[-1].get("buffer", {}) if trainer_metrics else {}
+    trained, dropped, corrupt = (int(counters.get(k, 0)) for k in ("consumed", "dropped_stale", "skipped_corrupt_rows"))
+    return {
+        "generated": generated,
+        "trained": trained,
+        "dropped_stale": dropped,
+        "skipped_corrupt": corrupt,
+        "untrained": max(0, generated - trained - dropped - corrupt),
+        "wasted_fraction": round((generated - trained) / generated, 4) if generated else 0.0,
+    }
+
+
 def build_report(run: RunContext) -> Report:
     """Assemble and store the report of a run from the metrics its roles recorded and the timeline."""
     fs, root = run.fs()
@@ -99,6 +120,7 @@ def build_report(run: RunContext) -> Report:
         "reward_first": _mean([m["reward_mean"] for m in head]) if trainer_metrics else None,
         "reward_last": _mean([m["reward_mean"] for m in tail]) if trainer_metrics else None,
         "max_staleness_seen": max((m["staleness_max"] for m in trainer_metrics), default=None),
+        "experiences": experience_accounting(fs, root, trainer_metrics),
         "utilization": util,
     }
     table = [{k: m.get(k) for k in TABLE_KEYS} for m in trainer_metrics]

@@ -96,6 +96,14 @@ def admission_wait(
     return None
 
 
+def batches_needed(total_steps: int, explorer_batch: int, train_batch: int, lost_rows: int = 0) -> int:
+    """How many explorer batches (counted over all explorers) the run's trainer consumes:
+    ceil((total_steps * train_batch + lost_rows) / explorer_batch), where `lost_rows` are the
+    experiences its reader dropped as stale or skipped as corrupt, which later batches replace.
+    A decoupled explorer starts no batch past it: nothing would ever train it."""
+    return -(-(total_steps * train_batch + lost_rows) // explorer_batch)
+
+
 def decoupled_publish(t: int, k: int) -> bool:
     """Decoupled schedule: the trainer publishes version t after trainer step t iff t % k == 0."""
     return t % k == 0

@@ -81,6 +81,15 @@ def test_admission_control_without_a_bound_caps_the_backlog():
     assert admission_wait(4, 0, 1, 4, 8, None, 3) is None and admission_wait(4, 0, 0, 4, 8, None, 3) is not None
 
 
+def test_batches_needed_covers_the_trainer_steps_and_what_its_reader_lost():
+    from rl_engine.schedule import batches_needed
+
+    assert batches_needed(6, 4, 4) == 6  # one explorer batch per trainer step
+    assert batches_needed(6, 4, 8) == 12 and batches_needed(6, 8, 4) == 3  # two per step; one per two steps
+    assert batches_needed(5, 8, 4) == 3  # 20 experiences: the third batch is trained in part
+    assert batches_needed(6, 4, 4, lost_rows=4) == 7 and batches_needed(6, 4, 4, lost_rows=5) == 8  # dropped rows are made up
+
+
 def test_resumed_plan_pairs_up_and_skips_passed_versions():
     # k=1, m=1, T=8: the explorer had committed steps 1..5, the trainer state is at version 3.
     # Left: syncs after e=5.. delivering e-1 > 3, i.e. {5: 4, 6: 5, 7: 6}.

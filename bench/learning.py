@@ -1,0 +1,185 @@
+"""Benchmark of learning per wall-clock second: the four sync modes train the same model to the same step.
+
+    python -m bench.learning [--quick] [--steps N] [--seeds 0,1,2] [--model DIR] [--png FILE]
+
+Workload: the demo's task and model. The arithmetic warm start (`rft warmstart`, built here unless
+--model names one: tiny Qwen2, ~0.3M parameters) trains with GRPO on `a+b=` problems; each mode runs
+its shipped config (configs/<mode>.yaml: 8 tasks x 8 rollouts per step, collective sync for the
+rendezvous modes, checkpoint for fully async, max_staleness 4 in the decoupled ones, 2 explorers in
+multi-explorer) as a real Prefect flow, with the same seed, task file and number of trainer steps.
+The explorer's vLLM engine and the DeepSpeed trainer get one core each (two cores in all, so
+multi-explorer's second explorer shares a core), which puts rollout and train time per step in the
+same order (R ~ T, printed below).
+
+Per run: wall time of the training itself (first step's start to the last trainer step's end; engine
+start-up is reported apart, as `startup_s`, since a warm engine skips it), trainer and explorer busy
+fractions over that window, the experiences generated / trained / dropped as stale / left untrained
+(`wasted_fraction` = generated but never trained), and the final reward on a held-out evaluation: the
+trained policy's expected exact-answer rate at temperature 1 over all 441 problems (exact, no sampling
+noise: `rl_engine.warmstart.evaluate_dir`, as `make demo` prints). Over seeds: mean and spread
+(max - min). `speedup_vs_sync` = synchronous wall / mode wall at equal steps; `reward_within_spread`
+says whether the mode's mean final reward lies within synchronous' seed range widened by the mode's
+own spread (the "same quality" check). The PNG draws each mode's batch reward against wall-clock
+seconds (seed 0), the figure a user picks a mode by; it is written to --png (default
+`runs/bench-learning.png`; the README shows a copy in docs/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from statistics import mean
+
+if __name__ == "__main__":
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+MODES = ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
+
+
+def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int) -> dict:
+    """One real flow run of configs/<mode>.yaml; its wall time, busy fractions, accounting and final reward."""
+    import yaml
+
+    from bench.modes import busy_fraction
+    from flows.run import run_config
+    from rl_engine.config import validate_config
+    from rl_engine.report import load_metrics
+    from rl_engine.run import open_run
+    from rl_engine.timeline import load_spans, startup_end
+    from rl_engine.warmstart import evaluate_dir
+
+    data = yaml.safe_load((CONFIGS / f"{mode}.yaml").read_text())
+    data.update(seed=seed, name=f"bench-learning-{mode}-s{seed}")
+    data["model"]["path"], data["taskset"]["path"] = model, tasks
+    data["buffer"] = {"storage": {"url": root}}
+    data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
+    data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
+    summary = run_config(validate_config(data))
+    spans = load_spans(summary["run"])
+    t0 = startup_end(spans)  # the last engine up: the training proper starts here
+    train = sorted((s for s in spans if s.component == "trainer" and s.kind == "train"), key=lambda s: s.end)
+    t1 = train[-1].end
+    window = [s for s in spans if s.start >= t0 and s.end <= t1]
+    explorers = sorted({s.component for s in spans if s.component.startswith("explorer-")})
+    trainer_metrics, _ = load_metrics(open_run(summary["run"]))
+    ends = {s.step: s.end for s in train}
+    x = summary["experiences"]
+    final = evaluate_dir(f"{summary['run']}/model")
+    return {
+        "mode": mode,
+        "seed": seed,
+        "wall_s": t1 - t0,
+        "startup_s": t0 - min(s.start for s in spans),
+        "R_s": mean(s.duration for s in window if s.kind == "rollout") if any(s.kind == "rollout" for s in window) else 0.0,
+        "T_s": mean(s.duration for s in train),
+        "trainer_busy": busy_fraction(window, "trainer", t0, t1),
+        "explorer_busy": mean(busy_fraction(window, e, t0, t1) for e in explorers),
+        "generated": x["generated"],
+        "trained": x["trained"],
+        "dropped_stale": x["dropped_stale"],
+        "untrained": x["untrained"],
+        "wasted_fraction": x["wasted_fraction"],
+        "max_staleness": summary["max_staleness_seen"],
+        "final_reward": final["expected_exact_t1"],
+        "final_greedy": final["greedy_exact"],
+        "curve": [(ends[m["step"]] - t0, m["reward_mean"]) for m in trainer_metrics if m["step"] in ends],
+    }
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """Batch reward against wall-clock seconds, one line per mode (the lowest seed of each)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for mode in MODES:
+        mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["seed"])
+        if mine:
+            xs, ys = zip(*mine[0]["curve"])
+            ax.plot(xs, ys, marker=".", label=f"{mode} ({mine[0]['wall_s']:.0f} s)")
+    ax.set_xlabel("wall-clock seconds since the engines were up")
+    ax.set_ylabel("batch reward (mean)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """The JSON line: per mode means and spreads over seeds, speedups against synchronous."""
+    by = {m: [r for r in rows if r["mode"] == m] for m in MODES}
+    wall = {m: mean(r["wall_s"] for r in rs) for m, rs in by.items()}
+    reward = {m: [r["final_reward"] for r in rs] for m, rs in by.items()}
+    sync_lo, sync_hi = min(reward["synchronous"]), max(reward["synchronous"])
+
+    def within(m: str) -> bool:
+        slack = max(reward[m]) - min(reward[m])
+        return sync_lo - slack <= mean(reward[m]) <= sync_hi + slack
+
+    return {
+        "seeds": sorted({r["seed"] for r in rows}),
+        "wall_s": {m: round(w, 2) for m, w in wall.items()},
+        "speedup_vs_sync": {m: round(wall["synchronous"] / w, 3) for m, w in wall.items()},
+        "final_reward": {m: round(mean(v), 4) for m, v in reward.items()},
+        "final_reward_spread": {m: round(max(v) - min(v), 4) for m, v in reward.items()},
+        "reward_within_spread": {m: within(m) for m in MODES},
+        "wasted_fraction": {m: round(mean(r["wasted_fraction"] for r in rs), 4) for m, rs in by.items()},
+        "trainer_busy": {m: round(mean(r["trainer_busy"] for r in rs), 3) for m, rs in by.items()},
+        "explorer_busy": {m: round(mean(r["explorer_busy"] for r in rs), 3) for m, rs in by.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CI size: 2 seeds, 12 trainer steps")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 40, 12 with --quick)")
+    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick)")
+    ap.add_argument("--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)")
+    ap.add_argument("--png", default="runs/bench-learning.png", help="where to write the reward / wall-clock figure")
+    a = ap.parse_args()
+    steps = a.steps or (12 if a.quick else 40)
+    seeds = [int(s) for s in (a.seeds or ("0,1" if a.quick else "0,1,2")).split(",")]
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    from bench._report import emit_json, print_table
+    from rl_engine.explorer import ENGINES
+    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.warmstart import evaluate_dir
+    from rl_engine.warmstart import main as warmstart
+
+    root = tempfile.mkdtemp(prefix="bench-learning-")
+    model = a.model or f"{root}/tiny-arith-sft"
+    if a.model is None:
+        warmstart([model])
+    start = evaluate_dir(model)
+    tasks = f"{root}/arith-train.jsonl"
+    write_arithmetic_taskset(tasks, n=2000, seed=1)
+    os.environ["RFT_KEEP_ENGINES"] = "1"  # modes and seeds share warm engines: start-up is not what is compared
+    rows = []
+    started = time.time()
+    with prefect_test_harness(server_startup_timeout=120):
+        for seed in seeds:
+            for mode in MODES:
+                rows.append(run_one(mode, model, tasks, f"{root}/runs", steps, seed))
+    ENGINES.close_all()  # their shutdown logs would follow the JSON line
+    title = f"bench.learning: demo task, tiny arithmetic warm start, {steps} trainer steps, seeds {seeds}"
+    print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows], title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})")
+    plot(rows, a.png, title)
+    out = {"steps": steps, "reward_start": round(start["expected_exact_t1"], 4), "png": a.png, "bench_s": round(time.time() - started, 1), **summarize(rows)}
+    emit_json(out)
+
+
+if __name__ == "__main__":
+    main()
