@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # The ephemeral server's telemetry service races its own SQLite start-up ("database is locked").
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect gives its ephemeral server 20 s to come up; a laptop busy with other work (or a CI
+    # machine running tests beside it) can take longer, and the run would fail before it starts.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown and hasattr(args, "rest"):
