@@ -286,6 +286,11 @@ class TrainerConfig(_Model):
     grad_clip: float = Field(default=1.0, gt=0.0, description="Gradient norm clip.")
     zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="DeepSpeed ZeRO stage (0 on CPU).")
     checkpoint_interval: int = Field(default=5, ge=1, description="Save resumable trainer state (with the buffer cursor) every this many trainer steps.")
+    keep_last_states: int | None = Field(
+        default=3,
+        ge=1,
+        description="Keep the newest this many committed trainer states (trainer_state/step=*), deleting older ones after each save; the newest is always kept (a resume loads it); null keeps all.",
+    )
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of the trainer; null keeps torch's default.")
 
 
@@ -319,6 +324,12 @@ class SynchronizerConfig(_Model):
         default=None,
         ge=0,
         description="Async modes: bound on (trainer version at training - generating version), enforced as admission control: explorers wait for newer weights before generating what would be too stale; null for no bound.",
+    )
+    keep_last_checkpoints: int | None = Field(
+        default=3,
+        ge=0,
+        description="Checkpoint sync: keep the newest this many committed checkpoints/version=*, deleting older ones after each publish, "
+        "but never one an explorer may still load (the version just published; in the decoupled modes any newer than an explorer holds); 0 keeps only those; null keeps all.",
     )
     collective: CollectiveConfig = Field(default_factory=CollectiveConfig, description="Settings of the collective method.")
     wait_timeout_s: float = Field(default=600.0, gt=0.0, description="Longest a side waits at a rendezvous before failing.")

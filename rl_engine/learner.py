@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pyarrow.compute as pc
 
+from rl_engine import retention
 from rl_engine.buffer import BufferReader
 from rl_engine.control import Board, Stopped, StopSignal
 from rl_engine.run import RunContext
@@ -28,7 +30,7 @@ from rl_engine.timeline import STARTUP, TimelineRecorder
 from rl_engine.trainer import build_trainer
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
 
-STATE_DIR = "trainer_state"
+STATE_DIR = retention.STATES.parent  # "trainer_state"
 
 
 def latest_state_step(run: RunContext) -> int | None:
@@ -52,6 +54,13 @@ def token_versions(batch: Any, trainer_version: int) -> dict[str, float]:
     newest = np.repeat(np.maximum.reduceat(versions, (np.cumsum(lengths) - lengths)[lengths > 0]), lengths[lengths > 0])  # [T]
     gap = trainer_version - versions
     return {"version_gap_mean": float(gap.mean()), "version_gap_max": int(gap.max()), "tokens_older_fraction": float((versions < newest).mean())}
+
+
+def host_snapshot(named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Copies of (name, tensor) pairs in host memory, taken one tensor at a time: a decoupled send
+    reads them while training goes on, and the device holds no second copy of the model (the
+    sender moves one bucket at a time back to the group's device)."""
+    return [(n, t.detach().to("cpu", copy=True)) for n, t in named]
 
 
 class Learner:
@@ -124,6 +133,7 @@ class Learner:
         url = self._state_url(self.version)
         with self.timeline.span("write", step=self.version, version=self.version):
             self.trainer.save_state(url, self.run.storage_options, extra={"cursor": self.reader.state_dict()})
+            retention.prune_states(self.run)  # trainer.keep_last_states
         return url
 
     def save_model(self) -> str:
@@ -140,6 +150,7 @@ class Learner:
             self.sender.prepare(version, stop)  # collective: every explorer joined the broadcast
         with self.timeline.span("sync", step=version, version=version, method=self.sender.method):
             self.sender.send(named, version)
+        retention.prune_checkpoints(self.run, self.board, version)  # synchronizer.keep_last_checkpoints
         self.timeline.flush()
 
     def _send_in_background(self, named: Any, version: int, stop: StopSignal) -> None:
@@ -172,7 +183,7 @@ class Learner:
                 self.sender.wait_loaded(version, stop)
         elif self._sending is None or not self._sending.is_alive():
             # Decoupled: train on while a snapshot waits for the explorers to take it between their steps.
-            snapshot = [(n, t.detach().clone()) for n, t in self.trainer.named_weights()]
+            snapshot = host_snapshot(self.trainer.named_weights())
             self._announce(version)
             self._sending = threading.Thread(target=self._send_in_background, args=(snapshot, version, stop), name=f"send-v{version}", daemon=True)
             self._sending.start()

@@ -250,9 +250,11 @@ class DeepSpeedTrainer:
         see `rl_engine.trainer.checkpoint` for the format. `COMMITTED` is written last."""
         from rl_engine.storage import join, open_storage
 
-        weights, opt_tensors, opt_meta = ckpt.collect_state(self.engine.module, self.engine.optimizer)
+        weights, opt_tensors, opt_meta = ckpt.collect_state(self.engine.module, self.engine.optimizer)  # lazy: fetched while written
         rng_tensors, rng_meta = ckpt.rng_state()
         if self.rank != 0:
+            ckpt.drain(weights)  # ZeRO-3's fetches are collective: take part in rank 0's, in its order
+            ckpt.drain(opt_tensors)
             return
         fs, root = open_storage(url, storage_options)
         fs.makedirs(root, exist_ok=True)

@@ -1,0 +1,68 @@
+"""Retention in a real run (rl_engine/retention.py): one-step-off-policy with checkpoint sync,
+keeping 2 trainer states and 2 checkpoints, stopped mid-run and resumed.
+
+    .venv/bin/python -m pytest tests/flows/test_retention_flows.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flows.run import run_config
+from rl_engine.config import validate_config
+from rl_engine.control import Board, request_stop
+from rl_engine.learner import latest_state_step
+from rl_engine.retention import CHECKPOINTS, STATES, list_dirs
+from rl_engine.run import RunContext, open_run
+from tests.flows.conftest import small_config
+
+pytestmark = pytest.mark.slow
+
+
+def _left(run: RunContext, kind) -> tuple[list[int], list[int]]:
+    fs, root = run.fs()
+    return list_dirs(fs, root, kind)
+
+
+def _stop_at(run_dir: Path, version: int, done: threading.Event, timeout_s: float = 300) -> None:
+    marker, deadline = run_dir / "control" / "trainer.json", time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not done.is_set():
+        try:
+            if json.loads(marker.read_text())["version"] >= version:
+                request_stop(Board(str(run_dir)), "cancelled", "test: stop mid-run", by="test")
+                return
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass
+        time.sleep(0.05)
+
+
+def test_run_keeps_two_of_each_and_resumes(prefect_server, tiny_model_dir, task_file, tmp_path):
+    total = 8
+    data = small_config(tiny_model_dir, task_file, str(tmp_path), name="keep2", mode="one_step_off_policy", sync_offset=1, sync_method="checkpoint", keep_last_checkpoints=2, total_steps=total)
+    data["trainer"]["keep_last_states"] = 2
+    done = threading.Event()
+    stopper = threading.Thread(target=_stop_at, args=(tmp_path / "keep2", 3, done), daemon=True)
+    stopper.start()
+    try:
+        first = run_config(validate_config(data))
+    finally:
+        done.set()
+        stopper.join(10)
+    run = open_run(str(tmp_path / "keep2"))
+    saved = latest_state_step(run)
+    assert first["final_version"] < total and saved is not None and saved >= 2, first
+    assert _left(run, STATES) == ([s for s in (saved - 2, saved) if s > 0], [])  # states every 2 steps, the last 2 kept
+
+    summary = run_config(run.cfg, resume=run.url)
+    assert summary["final_version"] == total
+    # Sent at the rendezvous: versions 1..total-2 (sync after explorer steps 2..total-1); kept: the last 2.
+    assert _left(run, STATES) == ([total - 2, total], [])
+    assert _left(run, CHECKPOINTS) == ([total - 3, total - 2], [])
+    assert set(os.listdir(tmp_path / "keep2" / "trainer_state")) == {f"step={total - 2}", f"step={total}"}
+    assert set(os.listdir(tmp_path / "keep2" / "checkpoints")) == {f"version={total - 3}", f"version={total - 2}"}
