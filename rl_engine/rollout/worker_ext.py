@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -180,8 +181,17 @@ class RFTWorkerExtension:
         pg, device = self._rft_group()
         if getattr(self, "_rft_buffers", None) is None:
             self._rft_buffers = ReceiveBuffers(device, reuse=device.type == "cpu")
-        with self._rft_reloading() as model:
-            version, n = broadcast_recv(pg, device, model.load_weights, self._rft_buffers)
+        try:
+            with self._rft_reloading() as model:
+                version, n = broadcast_recv(pg, device, model.load_weights, self._rft_buffers)
+        except BaseException as e:
+            # A broken broadcast leaves the group unusable. Closing it now (with the frames that hold
+            # its pending works cleared) makes the other ranks' sockets close: they fail at once
+            # instead of waiting out collective.timeout_s.
+            del pg
+            traceback.clear_frames(e.__traceback__)
+            self.rft_leave_group()
+            raise
         self._rft_version = version
         return version, n
 
@@ -204,14 +214,18 @@ class RFTWorkerExtension:
         files = sorted(Path(local_dir).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {local_dir}")
+        with contextlib.ExitStack() as opened:
+            # Every shard is opened (header checked, file held) before the reload starts: a file that
+            # is missing or unreadable fails here with the live weights untouched, and one deleted
+            # later (retention) is still read whole.
+            shards = [opened.enter_context(safe_open(str(f), framework="pt", device="cpu")) for f in files]
 
-        def weights():
-            for f in files:
-                with safe_open(str(f), framework="pt", device="cpu") as sf:
+            def weights():
+                for sf in shards:
                     for name in sf.keys():
                         yield name, sf.get_tensor(name)
 
-        n = self._rft_load(weights())
+            n = self._rft_load(weights())
         self._rft_version = version
         return version, n
 

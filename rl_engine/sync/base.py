@@ -74,6 +74,11 @@ class WeightReceiver(Protocol):
     def close(self) -> None: ...
 
 
+class SyncError(RuntimeError):
+    """A weight sync failed; the message names the side that broke it (explorer i, the trainer,
+    a checkpoint version or file) and what to do."""
+
+
 # Board key through which explorer i acknowledges the version its engine holds.
 def loaded_key(explorer_id: int) -> str:
     return f"explorer-{explorer_id}"

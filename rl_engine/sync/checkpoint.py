@@ -4,11 +4,16 @@ Layout under the run URL (any fsspec storage, see `rl_engine.storage`):
 
     checkpoints/version=<v>/model.safetensors            (or model-00001.safetensors ... + model.safetensors.index.json)
     checkpoints/version=<v>/config.json                  the policy's HF config (the directory loads with transformers)
-    checkpoints/version=<v>/_COMMITTED                   JSON marker, written last and atomically
+    checkpoints/version=<v>/_COMMITTED                   JSON marker, written last and atomically:
+                                                         {version, tensors, bytes, time, files: {name: {bytes, sha256}}}
 
 Readers only ever look at versions with a marker, so a trainer that dies mid-write leaves
-nothing visible. Explorers load into their live engine (no restart); from object storage the
-version is first copied to a local temp directory next to the inference workers.
+nothing visible. Before anything is loaded, every weight file the marker lists is checked
+against its size and SHA-256 (after the copy, for object storage): a version deleted or
+damaged after its commit is refused with an error naming the version and the file, and the
+engine keeps the weights it has (a half-loaded checkpoint would be worse than none).
+Explorers load into their live engine (no restart); from object storage the version is first
+copied to a local temp directory next to the inference workers.
 
     # trainer thread                                    # explorer thread
     s = build_weight_sender(cfg, board)                 r = build_weight_receiver(cfg, board, x)
@@ -18,6 +23,7 @@ version is first copied to a local temp directory next to the inference workers.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -30,12 +36,22 @@ import torch
 
 from rl_engine import storage
 from rl_engine.control import Board, Stopped, StopSignal, WaitTimeout
-from rl_engine.sync.base import post_loaded, wait_loaded
+from rl_engine.rollout.engine import EngineDiedError
+from rl_engine.sync.base import SyncError, post_loaded, wait_loaded
 from rl_engine.sync.collective import SyncStats
 
 COMMIT = "_COMMITTED"
 _VERSION_DIR = re.compile(r"version=(\d+)$")
 DEFAULT_SHARD_BYTES = 2 << 30
+_FIX = (
+    "Resume the run (`rft run CONFIG --resume RUN`) so that the trainer publishes its weights again, and check what "
+    "else writes or deletes under the run's checkpoints/ (checkpoint retention, a disk or copy error)"
+)
+
+
+def _sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class CheckpointSender:
@@ -83,6 +99,7 @@ class CheckpointSender:
         self.fs.makedirs(d, exist_ok=True)
         shards: list[dict[str, torch.Tensor]] = []
         weight_map: dict[str, str] = {}
+        files: dict[str, dict[str, Any]] = {}  # name -> {bytes, sha256}: what a reader verifies before loading
         cur: dict[str, torch.Tensor] = {}
         size = n = nbytes = 0
         for name, t in named_tensors:
@@ -91,7 +108,7 @@ class CheckpointSender:
             size += t.numel() * t.element_size()
             n += 1
             if size >= self.shard_bytes:
-                self._write_shard(d, len(shards) + 1, cur, weight_map)
+                self._write_shard(d, len(shards) + 1, cur, weight_map, files)
                 shards.append({})
                 nbytes += size
                 cur, size = {}, 0
@@ -99,16 +116,16 @@ class CheckpointSender:
             raise ValueError(f"checkpoint of version {version}: the trainer gave no parameters")
         if cur or not shards:
             if not shards:
-                self._write(d, "model.safetensors", cur)  # one shard: the plain HF single-file layout
+                self._write(d, "model.safetensors", cur, files)  # one shard: the plain HF single-file layout
             else:
-                self._write_shard(d, len(shards) + 1, cur, weight_map)
+                self._write_shard(d, len(shards) + 1, cur, weight_map, files)
             nbytes += size
         if weight_map:
             storage.write_json(self.fs, storage.join(d, "model.safetensors.index.json"), {"metadata": {"total_size": nbytes}, "weight_map": weight_map})
         with open(os.path.join(self.model_dir, "config.json"), "rb") as f:
             storage.write_bytes_atomic(self.fs, storage.join(d, "config.json"), f.read())
         # Written last: until it exists no reader sees this version.
-        storage.write_json(self.fs, marker, {"version": version, "tensors": n, "bytes": nbytes, "time": time.time()})
+        storage.write_json(self.fs, marker, {"version": version, "tensors": n, "bytes": nbytes, "time": time.time(), "files": files})
         self.last = SyncStats(version, n, nbytes, time.perf_counter() - t0)
 
     def _prepare(self, t: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -122,19 +139,23 @@ class CheckpointSender:
             t = t.clone()
         return t
 
-    def _write_shard(self, d: str, index: int, tensors: dict[str, torch.Tensor], weight_map: dict[str, str]) -> None:
+    def _write_shard(self, d: str, index: int, tensors: dict[str, torch.Tensor], weight_map: dict[str, str], files: dict[str, dict[str, Any]]) -> None:
         fname = f"model-{index:05d}.safetensors"
-        self._write(d, fname, tensors)
+        self._write(d, fname, tensors, files)
         weight_map.update({k: fname for k in tensors})
 
-    def _write(self, d: str, fname: str, tensors: dict[str, torch.Tensor]) -> None:
+    def _write(self, d: str, fname: str, tensors: dict[str, torch.Tensor], files: dict[str, dict[str, Any]]) -> None:
+        """Write one safetensors file and record its size and SHA-256 in `files`."""
         from safetensors.torch import save, save_file
 
         path = storage.join(d, fname)
         if storage.is_local(self.fs):
             save_file(tensors, path, metadata={"format": "pt"})  # no in-memory copy of the shard
+            files[fname] = {"bytes": os.path.getsize(path), "sha256": _sha256_file(path)}  # read back from the page cache
         else:
-            self.fs.pipe_file(path, save(tensors, metadata={"format": "pt"}))
+            data = save(tensors, metadata={"format": "pt"})
+            files[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            self.fs.pipe_file(path, data)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -192,15 +213,19 @@ class CheckpointReceiver:
                 return engine.version
             version = latest
         d = storage.join(self.root, "checkpoints", f"version={version}")
-        if not self.fs.exists(storage.join(d, COMMIT)):
-            raise RuntimeError(f"checkpoint version {version} under {self.root}/checkpoints is not committed; committed: {self.committed_versions()}")
+        files = self._committed_files(d, version, engine)
         if storage.is_local(self.fs):
+            self._verify(d, d, files, version, engine)
             got = self._load(engine, d, version)
         else:
             tmp = tempfile.mkdtemp(prefix=f"rft-ckpt-v{version}-")
             try:
-                for p in self.fs.glob(storage.join(d, "*.safetensors")):
-                    self.fs.get_file(p, os.path.join(tmp, p.rsplit("/", 1)[-1]))
+                for fname in files:
+                    try:
+                        self.fs.get_file(storage.join(d, fname), os.path.join(tmp, fname))
+                    except FileNotFoundError:
+                        pass  # _verify names it
+                self._verify(tmp, d, files, version, engine)
                 got = self._load(engine, tmp, version)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -208,8 +233,51 @@ class CheckpointReceiver:
         post_loaded(self.board, self.explorer_id, got)
         return got
 
+    def _refused(self, version: int, engine: Any, problem: str) -> SyncError:
+        return SyncError(
+            f"checkpoint version {version} refused: {problem}. Nothing was loaded: explorer {self.explorer_id}'s engine keeps version {engine.version}. {_FIX}"
+        )
+
+    def _committed_files(self, d: str, version: int, engine: Any) -> dict[str, dict[str, Any] | None]:
+        """The weight files of committed `version` with what its marker says about each (None: a marker
+        from before checksums, whose files are only opened); refuses a version that is gone or uncommitted."""
+        self.fs.invalidate_cache()
+        try:
+            marker = storage.read_json(self.fs, storage.join(d, COMMIT))
+        except FileNotFoundError:
+            where = f"under {self.root}/checkpoints"
+            if self.fs.exists(d):
+                raise SyncError(f"checkpoint version {version} {where} is not committed; committed: {self.committed_versions()}") from None
+            raise self._refused(version, engine, f"it does not exist {where} (deleted after it was committed, or never written); committed now: {self.committed_versions()}") from None
+        except ValueError as e:
+            raise self._refused(version, engine, f"its commit marker {storage.join(d, COMMIT)} is unreadable ({e})") from e
+        if "files" in marker:
+            return marker["files"]
+        return {p.rsplit("/", 1)[-1]: None for p in self.fs.glob(storage.join(d, "*.safetensors"))}
+
+    def _verify(self, local_dir: str, shown_dir: str, files: dict[str, dict[str, Any] | None], version: int, engine: Any) -> None:
+        """Every listed file is there with the size and SHA-256 its commit marker recorded."""
+        if not files:
+            raise self._refused(version, engine, f"{shown_dir} holds no weight files")
+        for fname, want in files.items():
+            path, shown = os.path.join(local_dir, fname), storage.join(shown_dir, fname)
+            if not os.path.exists(path):
+                raise self._refused(version, engine, f"{shown} is missing (deleted after the trainer committed it)")
+            if want is None:
+                continue
+            size = os.path.getsize(path)
+            if size != want["bytes"]:
+                raise self._refused(version, engine, f"{shown} has {size} bytes where its commit marker says {want['bytes']} (truncated or overwritten)")
+            if _sha256_file(path) != want["sha256"]:
+                raise self._refused(version, engine, f"{shown} does not match the SHA-256 in its commit marker (its bytes changed after the commit)")
+
     def _load(self, engine: Any, local_dir: str, version: int) -> int:
-        results = engine.rpc("rft_load_checkpoint", local_dir, version, timeout=self.timeout_s)
+        try:
+            results = engine.rpc("rft_load_checkpoint", local_dir, version, timeout=self.timeout_s)
+        except EngineDiedError:
+            raise
+        except Exception as e:
+            raise SyncError(f"checkpoint version {version}: explorer {self.explorer_id}'s workers failed to load {local_dir}: {type(e).__name__}: {e}. {_FIX}") from e
         if any(n == 0 for _, n in results):
             raise RuntimeError(f"checkpoint version {version}: a worker loaded no tensors from {local_dir}")
         return version
