@@ -35,7 +35,7 @@ from rl_engine.algorithms import grpo_advantages, policy_loss, sft_loss, token_e
 from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
 from rl_engine.trainer import checkpoint as ckpt
-from rl_engine.trainer.dist import accelerator_device, ensure_dist_env
+from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
 
 Batch = dict[str, Tensor]
 # (micro-batch, its trained-token mask [b, L], whole-batch token/sequence counts) -> (loss, metric sums)
@@ -104,6 +104,7 @@ class DeepSpeedTrainer:
             "steps_per_print": 2**31 - 1,  # our own metrics; keep DeepSpeed's progress lines out of the logs
             "wall_clock_breakdown": False,
         }
+        preload_deepspeed_ops()  # a build lock left by a killed trainer would hang initialize forever
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         return engine
 

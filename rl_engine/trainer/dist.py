@@ -7,8 +7,16 @@ none, so `ensure_dist_env` fills them in for a world of one, on a free loopback 
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import glob
+import logging
 import os
 import socket
+import time
+from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
@@ -48,3 +56,64 @@ def accelerator_device() -> str:
 
     name = get_accelerator().device_name()
     return name if name == "cpu" else f"{name}:{int(os.environ.get('LOCAL_RANK', '0'))}"
+
+
+def extensions_root() -> str:
+    """Where torch JIT-builds C++ extensions (DeepSpeed's CPU ops): TORCH_EXTENSIONS_DIR or its default."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    return os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+
+
+def preload_deepspeed_ops() -> None:
+    """JIT-load DeepSpeed's shm comm op (what deepspeed.initialize builds on CPU) under
+    `op_build_guard`; DeepSpeed caches loaded ops per process, so initialize then takes no build
+    lock of its own. Only the load is guarded: ranks of one trainer must not wait on each other
+    inside initialize's collective set-up while one holds the guard."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return  # GPU accelerators: no such op
+    with op_build_guard():
+        builder.load()
+
+
+@contextlib.contextmanager
+def op_build_guard(root: str | None = None, stale_after_s: float = 30.0) -> Iterator[None]:
+    """Hold this while JIT-loading a torch extension (DeepSpeed's ops).
+
+    torch guards each extension build with a plain lock file (`<root>/<py>_<dev>/<op>/lock`,
+    FileBaton) that every loading process takes, even when ninja finds nothing to rebuild, and
+    waits for forever while it exists. A process killed while holding it leaves it behind, and
+    every later trainer hangs at start-up. Our trainers take an flock here first (the kernel
+    releases it when its holder dies), so while we hold it no trainer of ours is building: a lock
+    file still there after `stale_after_s` (older than that, or not gone within it; a foreign
+    process's build could hold one) was left by a dead process, and is removed with a warning.
+    """
+    root = root or extensions_root()
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, ".rft-build.flock"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released on close, or by the kernel if we die
+        try:
+            for lock in glob.glob(os.path.join(root, "*", "*", "lock")):
+                _clear_if_stale(lock, stale_after_s)
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
+
+
+def _clear_if_stale(lock: str, stale_after_s: float) -> None:
+    deadline = time.monotonic() + stale_after_s
+    while os.path.exists(lock):
+        try:
+            age = time.time() - os.path.getmtime(lock)
+        except FileNotFoundError:
+            return
+        if age > stale_after_s or time.monotonic() > deadline:
+            log.warning("removing %s, a torch extension build lock left by a process that died while holding it (%.0f s old)", lock, age)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(lock)
+            return
+        time.sleep(0.2)
