@@ -10,7 +10,7 @@ no experience stored twice, every group whole, every continuation pending at the
 once or still pending, each explorer's prompt order continued, and the mode's schedule (its
 staleness bound) held by every segment generated after the resume.
 
-    .venv/bin/python -m pytest tests/flows/test_kill_resume.py      # 5 runs killed and resumed, minutes
+    .venv/bin/python -m pytest tests/flows/test_kill_resume.py      # 4 runs killed and resumed, minutes
     .venv/bin/python -m bench.faults                                # the same trials as a report
 
 RFT_KILL_SEED picks other kill points and delays (default 13).
@@ -268,12 +268,16 @@ def schedule_breaks(trial: dict[str, Any]) -> list[str]:
     return bad
 
 
-CASES = [(mode, "group") for mode in MODES] + [("one_step_off_policy", "main")]
+# CI's reduced matrix: every mode killed once, both scopes, both sync methods (fully async syncs by
+# checkpoint, the others collectively); bench.faults runs the full one (5 kills per mode).
+CASES = [("synchronous", "group"), ("one_step_off_policy", "main"), ("fully_async", "group"), ("multi_explorer", "group")]
 
 
 def kill_points(seed: int) -> dict[tuple[str, str], str]:
     """A seeded random kill point per case; over the cases every point is tried."""
-    order = random.Random(seed).sample(POINTS * 2, k=len(CASES))
+    rng, order = random.Random(seed), []
+    while len(order) < len(CASES):  # shuffled rounds of all points: 4 cases try each point once
+        order += rng.sample(POINTS, k=len(POINTS))
     return dict(zip(CASES, order))
 
 
