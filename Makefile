@@ -40,6 +40,7 @@ bench: setup
 	$(PY) -m bench.modes --quick --synthetic
 	$(PY) -m bench.partial --quick
 	$(PY) -m bench.ops --quick
+	$(PY) -m bench.learning --quick
 
 # Regenerate the constraints file from the current environment.
 lock:

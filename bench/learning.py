@@ -104,9 +104,11 @@ def plot(rows: list[dict], path: str, title: str) -> None:
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["seed"])
         if mine:
             xs, ys = zip(*mine[0]["curve"])
-            ax.plot(xs, ys, marker=".", label=f"{mode} ({mine[0]['wall_s']:.0f} s)")
+            w = 8  # a trailing mean over 8 steps: one batch's reward is noisy
+            smooth = [mean(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
+            ax.plot(xs, smooth, label=f"{mode} ({mine[0]['wall_s']:.0f} s)")
     ax.set_xlabel("wall-clock seconds since the engines were up")
-    ax.set_ylabel("batch reward (mean)")
+    ax.set_ylabel("batch reward (trailing mean of 8 steps)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -143,12 +145,12 @@ def summarize(rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="CI size: 2 seeds, 12 trainer steps")
-    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 40, 12 with --quick)")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 60, 12 with --quick)")
     ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick)")
     ap.add_argument("--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)")
     ap.add_argument("--png", default="runs/bench-learning.png", help="where to write the reward / wall-clock figure")
     a = ap.parse_args()
-    steps = a.steps or (12 if a.quick else 40)
+    steps = a.steps or (12 if a.quick else 60)
     seeds = [int(s) for s in (a.seeds or ("0,1" if a.quick else "0,1,2")).split(",")]
 
     from prefect.testing.utilities import prefect_test_harness
