@@ -1,4 +1,4 @@
-"""Faults report: how the pipeline meets bad input and killed runs (and, as they land, outages).
+"""Faults report: how the pipeline meets bad input, killed runs and storage outages.
 
     python -m bench.faults --quick      # CI size: every bad input that needs no engine, one kill trial
     python -m bench.faults              # also the bad inputs that start a real run; 5 kill trials per mode (20 trials, 1.5-5 min each on 2 cores)
@@ -22,7 +22,11 @@ steps trained), `duplicated` (experience ids stored twice), `kill_trained_twice`
 the final model trained twice), `kill_survivors` (= `orphans`: processes of the killed run still
 running 30 s after the kill), `kill_resume_failed`, `kill_order_breaks` (prompts replayed or
 drawn out of order), `kill_schedule_breaks` (segments after the resume outside the mode's
-schedule).
+schedule). Storage outages (tests/s3_outage.py's `buffer_outage_trial`: a buffer writer and reader
+through a proxy in front of moto that stalls or refuses connections): `outage_seconds_survived`
+(the longest outage within the limit that a trial survived), `outage_within_limit_failed`,
+`outage_past_limit_clear` (outages past a 5 s limit that failed within 3 s of it, naming the URL),
+`outage_lost`, `outage_duplicated`, `outage_not_whole` (visible objects that are not whole).
 """
 
 from __future__ import annotations
@@ -118,6 +122,45 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
     return rows, {**summary, "kills": summary["kill_trials"], "lost": summary["kill_lost"], "orphans": summary["kill_survivors"], "kill_seed": args.seed}
 
 
+def storage_outages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Buffer writes and reads across S3 outages (tests/s3_outage.py: a proxy in front of moto that
+    stalls or refuses): 20 s (and 60 s without --quick) within a 90 s limit, then past a 5 s limit."""
+    import uuid
+
+    import s3fs
+
+    from tests.s3_outage import buffer_outage_trial
+
+    kinds = ("stall", "refuse")
+    plan = [(k, s, 90.0) for s in ((20.0,) if args.quick else (20.0, 60.0)) for k in kinds] + [(k, 120.0, 5.0) for k in kinds]
+    rows: list[dict[str, Any]] = []
+    with _S3() as s3:
+        endpoint, options = s3.start()
+        for kind, outage_s, limit_s in plan:
+            bucket = f"outage-{uuid.uuid4().hex[:8]}"
+            s3fs.S3FileSystem(skip_instance_cache=True, **options).mkdir(bucket)
+            t = buffer_outage_trial(f"s3://{bucket}/run", endpoint, kind, outage_s, limit_s)
+            error = t["write_error"] or t["read_error"]
+            rows.append({
+                "outage": kind, "outage_s": outage_s if outage_s < limit_s else f">{limit_s:g}", "limit_s": limit_s,
+                "outcome": "survived" if t["survived"] else "failed", "blocked_s": max(t["write_s"], t["read_s"]),
+                "lost": t["lost"], "duplicated": t["duplicated"], "unexpected": t["unexpected"], "not_whole": len(t["visible"]["not_whole"]),
+                "clear": t["survived"] or (f"s3://{bucket}/run/" in error and "outage_timeout_s" in error and t["write_s"] <= limit_s + 3),
+                "error": _short(error),
+            })
+    survived = [r for r in rows if r["outcome"] == "survived" and r["limit_s"] > 5]
+    summary = {
+        "outage_trials": len(rows),
+        "outage_seconds_survived": max((float(r["outage_s"]) for r in survived), default=0.0),
+        "outage_within_limit_failed": len([r for r in rows if r["limit_s"] > 5]) - len(survived),
+        "outage_past_limit_clear": sum(r["clear"] for r in rows if r["limit_s"] == 5),
+        "outage_lost": sum(r["lost"] + r["unexpected"] for r in rows),
+        "outage_duplicated": sum(r["duplicated"] for r in rows),
+        "outage_not_whole": sum(r["not_whole"] for r in rows),
+    }
+    return rows, summary
+
+
 class _S3:
     """moto's S3 server on loopback, started on first use (the bucket rows), stopped at exit."""
 
@@ -151,6 +194,7 @@ class _S3:
 SECTIONS: list[tuple[str, Section]] = [
     ("bad inputs", bad_inputs),
     ("kill trials", kill_trials),
+    ("storage outages", storage_outages),
 ]
 
 

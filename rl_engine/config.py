@@ -224,6 +224,12 @@ class StorageConfig(_Model):
         default_factory=dict,
         description="Non-secret fsspec options, e.g. {client_kwargs: {endpoint_url: ...}} for S3. Credentials come from the environment (AWS_ACCESS_KEY_ID, ...).",
     )
+    outage_timeout_s: float = Field(
+        default=120.0,
+        gt=0.0,
+        description="How long one operation on an object store (S3) keeps retrying, with backoff, while the store is unreachable "
+        "(connections refused or timing out, 5xx answers) before the run fails with an error naming the URL and the operation. Local disk never retries.",
+    )
 
     @field_validator("options")
     @classmethod
@@ -235,6 +241,17 @@ class StorageConfig(_Model):
                 "Set them in the environment instead (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, or FSSPEC_S3_KEY / FSSPEC_S3_SECRET)"
             )
         return v
+
+    @model_validator(mode="after")
+    def _one_outage_limit(self) -> "StorageConfig":
+        given = self.options.get("outage_timeout_s", self.outage_timeout_s)
+        if given != self.outage_timeout_s:
+            raise ValueError(f"options.outage_timeout_s = {given!r} disagrees with outage_timeout_s = {self.outage_timeout_s!r}; set only buffer.storage.outage_timeout_s")
+        return self
+
+    def fs_options(self) -> dict[str, Any]:
+        """The options every component opens this storage with (`rl_engine.storage.open_storage`): fsspec's plus the outage limit."""
+        return {**self.options, "outage_timeout_s": self.outage_timeout_s}
 
 
 class BufferConfig(_Model):

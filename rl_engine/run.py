@@ -36,7 +36,8 @@ class RunContext:
 
     @property
     def storage_options(self) -> dict[str, Any]:
-        return self.cfg.buffer.storage.options
+        # fsspec's options plus buffer.storage.outage_timeout_s: the one handle every role and component opens storage with
+        return self.cfg.buffer.storage.fs_options()
 
     def fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
         """(filesystem, path of the run directory inside it)."""

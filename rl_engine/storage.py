@@ -5,24 +5,68 @@ Credentials are never passed here from the config: fsspec/s3fs read them from th
 resolved config or logs.
 
     fs, root = open_storage("s3://bucket/runs", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:5000"}})
+
+Outages: on S3 every request goes through `_call_s3` of the filesystem built here, which keeps
+retrying an unreachable store (refused or timed-out connections, 5xx answers) with backoff for up
+to `outage_timeout_s` (`buffer.storage.outage_timeout_s`, carried in the options under that key
+by `StorageConfig.fs_options()`), then raises `StorageUnavailableError` naming the URL and the
+operation. botocore (standard mode) and s3fs retry only a few seconds' worth and have no
+deadline, which is why this layer exists. A retried PUT sends the same whole object again, so
+an object is still all-or-nothing. Local disk: a full disk (ENOSPC, EDQUOT) is
+`StorageFullError` naming the path, and the temp file is removed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import functools
 import json
+import logging
 import os
+import random
+import time
 import uuid
 from typing import Any
 
 import fsspec
 import yaml
-from fsspec.core import url_to_fs
+from fsspec.core import split_protocol, url_to_fs
+
+from rl_engine.errors import UserError
+
+OUTAGE_KEY = "outage_timeout_s"  # the key StorageConfig.fs_options() puts in the options, consumed here
+_S3_PROTOCOLS = ("s3", "s3a")
+log = logging.getLogger(__name__)
+
+
+class StorageUnavailableError(UserError):
+    """The object store stayed unreachable past `buffer.storage.outage_timeout_s`; names URL and operation."""
+
+
+class StorageFullError(UserError):
+    """Local storage has no space left; names the path."""
 
 
 def open_storage(url: str, options: dict[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, root path inside it) for a storage URL; local paths become absolute."""
-    fs, root = url_to_fs(url, **(options or {}))
-    return fs, root.rstrip("/")
+    """(filesystem, root path inside it) for a storage URL; local paths become absolute.
+
+    `options` are fsspec options plus, optionally, `outage_timeout_s` (absent: the default of
+    `buffer.storage.outage_timeout_s`).
+    """
+    opts = dict(options or {})
+    limit = opts.pop(OUTAGE_KEY, None)
+    if split_protocol(url)[0] not in _S3_PROTOCOLS:
+        fs, root = url_to_fs(url, **opts)
+        return fs, root.rstrip("/")
+    if limit is None:
+        from rl_engine.config import StorageConfig
+
+        limit = StorageConfig.model_fields[OUTAGE_KEY].default
+    config_kwargs = dict(opts.get("config_kwargs") or {})
+    config_kwargs.setdefault("retries", {"mode": "standard"})  # jittered, capped backoff for short blips
+    fs = _resilient_s3_class()(**{**opts, "config_kwargs": config_kwargs, "outage_timeout_s": float(limit)})
+    return fs, fs._strip_protocol(url).rstrip("/")
 
 
 def join(*parts: str) -> str:
@@ -53,18 +97,23 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsyn
         fs.pipe_file(path, data if isinstance(data, bytes) else bytes(memoryview(data)))
         return
     parent = path.rsplit("/", 1)[0]
-    os.makedirs(parent, exist_ok=True)
     tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
     try:
+        os.makedirs(parent, exist_ok=True)
         with open(tmp, "wb") as f:
             f.write(memoryview(data))
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFullError(
+                f"cannot write {path}: {os.strerror(e.errno)}; nothing was written there (files committed before are untouched). "
+                "Free space on that filesystem, or point buffer.storage.url at one with room, then resume the run"
+            ) from e
         raise
 
 
@@ -78,3 +127,83 @@ def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
 
 def write_yaml(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
     write_bytes_atomic(fs, path, yaml.safe_dump(obj, sort_keys=False).encode())
+
+
+# --------------------------------------------------------------------------- S3 outages
+
+_OPERATIONS = {"put": "write", "get": "read", "head": "look up", "list": "list", "delete": "delete", "copy": "copy"}
+
+
+def _unreachable(e: BaseException) -> bool:
+    """True for errors that say the store is not answering (worth waiting out), not that the request is wrong."""
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    cause = e.__cause__ if isinstance(e.__cause__, ClientError) else e
+    if isinstance(cause, ClientError):  # s3fs turns these into OSError; the status says whether the server is struggling
+        return int(cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) >= 500
+    return isinstance(e, (ConnectionError, HTTPClientError, asyncio.TimeoutError, ConnectionRefusedError, ConnectionResetError))
+
+
+@functools.cache
+def _resilient_s3_class() -> type:
+    """s3fs's filesystem whose every request waits out an outage of up to `outage_timeout_s` seconds."""
+    import s3fs
+    from fsspec.asyn import sync_wrapper
+
+    class ResilientS3FileSystem(s3fs.S3FileSystem):
+        def __init__(self, *args: Any, outage_timeout_s: float, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.outage_timeout_s = outage_timeout_s
+
+        async def _call_s3(self, method: str, *akwarglist: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            deadline, delay, last = start + self.outage_timeout_s, 0.5, None
+            while True:
+                try:
+                    # An attempt may itself hang (a stalled server): the deadline bounds it too.
+                    out = await asyncio.wait_for(super()._call_s3(method, *akwarglist, **kwargs), max(deadline - time.monotonic(), 0.01))
+                except Exception as e:  # noqa: BLE001 - sorted by _unreachable; the rest propagate unchanged
+                    if not _unreachable(e):
+                        raise
+                    if last is None:
+                        log.warning("storage %s unreachable (%s: %s); retrying for up to %.0f s", self._url(kwargs), method, type(e).__name__, deadline - time.monotonic())
+                    last = e if last is None or not isinstance(e, asyncio.TimeoutError) else last  # the cut-off attempt says less than what came before
+                    if time.monotonic() >= deadline:
+                        raise self._outage_error(method, kwargs, time.monotonic() - start, last) from None
+                    await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), max(deadline - time.monotonic(), 0)))
+                    delay = min(delay * 2, 5.0)
+                    continue
+                if last is not None:
+                    log.warning("storage %s reachable again after %.1f s (%s)", self._url(kwargs), time.monotonic() - start, method)
+                return out
+
+        call_s3 = sync_wrapper(_call_s3)  # s3fs binds the sync twin to its own _call_s3: rebind it to this one
+
+        async def _exists(self, path: str) -> bool:
+            bucket, key, _ = self.split_path(path)
+            if bucket and not key:
+                # s3fs takes any failure of its bucket probe for "no such bucket"; an outage must say so instead.
+                try:
+                    await self._call_s3("head_bucket", Bucket=bucket)
+                    return True
+                except StorageUnavailableError:
+                    raise
+                except Exception:  # noqa: BLE001 - not found, forbidden: s3fs's own probes decide
+                    pass
+            return await super()._exists(path)
+
+        exists = sync_wrapper(_exists)
+
+        def _url(self, kwargs: dict[str, Any]) -> str:
+            return "s3://" + "/".join(p for p in (kwargs.get("Bucket"), kwargs.get("Key") or kwargs.get("Prefix")) if p)
+
+        def _outage_error(self, method: str, kwargs: dict[str, Any], waited: float, e: BaseException) -> StorageUnavailableError:
+            op = _OPERATIONS.get(method.split("_", 1)[0], method)
+            return StorageUnavailableError(
+                f"storage unreachable: could not {op} {self._url(kwargs)} ({method}) in {waited:.0f} s of retries, "
+                f"the limit buffer.storage.outage_timeout_s = {self.outage_timeout_s:g} (last error {type(e).__name__}: {e}). "
+                "Check that the S3 endpoint (buffer.storage.options.client_kwargs.endpoint_url) is up and reachable from here, "
+                "or raise buffer.storage.outage_timeout_s; then resume the run"
+            )
+
+    return ResilientS3FileSystem
