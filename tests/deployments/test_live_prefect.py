@@ -65,6 +65,7 @@ def test_deploy_all_from_repo_root(deployed):
             set_ = dep["parameter_openapi_schema"]["properties"]["set"]
             assert {"type": "array", "items": {"type": "string"}} in set_["anyOf"] and "set" not in dep["parameters"], name
             assert set_["description"].startswith("Dotted overrides applied on top of `cfg`"), name
+            assert_form_has_every_section(dep["parameter_openapi_schema"], name)
     for role, params in {"rft-explorer/default": {"run_url", "explorer_id"}, "rft-trainer/default": {"run_url"}}.items():
         schema = deployed[role]["parameter_openapi_schema"]
         assert params <= set(schema["properties"]) and schema["required"] == ["run_url"], (role, schema)
@@ -73,6 +74,33 @@ def test_deploy_all_from_repo_root(deployed):
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]
     # one run at a time: the server keeps the limit as a global concurrency limit of the deployment
     assert nightly["global_concurrency_limit"]["limit"] == 1 and nightly["parameters"]["cfg"]["lineage"] == {"name": "nightly"}
+
+
+def assert_form_has_every_section(schema: dict, name: str) -> None:
+    """The UI's run form is drawn from this schema: `cfg` is RFTConfig with every section, and
+    every field of every section (nested models too) carries its description."""
+    from pydantic import BaseModel
+
+    from rl_engine.config import RFTConfig
+
+    defs = schema["definitions"]
+    assert schema["properties"]["cfg"]["$ref"] == "#/definitions/RFTConfig", name
+    assert set(defs["RFTConfig"]["properties"]) == set(RFTConfig.model_fields), name
+    models, seen = [RFTConfig], set()
+    while models:
+        model = models.pop()
+        if model.__name__ in seen:
+            continue
+        seen.add(model.__name__)
+        props = defs[model.__name__]["properties"]
+        for field, info in model.model_fields.items():
+            ref = props[field].get("$ref") or next((a.get("$ref") for a in props[field].get("allOf", [])), None)
+            described = props[field].get("description") or (ref and defs[ref.rsplit("/", 1)[-1]].get("description"))
+            assert described, f"{name}: {model.__name__}.{field} has no description in the form"
+            for sub in getattr(info.annotation, "__args__", ()) + (info.annotation,):
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    models.append(sub)
+    assert len(seen) >= 10, (name, sorted(seen))
 
 
 TICK_FLOW = '''
