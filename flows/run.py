@@ -49,7 +49,10 @@ def run_watched(cfg: RFTConfig, resume: str | None = None) -> Any:
                 try:
                     return run_config(cfg, resume)
                 finally:
-                    logging.getLogger("prefect").setLevel(logging.WARNING)  # its shutdown chatter stays off the terminal
+                    # Their shutdown chatter stays off the terminal: Prefect's, and vLLM's from an engine's
+                    # bounded close (rollout/engine.py) still finishing in its helper thread.
+                    logging.getLogger("prefect").setLevel(logging.WARNING)
+                    logging.getLogger("vllm").setLevel(logging.ERROR)
         except BaseException:
             print(f"the run's engine and library logs: {log}", file=sys.stderr, flush=True)
             raise

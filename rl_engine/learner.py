@@ -86,10 +86,19 @@ class Learner:
         self.sender = build_weight_sender(cfg, self.board)
         self.sender.connect(stop)  # collective: blocks until every explorer's workers joined the group
 
-    def _post(self) -> None:
+    def _lost_rows(self) -> int:
         c = self.reader.stats  # rows the reader dropped or skipped: the explorers make up for them
-        lost = int(c.get("dropped_stale", 0)) + int(c.get("skipped_corrupt_rows", 0))
-        self.board.post("trainer", {"version": self.version, "published": self.published, "lost_rows": lost})
+        return int(c.get("dropped_stale", 0)) + int(c.get("skipped_corrupt_rows", 0))
+
+    def _post(self) -> None:
+        self._posted_lost = self._lost_rows()
+        self.board.post("trainer", {"version": self.version, "published": self.published, "lost_rows": self._posted_lost})
+
+    def _post_lost(self) -> None:
+        """While the trainer waits for a batch: rows dropped meanwhile must reach the explorers now,
+        or they stop one batch short of the run's end and the trainer waits out its read timeout."""
+        if self._lost_rows() != self._posted_lost:
+            self._post()
 
     @property
     def version(self) -> int:
@@ -104,7 +113,7 @@ class Learner:
         started = time.time()
         with self.timeline.span("wait", step=t, version=self.version):
             # max_staleness is only ever set in the decoupled modes (the config rejects it elsewhere).
-            batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, cfg.synchronizer.max_staleness, stop=stop)
+            batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, cfg.synchronizer.max_staleness, stop=stop, on_wait=self._post_lost)
         waited = time.time() - started
         staleness = self.version - batch.min_versions()  # [B] versions behind at training time
         with self.timeline.span("train", step=t, version=self.version):

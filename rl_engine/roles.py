@@ -96,7 +96,9 @@ class Role:
         try:
             yield
         except Stopped:
-            self.stop.close("stopped")
+            # The trainer's "finished" ends decoupled explorers wherever they wait: their schedule is done.
+            req = self.board.get(STOP_KEY) or {}
+            self.stop.close("done" if req.get("kind") == "finished" else "stopped")
         except BaseException as e:
             if self.stop.is_set():
                 # Peers going away mid-exchange (a broadcast whose receivers left) is expected once the run stops.
@@ -169,7 +171,7 @@ def _decoupled_explorer(run: RunContext, explorer: Explorer, role: Role) -> None
     at, stop = role.at, role.stop
     e = at.first_steps[explorer.explorer_id]
     while True:
-        explorer.pick_up_newest(e, stop, at.first_steps)  # also after stop: a broadcast in flight needs every explorer
+        explorer.pick_up_newest(e, stop, at.first_steps, role.attempt)  # also after stop: a broadcast in flight needs every explorer
         if stop.is_set():
             break
         role.record(e, explorer.step(e))

@@ -48,7 +48,7 @@ import logging
 import threading
 import time
 from time import time_ns as _wall_ns
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -104,9 +104,11 @@ class BufferReader:
         max_staleness: int | None = None,
         timeout_s: float | None = None,
         stop: threading.Event | None = None,
+        on_wait: Callable[[], None] | None = None,
     ) -> ExperienceBatch:
         """The next `n` experiences in commit order; waits up to `timeout_s` (default cfg.read_timeout_s),
-        or until `stop` is set (raises Stopped: the run is being cancelled)."""
+        or until `stop` is set (raises Stopped: the run is being cancelled). `on_wait` is called
+        before each pause (the trainer posts the rows dropped so far, which the explorers make up)."""
         if n < 1:
             raise ValueError(f"read_batch(n={n}): n must be >= 1")
         if max_staleness is not None and trainer_version is None:
@@ -123,6 +125,8 @@ class BufferReader:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BufferTimeout(self._waiting_message(n, available, timeout, trainer_version, max_staleness))
+            if on_wait is not None:
+                on_wait()
             time.sleep(min(self.poll_s, left))
 
     def poll(self) -> int:

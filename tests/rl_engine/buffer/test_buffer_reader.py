@@ -56,6 +56,18 @@ def test_stale_experiences_dropped_and_counted(tmp_path):
         reader.read_batch(2, trainer_version=3, max_staleness=1, timeout_s=0)
 
 
+def test_rows_dropped_while_waiting_are_reported_before_the_wait_ends(tmp_path):
+    # The explorers make up for dropped rows only once they hear of them: a reader that told them
+    # after its batch would wait for rows nobody makes (decoupled modes stop at the run's end).
+    run = str(tmp_path)
+    BufferWriter(run, {}, 0).write(1, make_batch(4, explorer_step=1, version=0, group_size=2))
+    reader = BufferReader(run, {}, BufferConfig(poll_interval_s=0.05))
+    seen: list[int] = []
+    with pytest.raises(BufferTimeout):
+        reader.read_batch(4, trainer_version=3, max_staleness=1, timeout_s=0.3, on_wait=lambda: seen.append(reader.stats["dropped_stale"]))
+    assert seen and seen[0] == 4  # the first pause already knows
+
+
 def test_group_with_one_stale_member_dropped_whole(tmp_path):
     run = str(tmp_path)
     t = make_batch(4, group_size=2, version=5).to_table()
