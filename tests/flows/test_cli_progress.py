@@ -109,7 +109,8 @@ def _drain(fd: int, into: bytearray) -> None:
 
 
 def rft(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}  # its own ephemeral server, as a user's shell
+    # As a user's shell: its own ephemeral server, and engines closed when the run ends (not kept for reuse).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RFT_KEEP_ENGINES"}
     env |= {"PREFECT_HOME": str(cwd / "prefect-home"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
     return subprocess.run([RFT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
@@ -126,7 +127,8 @@ def test_rft_run_prints_progress_and_logs_engines_to_the_run(tiny_model_dir, tas
     progress = [m for s in out if (m := PROGRESS.match(s))]
     assert [int(m.group(1)) for m in progress][-1] == 3 and all(m.group(2) == "3" for m in progress), res.stdout
     assert all(m.group(3) != "-" for m in progress)  # every line has a reward
-    assert any(m.group(6) != "--:--:--" for m in progress), res.stdout  # and an ETA once a rate is known
+    if len({m.group(1) for m in progress}) > 1:  # a rate needs two steps seen; 3 steps may pass within one poll
+        assert any(m.group(6) != "--:--:--" for m in progress), res.stdout  # then an ETA is shown
     noise = [s for s in out + res.stderr.splitlines() if ENGINE_LINE.search(s)]
     assert not noise, noise[:10]
     assert len(out) < 25, res.stdout  # header, progress, summary: not hundreds of lines

@@ -36,7 +36,7 @@ def versions_by_step(rows: list[dict]) -> dict[tuple[int, int], set[int]]:
     return out
 
 
-@pytest.mark.parametrize("k,m", [(1, 0), (1, 1), (4, 0), (1, 4), (2, 1)])
+@pytest.mark.parametrize("k,m", [(1, 0), (1, 1), (1, 4), (2, 1)])  # k > 1 with m = 0: tests/rl_engine/test_schedule.py
 def test_rendezvous_schedule_conformance(k, m, prefect_server, tiny_model_dir, task_file, tmp_path):
     mode = "synchronous" if m == 0 else "one_step_off_policy"
     total = 6
