@@ -23,7 +23,9 @@ repeats, with a penalty), so `reward_off` / `reward_on` are the final policy's e
 exact-match (the expected `correct` reward), averaged over seeds, and `reward_spread` is
 max - min of reward_off over the seeds.
 
-JSON keys: step_time_speedup (explorer step time off / on), trainer_step_speedup, reward_off,
+Also per run the wall time of its training after start-up (`wall_s`: engine start-up is excluded,
+since the off run of a seed starts the engine its on run reuses). JSON keys: step_time_speedup
+(explorer step time off / on), trainer_step_speedup, wall_speedup, reward_off,
 reward_on, reward_spread, reward_gap (on - off), reward_on_within_spread (min <= reward_on <= max
 of the off seeds; null with one seed), plus per-setting means.
 """
@@ -33,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import time
 from pathlib import Path
 from statistics import mean
 
@@ -54,7 +55,7 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     from rl_engine.config import validate_config
     from rl_engine.report import load_metrics
     from rl_engine.run import open_run
-    from rl_engine.timeline import load_spans
+    from rl_engine.timeline import load_spans, startup_end
     from rl_engine.warmstart import evaluate_dir
 
     data = yaml.safe_load(CONFIG.read_text())
@@ -64,16 +65,18 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     data["explorer"]["partial"]["enabled"] = partial
     data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
     data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
-    started = time.time()
     summary = run_config(validate_config(data))
-    wall = time.time() - started
     # Partial rollouts fill their pipeline first: a group of the longest answers needs
     # max_response_tokens / segment_max_tokens steps, and until then batches lean to short tasks.
     p = data["explorer"]["partial"]
     fill = -(-p["max_response_tokens"] // p["segment_max_tokens"])
     if steps < fill + 3:
         raise SystemExit(f"bench.partial: --steps {steps} leaves no steady state; use at least {fill + 3} (the pipeline fills in {fill} steps)")
-    t0, t1, step_s, steady = steady_state(load_spans(summary["run"]), skip=fill)
+    spans = load_spans(summary["run"])
+    # The whole run's training, after start-up (off runs first per seed and start the engine on() reuses).
+    up = startup_end(spans)
+    wall = max(s.end for s in spans if s.component == "trainer" and s.kind == "train") - up
+    t0, t1, step_s, steady = steady_state(spans, skip=fill)
     rollouts = {s.step: s for s in steady if s.component == "explorer-0" and s.kind == "rollout"}
     writes = [s.duration for s in steady if s.component == "explorer-0" and s.kind == "write"]
     _, explorer_metrics = load_metrics(open_run(summary["run"]))
@@ -157,7 +160,8 @@ def main() -> None:
         "reward_gap": round(mean(on) - mean(off), 4),
         "reward_on_within_spread": min(off) <= mean(on) <= max(off) if len(off) > 1 else None,
     }
-    for key in ("explorer_step_s", "trainer_step_s", "trainer_idle", "tokens_per_s", "batch_reward_last"):
+    out["wall_speedup"] = round(avg("off", "wall_s") / avg("on", "wall_s"), 3)
+    for key in ("explorer_step_s", "trainer_step_s", "trainer_idle", "tokens_per_s", "batch_reward_last", "wall_s"):
         out[key] = {s: round(avg(s, key), 3) for s in ("off", "on")}
     emit_json(out)
 
