@@ -11,7 +11,8 @@ the machine's caches, then each measured run is started with `POST /api/deployme
 timeline, rl_engine/timeline.py). What that time is made of, on one clock (all on this host):
 
     api_call        the POST until it returned (the run is SCHEDULED)
-    worker_pickup   until the worker took the run (PENDING; the worker polls every 2 s here)
+    worker_pickup   until the worker took the run (PENDING, or its process started if that came first;
+                    the worker polls every 2 s here)
     process_spawn   until the flow's process existed (its create time, from the role marker's pid)
     flow_import     until the flow began (RUNNING: Python, Prefect, the flow module imported)
     run_setup       until the explorer's engine began starting (overrides, preflight, run directory, roles)
@@ -79,7 +80,10 @@ def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> d
     spans = [s for s in load_spans(str(run_dir)) if s.component == "explorer-0"]
     engine = min((s for s in spans if s.kind == "engine_start"), key=lambda s: s.start)
     rollout = min(s.start for s in spans if s.kind == "rollout")
-    marks = [t_call, t_returned, states["PENDING"], spawned if spawned is not None else states["PENDING"], states["RUNNING"], engine.start, engine.end, rollout]
+    # The worker proposes PENDING and starts the process concurrently (the process measured up to
+    # 0.13 s earlier): pickup ends at whichever came first, so no component is negative.
+    picked = min(states["PENDING"], spawned) if spawned is not None else states["PENDING"]
+    marks = [t_call, t_returned, picked, spawned if spawned is not None else picked, states["RUNNING"], engine.start, engine.end, rollout]
     return {f"{c}_s": b - a for c, a, b in zip(COMPONENTS, marks, marks[1:])} | {"api_to_first_rollout_s": rollout - t_call}
 
 
