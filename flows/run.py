@@ -112,8 +112,11 @@ def demo(root: str = "runs") -> int:
         print(f"run ended: {summary}")
         return 1
     print_summary(summary)
+    from transformers.utils import logging as hf_logging
+
     from rl_engine.warmstart import evaluate_dir
 
+    hf_logging.disable_progress_bar()  # its "Loading weights" bars would follow the summary
     before, after = evaluate_dir(str(model)), evaluate_dir(f"{summary['run']}/model")
     print(
         f"exact answers over all {21 * 21} problems: {before['expected_exact_t1']:.1%} at temperature 1 ({before['greedy_exact']:.1%} greedy) before GRPO, "
