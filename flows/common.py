@@ -93,7 +93,7 @@ def open_or_start(cfg: RFTConfig, resume: str | None, mode: str) -> tuple[RunCon
         run = start_run(cfg)
         at = ResumePoint(0, {i: 1 for i in range(run.cfg.explorer.count)})
     else:
-        run = open_run(resume, cfg.buffer.storage.options)
+        run = open_run(resume, cfg.buffer.storage.fs_options())
         Board(run.url, run.storage_options).clear()  # the crashed attempt's markers must not be seen
         at = resume_point(run, latest_state_step(run) or 0)
         get_run_logger().info("resuming %s: trainer from version %d, explorers from steps %s", run.url, at.trainer_version, at.first_steps)
@@ -170,9 +170,9 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     if resume is None:
         preflight(cfg, None, f"the cfg parameter of flow run {flow_run.name!r}")
-    stored = open_run(resume, cfg.buffer.storage.options) if resume else None
+    stored = open_run(resume, cfg.buffer.storage.fs_options()) if resume else None
     # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
-    lease = RunLease(stored.url, cfg.buffer.storage.options).acquire() if stored else None
+    lease = RunLease(stored.url, cfg.buffer.storage.fs_options()).acquire() if stored else None
     lineage = None
     try:
         # A run of a lineage holds the lineage's lock; a new one starts from its latest model, on its unused tasks.

@@ -41,7 +41,7 @@ def run_watched(cfg: RFTConfig, resume: str | None = None) -> Any:
     if resume is None and cfg.name is None:
         # Named here (as the flow would name it) so the terminal knows where the run's files appear.
         cfg = validate_config({**cfg.model_dump(mode="json"), "name": cfg.resolved().name}, "the run's name")
-    url, opts = (resume.rstrip("/") if resume else cfg.run_url), cfg.buffer.storage.options
+    url, opts = (resume.rstrip("/") if resume else cfg.run_url), cfg.buffer.storage.fs_options()
     with run_log(url, opts) as log:
         print(f"run {url}: engine and library logs in {log}", flush=True)
         try:

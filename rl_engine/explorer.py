@@ -42,7 +42,7 @@ from rl_engine.sync import build_weight_receiver
 from rl_engine.timeline import STARTUP, TimelineRecorder
 
 
-def _progress(trainer: dict[str, Any]) -> tuple[int, int, int]:
+def _trainer_state(trainer: dict[str, Any]) -> tuple[int, int, int]:
     """What an explorer waiting at admission control waits to change on the trainer's board entry."""
     return trainer.get("version", 0), trainer.get("published", -1), trainer.get("lost_rows", 0)
 
@@ -262,9 +262,9 @@ class Explorer:
                 why = f"the trainer to finish: its {cfg.trainer.total_steps} steps train {needed} batches, none past them"
             if why is None:
                 break
-            seen = _progress(trainer)
+            seen = _trainer_state(trainer)
             with self.timeline.span("wait", step=e, version=self.engine.version):
-                self.board.wait("trainer", lambda m: _progress(m) != seen, what=why, timeout_s=cfg.synchronizer.wait_timeout_s, stop=stop)
+                self.board.wait("trainer", lambda m: _trainer_state(m) != seen, what=why, timeout_s=cfg.synchronizer.wait_timeout_s, stop=stop)
             trainer = self._install_newest(stop)
         self.board.post(progress_key(self.explorer_id), {"step": e, "attempt": attempt})
         return self.engine.version

@@ -267,7 +267,7 @@ def begin(cfg: RFTConfig, new: bool = True, log: Callable[[str], Any] = print, p
     lc = cfg.lineage
     if lc.name is None:
         return None
-    opts = cfg.buffer.storage.options
+    opts = cfg.buffer.storage.fs_options()
     url = lineage_url(cfg.buffer.storage.url, lc.name)
     lease = lock(url, opts, lc, poll_s)
     try:

@@ -58,7 +58,7 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
 
     cfg = cfg.resolved()
     steps = steps or cfg.trainer.total_steps
-    storage = cfg.buffer.storage.options
+    storage = cfg.buffer.storage.fs_options()
     tasks = TaskIterator(load_taskset(cfg.taskset, storage), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle)
     reward_fn = build_reward(cfg.taskset.reward)
     trainer = build_trainer(cfg)

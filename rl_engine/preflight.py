@@ -44,7 +44,7 @@ MAX_LISTED = 5  # rows / fields named in one message
 def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> RFTConfig:
     """Check everything a run needs that can be checked without an engine; returns the config the
     run will use (on resume: the run's saved one). Raises UserError naming the problem and the fix."""
-    opts = cfg.buffer.storage.options
+    opts = cfg.buffer.storage.fs_options()
     if resume is None:
         check_new_run(cfg)
         check_storage(cfg.buffer.storage.url, opts)
@@ -76,7 +76,7 @@ def check_new_run(cfg: RFTConfig) -> None:
     from rl_engine.run import CONFIG_FILE
 
     url = cfg.resolved().run_url
-    fs, root = _open(cfg.buffer.storage.url, cfg.buffer.storage.options)
+    fs, root = _open(cfg.buffer.storage.url, cfg.buffer.storage.fs_options())
     if _try(fs.exists, join(root, cfg.name, CONFIG_FILE), url=url, op="look for an existing run"):
         raise UserError(f"run {url} already exists; resume it with `rft run CONFIG --resume {url}` or give the new run another name (name: ...)")
 
@@ -85,7 +85,7 @@ def check_resume(cfg: RFTConfig, resume: str, source: str) -> RFTConfig:
     """The run to resume exists, and `cfg` (what the user gave with --resume) is its config; returns the saved config."""
     from rl_engine.run import CONFIG_FILE, open_run
 
-    saved = open_run(resume, cfg.buffer.storage.options).cfg
+    saved = open_run(resume, cfg.buffer.storage.fs_options()).cfg
     saved_file = f"{resume.rstrip('/')}/{CONFIG_FILE}"
     if saved.synchronizer.mode != cfg.synchronizer.mode:
         raise UserError(

@@ -22,7 +22,7 @@ import yaml
 
 from rl_engine.config import RFTConfig, to_yaml, validate_config
 from rl_engine.errors import UserError
-from rl_engine.storage import join, open_storage, read_json, write_bytes_atomic, write_json
+from rl_engine.storage import OUTAGE_KEY, join, open_storage, read_json, write_bytes_atomic, write_json
 
 CONFIG_FILE = "config.yaml"
 
@@ -71,7 +71,12 @@ def open_run(url: str, storage_options: dict[str, Any] | None = None) -> RunCont
         raise UserError(f"{url}: not a run directory (no {CONFIG_FILE}); runs live under buffer.storage.url, e.g. runs/<name>")
     data = yaml.safe_load(fs.cat_file(path))
     if storage_options:
-        data.setdefault("buffer", {}).setdefault("storage", {})["options"] = storage_options
+        # The inverse of StorageConfig.fs_options(): the outage limit goes back to its own field.
+        opts = dict(storage_options)
+        storage = data.setdefault("buffer", {}).setdefault("storage", {})
+        if OUTAGE_KEY in opts:
+            storage["outage_timeout_s"] = opts.pop(OUTAGE_KEY)
+        storage["options"] = opts
     cfg = validate_config(data, f"{url}/{CONFIG_FILE}")
     return RunContext(cfg=cfg, url=url.rstrip("/"))
 

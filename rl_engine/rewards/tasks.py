@@ -1,7 +1,7 @@
 """Task sets: load prompts from JSONL or Parquet (local or any fsspec URL), iterate them in
 seeded epochs that a resumed run continues exactly, and turn a prompt into model input.
 
-    tasks = load_taskset(cfg.taskset, cfg.buffer.storage.options)
+    tasks = load_taskset(cfg.taskset, cfg.buffer.storage.fs_options())
     it = TaskIterator(tasks, batch_size=4, seed=42, shuffle=True)
     batch = it.next_batch()
     saved = it.state_dict()            # JSON-able; TaskIterator(...).load_state_dict(saved) resumes
@@ -49,19 +49,20 @@ def _file_format(path: str) -> str:
 
 def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[int, Any]]:
     """(row number, raw row) pairs; row numbers are 1-based lines (JSONL) or rows (Parquet)."""
-    import fsspec
+    from rl_engine.storage import open_storage
 
     fmt = _file_format(path)
     try:
+        fs, file = open_storage(path, storage_options)  # the run's storage options, outage retries included
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            with fsspec.open(path, "rb", **(storage_options or {})) as f:
+            with fs.open(file, "rb") as f:
                 table = pq.read_table(f)
             return list(enumerate(table.to_pylist(), start=1))
         # utf-8-sig drops a BOM; split on "\n" only: str.splitlines would also break a row at a raw
         # U+2028 inside a JSON string and shift every later line number.
-        with fsspec.open(path, "rt", encoding="utf-8-sig", newline="", compression="infer", **(storage_options or {})) as f:
+        with fs.open(file, "rt", encoding="utf-8-sig", newline="", compression="infer") as f:
             lines = f.read().split("\n")
     except FileNotFoundError:
         raise UserError(f"taskset.path = {path!r}: file not found; fix taskset.path (a relative path starts at the working directory) or write the demo's tasks with `rft make-tasks {path}`") from None

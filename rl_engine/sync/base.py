@@ -110,7 +110,7 @@ def build_weight_sender(cfg: RFTConfig, board: Board) -> WeightSender:
     if s.sync_method == "checkpoint":
         from rl_engine.sync.checkpoint import CheckpointSender
 
-        return CheckpointSender(cfg.run_url, cfg.buffer.storage.options, cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s)
+        return CheckpointSender(cfg.run_url, cfg.buffer.storage.fs_options(), cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s)
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
 
 
@@ -124,5 +124,5 @@ def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) ->
     if s.sync_method == "checkpoint":
         from rl_engine.sync.checkpoint import CheckpointReceiver
 
-        return CheckpointReceiver(cfg.run_url, cfg.buffer.storage.options, board, explorer_id, timeout_s=s.wait_timeout_s)
+        return CheckpointReceiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
