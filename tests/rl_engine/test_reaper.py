@@ -16,10 +16,14 @@ import psutil
 # grandchild under that; prints their pids and waits (or exits at once with "exit").
 MAIN = """
 import subprocess, sys, time
+import psutil
 from rl_engine.reaper import start_reaper
-reaper = start_reaper(interval_s=0.05, grace_s=2.0)
+reaper = start_reaper(interval_s=0.05, grace_s=2.0)  # returns once it watches
 server = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['sleep', '120']); time.sleep(120)"])
-time.sleep(0.5)  # the reaper has seen both
+deadline = time.monotonic() + 60
+while not psutil.Process(server.pid).children() and time.monotonic() < deadline:
+    time.sleep(0.05)
+time.sleep(0.5)  # ten times interval_s: the reaper has looked since the grandchild started
 print(reaper.pid, server.pid, flush=True)
 if sys.argv[1] == "wait":
     time.sleep(120)
