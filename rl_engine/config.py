@@ -308,7 +308,13 @@ class TrainerConfig(_Model):
         ge=1,
         description="Keep the newest this many committed trainer states (trainer_state/step=*), deleting older ones after each save; the newest is always kept (a resume loads it); null keeps all.",
     )
-    num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of the trainer; null keeps torch's default.")
+    num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of the trainer; null keeps torch's default (per rank).")
+    num_ranks: int = Field(
+        default=1,
+        ge=1,
+        description="Data-parallel trainer ranks, started by torchrun on the trainer's machine (one per device on GPU); rank 0 reads the buffer and sends weights, "
+        "each rank trains on train_batch_size / num_ranks experiences of every batch.",
+    )
 
 
 # --------------------------------------------------------------------------- synchronizer
@@ -479,6 +485,12 @@ class RFTConfig(_Model):
             )
         if tbs is not None and self.buffer.whole_groups and tbs % self.algorithm.repeat_times:
             raise ValueError(f"trainer.train_batch_size = {tbs} must be a multiple of algorithm.repeat_times = {self.algorithm.repeat_times} when buffer.whole_groups is true")
+        rows = tbs or group
+        if rows % (self.trainer.micro_batch_size * self.trainer.num_ranks):
+            raise ValueError(
+                f"trainer.train_batch_size = {rows} must be a multiple of trainer.micro_batch_size = {self.trainer.micro_batch_size} x trainer.num_ranks = {self.trainer.num_ranks} "
+                "(each rank trains an equal share in whole micro-batches); change micro_batch_size or num_ranks"
+            )
         if x.sampling.temperature < 1e-5 and self.algorithm.repeat_times > 1 and not x.partial.enabled:
             raise ValueError(
                 f"explorer.sampling.temperature = {x.sampling.temperature}: greedy sampling gives algorithm.repeat_times = {self.algorithm.repeat_times} "

@@ -214,4 +214,5 @@ class Learner:
         """Release the sync (explorers still waiting for a broadcast are released) and post `closed`."""
         self.board.post("trainer", {"version": self.version, "published": self.published, "closed": True})
         self.sender.close()
+        self.trainer.close()
         self.timeline.flush()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from typing import Any
+from typing import Any, Callable
 
 from rl_engine.run import RunContext
 from rl_engine.storage import join, read_json, write_bytes_atomic, write_json
@@ -28,6 +28,33 @@ def record_step(run: RunContext, role: str, step: int, metrics: dict[str, Any]) 
     """Store one step's metrics of `role` (trainer step t, or explorer step e of explorer-i)."""
     fs, root = run.fs()
     write_json(fs, join(root, METRICS_DIR, f"role={role}", f"step={step:08d}.json"), metrics, fsync=False)
+
+
+class StepFeed:
+    """Steps another process records for `role` (`record_step`), handed to `on_step` once each,
+    in step order, as `poll()` finds them: new files, or files rewritten since (a resumed run
+    redoes steps), not those there before the feed was made."""
+
+    def __init__(self, run: RunContext, role: str, on_step: Callable[[str, dict[str, Any]], Any] | None):
+        self.run, self.role, self.on_step = run, role, on_step
+        self.metrics: list[dict[str, Any]] = []
+        self._seen = self._listing()
+
+    def _listing(self) -> dict[str, Any]:
+        fs, root = self.run.fs()
+        fs.invalidate_cache()
+        found = fs.glob(join(root, METRICS_DIR, f"role={self.role}", "step=*.json"), detail=True)
+        return {path: (info.get("size"), info.get("mtime") or info.get("LastModified"), info.get("ETag")) for path, info in found.items()}
+
+    def poll(self) -> None:
+        fs, _ = self.run.fs()
+        for path, stamp in sorted(self._listing().items()):
+            if self._seen.get(path) != stamp:
+                self._seen[path] = stamp
+                m = read_json(fs, path)
+                self.metrics.append(m)
+                if self.on_step is not None:
+                    self.on_step(self.role, m)
 
 
 def load_metrics(run: RunContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

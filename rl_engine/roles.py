@@ -27,12 +27,13 @@ import uuid
 from typing import Any, Callable, Iterator
 
 from rl_engine.config import RENDEZVOUS_MODES
-from rl_engine.control import STOP_KEY, Board, RoleSignals, Stopped
+from rl_engine.control import STOP_KEY, Board, RoleSignals, Stopped, request_stop
 from rl_engine.explorer import Explorer
 from rl_engine.learner import Learner
-from rl_engine.report import record_step
+from rl_engine.report import StepFeed, record_step
 from rl_engine.run import ResumePoint, RunContext, open_run
 from rl_engine.schedule import decoupled_publish, resume_catch_up, resumed_rendezvous_syncs
+from rl_engine.trainer.launch import RanksFailed, ranks_command, run_ranks
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +129,30 @@ def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str,
 
 
 def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None) -> RoleResult:
-    """The trainer of the run at `run_url`, until `trainer.total_steps` or the run stops."""
+    """The trainer of the run at `run_url`, until `trainer.total_steps` or the run stops: in this
+    process, or with `trainer.num_ranks` > 1 in torchrun's ranks, which this process watches."""
     run = open_run(run_url, storage_options)
+    if run.cfg.trainer.num_ranks > 1:
+        return _trainer_ranks(run, on_step)
+    return trainer_loop(run, on_step)
+
+
+def _trainer_ranks(run: RunContext, on_step: OnStep | None) -> RoleResult:
+    """Start the trainer's ranks (rank 0 runs `trainer_loop`), pass their recorded steps to
+    `on_step` as they come, and turn a rank's failure into the run's stop request."""
+    board = Board(run.url, run.storage_options, run.cfg.buffer.poll_interval_s)
+    steps = StepFeed(run, "trainer", on_step)
+    try:
+        run_ranks(ranks_command(run.url, run.storage_options, run.cfg.trainer.num_ranks), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s)
+    except RanksFailed as e:
+        request_stop(board, "failed", f"trainer failed: {e}", by="trainer")
+        raise
+    req = board.get(STOP_KEY)
+    return RoleResult(steps.metrics, req if req is not None and req.get("kind") != "finished" else None)
+
+
+def trainer_loop(run: RunContext, on_step: OnStep | None = None) -> RoleResult:
+    """The trainer role's loop in this process (trainer rank 0 when there are several)."""
     role = Role(run, "trainer", on_step)
     with role.running():
         learner = Learner(run, resume=role.at.resumed, stop=role.stop)

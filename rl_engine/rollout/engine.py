@@ -252,7 +252,7 @@ class VLLMRolloutEngine:
         from vllm import LLM
         from vllm.platforms import current_platform
 
-        from rl_engine.rollout.worker_ext import OWNER_PID_ENV
+        from rl_engine.owner_watch import OWNER_PID_ENV
 
         self.max_model_len = max_model_len
         self.explorer_id = explorer_id

@@ -69,6 +69,7 @@ class DeepSpeedTrainer:
         self.device = accelerator_device()
         self.engine = self._build_engine(model_dir)
         self.rank = int(self.engine.global_rank)
+        self.world = int(self.engine.world_size)
         self.micro_batch_size = int(self.engine.train_micro_batch_size_per_gpu())
         self.local_batch_size = self.micro_batch_size * int(self.engine.gradient_accumulation_steps())
         self.reference = _load_reference(model_dir, cfg.model.dtype, self.device) if self.algo.kl is not None else None
@@ -146,7 +147,7 @@ class DeepSpeedTrainer:
         if n != self.local_batch_size:
             raise ValueError(f"train batch has {n} rows; this rank trains {self.local_batch_size} per step (train_batch_size / world size)")
         mask = b["mask"]
-        counts = {"tokens": float(mask.sum()), "seqs": float((mask.sum(-1) > 0).sum())}
+        counts = self._batch_counts(mask)
         sums: dict[str, float] = {}
         grad_norm = float("nan")
         lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves it after)
@@ -165,8 +166,9 @@ class DeepSpeedTrainer:
             norm = self.engine.get_global_grad_norm()  # None when ZeRO did not compute one
             grad_norm = float("nan") if norm is None else float(norm)
         self.version += 1
-        tokens = max(counts["tokens"], 1.0)
-        out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "lr": lr, "tokens": counts["tokens"], "version": float(self.version)}
+        sums = self._summed_over_ranks(sums)
+        tokens = max(counts["tokens"] * self.world, 1.0)
+        out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "lr": lr, "tokens": counts["tokens"] * self.world, "version": float(self.version)}
         for k in ("pg_loss", "kl"):
             if k in sums:
                 out[k] = sums.pop(k)
@@ -174,6 +176,30 @@ class DeepSpeedTrainer:
         if "clipped" in out:
             out["clip_frac"] = out.pop("clipped")
         return out
+
+    def _batch_counts(self, mask: Tensor) -> dict[str, float]:
+        """Trained tokens and sequences of the whole batch (all ranks) / world size: DeepSpeed
+        averages the ranks' gradients, so each rank's loss sum over this gives the whole batch's
+        mean, whatever each rank's share of the tokens."""
+        counts = torch.stack([mask.sum(), (mask.sum(-1) > 0).sum().to(mask.dtype)]).double()  # [2]
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.all_reduce(counts)  # the default group: DeepSpeed's data-parallel ranks
+        tokens, seqs = (float(x) / self.world for x in counts.tolist())
+        return {"tokens": tokens, "seqs": seqs}
+
+    def _summed_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
+        """Metric sums of the whole batch. Losses were normalised per rank by counts / world
+        (`_batch_counts`): their sum over ranks / world is the batch's loss."""
+        if self.world == 1:
+            return sums
+        import torch.distributed as dist
+
+        keys = sorted(sums)
+        total = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=self.device)  # [K]
+        dist.all_reduce(total)
+        return {k: v / self.world if k in ("loss", "pg_loss", "kl") else v for k, v in zip(keys, total.tolist())}
 
     def _policy_micro_loss(self, mb: Batch, mask: Tensor, counts: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
         logits = self.engine(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits  # [b, L, V]
@@ -295,6 +321,9 @@ class DeepSpeedTrainer:
         ckpt.set_rng_state(ckpt.read_tensors(fs, join(root, "rng.safetensors")), meta["rng"])
         self.version = int(meta["version"])
         return meta["extra"]
+
+    def close(self) -> None:
+        """Nothing to release: the engine goes with the process (ranks > 0 are ended by rank 0's LeaderTrainer)."""
 
     def _to_device(self, batch: Batch, required: tuple[str, ...]) -> Batch:
         missing = [k for k in required if k not in batch]

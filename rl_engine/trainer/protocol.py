@@ -42,3 +42,7 @@ class Trainer(Protocol):
     def load_state(self, url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
         """Restore state written by save_state; returns its `extra`."""
         ...
+
+    def close(self) -> None:
+        """Done with the trainer: with several ranks, the other ranks exit."""
+        ...

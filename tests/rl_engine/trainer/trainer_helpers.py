@@ -51,3 +51,17 @@ def make_batch(trainer=None, seed: int = 0, rows: int = 4, prompt_len: int = 4, 
     if trainer is not None:
         batch["behavior_logprobs"] = trainer.compute_logprobs(batch).cpu() * lm
     return batch
+
+
+def grpo_case():
+    """(algorithm section, batch builder) of a GRPO step where every loss term and metric is
+    non-trivial: KL on, ratios > 1 (some clipped), groups of unequal token counts (8 and 3)."""
+    algo = {"loss_agg": "token-mean", "kl": {"coef": 0.1, "estimator": "k3"}}
+
+    def build(trainer) -> dict[str, torch.Tensor]:
+        batch = make_batch(trainer, response_lens=(5, 3, 2, 1))
+        noise = torch.randn(batch["loss_mask"].shape, generator=torch.Generator().manual_seed(5))
+        batch["behavior_logprobs"] -= 0.3 * noise.abs() * batch["loss_mask"]
+        return batch
+
+    return algo, build

@@ -1,0 +1,105 @@
+"""Start the trainer's ranks with torchrun and watch them until they exit.
+
+    run_ranks(ranks_command(run_url, storage_options, num_ranks=2), poll=forward_steps)
+
+torchrun (`python -m torch.distributed.run --standalone`, fail-fast: no restarts) starts
+`rl_engine.trainer.rank_main` once per rank and sets RANK / WORLD_SIZE / LOCAL_RANK and the
+rendezvous; when one rank dies it stops the others and prints which rank failed first. The ranks
+watch this process (`rl_engine.owner_watch`): if it is killed, they and torchrun's agent exit.
+`run_ranks` raises `RanksFailed` naming the first rank that failed and how.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from rl_engine.owner_watch import OWNER_PID_ENV
+from rl_engine.trainer.dist import OWNER
+
+RANK_MAIN = "rl_engine.trainer.rank_main"
+# Rendezvous variables a launcher sets; inherited ones (a test, a process that trained in-process) must not reach torchrun's ranks.
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", OWNER)
+
+
+class RanksFailed(RuntimeError):
+    """A trainer rank failed; the message names the first one and how it ended."""
+
+
+def ranks_command(run_url: str, storage_options: dict[str, Any] | None, num_ranks: int) -> list[str]:
+    """torchrun's command line for the trainer ranks of the run at `run_url` on this machine."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_ranks}",
+        "--max-restarts=0", "--monitor-interval=0.5",
+        "-m", RANK_MAIN, run_url, "--storage-options", json.dumps(storage_options or {}),
+    ]  # fmt: skip
+
+
+def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: float = 1.0, stop_grace_s: float = 15.0) -> None:
+    """Run torchrun's `cmd`, calling `poll()` every `poll_s` until it exits; then stop whatever it
+    left (also when `poll` raises or this thread is interrupted). Raises RanksFailed on failure."""
+    env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+    env[OWNER_PID_ENV] = str(os.getpid())
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+    tail: collections.deque[str] = collections.deque(maxlen=400)
+    echo = threading.Thread(target=_echo, args=(proc.stderr, tail), name="trainer-ranks-stderr", daemon=True)
+    echo.start()
+    try:
+        while proc.poll() is None:
+            poll()
+            time.sleep(poll_s)
+    finally:
+        _stop(proc, stop_grace_s)
+        echo.join(5)
+    poll()
+    if proc.returncode:
+        raise RanksFailed(describe_failure("".join(tail), proc.returncode))
+
+
+def describe_failure(output: str, returncode: int) -> str:
+    """The first failed rank and how it ended, from torchrun's 'Root Cause' summary."""
+    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*([^\n]*)", output, re.S)
+    if m is None:
+        return f"the trainer's ranks (torchrun) exited with code {returncode}; see the output above"
+    rank, code, pid, how = m.groups()
+    how = how.strip()
+    if how.startswith("To enable traceback") or not how:
+        how = f"exit code {code}"
+    return f"trainer rank {rank} (pid {pid}) failed: {how}"
+
+
+def _echo(stream: Any, tail: collections.deque[str]) -> None:
+    for line in stream:
+        tail.append(line)
+        sys.stderr.write(line)
+    sys.stderr.flush()
+
+
+def _stop(proc: subprocess.Popen, grace_s: float) -> None:
+    """torchrun stops its ranks on SIGTERM; anything still there after `grace_s` is killed."""
+    if proc.poll() is not None:
+        return
+    left: list[psutil.Process] = []
+    with contextlib.suppress(psutil.Error):
+        left = psutil.Process(proc.pid).children(recursive=True)
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    _, alive = psutil.wait_procs(left, timeout=grace_s)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()

@@ -1,0 +1,43 @@
+"""Run by torchrun in test_ranks.py: for each ZeRO stage, two GRPO steps of a fresh trainer on the
+fixed batch, on however many ranks torchrun started; rank 0 writes the updated weights and the
+steps' metrics to OUT/zero=<stage>/.
+
+    python -m torch.distributed.run --standalone --nproc-per-node 2 tests/rl_engine/trainer/ranks_script.py MODEL_DIR 0,2 OUT
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+from trainer_helpers import grpo_case, make_cfg
+
+
+def main(model_dir: str, zero_stage: int, out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    from rl_engine.trainer import build_trainer
+    from rl_engine.trainer.deepspeed_trainer import DeepSpeedTrainer
+    from rl_engine.trainer.ranks import follow
+
+    algo, batch_args = grpo_case()
+    cfg = make_cfg(model_dir, algorithm=algo, trainer={"micro_batch_size": 1, "zero_stage": zero_stage})
+    if int(os.environ.get("RANK", "0")) != 0:
+        follow(DeepSpeedTrainer(cfg))
+        return
+    tr = build_trainer(cfg)
+    batch = batch_args(tr)
+    metrics = [tr.train_step(batch), tr.train_step(batch)]
+    save_file({n: t.detach().cpu().contiguous() for n, t in tr.named_weights()}, os.path.join(out, "weights.safetensors"))
+    tr.close()
+    with open(os.path.join(out, "metrics.json"), "w") as f:
+        json.dump(metrics, f)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for stage in sys.argv[2].split(","):
+        main(sys.argv[1], int(stage), os.path.join(sys.argv[3], f"zero={stage}"))
