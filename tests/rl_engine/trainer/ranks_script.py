@@ -1,6 +1,7 @@
 """Run by torchrun in test_ranks.py: for each ZeRO stage, two GRPO steps of a fresh trainer on the
-fixed batch, on however many ranks torchrun started; rank 0 writes the updated weights and the
-steps' metrics to OUT/zero=<stage>/.
+fixed batch, on however many ranks torchrun started, with state saved after the first; then a
+fresh trainer resumes from that state and takes the second step again. Rank 0 writes the
+updated weights (both ways) and the three steps' metrics to OUT/zero=<stage>/.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 tests/rl_engine/trainer/ranks_script.py MODEL_DIR 0,2 OUT
 """
@@ -26,15 +27,27 @@ def main(model_dir: str, zero_stage: int, out: str) -> None:
     algo, batch_args = grpo_case()
     cfg = make_cfg(model_dir, algorithm=algo, trainer={"micro_batch_size": 1, "zero_stage": zero_stage})
     if int(os.environ.get("RANK", "0")) != 0:
-        follow(DeepSpeedTrainer(cfg))
+        follow(DeepSpeedTrainer(cfg))  # the two steps
+        follow(DeepSpeedTrainer(cfg))  # the resumed second step
         return
     tr = build_trainer(cfg)
     batch = batch_args(tr)
-    metrics = [tr.train_step(batch), tr.train_step(batch)]
-    save_file({n: t.detach().cpu().contiguous() for n, t in tr.named_weights()}, os.path.join(out, "weights.safetensors"))
+    metrics = [tr.train_step(batch)]
+    tr.save_state(os.path.join(out, "state"))
+    metrics.append(tr.train_step(batch))
+    _save(tr, os.path.join(out, "weights.safetensors"))
     tr.close()
+    resumed = build_trainer(cfg)
+    resumed.load_state(os.path.join(out, "state"))
+    metrics.append(resumed.train_step(batch))
+    _save(resumed, os.path.join(out, "weights-resumed.safetensors"))
+    resumed.close()
     with open(os.path.join(out, "metrics.json"), "w") as f:
         json.dump(metrics, f)
+
+
+def _save(trainer, path: str) -> None:
+    save_file({n: t.detach().cpu().contiguous() for n, t in trainer.named_weights()}, path)
 
 
 if __name__ == "__main__":

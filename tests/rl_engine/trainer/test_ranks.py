@@ -1,4 +1,5 @@
-"""The trainer on 2 data-parallel ranks (torchrun, gloo) makes the same update as on 1.
+"""The trainer on 2 data-parallel ranks (torchrun, gloo) makes the same update as on 1, and
+resumes exactly.
 
     .venv/bin/python -m pytest tests/rl_engine/trainer/test_ranks.py
 """
@@ -26,7 +27,11 @@ def _train(model_dir: str, ranks: int, out: Path) -> dict[int, tuple[list[dict],
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "--max-restarts=0", str(SCRIPT), model_dir, ",".join(map(str, STAGES)), str(out)]
     done = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    return {z: (json.loads((out / f"zero={z}" / "metrics.json").read_text()), load_file(out / f"zero={z}" / "weights.safetensors")) for z in STAGES}
+    return {z: (json.loads((out / f"zero={z}" / "metrics.json").read_text()), _weights(out / f"zero={z}")) for z in STAGES}
+
+
+def _weights(d: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    return load_file(d / "weights.safetensors"), load_file(d / "weights-resumed.safetensors")
 
 
 STAGES = (0, 2)
@@ -37,7 +42,7 @@ def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path):
     one, two = _train(tiny_model_dir, 1, tmp_path / "one"), _train(tiny_model_dir, 2, tmp_path / "two")
     initial = load_file(Path(tiny_model_dir) / "model.safetensors")
     for zero in STAGES:
-        (m1, w1), (m2, w2) = one[zero], two[zero]
+        (m1, (w1, _)), (m2, (w2, w2_resumed)) = one[zero], two[zero]
         assert m1[1]["kl"] > 0 and m1[1]["clip_frac"] > 0  # every term of the loss is in play
         for step in (0, 1):
             for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "grad_norm", "tokens"):
@@ -48,6 +53,10 @@ def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path):
         # fp32, gradients summed in another order: Adam's 1/sqrt(v) turns ~0 gradient entries'
         # noise into a visible share of one step (as with gradient accumulation, test_trainer_steps).
         assert diff <= 1e-5, (zero, diff)
+        # Resumed from the state saved after step 1, on 2 ranks again: step 2 exactly as before.
+        assert m2[2] == m2[1], zero
+        for n in w2:
+            assert torch.equal(w2_resumed[n], w2[n]), (zero, n)
 
 
 def test_a_ranks_share_keeps_groups_whole():
