@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+from pydantic import ValidationError
 
 from rl_engine.errors import UserError
 from rl_engine.trainer import build_trainer
@@ -32,9 +33,14 @@ def test_tokenizer_without_pad_token(tiny_model_dir, tmp_path):
         build_trainer(make_cfg(str(model)))
 
 
-def test_batch_size_not_multiple_of_micro_batch(tiny_model_dir):
-    cfg = make_cfg(tiny_model_dir, trainer={"micro_batch_size": 3})  # train_batch_size 4
-    with pytest.raises(UserError, match="train_batch_size = 4 must be a multiple of trainer.micro_batch_size = 3"):
+@pytest.mark.parametrize("micro,ranks", [(3, 1), (2, 4)])
+def test_batch_size_not_multiple_of_micro_batch_times_ranks(tiny_model_dir, micro, ranks):
+    with pytest.raises(ValidationError, match=rf"train_batch_size = 4 must be a multiple of trainer.micro_batch_size = {micro} x trainer.num_ranks = {ranks}"):
+        make_cfg(tiny_model_dir, trainer={"micro_batch_size": micro, "num_ranks": ranks})  # train_batch_size 4
+    # A hand-started torchrun may give the trainer another world size than the config's: it checks again.
+    cfg = make_cfg(tiny_model_dir, trainer={"micro_batch_size": 4})
+    cfg.trainer.micro_batch_size = 3
+    with pytest.raises(UserError, match="train_batch_size = 4 must be a multiple of trainer.micro_batch_size = 3 x world size 1"):
         build_trainer(cfg)
 
 

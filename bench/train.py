@@ -1,0 +1,151 @@
+"""Benchmark of the trainer on 1 and 2 data-parallel ranks (torchrun, gloo on CPU) on the same global batch.
+
+For each rank count, torchrun starts the ranks; rank 0 leads (rl_engine.trainer.ranks) and
+times `train_step` on a fixed GRPO batch (B rows of L tokens, groups of 4) after a warm-up step.
+The first step's updated weights of both runs are compared: `update_max_abs_diff` (goal <= 1e-5
+in fp32). `ideal_ratio` = 1-rank step time / (2 x 2-rank step time): 1.0 is a linear split.
+
+    python -m bench.train            # ~10M-parameter model, batch 32 x 96 tokens, 5 timed steps
+    python -m bench.train --quick    # the 0.3M model, batch 8, 3 timed steps
+
+Prints a table, then one JSON line. Reading the figures on a 2-core CPU machine: 1 rank trains
+with 2 intra-op threads, each of 2 ranks with 1, so both use the same two cores; what 2 ranks can
+gain is only what one process leaves idle (Python overhead, small kernels), and what they pay is
+the gradient all-reduce (gloo, through memory) and a second copy of model and optimizer state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from bench._report import emit_json, print_table
+
+ZERO_STAGE = 0  # the CPU default; stage 2 gives the same update (tests/rl_engine/trainer/test_ranks.py)
+
+
+def _config(model_dir: str, rows: int, micro: int, threads: int):
+    from rl_engine.config import RFTConfig
+
+    return RFTConfig.model_validate(
+        {
+            "model": {"path": model_dir},
+            "taskset": {"path": "unused.jsonl"},
+            "explorer": {"batch_size": rows // 4},
+            "algorithm": {"repeat_times": 4},
+            "trainer": {"micro_batch_size": micro, "lr": 1e-4, "num_threads": threads, "zero_stage": ZERO_STAGE},
+        }
+    )
+
+
+def _batch(rows: int, length: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """A right-padded GRPO batch ([B, L]): prompt of 16 tokens, responses of varied length, groups of 4."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 200, (rows, length), generator=g)  # [B, L]
+    lengths = torch.randint(length // 2, length - 16 + 1, (rows,), generator=g)  # [B] response tokens
+    am = (torch.arange(length)[None, :] < (16 + lengths)[:, None]).long()  # [B, L]
+    lm = am.float()
+    lm[:, :16] = 0
+    ids = torch.where(am > 0, ids, pad_id)
+    return {
+        "input_ids": ids,
+        "attention_mask": am,
+        "loss_mask": lm,
+        "behavior_logprobs": torch.zeros(rows, length),
+        "versions": torch.where(lm > 0, 0, -1).long(),
+        "rewards": torch.rand(rows, generator=g),
+        "group_index": torch.arange(rows) // 4,
+        "response_start": torch.full((rows,), 16, dtype=torch.long),
+    }
+
+
+def worker(model_dir: str, rows: int, length: int, micro: int, steps: int, out: str) -> None:
+    """One rank (started by torchrun): rank 0 times the steps and writes OUT/result.json and the first update."""
+    from safetensors.torch import save_file
+
+    from rl_engine.trainer import build_trainer
+    from rl_engine.trainer.deepspeed_trainer import DeepSpeedTrainer
+    from rl_engine.trainer.ranks import follow
+
+    world = int(os.environ["WORLD_SIZE"])
+    cfg = _config(model_dir, rows, micro, threads=max(1, (os.cpu_count() or 2) // world))
+    if int(os.environ["RANK"]) != 0:
+        follow(DeepSpeedTrainer(cfg))
+        return
+    trainer = build_trainer(cfg)
+    batch = _batch(rows, length, trainer.pad_token_id)
+    times, tokens = [], 0.0
+    for step in range(steps + 1):
+        t0 = time.perf_counter()
+        m = trainer.train_step(batch)
+        if step == 0:  # the warm-up step: its update is the one compared across rank counts
+            save_file({n: t.detach().cpu().contiguous() for n, t in trainer.named_weights()}, os.path.join(out, "first-update.safetensors"))
+        else:
+            times.append(time.perf_counter() - t0)
+            tokens += m["tokens"]
+    trainer.close()
+    with open(os.path.join(out, "result.json"), "w") as f:
+        json.dump({"step_s": sum(times) / len(times), "tokens_per_s": tokens / sum(times), "tokens_per_step": tokens / len(times)}, f)
+
+
+def _run(ranks: int, model_dir: str, rows: int, length: int, micro: int, steps: int, out: str) -> dict:
+    os.makedirs(out, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "--max-restarts=0", "-m", "bench.train", "--worker", model_dir, str(rows), str(length), str(micro), str(steps), out]
+    subprocess.run(cmd, env=env, check=True, timeout=1800, stdout=subprocess.DEVNULL)
+    with open(os.path.join(out, "result.json")) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="CI-sized: the 0.3M model, batch 8, 3 timed steps")
+    p.add_argument("--worker", nargs=6, metavar=("MODEL", "ROWS", "LENGTH", "MICRO", "STEPS", "OUT"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        model_dir, rows, length, micro, steps, out = args.worker
+        return worker(model_dir, int(rows), int(length), int(micro), int(steps), out)
+    from safetensors.torch import load_file
+
+    from rl_engine.tiny_model import make_tiny_model
+
+    hidden, layers, rows, length, micro, steps = (128, 2, 8, 48, 4, 3) if args.quick else (512, 4, 32, 96, 4, 5)
+    work = tempfile.mkdtemp(prefix="bench-train-")
+    try:
+        model_dir = str(make_tiny_model(os.path.join(work, "model"), seed=0, hidden_size=hidden, num_layers=layers))
+        params = sum(t.numel() for t in load_file(os.path.join(model_dir, "model.safetensors")).values())
+        res = {n: _run(n, model_dir, rows, length, micro, steps, os.path.join(work, f"ranks={n}")) for n in (1, 2)}
+        w1, w2 = (load_file(os.path.join(work, f"ranks={n}", "first-update.safetensors")) for n in (1, 2))
+        diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ideal = res[1]["step_s"] / (2 * res[2]["step_s"])
+    rows_out = [
+        {"ranks": n, "threads/rank": max(1, (os.cpu_count() or 2) // n), "step_s": r["step_s"], "tokens/s": r["tokens_per_s"], "ideal step_s": res[1]["step_s"] / n}
+        for n, r in res.items()
+    ]
+    print_table(rows_out, title=f"trainer step, {params / 1e6:.1f}M parameters, batch {rows} x {length} tokens, micro-batch {micro}, ZeRO {ZERO_STAGE}, {os.cpu_count()} cores")
+    print(f"2 ranks vs 1: {res[1]['step_s'] / res[2]['step_s']:.2f}x faster (linear: 2x); first update max |2 ranks - 1 rank| = {diff:.2e}")
+    emit_json(
+        {
+            "params": params,
+            "step_s_1rank": res[1]["step_s"],
+            "step_s_2rank": res[2]["step_s"],
+            "tokens_per_s_1rank": res[1]["tokens_per_s"],
+            "tokens_per_s_2rank": res[2]["tokens_per_s"],
+            "ideal_ratio": ideal,
+            "update_max_abs_diff": diff,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
