@@ -60,10 +60,11 @@ def test_a_killed_trainer_rank_fails_the_run_naming_it(prefect_server, tiny_mode
     def kill_rank_1() -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not killed:
-            for p in _ranks():
-                if p.environ().get("RANK") == "1" and p.create_time() < time.time() - 30:  # past start-up, mid-run
-                    p.kill()
-                    killed.append(time.monotonic())
+            if list(tmp_path.glob("*/metrics/role=trainer/step=*.json")):  # mid-run: the ranks trained a step
+                for p in _ranks():
+                    if p.environ().get("RANK") == "1":
+                        p.kill()
+                        killed.append(time.monotonic())
             time.sleep(0.5)
 
     killer = threading.Thread(target=kill_rank_1, daemon=True)
