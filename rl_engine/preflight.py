@@ -15,7 +15,9 @@ without a pad token used to fail the trainer while the explorer waited for it fo
 - the model directory: a parseable config.json, safetensors weights that are not truncated and
   whose shapes fit config.json; the tokenizer loads and has a pad token;
 - every prompt, as the explorer will format it, leaves room for a response in model.max_model_len;
-- on resume, the latest trainer state fits the model.
+- on resume, the latest trainer state fits the model;
+- the GPUs this machine shows can hold the roles placed on it (one trainer rank per GPU; no
+  collective sync on a single GPU shared by the explorer and the trainer).
 
     cfg = preflight(load_config("configs/demo.yaml"))                  # a new run: the config back
     cfg = preflight(load_config(path), resume="runs/my-run", source=path)  # the run's saved config
@@ -63,7 +65,34 @@ def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the conf
     params = check_weights_fit(model, weights)
     if resume is not None:
         check_trainer_state(resume, opts, params)
+    check_devices(cfg, _visible_gpus())
     return cfg
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def check_devices(cfg: RFTConfig, gpus: int) -> None:
+    """What a machine with `gpus` visible CUDA devices (0: CPU, gloo) cannot run in one process
+    (placement local): more trainer ranks than devices, or a collective sync whose NCCL group would
+    put the trainer's rank 0 and the explorer's vLLM worker on the one device (NCCL refuses two
+    ranks of a group on one device)."""
+    if gpus == 0 or cfg.placement.type != "local":
+        return  # CPU: gloo takes any number of ranks per machine; deployments: devices are per role (job_variables)
+    if cfg.trainer.num_ranks > gpus:
+        raise UserError(f"trainer.num_ranks = {cfg.trainer.num_ranks} but this machine shows {gpus} GPU(s): the trainer runs one rank per GPU; lower num_ranks")
+    if gpus == 1 and cfg.synchronizer.sync_method == "collective":
+        raise UserError(
+            "synchronizer.sync_method = collective on a single GPU: the explorer's vLLM worker and the trainer share the device, and NCCL refuses "
+            "two ranks of one group on one device; use sync_method: checkpoint here (weights go through storage), or run the roles on "
+            "separate GPUs (placement deployments with job_variables CUDA_VISIBLE_DEVICES per role)"
+        )
 
 
 # --------------------------------------------------------------------------- the run

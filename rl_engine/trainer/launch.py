@@ -68,12 +68,14 @@ def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: f
 
 
 def describe_failure(output: str, returncode: int) -> str:
-    """The first failed rank and how it ended, from torchrun's 'Root Cause' summary."""
-    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*([^\n]*)", output, re.S)
+    """The first failed rank and how it ended, from torchrun's 'Root Cause' summary: a signal, or
+    the exception's last line (rank_main's `record` puts the traceback there)."""
+    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*(.*?)\n=+", output, re.S)
     if m is None:
         return f"the trainer's ranks (torchrun) exited with code {returncode}; see the output above"
-    rank, code, pid, how = m.groups()
-    how = how.strip()
+    rank, code, pid, trace = m.groups()
+    lines = [line.strip() for line in trace.splitlines() if line.strip()]
+    how = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
     if how.startswith("To enable traceback") or not how:
         how = f"exit code {code}"
     return f"trainer rank {rank} (pid {pid}) failed: {how}"
