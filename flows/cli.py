@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("make-tasks", "rl_engine.rewards.make_tasks", "write a demo task set (JSONL): --task arithmetic (default) or countdown"),
         ("warmstart", "rl_engine.warmstart", "build the demo's base model: tiny model + SFT on the demo task"),
         ("timeline", "rl_engine.timeline", "render a run's Gantt chart and utilization summary"),
+        ("trainer-node", "rl_engine.trainer.launch", "run this machine's trainer ranks of a run whose trainer spans machines (trainer.nodes > 1)"),
     ):
         p = sub.add_parser(name, help=help_, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -312,9 +312,27 @@ class TrainerConfig(_Model):
     num_ranks: int = Field(
         default=1,
         ge=1,
-        description="Data-parallel trainer ranks, started by torchrun on the trainer's machine (one per device on GPU); rank 0 reads the buffer and sends weights, "
+        description="Data-parallel trainer ranks in all, started by torchrun (one per device on GPU); rank 0 reads the buffer and sends weights, "
         "each rank trains on train_batch_size / num_ranks experiences of every batch.",
     )
+    nodes: int = Field(
+        default=1,
+        ge=1,
+        description="Machines the trainer's ranks span (num_ranks / nodes each): node 0 is the trainer role's, each other one runs `rft trainer-node RUN --node-rank i`.",
+    )
+    rendezvous: str | None = Field(
+        default=None,
+        pattern=r"^[^\s:]+:\d+$",
+        description="host:port on node 0 where the other nodes' ranks meet trainer rank 0 (torchrun's static rendezvous); required when nodes > 1.",
+    )
+
+    @model_validator(mode="after")
+    def _nodes(self) -> "TrainerConfig":
+        if self.num_ranks % self.nodes:
+            raise ValueError(f"trainer.num_ranks = {self.num_ranks} does not split over trainer.nodes = {self.nodes}; use a multiple of nodes")
+        if self.nodes > 1 and self.rendezvous is None:
+            raise ValueError(f"trainer.nodes = {self.nodes} needs trainer.rendezvous = 'host:port' (node 0's address, a port free there) where the nodes' ranks meet")
+        return self
 
 
 # --------------------------------------------------------------------------- synchronizer

@@ -143,7 +143,8 @@ def _trainer_ranks(run: RunContext, on_step: OnStep | None) -> RoleResult:
     board = Board(run.url, run.storage_options, run.cfg.buffer.poll_interval_s)
     steps = StepFeed(run, "trainer", on_step)
     try:
-        run_ranks(ranks_command(run.url, run.storage_options, run.cfg.trainer.num_ranks), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s)
+        t = run.cfg.trainer
+        run_ranks(ranks_command(run.url, run.storage_options, t.num_ranks, t.nodes, 0, t.rendezvous), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s)
     except RanksFailed as e:
         request_stop(board, "failed", f"trainer failed: {e}", by="trainer")
         raise

@@ -1,6 +1,7 @@
 """Start the trainer's ranks with torchrun and watch them until they exit.
 
     run_ranks(ranks_command(run_url, storage_options, num_ranks=2), poll=forward_steps)
+    python -m rl_engine.trainer.launch RUN --node-rank 1     # `rft trainer-node`: node 1 of trainer.nodes
 
 torchrun (`python -m torch.distributed.run --standalone`, fail-fast: no restarts) starts
 `rl_engine.trainer.rank_main` once per rank and sets RANK / WORLD_SIZE / LOCAL_RANK and the
@@ -37,11 +38,17 @@ class RanksFailed(RuntimeError):
     """A trainer rank failed; the message names the first one and how it ended."""
 
 
-def ranks_command(run_url: str, storage_options: dict[str, Any] | None, num_ranks: int) -> list[str]:
-    """torchrun's command line for the trainer ranks of the run at `run_url` on this machine."""
+def ranks_command(run_url: str, storage_options: dict[str, Any] | None, num_ranks: int, nodes: int = 1, node_rank: int = 0, rendezvous: str | None = None) -> list[str]:
+    """torchrun's command line for node `node_rank`'s share of the `num_ranks` trainer ranks of
+    the run at `run_url`: all of them on one machine, or num_ranks / nodes per node, meeting at
+    `rendezvous` (host:port on node 0; node 0 holds global rank 0)."""
+    if nodes == 1:
+        where = ["--standalone", f"--nproc-per-node={num_ranks}"]
+    else:
+        host, port = rendezvous.rsplit(":", 1)
+        where = [f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--nproc-per-node={num_ranks // nodes}", "--rdzv-backend=static", f"--master-addr={host}", f"--master-port={port}"]
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_ranks}",
-        "--max-restarts=0", "--monitor-interval=0.5",
+        sys.executable, "-m", "torch.distributed.run", *where, "--max-restarts=0", "--monitor-interval=0.5",
         "-m", RANK_MAIN, run_url, "--storage-options", json.dumps(storage_options or {}),
     ]  # fmt: skip
 
@@ -105,3 +112,37 @@ def _stop(proc: subprocess.Popen, grace_s: float) -> None:
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`rft trainer-node RUN --node-rank i`: node i's trainer ranks of a run whose trainer spans
+    machines (trainer.nodes > 1), started on that machine once the run exists."""
+    import argparse
+
+    from rl_engine.errors import UserError
+    from rl_engine.run import CONFIG_FILE, open_run
+    from rl_engine.storage import join, open_storage
+
+    p = argparse.ArgumentParser(prog="rft trainer-node", description=main.__doc__.splitlines()[0])
+    p.add_argument("run_url", help="the run's directory or URL (as the trainer role has it)")
+    p.add_argument("--node-rank", type=int, required=True, help="this machine's node, 1 .. trainer.nodes - 1 (node 0 is the trainer role's)")
+    p.add_argument("--storage-options", default="{}", help="non-secret fsspec options as JSON (credentials come from the environment)")
+    p.add_argument("--wait-s", type=float, default=600.0, help="how long to wait for the run to start (its config.yaml)")
+    a = p.parse_args(argv)
+    options = json.loads(a.storage_options)
+    fs, root = open_storage(a.run_url, options)
+    deadline = time.monotonic() + a.wait_s
+    while not fs.exists(join(root, CONFIG_FILE)):
+        if time.monotonic() > deadline:
+            raise UserError(f"{a.run_url}: no run there after {a.wait_s:.0f} s (no config.yaml); start the run first (`rft run`), then its trainer nodes")
+        time.sleep(1.0)
+        fs.invalidate_cache()
+    t = open_run(a.run_url, options).cfg.trainer
+    if not 0 < a.node_rank < t.nodes:
+        raise UserError(f"--node-rank {a.node_rank}: the run's trainer spans trainer.nodes = {t.nodes} machines; give 1 .. {t.nodes - 1} (node 0 is the trainer role's)")
+    run_ranks(ranks_command(a.run_url, options, t.num_ranks, t.nodes, a.node_rank, t.rendezvous))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,14 +1,17 @@
-"""A run whose trainer has 2 data-parallel ranks (torchrun, gloo): the schedule holds, the
-explorer's vLLM logprobs match the trainer's after every collective sync from rank 0, and a rank
-killed mid-run fails the run, naming the rank, with nothing left running.
+"""A run whose trainer has 2 data-parallel ranks (torchrun, gloo), on one machine or across two:
+the schedule holds, the explorer's vLLM logprobs match the trainer's after every collective sync
+from rank 0, and a rank killed mid-run fails the run, naming the rank, with nothing left running.
 
     .venv/bin/python -m pytest tests/flows/test_trainer_ranks.py
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -19,6 +22,7 @@ from rl_engine.config import validate_config
 from rl_engine.report import load_metrics
 from rl_engine.run import open_run
 from rl_engine.schedule import rendezvous_version
+from tests.conftest import free_port
 from tests.flows.conftest import small_config
 from tests.flows.test_modes import stored_experiences, versions_by_step
 
@@ -30,12 +34,20 @@ def _ranks() -> list[psutil.Process]:
     return [p for p in psutil.Process().children(recursive=True) if "rl_engine.trainer.rank_main" in " ".join(p.cmdline())]
 
 
-def test_two_rank_trainer_run_follows_the_schedule_and_syncs_from_rank_0(prefect_server, tiny_model_dir, task_file, tmp_path):
+def test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0(prefect_server, tiny_model_dir, task_file, tmp_path):
+    # Two "machines" on loopback, one rank each: node 0 is the trainer role's, node 1 is started
+    # as a user starts it on another machine, with the README's `rft trainer-node RUN --node-rank 1`
+    # (single-machine ranks: the killed-rank test below).
     total = 4
-    data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=total)
-    data["trainer"].update(num_ranks=2, micro_batch_size=2)
+    data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=total, name="two-nodes")
+    data["trainer"].update(num_ranks=2, nodes=2, rendezvous=f"127.0.0.1:{free_port()}", micro_batch_size=2)
     data["taskset"]["reward"] = {"type": "python", "function": "tests.flows.test_lineage_flows:length_reward"}  # moves the weights
-    summary = run_config(validate_config(data))
+    node_1 = subprocess.Popen([str(Path(sys.executable).with_name("rft")), "trainer-node", str(tmp_path / "two-nodes"), "--node-rank", "1", "--wait-s", "120"])
+    try:
+        summary = run_config(validate_config(data))
+        assert node_1.wait(60) == 0
+    finally:
+        node_1.kill()
 
     by_step = versions_by_step(stored_experiences(summary["run"]))
     assert {e: v for (_, e), v in by_step.items()} == {e: {rendezvous_version(e, 1, 0)} for e in range(1, total + 1)}

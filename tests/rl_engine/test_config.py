@@ -113,6 +113,10 @@ BAD = [
     ({"explorer": {"partial": {"enabled": True, "max_response_tokens": 600}}}, ["explorer.partial.max_response_tokens = 600", "model.max_model_len"]),
     ({"explorer": {"sampling": {"max_tokens": 600}}}, ["explorer.sampling.max_tokens = 600", "model.max_model_len"]),
     ({"model": {"dtype": "int4"}}, ["model.dtype", "'int4'", "float32"]),
+    ({"trainer": {"num_ranks": 3, "nodes": 2, "rendezvous": "h:1"}}, ["trainer.num_ranks = 3", "trainer.nodes = 2"]),
+    ({"trainer": {"num_ranks": 2, "nodes": 2}}, ["trainer.nodes = 2", "trainer.rendezvous = 'host:port'"]),
+    ({"trainer": {"rendezvous": "node0"}}, ["trainer.rendezvous", "'node0'"]),
+    ({"trainer": {"num_ranks": 3}}, ["trainer.micro_batch_size", "trainer.num_ranks = 3"]),
 ]
 
 
@@ -170,7 +174,7 @@ def test_cli_help_lists_commands(capsys):
         rft(["--help"])
     assert ei.value.code == 0
     out = capsys.readouterr().out
-    for cmd in ("validate", "run", "make-tiny-model", "warmstart", "make-tasks", "buffer", "timeline", "demo"):
+    for cmd in ("validate", "run", "make-tiny-model", "warmstart", "make-tasks", "buffer", "timeline", "demo", "trainer-node"):
         assert cmd in out
 
 

@@ -44,3 +44,11 @@ def test_a_killed_rank_is_named_with_its_signal():
 
 def test_output_without_a_summary_still_says_what_happened():
     assert describe_failure("Killed\n", 137) == "the trainer's ranks (torchrun) exited with code 137; see the output above"
+
+
+def test_trainer_node_without_a_run_says_to_start_the_run_first(tmp_path, capsys):
+    from flows.cli import main as rft
+
+    assert rft(["trainer-node", str(tmp_path / "no-run"), "--node-rank", "1", "--wait-s", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "no run there after 0 s" in err and "start the run first" in err and "Traceback" not in err
