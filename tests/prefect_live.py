@@ -186,11 +186,18 @@ class LiveServer:
     def api(self, method: str, path: str, json: Any = None, timeout: float = 30, ok: Iterable[int] = (200, 201, 204)) -> Any:
         """One REST call (`path` relative to the API root, e.g. '/deployments/filter'); its JSON body.
 
-        A server busy on its SQLite database answers 503 now and then (Prefect's own client
-        retries those too): retried a few times with backoff before it counts.
+        A server busy on its SQLite database answers 503 now and then, or not within `timeout`
+        while a write holds the database locked (Prefect's own client retries both): retried a
+        few times with backoff before it counts.
         """
         for attempt in range(5):
-            r = httpx.request(method, self.api_url.rstrip("/") + path, json=json, timeout=timeout)
+            try:
+                r = httpx.request(method, self.api_url.rstrip("/") + path, json=json, timeout=timeout)
+            except httpx.TimeoutException:
+                if attempt == 4:
+                    raise
+                time.sleep(0.5 * 2**attempt)
+                continue
             if r.status_code not in (502, 503, 504) or r.status_code in tuple(ok):
                 break
             time.sleep(0.5 * 2**attempt)

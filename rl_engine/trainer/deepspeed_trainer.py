@@ -2,15 +2,16 @@
 
 CPU (laptop, CI): DeepSpeed's CPU accelerator with gloo; GPU: CUDA with NCCL. ZeRO stage
 `trainer.zero_stage` is passed through on both (0, 2 and 3 are tested on CPU, world size 1:
-same first step, resume and save_hf; 0 is the cheapest there). The optimizer is torch's AdamW (works with every accelerator; DeepSpeed's
+same first step, resume and save_hf; 0 and 2 on 2 ranks: 1 rank's update, exact resume; 0 is
+the cheapest there). The optimizer is torch's AdamW (works with every accelerator; DeepSpeed's
 ZeRO wraps it), the LR schedule a linear warmup (`torch.optim.lr_scheduler.LambdaLR`: step 1
 already trains at lr / warmup_steps, where DeepSpeed's WarmupLR spends its first steps at lr 0).
 
 One `train_step` = one optimizer update = one policy version. The batch (`[B, L]` tensors of
 `ExperienceBatch.to_tensors`, B = train_batch_size / world size on this rank) is cut into
 micro-batches of `trainer.micro_batch_size`; each micro-loss is normalised by the token and
-sequence counts of the *whole* batch and backpropagated unscaled, so accumulation gives the
-same update as one big batch. Advantages: `batch["advantages"] [B]` if the caller put them
+sequence counts of the *whole* batch, over all ranks, and backpropagated unscaled, so
+accumulation and data-parallel ranks give the same update as one big batch. Advantages: `batch["advantages"] [B]` if the caller put them
 there, else GRPO advantages from `rewards` and `group_index` (`rl_engine.algorithms`); with
 several data-parallel ranks each rank's share must then hold whole groups (or pass advantages).
 

@@ -44,7 +44,14 @@ def partial_config(model_dir: str, task_file: str, storage: str, **sync) -> dict
 
 
 def stored_rows(run_url: str) -> list[dict]:
-    table = ds.dataset(f"{run_url}/buffer", format="ipc", partitioning="hive", exclude_invalid_files=True).to_table()
+    """Every stored experience row, read with plain json and pyarrow (no project code): the data
+    files commit records name. A writer killed between its data file and its record leaves that
+    file behind, never committed (nothing reads it; the step is written again on resume)."""
+    records = [json.loads(p.read_text()) for p in Path(run_url, "buffer", "_commits").glob("*/*.json")]
+    files = [str(Path(run_url, "buffer", r["path"])) for r in records]
+    if not files:
+        return []
+    table = ds.dataset(files, format="ipc").to_table()
     return table.select(["experience_id", "explorer_id", "explorer_step", "group_id", "segments", "finish_reason"]).to_pylist()
 
 
