@@ -74,13 +74,26 @@ def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: f
         raise RanksFailed(describe_failure("".join(tail), proc.returncode))
 
 
+_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*(.*?)(?=\n-{8,}|\n={8,}|\Z)", re.S)
+
+
 def describe_failure(output: str, returncode: int) -> str:
-    """The first failed rank and how it ended, from torchrun's 'Root Cause' summary: a signal, or
-    the exception's last line (rank_main's `record` puts the traceback there)."""
-    m = re.search(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*(.*?)\n=+", output, re.S)
-    if m is None:
+    """The rank that failed and how, from torchrun's failure summary: a rank killed by a signal
+    from outside (not torchrun's SIGTERM to the others) first, since its peers then fail in the
+    collective they shared with it, and may do so before torchrun sees the death; else torchrun's
+    root cause. How: the signal, or the exception's last line (rank_main's `record`)."""
+    start = output.rfind("Failures:")
+    failures = [m.groups() for m in _FAILURE.finditer(output[start:])] if start >= 0 else []
+    if not failures:
         return f"the trainer's ranks (torchrun) exited with code {returncode}; see the output above"
-    rank, code, pid, trace = m.groups()
+    killed = [f for f in failures if int(f[1]) < 0 and int(f[1]) != -15]
+    root = output.rfind("Root Cause")
+    if killed:
+        rank, code, pid, trace = killed[0]
+    elif root >= 0 and (first := _FAILURE.search(output[root:])) is not None:
+        rank, code, pid, trace = first.groups()
+    else:
+        rank, code, pid, trace = failures[0]
     lines = [line.strip() for line in trace.splitlines() if line.strip()]
     how = lines[-1] if lines and lines[0].startswith("Traceback") else (lines[0] if lines else "")
     if how.startswith("To enable traceback") or not how:

@@ -52,3 +52,34 @@ def test_trainer_node_without_a_run_says_to_start_the_run_first(tmp_path, capsys
     assert rft(["trainer-node", str(tmp_path / "no-run"), "--node-rank", "1", "--wait-s", "0"]) == 2
     err = capsys.readouterr().err
     assert "no run there after 0 s" in err and "start the run first" in err and "Traceback" not in err
+
+
+# torchrun 2.13's summary (CI) when rank 1 was SIGKILLed in the middle of an all-reduce: rank 0's gloo
+# call failed at once, so torchrun's first observed failure is rank 0's exception (then its SIGTERM);
+# the kill is what the run must be told about.
+PEER_FAILED_FIRST = """\
+Failures:
+[0]:
+  time      : 2026-11-25_01:09:05
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 16187)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 16187
+------------------------------------------------------------
+Root Cause (first observed failure):
+[1]:
+  time      : 2026-11-25_01:09:04
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 16186)  (SIGTERM)
+  error_file: /tmp/torchelastic_4sm3odlp/attempt_0/0/error.json
+  traceback : Traceback (most recent call last):
+    File "/tmp/cicheck/main/rl_engine/trainer/ranks.py", line 103, in train_step
+  RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:24978: Connection reset by peer.
+============================================================
+"""
+
+
+def test_a_killed_rank_is_named_even_when_its_peer_failed_first():
+    assert describe_failure(PEER_FAILED_FIRST, 1) == "trainer rank 1 (pid 16187) failed: Signal 9 (SIGKILL) received by PID 16187"
