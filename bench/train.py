@@ -46,6 +46,11 @@ def _config(model_dir: str, rows: int, micro: int, threads: int):
     )
 
 
+def _threads(ranks: int) -> int:
+    """Intra-op threads per rank: the machine's cores shared evenly."""
+    return max(1, (os.cpu_count() or 2) // ranks)
+
+
 def _batch(rows: int, length: int, pad_id: int) -> dict[str, torch.Tensor]:
     """A right-padded GRPO batch ([B, L]): prompt of 16 tokens, responses of varied length, groups of 4."""
     g = torch.Generator().manual_seed(0)
@@ -76,7 +81,7 @@ def worker(model_dir: str, rows: int, length: int, micro: int, steps: int, out: 
     from rl_engine.trainer.ranks import follow
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = _config(model_dir, rows, micro, threads=max(1, (os.cpu_count() or 2) // world))
+    cfg = _config(model_dir, rows, micro, threads=_threads(world))
     if int(os.environ["RANK"]) != 0:
         follow(DeepSpeedTrainer(cfg))
         return
@@ -98,7 +103,9 @@ def worker(model_dir: str, rows: int, length: int, micro: int, steps: int, out: 
 
 def _run(ranks: int, model_dir: str, rows: int, length: int, micro: int, steps: int, out: str) -> dict:
     os.makedirs(out, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    from rl_engine.trainer.launch import launcher_env
+
+    env = launcher_env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "--max-restarts=0", "-m", "bench.train", "--worker", model_dir, str(rows), str(length), str(micro), str(steps), out]
     subprocess.run(cmd, env=env, check=True, timeout=1800, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "result.json")) as f:
@@ -129,7 +136,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     ideal = res[1]["step_s"] / (2 * res[2]["step_s"])
     rows_out = [
-        {"ranks": n, "threads/rank": max(1, (os.cpu_count() or 2) // n), "step_s": r["step_s"], "tokens/s": r["tokens_per_s"], "ideal step_s": res[1]["step_s"] / n}
+        {"ranks": n, "threads/rank": _threads(n), "step_s": r["step_s"], "tokens/s": r["tokens_per_s"], "ideal step_s": res[1]["step_s"] / n}
         for n, r in res.items()
     ]
     print_table(rows_out, title=f"trainer step, {params / 1e6:.1f}M parameters, batch {rows} x {length} tokens, micro-batch {micro}, ZeRO {ZERO_STAGE}, {os.cpu_count()} cores")

@@ -63,7 +63,7 @@ def receive_op(device: str = "cpu") -> tuple[str, dict[str, Any], Batch]:
     dist.broadcast(size, src=0)
     raw = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
     dist.broadcast(raw, src=0)
-    head = json.loads(bytes(raw.cpu().tolist()).decode())
+    head = json.loads(raw.cpu().numpy().tobytes())
     tensors = {}
     for name, dtype, shape in head["tensors"]:
         tensors[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
@@ -134,13 +134,12 @@ class LeaderTrainer:
             self._broken = True  # nobody is listening any more
 
 
-def follow(local: Any, storage_options: dict[str, Any] | None = None) -> int:
-    """Ranks 1..N-1: carry out rank 0's operations on `local` until `end`; returns how many."""
-    done = 0
+def follow(local: Any, storage_options: dict[str, Any] | None = None) -> None:
+    """Ranks 1..N-1: carry out rank 0's operations on `local` until `end`."""
     while True:
         op, args, batch = receive_op(local.device)
         if op == "end":
-            return done
+            return
         if op == "train":
             local.train_step(share(batch, local.rank, local.world))
         elif op == "sft":
@@ -158,4 +157,3 @@ def follow(local: Any, storage_options: dict[str, Any] | None = None) -> int:
             local.load_state(args["url"], storage_options)
         else:
             raise RuntimeError(f"trainer rank {local.rank}: unknown operation {op!r} from rank 0 (ranks of different versions?)")
-        done += 1

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rl_engine.trainer.launch import launcher_env
 from rl_engine.trainer.ranks import share
 
 SCRIPT = Path(__file__).with_name("ranks_script.py")
@@ -23,7 +24,7 @@ SCRIPT = Path(__file__).with_name("ranks_script.py")
 
 def _train(model_dir: str, ranks: int, out: Path) -> dict[int, tuple[list[dict], dict[str, torch.Tensor]]]:
     """{ZeRO stage: (two steps' metrics, updated weights)} of ranks_script.py on `ranks` ranks."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "RFT_DIST_ENV_OWNER")}
+    env = launcher_env()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "--max-restarts=0", str(SCRIPT), model_dir, ",".join(map(str, STAGES)), str(out)]
     done = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
