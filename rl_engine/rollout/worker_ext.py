@@ -161,6 +161,35 @@ class RFTWorkerExtension:
         self._rft_version = version
         return version, n
 
+    def rft_profile_reload(self, local_dir: str) -> dict[str, float]:
+        """Benchmark: where an in-place reload spends its time (`bench.sync`).
+
+        Reads a checkpoint directory into memory (so no file I/O is measured), reloads it once
+        timed and once under cProfile. Returns seconds: `reload` (the timed reload), and from the
+        profiled one `pack` (vLLM's CPU kernel format: the oneDNN GEMM handles it builds per
+        linear layer; 0 on GPU) and `copy` (tensor copies: into the checkpoint-format layer,
+        then into the kernel tensors). The rest of `reload` is the layerwise bookkeeping.
+        Load the weights the engine already holds: the version is left unchanged.
+        """
+        import cProfile
+        import pstats
+        import time
+
+        from safetensors.torch import load_file
+
+        weights = [(k, v.clone()) for f in sorted(Path(local_dir).glob("*.safetensors")) for k, v in load_file(str(f)).items()]
+        t0 = time.perf_counter()
+        self._rft_load(iter(weights))
+        reload_s = time.perf_counter() - t0
+        prof = cProfile.Profile()
+        prof.runcall(self._rft_load, iter(weights))
+        stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, prim calls, own s, cumulative s, callers)
+
+        def own_s(name: str) -> float:
+            return sum(st[2] for (_, _, n), st in stats.items() if n == name)
+
+        return {"reload": reload_s, "pack": own_s("<built-in method torch._ops._C.create_onednn_mm_handler>"), "copy": own_s("<method 'copy_' of 'torch._C.TensorBase' objects>")}
+
     def rft_version(self) -> int:
         """Version of the weights this worker holds (0 until a sync)."""
         return getattr(self, "_rft_version", 0)

@@ -111,3 +111,16 @@ def test_checkpoint_sync_through_s3(engine, tiny_model_dir, s3_bucket, restore_o
     build_weight_sender(cfg, _board(cfg)).send(named_weights(trained), version=3)
     assert build_weight_receiver(cfg, _board(cfg)).receive(engine) == 3 == engine.version
     assert max_logprob_diff(trained, rollouts(engine), 1.0) < LOGPROB_TOL
+
+
+@pytest.mark.slow
+def test_profiled_reload_installs_the_weights_and_reports_its_parts(engine, tiny_model_dir, tmp_path, restore_original):
+    """bench.sync's profile of the in-place reload (worker_ext.rft_profile_reload) is a real reload."""
+    trained = perturbed_hf(tiny_model_dir, seed=6)
+    trained.save_pretrained(str(tmp_path))
+    [parts] = engine.rpc("rft_profile_reload", str(tmp_path), timeout=120)
+    assert max_logprob_diff(trained, rollouts(engine), 1.0) < LOGPROB_TOL
+    assert engine.version == 0  # a benchmark's reload installs no version
+    assert set(parts) == {"reload", "pack", "copy"}
+    assert parts["reload"] > 0 and parts["copy"] > 0
+    assert parts["pack"] > 0  # vLLM's CPU linear layers are oneDNN handles, rebuilt on every reload
