@@ -26,6 +26,7 @@ from rl_engine.lineage import LineageRun
 from rl_engine.lineage import begin as begin_lineage
 from rl_engine.roles import post_start
 from rl_engine.run import ResumePoint, RunContext, RunLease, open_run, resume_point, start_run
+from tasks.buffer import remove_uncommitted_files
 from tasks.report import publish_report, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
 
@@ -227,7 +228,9 @@ def report_anyway(run: RunContext, keys: str) -> None:
 
 
 def finish_run(run: RunContext, keys: str, cancelled: bool = False) -> Any:
-    """Publish the timeline, metrics, reward curve and model link; the run's summary, or a Cancelled state."""
+    """Remove buffer files no commit record names (every role has stopped); publish the timeline,
+    metrics, reward curve and model link; the run's summary, or a Cancelled state."""
+    remove_uncommitted_files(run)
     summary = publish_report(run, keys)
     if cancelled:
         return Cancelled(message=f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")

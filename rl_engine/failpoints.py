@@ -6,9 +6,10 @@ Only the environment turns one on; a run without RFT_FAILPOINT never stops at on
 an exception: nothing gets to clean up, as when a machine is lost. Points (name@explorer step):
 
 - explorer.after_stage: a partial step's batch is staged in the continuation store, not committed;
-- explorer.after_commit: the batch is committed to the buffer, its staged copy not yet retired.
+- explorer.after_commit: the batch is committed to the buffer, its staged copy not yet retired;
+- buffer.after_data: a BufferWriter wrote the step's data file, not yet its commit record.
 
-Used by tests/flows/test_partial_crash.py.
+Used by tests/flows/test_partial_crash.py and tests/rl_engine/buffer/test_buffer_sweep.py.
 """
 
 from __future__ import annotations

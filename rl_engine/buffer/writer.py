@@ -4,7 +4,8 @@ One `write(explorer_step, batch)` = one Arrow IPC file under
 `buffer/explorer=<id>/step=<e>/part-<uuid>.arrow`, then one commit record under
 `buffer/_commits/`. The data file is complete before its record exists, so a reader (which
 only follows records) never sees a partial file; a writer killed at any point leaves at most an
-orphan data/temp file that nothing reads.
+orphan data/temp file that nothing reads (the mode's flow removes it when the run's attempt
+ends: `sweep.py`).
 
 Each writer instance has a random writer id and numbers its commits 1, 2, 3, ...; readers track
 consumption per (writer id, seq), which is what makes exactly-once exact (see reader.py).
@@ -34,6 +35,7 @@ import pyarrow.compute as pc
 
 from rl_engine.buffer import _files
 from rl_engine.experience import ExperienceBatch
+from rl_engine.failpoints import failpoint
 from rl_engine.storage import join, open_storage
 
 
@@ -64,6 +66,7 @@ class BufferWriter:
             rel = _files.data_relpath(self.explorer_id, explorer_step)
             path = join(_files.buffer_root(self.root), rel)
             info = _files.write_data(self.fs, path, table, fsync=self.fsync)
+            failpoint("buffer.after_data", explorer_step)
             versions = batch.min_versions()
             key = _files.CommitKey(time.time_ns(), self.explorer_id, writer, seq)
             record = {

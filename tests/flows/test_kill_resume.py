@@ -39,6 +39,7 @@ from rl_engine.run import open_run
 from rl_engine.schedule import rendezvous_version
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
 from tests.flows.conftest import write_config
+from rl_engine.buffer.sweep import uncommitted_files
 from tests.flows.test_partial_flows import MODES, partial_config, stored_rows
 
 pytestmark = pytest.mark.slow
@@ -202,6 +203,7 @@ def kill_trial(model: str, tasks: str, root: Path, mode: str, scope: str, point:
         "before": before, "held": held, "saved": saved, "rows": rows, "duplicated": [i for i, n in ids.items() if n > 1],
         "lost": sorted(before - set(ids)), "still_pending": still, "continuations_lost": held - {r["group_id"] for r in rows} - still,
         "lineage": trainer_lineage(run.url) if res.returncode == 0 else [],
+        "uncommitted": uncommitted_files(run.url),
     }
 
 
@@ -299,6 +301,7 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
     # The resumed run finished; nothing committed before the kill lost, nothing stored twice.
     assert trial["resume_rc"] == 0 and f"-> version {TOTAL_STEPS}" in trial["resume_out"], trial["resume_out"][-4000:]
     assert not trial["lost"] and not trial["duplicated"], (trial["lost"], trial["duplicated"])
+    assert not trial["uncommitted"]  # a data file the kill left without its record is gone too
     rows = trial["rows"]
     assert set(Counter(r["group_id"] for r in rows).values()) == {2}  # every group whole, once
     # Every continuation pending at the kill was written once, or is still pending.

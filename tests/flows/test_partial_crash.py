@@ -13,9 +13,13 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.dataset as ds
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
-from rl_engine.buffer import ContinuationStore
+from rl_engine.buffer import ContinuationStore, _files
+from rl_engine.buffer.sweep import uncommitted_files
+from rl_engine.buffer.synthetic import make_batch
 from rl_engine.failpoints import ENV
 from rl_engine.run import last_committed_steps, open_run
 from tests.flows.conftest import write_config
@@ -57,9 +61,18 @@ def test_killed_between_continuation_save_and_buffer_commit(point, tiny_model_di
     assert committed == (CRASH_STEP if point == "explorer.after_commit" else CRASH_STEP - 1)
     staged_groups = {str(g) for g in store.load([staged[0].id]).column("group_id")}
     before = {r["experience_id"] for r in stored_rows(run.url)}
+    # What a writer killed between its data file and its commit record leaves (failpoint
+    # buffer.after_data; tests/rl_engine/buffer/test_buffer_sweep.py kills one there).
+    orphan = f"{run.url}/buffer/explorer=0/step={CRASH_STEP + 1}/part-killed.arrow"
+    _files.write_data(LocalFileSystem(), orphan, make_batch(4, explorer_step=CRASH_STEP + 1).to_table())
 
     resumed = rft_run([config, "--resume", run.url], tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    # Once the resumed attempt ended, the buffer directory holds only committed files: plain Arrow
+    # tools (the README's recipe) read each experience once.
+    assert not os.path.exists(orphan) and uncommitted_files(run.url) == []
+    plain = ds.dataset(f"{run.url}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]).to_table()
+    assert sorted(plain["experience_id"].to_pylist()) == sorted(r["experience_id"] for r in stored_rows(run.url))
     rows = stored_rows(run.url)
     ids = Counter(r["experience_id"] for r in rows)
     assert max(ids.values()) == 1 and before <= set(ids)  # nothing written twice, nothing lost
