@@ -23,8 +23,8 @@ For models of ~0.3M, ~10M and ~100M parameters (tiny Qwen2 models built locally)
 Prints a table, then one JSON line with the figures of the largest size.
 
 Reading the figures: on CPU the reload costs more than the transfer (2-core dev machine, 100M
-model: raw broadcast 0.18 s, reload 0.23 s, of which packing 0.11 s and copying 0.07 s), so on
-2 cores the bound is (2 raw + reload) / 2, about 1.6x the raw broadcast, and collective lands
+model: raw broadcast 0.16-0.19 s, reload 0.26 s, of which packing 0.11 s and copying 0.07 s), so
+on 2 cores the bound is (2 raw + reload) / 2, about 1.7-1.8x the raw broadcast, and collective lands
 near raw + reload: with both cores moving bytes, the pipelined stream (bucket i+1 arrives while
 bucket i loads) has no spare core to overlap on; one 512 MiB bucket, no pipelining at all,
 measures the same. vLLM's CPU kernels need the packing, and a packed handle cannot be updated

@@ -5,11 +5,13 @@ Layout under the run URL (any fsspec storage, see `rl_engine.storage`):
     checkpoints/version=<v>/model.safetensors            (or model-00001.safetensors ... + model.safetensors.index.json)
     checkpoints/version=<v>/config.json                  the policy's HF config (the directory loads with transformers)
     checkpoints/version=<v>/_COMMITTED                   JSON marker, written last and atomically:
-                                                         {version, tensors, bytes, time, files: {name: {bytes, sha256}}}
+                                                         {version, tensors, bytes, time, files: {name: {bytes, crc32}}}
 
 Readers only ever look at versions with a marker, so a trainer that dies mid-write leaves
 nothing visible. Before anything is loaded, every weight file the marker lists is checked
-against its size and SHA-256 (after the copy, for object storage): a version deleted or
+against its size and CRC-32 (after the copy, for object storage; markers written before CRC-32
+carry SHA-256, which is checked instead; CRC-32 catches the same damage, truncation and
+overwritten bytes, at 3x the speed, which the sync pays on both sides): a version deleted or
 damaged after its commit is refused with an error naming the version and the file, and the
 engine keeps the weights it has (a half-loaded checkpoint would be worse than none).
 Explorers load into their live engine (no restart); from object storage the version is first
@@ -29,6 +31,7 @@ import re
 import shutil
 import tempfile
 import time
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -52,6 +55,16 @@ _FIX = (
 def _sha256_file(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _crc32_file(path: str, chunk_bytes: int = 16 << 20) -> int:
+    """CRC-32 of a file, read in chunks into one buffer (no memory per chunk)."""
+    buf, crc = bytearray(chunk_bytes), 0
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            crc = zlib.crc32(view[:n], crc)
+    return crc
 
 
 class CheckpointSender:
@@ -145,16 +158,16 @@ class CheckpointSender:
         weight_map.update({k: fname for k in tensors})
 
     def _write(self, d: str, fname: str, tensors: dict[str, torch.Tensor], files: dict[str, dict[str, Any]]) -> None:
-        """Write one safetensors file and record its size and SHA-256 in `files`."""
+        """Write one safetensors file and record its size and CRC-32 in `files`."""
         from safetensors.torch import save, save_file
 
         path = storage.join(d, fname)
         if storage.is_local(self.fs):
             save_file(tensors, path, metadata={"format": "pt"})  # no in-memory copy of the shard
-            files[fname] = {"bytes": os.path.getsize(path), "sha256": _sha256_file(path)}  # read back from the page cache
+            files[fname] = {"bytes": os.path.getsize(path), "crc32": _crc32_file(path)}  # read back from the page cache
         else:
             data = save(tensors, metadata={"format": "pt"})
-            files[fname] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            files[fname] = {"bytes": len(data), "crc32": zlib.crc32(data)}
             self.fs.pipe_file(path, data)
 
     def close(self) -> None:
@@ -256,7 +269,7 @@ class CheckpointReceiver:
         return {p.rsplit("/", 1)[-1]: None for p in self.fs.glob(storage.join(d, "*.safetensors"))}
 
     def _verify(self, local_dir: str, shown_dir: str, files: dict[str, dict[str, Any] | None], version: int, engine: Any) -> None:
-        """Every listed file is there with the size and SHA-256 its commit marker recorded."""
+        """Every listed file is there with the size and checksum its commit marker recorded."""
         if not files:
             raise self._refused(version, engine, f"{shown_dir} holds no weight files")
         for fname, want in files.items():
@@ -268,8 +281,9 @@ class CheckpointReceiver:
             size = os.path.getsize(path)
             if size != want["bytes"]:
                 raise self._refused(version, engine, f"{shown} has {size} bytes where its commit marker says {want['bytes']} (truncated or overwritten)")
-            if _sha256_file(path) != want["sha256"]:
-                raise self._refused(version, engine, f"{shown} does not match the SHA-256 in its commit marker (its bytes changed after the commit)")
+            what, got = ("CRC-32", _crc32_file(path)) if "crc32" in want else ("SHA-256", _sha256_file(path))
+            if got != want.get("crc32", want.get("sha256")):
+                raise self._refused(version, engine, f"{shown} does not match the {what} in its commit marker (its bytes changed after the commit)")
 
     def _load(self, engine: Any, local_dir: str, version: int) -> int:
         try:

@@ -301,7 +301,7 @@ def test_deleted_or_corrupted_checkpoint_is_refused_and_weights_kept(engine, tin
         2: "checkpoint version 2 refused: it does not exist under",
         3: f"checkpoint version 3 refused: {ckpt}/version=3/{shards[-1]} is missing",
         4: f"checkpoint version 4 refused: {ckpt}/version=4/{shards[-1]} has {size - 100} bytes where its commit marker says {size}",
-        5: f"checkpoint version 5 refused: {ckpt}/version=5/{shards[-1]} does not match the SHA-256 in its commit marker",
+        5: f"checkpoint version 5 refused: {ckpt}/version=5/{shards[-1]} does not match the CRC-32 in its commit marker",
     }
     for v, want in cases.items():
         with pytest.raises(SyncError) as err:
@@ -317,3 +317,17 @@ def test_deleted_or_corrupted_checkpoint_is_refused_and_weights_kept(engine, tin
     assert all(r.version == 1 for g in after for r in g)
     assert max_logprob_diff(trained, after, 1.0) < LOGPROB_TOL
     assert (ckpt / "version=5" / COMMIT).exists()  # refusing changes nothing on storage
+
+    # A version committed before CRC-32 (its marker carries SHA-256) is checked against that.
+    import hashlib
+    import json
+
+    for v in (6, 7):
+        sender.send(named_weights(perturbed_hf(tiny_model_dir, seed=11 + v)), version=v)
+        marker = json.loads((ckpt / f"version={v}" / COMMIT).read_text())
+        marker["files"] = {f: {"bytes": m["bytes"], "sha256": hashlib.sha256((ckpt / f"version={v}" / f).read_bytes()).hexdigest()} for f, m in marker["files"].items()}
+        (ckpt / f"version={v}" / COMMIT).write_text(json.dumps(marker))
+    _flip(ckpt / "version=6" / shards[-1], size - 50)
+    with pytest.raises(SyncError, match=f"{shards[-1]} does not match the SHA-256 in its commit marker"):
+        receiver.receive(engine, version=6)
+    assert receiver.receive(engine, version=7) == 7 == engine.version
