@@ -91,3 +91,10 @@ def test_pull_steps_find_the_checkout_at_run_time(tmp_path):
     res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]
     assert Path(res.stdout.strip().splitlines()[-1]).resolve() == REPO
+
+
+@pytest.mark.parametrize("dep", MODES, ids=lambda d: d["name"])
+def test_mode_deployments_show_their_placement(dep):
+    """The UI's run form edits the placement union as raw JSON: with no value in the deployment's
+    cfg it shows an empty editor, with one it shows {"type": "local"} to change."""
+    assert dep["parameters"]["cfg"]["placement"] == {"type": "local"}
