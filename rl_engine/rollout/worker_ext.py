@@ -169,7 +169,7 @@ class RFTWorkerExtension:
         profiled one `pack` (vLLM's CPU kernel format: the oneDNN GEMM handles it builds per
         linear layer; 0 on GPU) and `copy` (tensor copies: into the checkpoint-format layer,
         then into the kernel tensors). The rest of `reload` is the layerwise bookkeeping.
-        Load the weights the engine already holds: the version is left unchanged.
+        The engine's version is left as it was: bench.sync passes the weights it already holds.
         """
         import cProfile
         import pstats

@@ -67,6 +67,9 @@ def _crc32_file(path: str, chunk_bytes: int = 16 << 20) -> int:
     return crc
 
 
+_CHECKSUMS = {"crc32": ("CRC-32", _crc32_file), "sha256": ("SHA-256", _sha256_file)}  # marker key -> (name, file checksum)
+
+
 class CheckpointSender:
     """Trainer side: writes `checkpoints/version=<v>/` then its commit marker."""
 
@@ -281,8 +284,9 @@ class CheckpointReceiver:
             size = os.path.getsize(path)
             if size != want["bytes"]:
                 raise self._refused(version, engine, f"{shown} has {size} bytes where its commit marker says {want['bytes']} (truncated or overwritten)")
-            what, got = ("CRC-32", _crc32_file(path)) if "crc32" in want else ("SHA-256", _sha256_file(path))
-            if got != want.get("crc32", want.get("sha256")):
+            key = "crc32" if "crc32" in want else "sha256"  # markers written before CRC-32 carry SHA-256
+            what, checksum = _CHECKSUMS[key]
+            if checksum(path) != want[key]:
                 raise self._refused(version, engine, f"{shown} does not match the {what} in its commit marker (its bytes changed after the commit)")
 
     def _load(self, engine: Any, local_dir: str, version: int) -> int:

@@ -123,4 +123,5 @@ def test_profiled_reload_installs_the_weights_and_reports_its_parts(engine, tiny
     assert engine.version == 0  # a benchmark's reload installs no version
     assert set(parts) == {"reload", "pack", "copy"}
     assert parts["reload"] > 0 and parts["copy"] > 0
-    assert parts["pack"] > 0  # vLLM's CPU linear layers are oneDNN handles, rebuilt on every reload
+    if not torch.cuda.is_available():
+        assert parts["pack"] > 0  # vLLM's CPU linear layers are oneDNN handles, rebuilt on every reload
