@@ -7,15 +7,16 @@ Workload: configs/partial.yaml (one-step off-policy; 8 tasks x 8 rollouts per st
 (`rft warmstart --task countdown`, built here unless --model names one). Each seed runs the
 config twice as real Prefect flows (vLLM CPU explorer and DeepSpeed CPU trainer, one core each):
 `explorer.partial.enabled` false (every generation in one go, up to sampling.max_tokens = 128)
-and true (segments of 16 tokens per explorer step, continuations resumed in later steps).
+and true (segments of segment_max_tokens per explorer step, continuations resumed in later steps).
 
 Per run, over the steady state (bench.modes.steady_state, from the end of trainer step 8 to the
-end of the last: with 16-token segments the longest answers take 8 steps, and until then partial
-rollouts' batches lean to short tasks): explorer step time (mean rollout span: generate + score),
+end of the last: the longest answers take max_response_tokens / segment_max_tokens steps, and
+until then partial rollouts' batches lean to short tasks): explorer step time (mean rollout span: generate + score),
 its write time (buffer commit; with partial rollouts also staging and retiring continuations),
 generate calls per step (rounds of segments), trainer step time, trainer idle fraction (share of
 the window the trainer spent waiting), generated tokens per rollout-second, generations cut per
-step, mean response length; at the end the trained batches' mean reward (last quarter of trainer
+step, mean response length, the trained tokens' mean version gap (trainer version minus the
+version that generated a token: 1 without partial rollouts in this mode); at the end the trained batches' mean reward (last quarter of trainer
 steps) and the final policy's expected exact-match at temperature 1 over the task distribution
 (`rl_engine.warmstart.evaluate_dir`: exact, no sampling noise). The batch reward is not
 comparable between off and on (short groups finish first, and only partial rollouts stop
@@ -27,7 +28,9 @@ Also per run the wall time of its training after start-up (`wall_s`: engine star
 since the off run of a seed starts the engine its on run reuses). JSON keys: step_time_speedup
 (explorer step time off / on), trainer_step_speedup, wall_speedup, reward_off,
 reward_on, reward_spread, reward_gap (on - off), reward_on_within_spread (min <= reward_on <= max
-of the off seeds; null with one seed), plus per-setting means.
+of the off seeds; null with one seed), plus per-setting means. Last, `alone_step_s` (off, on)
+and `alone_speedup`: the first seed's explorer steps replayed with the explorer alone on the
+machine (`isolated_step_s`: the same engine and config, no trainer, no buffer writes).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+import time
 from pathlib import Path
 from statistics import mean
 
@@ -44,6 +48,15 @@ if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "partial.yaml"
+
+
+def fill_steps() -> int:
+    """Steps until partial rollouts' pipeline is full: a group of the longest answers needs
+    max_response_tokens / segment_max_tokens of them, and until then batches lean to short tasks."""
+    import yaml
+
+    p = yaml.safe_load(CONFIG.read_text())["explorer"]["partial"]
+    return -(-p["max_response_tokens"] // p["segment_max_tokens"])
 
 
 def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: bool) -> dict:
@@ -66,10 +79,7 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
     data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
     summary = run_config(validate_config(data))
-    # Partial rollouts fill their pipeline first: a group of the longest answers needs
-    # max_response_tokens / segment_max_tokens steps, and until then batches lean to short tasks.
-    p = data["explorer"]["partial"]
-    fill = -(-p["max_response_tokens"] // p["segment_max_tokens"])
+    fill = fill_steps()
     if steps < fill + 3:
         raise SystemExit(f"bench.partial: --steps {steps} leaves no steady state; use at least {fill + 3} (the pipeline fills in {fill} steps)")
     spans = load_spans(summary["run"])
@@ -79,7 +89,8 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     t0, t1, step_s, steady = steady_state(spans, skip=fill)
     rollouts = {s.step: s for s in steady if s.component == "explorer-0" and s.kind == "rollout"}
     writes = [s.duration for s in steady if s.component == "explorer-0" and s.kind == "write"]
-    _, explorer_metrics = load_metrics(open_run(summary["run"]))
+    trainer_metrics, explorer_metrics = load_metrics(open_run(summary["run"]))
+    steady_trainer = [m for m in trainer_metrics if m["step"] > fill]
     by_step = {m["explorer_step"]: m for m in explorer_metrics}
     # Tokens generated in the step (a partial step's segments, not the finished groups' totals).
     generated = {e: (m["partial"]["tokens"] if partial else m["tokens"]) for e, m in by_step.items()}
@@ -95,12 +106,47 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
         "tokens_per_s": sum(generated[e] for e in rollouts) / sum(s.duration for s in rollouts.values()),
         "resp_len": mean(by_step[e]["response_len_mean"] for e in rollouts),
         "cut_per_step": mean(s.cut or 0 for s in rollouts.values()),
+        "version_gap": mean(m["version_gap_mean"] for m in steady_trainer),
         "batch_reward_last": summary["reward_last"],
         "exact_t1_final": final["expected_exact_t1"],
         "greedy_final": final["greedy_exact"],
         "steady_steps": len(rollouts),
         "wall_s": wall,
     }
+
+
+def isolated_step_s(run_url: str, steps: int, skip: int) -> float:
+    """Mean explorer step (generate + score) of a finished run's config with the engine alone on
+    the machine: no trainer beside it, no buffer writes, the warm start's weights. The prefix
+    cache is dropped before every step, as a weight sync does, so continuations re-prefill."""
+    from rl_engine.buffer import ContinuationStore
+    from rl_engine.explorer import ENGINES, generate_experiences, partial_settings
+    from rl_engine.partial import PartialRollouts
+    from rl_engine.rewards import TaskIterator, build_reward, load_taskset
+    from rl_engine.run import open_run
+
+    run = open_run(run_url)
+    cfg = run.cfg
+    engine = ENGINES.acquire(run, 0)
+    try:
+        tasks = TaskIterator(load_taskset(cfg.taskset), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle)
+        reward_fn = build_reward(cfg.taskset.reward)
+        partial = None
+        if cfg.explorer.partial.enabled:
+            store = ContinuationStore(tempfile.mkdtemp(prefix="bench-partial-isolated-"), {}, 0, fsync=False)
+            partial = PartialRollouts(engine, store, tasks, reward_fn, partial_settings(cfg, 0), first_step=1)
+        times = []
+        for e in range(1, steps + 1):
+            engine.mark_synced(engine.version)
+            t0 = time.perf_counter()
+            if partial is not None:
+                partial.generate(e)
+            else:
+                generate_experiences(engine, tasks.next_batch(), reward_fn, cfg, 0, e)
+            times.append(time.perf_counter() - t0)
+        return mean(times[skip:])
+    finally:
+        ENGINES.release(run, 0, engine)
 
 
 def main() -> None:
@@ -134,6 +180,9 @@ def main() -> None:
         for seed in seeds:
             for partial in (False, True):
                 rows.append(run_one(model, tasks, f"{root}/runs", steps, seed, partial))
+    # The first seed's two settings again with the explorer alone on the machine (no trainer beside it):
+    # what partial rollouts gain on this CPU when nothing competes for the cores.
+    alone = {s: isolated_step_s(f"{root}/runs/bench-partial-{s}-s{seeds[0]}", steps, fill_steps()) for s in ("off", "on")}
     ENGINES.close_all()  # their shutdown logs would follow the JSON line
     print_table(
         rows,
@@ -161,7 +210,9 @@ def main() -> None:
         "reward_on_within_spread": min(off) <= mean(on) <= max(off) if len(off) > 1 else None,
     }
     out["wall_speedup"] = round(avg("off", "wall_s") / avg("on", "wall_s"), 3)
-    for key in ("explorer_step_s", "trainer_step_s", "trainer_idle", "tokens_per_s", "batch_reward_last", "wall_s"):
+    out["alone_step_s"] = {k: round(v, 3) for k, v in alone.items()}
+    out["alone_speedup"] = round(alone["off"] / alone["on"], 3)
+    for key in ("explorer_step_s", "trainer_step_s", "trainer_idle", "tokens_per_s", "version_gap", "batch_reward_last", "wall_s"):
         out[key] = {s: round(avg(s, key), 3) for s in ("off", "on")}
     emit_json(out)
 
