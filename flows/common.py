@@ -24,7 +24,7 @@ from rl_engine.errors import UserError, hide_user_error_tracebacks
 from rl_engine.learner import latest_state_step
 from rl_engine.lineage import LineageRun
 from rl_engine.lineage import begin as begin_lineage
-from rl_engine.roles import post_start
+from rl_engine.roles import post_start, roles_share_process
 from rl_engine.run import ResumePoint, RunContext, RunLease, open_run, resume_point, start_run
 from tasks.buffer import remove_uncommitted_files
 from tasks.report import publish_report, report_key_prefix, start_progress
@@ -143,13 +143,14 @@ def watch_cancellation(run: RunContext, poll_s: float = 1.0) -> Iterator[Cancel]
 def run_local(run: RunContext, progress_id: str | None = None) -> None:
     """Placement `local`: every role as a concurrent task of this flow run; the first failure is raised."""
     opts = run.storage_options
-    futures = [trainer_task.submit(run.url, opts, progress_id)] + [explorer_task.submit(run.url, i, opts) for i in range(run.cfg.explorer.count)]
     errors = []
-    for f in futures:
-        try:
-            f.result()
-        except BaseException as e:  # noqa: BLE001 - raised below once every role has ended
-            errors.append(e)
+    with roles_share_process():
+        futures = [trainer_task.submit(run.url, opts, progress_id)] + [explorer_task.submit(run.url, i, opts) for i in range(run.cfg.explorer.count)]
+        for f in futures:
+            try:
+                f.result()
+            except BaseException as e:  # noqa: BLE001 - raised below once every role has ended
+                errors.append(e)
     if errors:
         stop = Board(run.url, run.storage_options).get(STOP_KEY) or {}
         get_run_logger().error("run stopped: %s", stop.get("reason", errors[0]))

@@ -157,3 +157,16 @@ def test_one_driver_per_run_and_a_dead_drivers_lease_expires(run):
     third = RunLease(run.url, ttl_s=1.5).acquire()  # the dead holder's lease expired
     third.release()
     assert not (Path(run.url) / "lease.json").exists()
+
+
+def test_roles_sharing_a_process_pass_the_gil_sooner_and_the_interval_is_restored():
+    import sys
+
+    from rl_engine.roles import SHARED_PROCESS_SWITCH_INTERVAL_S, roles_share_process
+
+    before = sys.getswitchinterval()
+    with pytest.raises(RuntimeError, match="a role failed"):
+        with roles_share_process():
+            assert sys.getswitchinterval() == pytest.approx(SHARED_PROCESS_SWITCH_INTERVAL_S)
+            raise RuntimeError("a role failed")
+    assert sys.getswitchinterval() == before
