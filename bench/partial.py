@@ -50,13 +50,10 @@ if __name__ == "__main__":
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "partial.yaml"
 
 
-def fill_steps() -> int:
+def fill_steps(partial: dict) -> int:
     """Steps until partial rollouts' pipeline is full: a group of the longest answers needs
     max_response_tokens / segment_max_tokens of them, and until then batches lean to short tasks."""
-    import yaml
-
-    p = yaml.safe_load(CONFIG.read_text())["explorer"]["partial"]
-    return -(-p["max_response_tokens"] // p["segment_max_tokens"])
+    return -(-partial["max_response_tokens"] // partial["segment_max_tokens"])
 
 
 def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: bool) -> dict:
@@ -79,7 +76,7 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
     data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
     summary = run_config(validate_config(data))
-    fill = fill_steps()
+    fill = fill_steps(data["explorer"]["partial"])
     if steps < fill + 3:
         raise SystemExit(f"bench.partial: --steps {steps} leaves no steady state; use at least {fill + 3} (the pipeline fills in {fill} steps)")
     spans = load_spans(summary["run"])
@@ -159,6 +156,7 @@ def main() -> None:
     steps = a.steps or (12 if a.quick else 24)
     seeds = [int(s) for s in (a.seeds or ("0" if a.quick else "0,1,2")).split(",")]
 
+    import yaml
     from prefect.testing.utilities import prefect_test_harness
 
     from bench._report import emit_json, print_table
@@ -182,7 +180,8 @@ def main() -> None:
                 rows.append(run_one(model, tasks, f"{root}/runs", steps, seed, partial))
     # The first seed's two settings again with the explorer alone on the machine (no trainer beside it):
     # what partial rollouts gain on this CPU when nothing competes for the cores.
-    alone = {s: isolated_step_s(f"{root}/runs/bench-partial-{s}-s{seeds[0]}", steps, fill_steps()) for s in ("off", "on")}
+    fill = fill_steps(yaml.safe_load(CONFIG.read_text())["explorer"]["partial"])
+    alone = {s: isolated_step_s(f"{root}/runs/bench-partial-{s}-s{seeds[0]}", steps, fill) for s in ("off", "on")}
     ENGINES.close_all()  # their shutdown logs would follow the JSON line
     print_table(
         rows,

@@ -41,9 +41,11 @@ log = logging.getLogger(__name__)
 START_KEY = "start"
 # Roles that share a process (placement `local`) pass the GIL every 0.5 ms, not Python's 5 ms: an
 # explorer's vLLM front end takes every model step's outputs and otherwise queues behind the
-# trainer's Python (bench.partial, seed 0, quiet 2-core machine: explorer step 0.57 -> 0.48 s
-# without partial rollouts, 0.32 -> 0.26 s with them; trainer step 0.63 -> 0.53 s).
+# trainer's Python (bench.partial, seed 0, one run each, quiet 2-core machine: explorer step
+# 0.57 -> 0.48 s without partial rollouts, 0.32 -> 0.26 s with them; trainer step 0.63 -> 0.53 s;
+# over 3 seeds the gain was within the run-to-run spread).
 SHARED_PROCESS_SWITCH_INTERVAL_S = 0.0005
+OnStep = Callable[[str, dict[str, Any]], Any]
 
 
 @contextlib.contextmanager
@@ -55,7 +57,6 @@ def roles_share_process() -> Iterator[None]:
         yield
     finally:
         sys.setswitchinterval(old)
-OnStep = Callable[[str, dict[str, Any]], Any]
 
 
 def role_names(num_explorers: int) -> list[str]:

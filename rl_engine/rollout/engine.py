@@ -186,8 +186,9 @@ class _EngineProcesses:
         """Keep the EngineCore processes on the worker's cores. Between model steps the EngineCore
         busy-waits on vLLM's shared-memory queue (it spins for a second after every message);
         unpinned, that spinning takes a core from whatever runs beside the engine, such as the
-        trainer (bench.partial, one core each: explorer step 0.74 -> 0.57 s, trainer step
-        0.77 -> 0.61 s). Pinned, it yields to the worker it waits for."""
+        trainer (bench.partial, one core each, seed 0, one run: explorer step without partial
+        rollouts 0.74 -> 0.57 s, trainer step 0.77 -> 0.61 s). Pinned, it yields to the worker
+        it waits for."""
         import psutil
 
         for core in self.cores:
@@ -388,8 +389,11 @@ class VLLMRolloutEngine:
             self._check_alive()
             version = self._version
             outputs = self._call("generate", lambda llm: llm.generate(inputs, params, use_tqdm=False))
-        decode = None if sampling.stop else self._tokenizer
-        return [[_to_rollout(list(p), c, version, decode) for c in sorted(out.outputs, key=lambda c: c.index)] for p, out in zip(prompts, outputs)]
+        # Text from vLLM where it detokenized (stop strings), else decoded here once from the ids.
+        return [
+            [_to_rollout(list(p), c, version, None if sp.detokenize else self._tokenizer) for c in sorted(out.outputs, key=lambda c: c.index)]
+            for p, sp, out in zip(prompts, params, outputs)
+        ]
 
     # ---- weight sync hooks
 
@@ -511,18 +515,14 @@ class VLLMRolloutEngine:
 
 
 def _sampled_logprobs(ids: list[int], lp: Any) -> list[float]:
-    """The sampled token's logprob at every position, from vLLM's flat or per-position logprobs."""
-    from vllm.logprobs import FlatLogprobs
-
+    """The sampled token's logprob at every position, from vLLM's FlatLogprobs (`flat_logprobs=True`)."""
     if lp is None or len(lp) != len(ids):
         raise RuntimeError(f"vLLM returned {0 if lp is None else len(lp)} logprobs for {len(ids)} response tokens")
-    if isinstance(lp, FlatLogprobs):
-        # vLLM puts the sampled token first at each position (logprobs=0: the only one).
-        firsts = lp.start_indices
-        if [lp.token_ids[i] for i in firsts] != ids:
-            raise RuntimeError("vLLM's logprobs are not those of the sampled tokens")
-        return [float(lp.logprobs[i]) for i in firsts]
-    return [float(lp[j][t].logprob) for j, t in enumerate(ids)]
+    # vLLM puts the sampled token first at each position (logprobs=0: the only one).
+    firsts = lp.start_indices
+    if [lp.token_ids[i] for i in firsts] != ids:
+        raise RuntimeError("vLLM's logprobs are not those of the sampled tokens")
+    return [float(lp.logprobs[i]) for i in firsts]
 
 
 def _to_rollout(prompt_ids: list[int], c: Any, version: int, tokenizer: Any = None) -> Rollout:

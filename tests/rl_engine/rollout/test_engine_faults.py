@@ -172,7 +172,9 @@ from rl_engine.rollout.engine import build_rollout_engine
 from tests.rl_engine.rollout.engines import make_config
 
 if __name__ == "__main__":
-    engine = build_rollout_engine(make_config(sys.argv[1]), explorer_id=0)
+    # One engine thread: the worker is bound to core 0, and the EngineCore pinned beside it.
+    explorer = {"engine": {"kv_cache_space_gib": 0.25, "num_threads": 1}, "sampling": {"max_tokens": 16}}
+    engine = build_rollout_engine(make_config(sys.argv[1], explorer=explorer), explorer_id=0)
     print("READY", flush=True)
     time.sleep(600)
 """
@@ -199,6 +201,8 @@ def test_engine_processes_exit_when_their_owner_is_killed(tiny_model_dir, tmp_pa
         children = psutil.Process(owner.pid).children(recursive=True)
         names = sorted(c.name() for c in children)
         assert any("EngineCore" in n for n in names) and any("Worker" in n for n in names), names
+        # Its busy-wait stays on the worker's core instead of taking the other one.
+        assert [c.cpu_affinity() for c in children if "EngineCore" in c.name()] == [[0]], [(c.name(), c.cpu_affinity()) for c in children]
         killed_at = time.monotonic()
         owner.kill()
         owner.wait(timeout=30)

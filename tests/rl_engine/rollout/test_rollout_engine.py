@@ -58,7 +58,7 @@ def test_dead_engine_core_maps_to_engine_died():
         eng._raise_if_dead(EngineDeadError())
 
 
-def test_sampled_logprobs_from_flat_and_per_position_logprobs():
+def test_sampled_logprobs_from_flat_logprobs():
     from vllm.logprobs import Logprob, create_sample_logprobs
 
     from rl_engine.rollout.engine import _sampled_logprobs
@@ -68,34 +68,10 @@ def test_sampled_logprobs_from_flat_and_per_position_logprobs():
     for t, lp in zip(ids, [-0.5, -1.25, -2.0]):
         flat.append({t: Logprob(logprob=lp, rank=1)})
     assert _sampled_logprobs(ids, flat) == [-0.5, -1.25, -2.0]
-    per_position = [{t: Logprob(logprob=lp)} for t, lp in zip(ids, [-0.5, -1.25, -2.0])]
-    assert _sampled_logprobs(ids, per_position) == [-0.5, -1.25, -2.0]
     with pytest.raises(RuntimeError, match="not those of the sampled tokens"):
         _sampled_logprobs([7, 3, 8], flat)
     with pytest.raises(RuntimeError, match="2 logprobs for 3 response tokens"):
         _sampled_logprobs(ids, flat[:2])
-
-
-def test_engine_core_is_pinned_to_the_workers_cores():
-    # The EngineCore busy-waits for its worker between model steps: pinned to the worker's
-    # cores, it does not take another core from the trainer beside it.
-    import multiprocessing as mp
-    import time
-
-    import psutil
-
-    from rl_engine.rollout.engine import _EngineProcesses
-
-    core = mp.get_context("spawn").Process(target=time.sleep, args=(30,), daemon=True)
-    core.start()
-    try:
-        procs = _EngineProcesses.__new__(_EngineProcesses)
-        procs.cores, procs.workers = [core], []
-        procs.pin_cores([0])
-        assert psutil.Process(core.pid).cpu_affinity() == [0]
-    finally:
-        core.kill()
-        core.join(10)
 
 
 # ---------------------------------------------------------------- real engine
