@@ -18,6 +18,8 @@ from rl_engine.storage import join, open_storage, read_json, write_json
 
 
 class CostModelEngine:
+    """The `rl_engine.rollout.engine.RolloutEngine` protocol at a known cost per call."""
+
     def __init__(self, cfg: Any, explorer_id: int, rollout_s: float, sync_s: float):
         from transformers import AutoTokenizer
 
@@ -58,16 +60,25 @@ class CostModelEngine:
 
 
 class CostModelTrainer:
+    """The `rl_engine.trainer.Trainer` protocol, one rank, at a known cost per step."""
+
     def __init__(self, cfg: Any, train_s: float):
         from transformers import AutoTokenizer
 
         self.pad_token_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id
-        self.version, self.train_s, self.w = 0, train_s, torch.zeros(8)
+        self.version, self.rank, self.train_s, self.w = 0, 0, train_s, torch.zeros(8)
 
-    def train_step(self, batch: dict) -> dict[str, float]:
+    def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         time.sleep(self.train_s)
         self.version += 1
         return {"loss": 0.0, "version": float(self.version)}
+
+    def sft_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        time.sleep(self.train_s)
+        return {"loss": 0.0}
+
+    def compute_logprobs(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.full(batch["input_ids"].shape, -1.0)  # [B, L]
 
     def named_weights(self):
         yield "cost_model.weight", self.w
@@ -87,11 +98,21 @@ class CostModelTrainer:
         self.version = meta["version"]
         return meta["extra"]
 
+    def close(self) -> None:
+        pass
+
 
 def install(rollout_s: float, train_s: float, sync_s: float) -> None:
-    """Swap the engine and trainer factories of this process for the cost model."""
+    """Swap the engine and trainer factories of this process for the cost model (refused if the
+    cost model no longer implements the protocols the roles call)."""
     import rl_engine.explorer
     import rl_engine.learner
+    from rl_engine.conformance import mismatches
+    from rl_engine.rollout.engine import RolloutEngine
+    from rl_engine.trainer import Trainer
+
+    if problems := mismatches(CostModelEngine, RolloutEngine) + mismatches(CostModelTrainer, Trainer):
+        raise TypeError("bench.cost_model is behind the protocols: " + "; ".join(problems))
 
     rl_engine.explorer.build_rollout_engine = lambda cfg, i=0: CostModelEngine(cfg, i, rollout_s, sync_s)
     rl_engine.learner.build_trainer = lambda cfg: CostModelTrainer(cfg, train_s)
