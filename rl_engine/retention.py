@@ -68,7 +68,7 @@ def to_delete(committed: Iterable[int], uncommitted: Iterable[int], keep_last: i
     committed = sorted(set(committed))
     if keep_last is None or not committed:
         return []
-    keep = set(committed[len(committed) - keep_last :] if keep_last else []) | set(protected)
+    keep = set(committed[-keep_last:] if keep_last else []) | set(protected)  # fewer than keep_last: all
     old = [n for n in committed if n not in keep]
     leftovers = [n for n in set(uncommitted) - set(committed) if n < committed[-1] and n not in keep]
     return sorted(old + leftovers)

@@ -41,6 +41,28 @@ def test_keep_last_counts_committed_and_never_deletes_protected_or_in_progress()
     assert to_delete([], [1, 2], 2, set()) == []
 
 
+@pytest.mark.parametrize(
+    "committed, uncommitted, keep_last, protected, doomed",
+    [
+        ([5, 8], [], 3, {8}, []),  # fewer than keep_last: all kept (issue 27: [5] was deleted)
+        ([8], [], 3, {8}, []),
+        ([5, 8], [], 2, set(), []),  # exactly keep_last
+        ([2, 5, 8], [], 2, {8}, [2]),
+        ([2, 5, 8], [], 5, set(), []),
+        ([5, 8], [], 0, {8}, [5]),  # 0: only what is protected
+        ([5, 8], [], 0, set(), [5, 8]),
+        ([5, 8], [], None, set(), []),  # null keeps all
+        ([2, 5, 8], [], 1, {2}, [5]),  # protected survives outside the newest
+        ([5, 8], [3, 6, 9], 3, {8}, [3, 6]),  # leftovers older than the newest committed go, 9 may be a write in progress
+        ([5, 8], [3], None, set(), []),  # null keeps leftovers too
+        ([], [1, 2], 3, set(), []),  # nothing committed: nothing is known to be a leftover
+        ([8, 5, 8], [5], 3, set(), []),  # duplicates and an uncommitted twin of a committed number
+    ],
+)
+def test_retention_table(committed, uncommitted, keep_last, protected, doomed):
+    assert to_delete(committed, uncommitted, keep_last, protected) == doomed
+
+
 def test_trainer_states_keep_the_newest_for_resume():
     committed = [2, 4, 6]
     assert to_delete(committed, [], 1, set(committed[-1:])) == [2, 4]
