@@ -2,10 +2,12 @@
 
 With `explorer.partial.enabled`, every generation gets at most `segment_max_tokens` new tokens
 per explorer step (one **segment**). After each segment a generation is finished (`stop`: EOS or
-a stop string; `repeat`: a repetition detector stopped it; `truncated`: `max_response_tokens` or
-the context is full) or **cut**, and then continued in a later explorer step by re-prefilling
-prompt + tokens so far with the weights the explorer then holds. Every token keeps its behavior
-logprob and version; every generation keeps its segments (explorer step, version, token span).
+a stop string; `repeat`: its tail repeats; `truncated`: `max_response_tokens` or the context is
+full) or **cut**, and then continued in a later explorer step by re-prefilling prompt + tokens
+so far with the weights the explorer then holds. Stop strings and the repetition rule are
+checked on the whole response after every segment, across segment boundaries, and it ends at
+the first one found (vLLM sees only the segment). Every token keeps its behavior logprob and
+version; every generation keeps its segments (explorer step, version, token span).
 
 A step still yields exactly one trainer batch: `explorer.batch_size` complete GRPO groups, oldest
 first. It starts new tasks until it holds `max_groups_in_flight` groups (finished or not, the
@@ -55,7 +57,8 @@ UNFINISHED = "length"  # finish_reason of a cut generation in the continuation s
 def repeat_cut(response_ids: Sequence[int], since: int, ngram: int, count: int) -> int | None:
     """Shortest prefix length k > since at which the response's tail repeats (vLLM's rule: the
     last 1..ngram tokens occurred `count` times in a row), or None. Checked on the whole
-    response, so a loop that began in an earlier segment is seen too."""
+    response, so a loop that began in an earlier segment is seen too (vLLM checks only the
+    segment's own tokens)."""
     from vllm.sampling_params import RepetitionDetectionParams
     from vllm.v1.core.sched.utils import check_sequence_repetition
 
@@ -297,11 +300,17 @@ class PartialRollouts:
             counts["tokens"] += len(r.response_ids)
 
     def _finish(self, m: Generation, reason: str, start: int) -> None:
-        """Classify a member after a segment: stop / repeat / truncated, or still cut (None)."""
+        """Classify a member after the segment that began at `start`: stop / repeat / truncated,
+        or still cut (None).
+
+        vLLM's repetition detector and stop strings see only this segment's tokens (the earlier
+        ones are its prompt), so whatever reason the engine gave, the whole response decides
+        where it ends: at the first prefix past `start` that repeats or holds a stop string (the
+        earlier of the two). An engine `repeat` or a `stop` on EOS can come after a loop that
+        began in an earlier segment has already completed. Since every segment end is checked,
+        no repetition can complete inside an earlier segment. With neither found the engine's
+        reason stands; after `length` the response is truncated at its limits, or cut."""
         p = self.s.partial
-        if reason in ("stop", "repeat"):
-            m.finish_reason = reason
-            return
         cuts = {
             "stop": stop_cut(self.tok, m.response_ids, start, self.s.sampling.stop),
             "repeat": repeat_cut(m.response_ids, start, p.repeat_ngram, p.repeat_threshold),
@@ -311,6 +320,8 @@ class PartialRollouts:
             why = min(found, key=found.get)
             m.keep(found[why])
             m.finish_reason = why
+        elif reason in ("stop", "repeat"):
+            m.finish_reason = reason
         elif len(m.response_ids) >= p.max_response_tokens or len(m.prompt_ids) + len(m.response_ids) >= self.s.max_model_len:
             m.finish_reason = "truncated"
 

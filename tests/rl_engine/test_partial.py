@@ -1,9 +1,9 @@
 """Partial rollouts without an engine: how a segment ends, how a step fills its batch, what a crash leaves.
 
 The engine here is scripted: each prompt's continuation is a fixed string, handed out
-`max_tokens` characters at a time (the tiny model's tokenizer: one token per character), with
-vLLM's finish reasons. That isolates the segment logic; the real-engine tests are in
-tests/rl_engine/rollout/test_partial_engine.py.
+`max_tokens` characters at a time (the tiny model's tokenizer: one token per character) and
+ended as vLLM ends a request, repetition detection on the segment's own tokens included. That
+isolates the segment logic; the real-engine tests are in tests/rl_engine/sync/test_partial_engine.py.
 
     .venv/bin/python -m pytest tests/rl_engine/test_partial.py
 """
@@ -11,6 +11,8 @@ tests/rl_engine/rollout/test_partial_engine.py.
 from __future__ import annotations
 
 import pytest
+from vllm.sampling_params import RepetitionDetectionParams
+from vllm.v1.core.sched.utils import check_sequence_repetition
 
 from rl_engine.buffer import BufferWriter, ContinuationStore, _files
 from rl_engine.buffer.stats import commit_records
@@ -46,17 +48,31 @@ class ScriptedEngine:
         return options[(self.turn - 1) % len(options)]
 
     def generate(self, prompts, n, sampling, seed, max_tokens=None, repeat=None):
-        self.calls.append({"prompts": len(prompts), "seed": seed, "max_tokens": list(max_tokens)})
         out = []
         for p, budget in zip(prompts, max_tokens):
             text = TOK.decode(p)
             task, done = text.split(":", 1)
             full = ids(self._answer(task, done)) + [TOK.eos_token_id]
-            rest = full[len(ids(done)) :] if done else full
-            got = rest[:budget]
-            reason = "stop" if got and got[-1] == TOK.eos_token_id else "length"
+            got, reason = vllm_segment(full[len(ids(done)) :] if done else full, budget, repeat)
             out.append([Rollout(prompt_ids=p, response_ids=got, logprobs=[-0.5] * len(got), finish_reason=reason, version=self.version)])
+        self.calls.append({"prompts": len(prompts), "seed": seed, "max_tokens": list(max_tokens), "finish_reasons": [r.finish_reason for (r,) in out]})
         return out
+
+
+def vllm_segment(rest: list[int], budget: int, repeat: tuple[int, int] | None) -> tuple[list[int], str]:
+    """What vLLM emits of `rest` (ending with EOS) under max_tokens = budget: its scheduler appends a
+    token, then checks EOS, the budget, and repetition over the request's output tokens, which are
+    this segment's only (vllm/v1/core/sched/utils.py check_stop); the token that ends it is kept."""
+    detect = RepetitionDetectionParams(max_pattern_size=repeat[0], min_pattern_size=1, min_count=repeat[1]) if repeat else None
+    for k in range(1, len(rest) + 1):  # returns by the EOS at the latest
+        got = rest[:k]
+        if got[-1] == TOK.eos_token_id:
+            return got, "stop"
+        if k >= budget:
+            return got, "length"
+        if detect and check_sequence_repetition(got, detect):
+            return got, "repeat"
+    raise AssertionError("a scripted continuation ends with EOS")
 
 
 LONG = "0123456789abcdefghijklmnopqrstuvwxyzABCD"  # no repeats
@@ -102,6 +118,19 @@ def test_repetition_across_a_segment_boundary():
     assert repeat_cut(resp, since=6, ngram=2, count=4) == 10
     assert repeat_cut(resp, since=6, ngram=2, count=5) is None
     assert repeat_cut(ids("aaaa"), since=2, ngram=1, count=3) == 3  # found at the first prefix that repeats
+
+
+def test_scripted_engine_ends_a_segment_as_vllm_does():
+    engine = ScriptedEngine({"a": "qabababab"})
+
+    def segment(done: str, budget: int) -> tuple[list[int], str]:
+        ((r,),) = engine.generate([ids("a:" + done)], 1, None, 0, max_tokens=[budget], repeat=(2, 3))
+        return r.response_ids, r.finish_reason
+
+    assert segment("", 12) == (ids("qababab"), "repeat")  # "ab" x3 completes at token 7, which is kept
+    assert segment("", 7) == (ids("qababab"), "length")  # the budget is checked before repetition
+    # A continuation: "qabab" is prompt, so the whole response's loop (done at token 7) goes unseen.
+    assert segment("qabab", 12) == (ids("abab") + [TOK.eos_token_id], "stop")
 
 
 def test_generation_keep_trims_only_inside_the_last_segment():
@@ -152,11 +181,59 @@ def test_truncated_at_max_response_tokens_and_at_the_context(tmp_path):
     assert [len(g.members[0].response_ids) for g in p2.groups] == [4]
 
 
-def test_repeat_across_segments_stops_early_with_the_penalty(tmp_path):
-    p, _ = make(tmp_path, {"a": "qabababababab"}, batch_size=1, repeat_times=1, segment=4, max_response=30, repeat_ngram=2, repeat_threshold=3, repeat_penalty=-0.5)
+def loop_row(tmp_path, answer: str, segment: int):
+    """Task "a" answered by `answer` in segments of `segment` tokens, under repetition rule
+    (2, 3) ("ab" x3 is a loop) and penalty -0.5: its one row, and the engine's reason for the
+    last segment. A row's per-token lists match its response, which its last segment ends."""
+    p, engine = make(tmp_path, {"a": answer}, batch_size=1, repeat_times=1, segment=segment, max_response=30, repeat_ngram=2, repeat_threshold=3, repeat_penalty=-0.5)
+    (x,) = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)[0].experiences()  # extra rounds of step 1 run every segment
+    assert len(x.logprobs) == len(x.versions) == len(x.response_ids) == x.segments[-1]["end"]
+    return x, engine.calls[-1]["finish_reasons"][0]
+
+
+@pytest.mark.parametrize(
+    "answer, segment, kept, spans, engine_said",
+    [
+        # The loop completes at token 7, inside the second segment; vLLM saw only "baba" and
+        # ran to its budget.
+        ("qabababababab", 4, "qababab", [(0, 4), (4, 7)], "length"),
+        # It completes at token 12 ("qwerty" + "ab" x3), in the second segment; vLLM, seeing
+        # only that segment's "ababab", says repeat 2 tokens later (as in real runs: segments
+        # [0,24) and [24,32), loop complete at token 29).
+        ("qwertyabababababab", 8, "qwertyababab", [(0, 8), (8, 12)], "repeat"),
+        # It completes on the first token after a boundary (k = start + 1: "qwababa" + "b"),
+        # vLLM's segment-local loop "bababa" 5 tokens later.
+        ("qwabababababababab", 7, "qwababab", [(0, 7), (7, 8)], "repeat"),
+        # It completes on the last token of a segment ("qwera" + "babab"): that segment's end
+        # is checked, and the row is not continued.
+        ("qwerababababab", 5, "qwerababab", [(0, 5), (5, 10)], "length"),
+        # It completes at token 7; "z" and EOS follow in the same segment: vLLM says stop.
+        ("qabababz", 5, "qababab", [(0, 5), (5, 7)], "stop"),
+    ],
+)
+def test_a_loop_is_cut_where_it_first_completes_in_the_whole_response(tmp_path, answer, segment, kept, spans, engine_said):
+    x, said = loop_row(tmp_path, answer, segment)
+    assert said == engine_said  # the segment ended as the case says (vLLM's view), whatever the row's end
+    assert x.finish_reason == "repeat" and x.response_ids == ids(kept)
+    assert [(s["start"], s["end"]) for s in x.segments] == spans
+    base = float(x.response_text == answer)  # the reward function's score of the cut response (0)
+    assert x.reward_components["repeat_penalty"] == -0.5 and x.reward == base - 0.5  # the penalty once
+
+
+def test_a_stop_string_across_a_boundary_ends_the_response_before_the_engines_eos(tmp_path):
+    # "##" spans the boundary of "ab#" + "#c": vLLM, with "ab#" as prompt, ran on to EOS.
+    p, engine = make(tmp_path, {"a": "ab##c"}, batch_size=1, repeat_times=1, segment=3, max_response=30, stop=["##"])
     (x,) = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)[0].experiences()
-    assert x.finish_reason == "repeat" and TOK.decode(x.response_ids) == "qababab"
-    assert x.reward == -0.5 and x.reward_components["repeat_penalty"] == -0.5
+    assert engine.calls[-1]["finish_reasons"] == ["stop"] and x.finish_reason == "stop"
+    assert x.response_ids == ids("ab##") and x.response_text == "ab" and [(s["start"], s["end"]) for s in x.segments] == [(0, 3), (3, 4)]
+
+
+def test_without_a_loop_the_engines_stop_stands(tmp_path):
+    # "abab" is a loop's first 4 tokens only; the whole response never completes one.
+    x, said = loop_row(tmp_path, "qababz", 4)
+    assert said == "stop" and x.finish_reason == "stop"
+    assert x.response_ids == ids("qababz") + [TOK.eos_token_id] and [(s["start"], s["end"]) for s in x.segments] == [(0, 4), (4, 7)]
+    assert "repeat_penalty" not in x.reward_components and x.reward == 1.0
 
 
 def test_a_group_enters_the_buffer_only_when_every_member_finished(tmp_path):
