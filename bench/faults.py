@@ -27,6 +27,16 @@ through a proxy in front of moto that stalls or refuses connections): `outage_se
 (the longest outage within the limit that a trial survived), `outage_within_limit_failed`,
 `outage_past_limit_clear` (outages past a 5 s limit that failed within 3 s of it, naming the URL),
 `outage_lost`, `outage_duplicated`, `outage_not_whole` (visible objects that are not whole).
+Each kill trial's run (partial rollouts) is also read back for repetitions: `repeat_rows` (stored
+responses holding a complete repetition, by the detector's own rule over the whole response) and
+`repeat_late` (those that go on past its first complete occurrence; goal 0).
+Lease races (bench/_lease_race.py: processes released at once by a barrier, each calling
+RunLease.acquire on the same lease, 200 rounds; 50 with --quick where a round is slow): on local
+disk, on local disk with writes landing up to 0.3 s late, on S3 (moto): `lease_races`,
+`lease_double_wins` (rounds with two winners; goal 0), `lease_no_wins`. Retention (trainer states
+saved at steps 5..40 and pruned after each save, `keep_last_states` null, 1, 2, 3, 10, local and
+S3): `retention_cases`, `retention_wrongly_deleted` (states the policy promised to keep that were
+gone; goal 0), `retention_kept_extra`.
 """
 
 from __future__ import annotations
@@ -98,8 +108,9 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
             except (AssertionError, OSError, subprocess.SubprocessError) as e:  # the run never reached its kill point, or hung
                 rows.append({"mode": mode, "killed": scope, "at": point, "error": _short(str(e))})
                 continue
+            repeats, late = late_repeats(t["run"])
             rows.append({
-                "mode": mode, "killed": scope, "at": point, "after_s": t["killed_after_s"], "checkpoint": t["saved"],
+                "mode": mode, "killed": scope, "at": point, "after_s": t["killed_after_s"], "checkpoint": t["saved"], "repeats": repeats, "repeat_late": late,
                 "stored": len(t["before"]), "pending": len(t["held"]), "survivors": len(t["survivors"]), "resumed": t["resume_rc"] == 0,
                 "lost": len(t["lost"]), "untrained": bool(untrained(t)) if t["resume_rc"] == 0 else False, "continuations_lost": len(t["continuations_lost"]), "duplicated": len(t["duplicated"]),
                 "trained_twice": len(trained_twice(t)), "order_breaks": len(prompt_order_breaks(t)), "schedule_breaks": len(schedule_breaks(t)),
@@ -118,6 +129,8 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
         "kill_order_breaks": sum(r["order_breaks"] for r in done),
         "kill_schedule_breaks": sum(r["schedule_breaks"] for r in done),
         "duplicated": sum(r["duplicated"] for r in done),
+        "repeat_rows": sum(r["repeats"] for r in done),
+        "repeat_late": sum(r["repeat_late"] for r in done),
     }
     return rows, {**summary, "kills": summary["kill_trials"], "lost": summary["kill_lost"], "orphans": summary["kill_survivors"], "kill_seed": args.seed}
 
@@ -161,6 +174,96 @@ def storage_outages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
     return rows, summary
 
 
+def lease_races(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Processes racing for one lease (bench/_lease_race.py), round after round: exactly one must
+    win each round, on local disk, on local disk with writes landing up to 0.3 s late, and on S3."""
+    import time
+    import uuid
+
+    import s3fs
+
+    from bench._lease_race import race
+
+    n = 50 if args.quick else 200
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="rft-lease-") as tmp, _S3() as s3:
+        _, options = s3.start()
+        bucket = f"lease-{uuid.uuid4().hex[:8]}"
+        s3fs.S3FileSystem(skip_instance_cache=True, **options).mkdir(bucket)
+        for storage, url, opts, rounds, procs, slow_s in (
+            ("local", tmp + "/fast", {}, 200, 4, 0.0),
+            ("local, writes up to 0.3 s late", tmp + "/slow", {}, n, 4, 0.3),
+            ("s3 (moto)", f"s3://{bucket}/race", options, n, 3, 0.0),
+        ):
+            started = time.monotonic()
+            wins = race(url, opts, processes=procs, rounds=rounds, slow_s=slow_s)
+            rows.append({"storage": storage, "rounds": rounds, "processes": procs, "double_wins": sum(w > 1 for w in wins), "no_wins": sum(w == 0 for w in wins), "seconds": time.monotonic() - started})
+    summary = {"lease_races": sum(r["rounds"] for r in rows), "lease_double_wins": sum(r["double_wins"] for r in rows), "lease_no_wins": sum(r["no_wins"] for r in rows)}
+    return rows, summary
+
+
+def retention(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A run saving trainer states at steps 5, 10, ..., 40, pruned after each save as the trainer
+    does (rl_engine/retention.py): after every save the newest `keep_last_states` (all of them
+    while there are fewer) must be there, and nothing else, on local disk and on S3."""
+    import uuid
+
+    import s3fs
+
+    from rl_engine import retention as ret
+    from rl_engine.config import validate_config
+    from rl_engine.run import RunContext
+    from rl_engine.storage import join
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="rft-retention-") as tmp, _S3() as s3:
+        _, options = s3.start()
+        bucket = f"retention-{uuid.uuid4().hex[:8]}"
+        s3fs.S3FileSystem(skip_instance_cache=True, **options).mkdir(bucket)
+        (Path(tmp) / "model").mkdir()
+        (Path(tmp) / "model" / "config.json").write_text("{}")
+        for storage, url, opts in (("local", tmp + "/runs", {}), ("s3 (moto)", f"s3://{bucket}/runs", options)):
+            for keep in (None, 1, 2, 3, 10):
+                data = {"model": {"path": f"{tmp}/model"}, "taskset": {"path": f"{tmp}/tasks.jsonl"}, "name": f"keep-{keep}", "trainer": {"keep_last_states": keep}}
+                cfg = validate_config({**data, "buffer": {"storage": {"url": url, "options": opts}}})
+                run = RunContext(cfg, cfg.run_url)
+                fs, root = run.fs()
+                saved: list[int] = []
+                wrong, extra = 0, 0
+                for t in range(5, 45, 5):
+                    fs.makedirs(ret.STATES.dir(root, t), exist_ok=True)  # local disk; nothing on S3
+                    fs.pipe_file(join(ret.STATES.dir(root, t), "model.safetensors"), b"x")
+                    fs.pipe_file(join(ret.STATES.dir(root, t), ret.STATES.marker), b"{}")
+                    ret.prune_states(run)
+                    saved.append(t)
+                    want = set(saved if keep is None else saved[-keep:])
+                    have = set(ret.list_dirs(fs, root, ret.STATES)[0])
+                    wrong, extra = wrong + len(want - have), extra + len(have - want)
+                rows.append({"storage": storage, "keep_last_states": keep, "saves": len(saved), "kept": len(have), "wrongly_deleted": wrong, "kept_extra": extra})
+    summary = {"retention_cases": len(rows), "retention_wrongly_deleted": sum(r["wrongly_deleted"] for r in rows), "retention_kept_extra": sum(r["kept_extra"] for r in rows)}
+    return rows, summary
+
+
+def late_repeats(run: Any) -> tuple[int, int]:
+    """(rows whose response holds a complete repetition, rows that go on past its first complete
+    occurrence) among a partial-rollouts run's stored experiences: the detector looks at the whole
+    response across segments, so every such row must end exactly there."""
+    import pyarrow.ipc as ipc
+
+    from rl_engine.buffer.stats import committed_files
+    from rl_engine.partial import repeat_cut
+
+    p = run.cfg.explorer.partial
+    fs, _ = run.fs()
+    found = late = 0
+    for path in committed_files(run.url, run.storage_options):
+        table = ipc.open_file(fs.cat_file(path)).read_all()
+        for ids in table.column("response_ids").to_pylist():
+            if (k := repeat_cut(ids, 0, p.repeat_ngram, p.repeat_threshold)) is not None:
+                found, late = found + 1, late + int(k < len(ids))
+    return found, late
+
+
 class _S3:
     """moto's S3 server on loopback, started on first use (the bucket rows), stopped at exit."""
 
@@ -195,6 +298,8 @@ SECTIONS: list[tuple[str, Section]] = [
     ("bad inputs", bad_inputs),
     ("kill trials", kill_trials),
     ("storage outages", storage_outages),
+    ("lease races", lease_races),
+    ("retention", retention),
 ]
 
 

@@ -25,7 +25,8 @@ from rl_engine.learner import latest_state_step
 from rl_engine.lineage import LineageRun
 from rl_engine.lineage import begin as begin_lineage
 from rl_engine.roles import post_start, roles_share_process
-from rl_engine.run import ResumePoint, RunContext, RunLease, open_run, resume_point, start_run
+from rl_engine.lease import RunLease
+from rl_engine.run import ResumePoint, RunContext, open_run, resume_point, start_run
 from tasks.buffer import remove_uncommitted_files
 from tasks.report import publish_report, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
@@ -84,10 +85,11 @@ def mode_flow(name: str, mode: str) -> Callable[[Callable[..., Any]], Any]:
     return decorate
 
 
-def open_or_start(cfg: RFTConfig, resume: str | None, mode: str) -> tuple[RunContext, str]:
+def open_or_start(cfg: RFTConfig, resume: str | None, mode: str, lease: RunLease | None) -> tuple[RunContext, str, RunLease]:
     """A new run (loops start at trainer version 0, explorer step 1), or a resumed one: from its
-    last trainer state, explorers one past their last committed step. Posts the attempt's start
-    marker that every role reads; returns the run and the attempt id."""
+    last trainer state, explorers one past their last committed step. Holds the run's lease
+    (`lease`, if the caller took it already) and posts the attempt's start marker that every role
+    reads, with the lease's generation; returns the run, the attempt id and the lease."""
     if cfg.synchronizer.mode != mode:
         raise UserError(f"synchronizer.mode = {cfg.synchronizer.mode!r}, but this is the {mode!r} flow; run the {cfg.synchronizer.mode!r} deployment or set the mode")
     if resume is None:
@@ -98,7 +100,8 @@ def open_or_start(cfg: RFTConfig, resume: str | None, mode: str) -> tuple[RunCon
         Board(run.url, run.storage_options).clear()  # the crashed attempt's markers must not be seen
         at = resume_point(run, latest_state_step(run) or 0)
         get_run_logger().info("resuming %s: trainer from version %d, explorers from steps %s", run.url, at.trainer_version, at.first_steps)
-    return run, post_start(Board(run.url, run.storage_options), at)
+    lease = lease or RunLease(run.url, run.storage_options).acquire()
+    return run, post_start(Board(run.url, run.storage_options), at, lease.generation), lease
 
 
 class Cancel:
@@ -180,8 +183,7 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
         # A run of a lineage holds the lineage's lock; a new one starts from its latest model, on its unused tasks.
         lineage = begin_lineage(stored.cfg if stored else cfg, new=stored is None, log=get_run_logger().info)
         cfg = lineage.cfg if lineage and not stored else cfg
-        run, attempt = open_or_start(cfg, resume, mode)
-        lease = lease or RunLease(run.url, run.storage_options).acquire()
+        run, attempt, lease = open_or_start(cfg, resume, mode, lease)
         if lineage and (carried := lineage.adopt(run)):
             get_run_logger().info("lineage %s: continuing %s pending generations of %s", lineage.name, sum(map(len, carried.values())), lineage.previous["run"])
         keys = report_key_prefix(get_run_context().flow.name)
@@ -197,6 +199,7 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
             report_anyway(run, keys)
             record_anyway(lineage, run, "cancelled" if cancel.cancelled else "failed")
             raise
+        lease.check()  # a driver that lost the run's lease sweeps and records nothing
         result = finish_run(run, keys, cancelled=cancel.cancelled)
         if lineage:  # only a completed run moves the lineage's latest.json
             lineage.end(run, "cancelled" if cancel.cancelled else "completed")

@@ -151,6 +151,11 @@ class RoleSignals:
             except Exception as e:  # noqa: BLE001 - a storage hiccup must not kill the heartbeat
                 log.warning("%s: board unreachable for a heartbeat: %s: %s", self.role, type(e).__name__, e)
 
+    def detach(self) -> None:
+        """Stop the thread and post nothing: the board is no longer this role's (its driver lost the run's lease)."""
+        self._done.set()
+        self._thread.join(10)
+
     def close(self, state: str, error: str | None = None) -> None:
         """Stop the thread and post the role's final state (done / stopped / failed)."""
         self._done.set()

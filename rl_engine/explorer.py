@@ -33,6 +33,7 @@ from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.control import Board, StopSignal
 from rl_engine.experience import Experience, ExperienceBatch
 from rl_engine.failpoints import failpoint
+from rl_engine.lease import Fence
 from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
 from rl_engine.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
@@ -151,7 +152,7 @@ def partial_settings(cfg: Any, explorer_id: int) -> PartialSettings:
 class Explorer:
     """Generates, scores and writes experiences; holds a live vLLM engine."""
 
-    def __init__(self, run: RunContext, explorer_id: int = 0, stop: StopSignal | None = None, first_step: int = 1):
+    def __init__(self, run: RunContext, explorer_id: int = 0, stop: StopSignal | None = None, first_step: int = 1, fence: Fence | None = None):
         cfg = run.cfg
         self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
         self.name = f"explorer-{explorer_id}"
@@ -166,7 +167,8 @@ class Explorer:
         # Each explorer walks its own seeded order, so several explorers do not repeat each other in lockstep.
         self.tasks = TaskIterator(tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle)
         self.reward_fn = build_reward(cfg.taskset.reward)
-        self.writer = BufferWriter(run.url, run.storage_options, explorer_id)
+        self.fence = fence or Fence(run.url, run.storage_options, None)
+        self.writer = BufferWriter(run.url, run.storage_options, explorer_id, before_commit=self.fence.check)
         self.partial: PartialRollouts | None = None
         if cfg.explorer.partial.enabled:  # it restores the task stream's position with its continuations
             store = ContinuationStore(run.url, run.storage_options, explorer_id)
@@ -189,6 +191,7 @@ class Explorer:
                 span.cut, span.resumed = reward_metrics.get("cut_generations"), reward_metrics.get("resumed_generations")
         with self.timeline.span("write", step=e, version=v):
             if self.partial is not None:
+                self.fence.check()  # the continuation store's manifest is the new holder's too
                 self.partial.stage(e, batch)
                 failpoint("explorer.after_stage", e)
             self.writer.write(e, batch)

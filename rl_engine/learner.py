@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from rl_engine import retention
 from rl_engine.buffer import BufferReader
 from rl_engine.control import Board, Stopped, StopSignal
+from rl_engine.lease import Fence
 from rl_engine.run import RunContext
 from rl_engine.storage import join
 from rl_engine.sync import build_weight_sender
@@ -66,9 +67,10 @@ def host_snapshot(named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
 class Learner:
     """Trainer + buffer reader + checkpoints of one run."""
 
-    def __init__(self, run: RunContext, resume: bool = False, stop: StopSignal | None = None):
+    def __init__(self, run: RunContext, resume: bool = False, stop: StopSignal | None = None, fence: Fence | None = None):
         cfg = run.cfg
         self.run, self.cfg = run, cfg
+        self.fence = fence or Fence(run.url, run.storage_options, None)  # checked before each update and state written
         self.timeline = TimelineRecorder(run.url, run.storage_options, "trainer")
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
@@ -116,6 +118,7 @@ class Learner:
             batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, cfg.synchronizer.max_staleness, stop=stop, on_wait=self._post_lost)
         waited = time.time() - started
         staleness = self.version - batch.min_versions()  # [B] versions behind at training time
+        self.fence.check()  # a trainer whose driver lost the run's lease publishes no new version
         with self.timeline.span("train", step=t, version=self.version):
             metrics = self.trainer.train_step(batch.to_tensors(self.trainer.pad_token_id))
         self._post()
@@ -140,6 +143,7 @@ class Learner:
     def save_state(self) -> str:
         """Write resumable trainer state (with the buffer cursor) for the current version."""
         url = self._state_url(self.version)
+        self.fence.check()
         with self.timeline.span("write", step=self.version, version=self.version):
             self.trainer.save_state(url, self.run.storage_options, extra={"cursor": self.reader.state_dict()})
             retention.prune_states(self.run)  # trainer.keep_last_states

@@ -4,7 +4,7 @@ A run with `lineage.name` set belongs to the lineage kept under `<storage>/linea
 
     latest.json        the last successful run and its trained model (moved atomically, on success only)
     runs.jsonl         one JSON line per run: run, base_model, model, tasks (ids it consumed), status, time
-    lease.json         the lineage's lock (a RunLease): one run of a lineage at a time
+    lease/             the lineage's lock (a RunLease, rl_engine.lease): one run of a lineage at a time
     tasks/<run>.jsonl  the tasks a run may draw, frozen when it started (a resume draws the same)
 
 A new run of a lineage (`begin`): takes the lock (waits up to `lineage.wait_timeout_s`, or refuses
@@ -37,7 +37,8 @@ import pyarrow as pa
 from rl_engine.config import LineageConfig, RFTConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import Task, load_taskset
-from rl_engine.run import RunContext, RunLease, open_run
+from rl_engine.lease import RunLease
+from rl_engine.run import RunContext, open_run
 from rl_engine.storage import is_local, join, open_storage, read_json, write_bytes_atomic, write_json
 
 LINEAGES_DIR = "lineages"
@@ -134,7 +135,7 @@ def consumed_task_ids(run_url: str, storage_options: dict[str, Any] | None = Non
 
 
 def lock(url: str, storage_options: dict[str, Any] | None, cfg: LineageConfig, poll_s: float = 1.0) -> RunLease:
-    """Hold the lineage's lock (`<lineage>/lease.json`, a RunLease renewed by a background thread,
+    """Hold the lineage's lock (`<lineage>/lease/`, a RunLease renewed by a background thread,
     so a long CPU-bound run keeps it; a dead holder's lock expires after `cfg.lock_ttl_s`). When
     another run holds it: refuse (`when_busy: refuse`) or retry every `poll_s` up to `wait_timeout_s`."""
     deadline = time.monotonic() + cfg.wait_timeout_s
@@ -251,6 +252,7 @@ class LineageRun:
             "status": status,
             "time": time.time(),
         }
+        self.lease.check()  # a run that lost the lineage's lock records nothing over its new holder's
         append_run(self.url, self.storage_options, entry)
         if status == "completed":
             move_latest(self.url, self.storage_options, run.url, entry["model"])

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 from rl_engine.config import RENDEZVOUS_MODES
 from rl_engine.control import STOP_KEY, Board, RoleSignals, Stopped, request_stop
 from rl_engine.explorer import Explorer
+from rl_engine.lease import Fence, LeaseLost
 from rl_engine.learner import Learner
 from rl_engine.report import StepFeed, record_step
 from rl_engine.run import ResumePoint, RunContext, open_run
@@ -64,16 +65,20 @@ def role_names(num_explorers: int) -> list[str]:
     return ["trainer"] + [f"explorer-{i}" for i in range(num_explorers)]
 
 
-def post_start(board: Board, at: ResumePoint) -> str:
-    """Announce a new attempt of the run and where its loops start; returns the attempt id."""
+def post_start(board: Board, at: ResumePoint, lease_generation: int | None = None) -> str:
+    """Announce a new attempt of the run, where its loops start and the generation of the run's
+    lease its driver holds (roles commit only while it is the newest: rl_engine.lease.Fence);
+    returns the attempt id."""
     attempt = uuid.uuid4().hex[:12]
-    board.post(START_KEY, {"attempt": attempt, "trainer_version": at.trainer_version, "first_steps": {str(i): s for i, s in at.first_steps.items()}})
+    first_steps = {str(i): s for i, s in at.first_steps.items()}
+    board.post(START_KEY, {"attempt": attempt, "trainer_version": at.trainer_version, "first_steps": first_steps, "lease_generation": lease_generation})
     return attempt
 
 
-def read_start(board: Board, timeout_s: float) -> tuple[str, ResumePoint]:
+def read_start(board: Board, timeout_s: float) -> tuple[str, ResumePoint, int | None]:
+    """(attempt id, where the loops start, the driver's lease generation) from the start marker."""
     m = board.wait(START_KEY, lambda m: True, what="the run's start marker (roles are started by the mode's flow: `rft run`)", timeout_s=timeout_s)
-    return m["attempt"], ResumePoint(m["trainer_version"], {int(i): s for i, s in m["first_steps"].items()})
+    return m["attempt"], ResumePoint(m["trainer_version"], {int(i): s for i, s in m["first_steps"].items()}), m.get("lease_generation")
 
 
 @dataclasses.dataclass
@@ -93,7 +98,8 @@ class Role:
         cfg = run.cfg
         self.run, self.name, self.on_step = run, name, on_step
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
-        self.attempt, self.at = read_start(self.board, cfg.synchronizer.wait_timeout_s)
+        self.attempt, self.at, generation = read_start(self.board, cfg.synchronizer.wait_timeout_s)
+        self.fence = Fence(run.url, run.storage_options, generation)  # checked before every commit of this role
         peers = [r for r in role_names(cfg.explorer.count) if r != name]
         p = cfg.placement
         self.stop = RoleSignals(self.board, name, peers, self.attempt, p.heartbeat_s, p.heartbeat_timeout_s)
@@ -118,6 +124,9 @@ class Role:
             # The trainer's "finished" ends decoupled explorers wherever they wait: their schedule is done.
             req = self.board.get(STOP_KEY) or {}
             self.stop.close("done" if req.get("kind") == "finished" else "stopped")
+        except LeaseLost:
+            self.stop.detach()  # the run is a newer driver's now: no stop request, no final state on its board
+            raise
         except BaseException as e:
             if self.stop.is_set():
                 # Peers going away mid-exchange (a broadcast whose receivers left) is expected once the run stops.
@@ -137,7 +146,7 @@ def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str,
     run = open_run(run_url, storage_options)
     role = Role(run, f"explorer-{explorer_id}", on_step)
     with role.running():
-        explorer = Explorer(run, explorer_id, role.stop, first_step=role.at.first_steps[explorer_id])
+        explorer = Explorer(run, explorer_id, role.stop, first_step=role.at.first_steps[explorer_id], fence=role.fence)
         try:
             loop = _rendezvous_explorer if run.cfg.synchronizer.mode in RENDEZVOUS_MODES else _decoupled_explorer
             loop(run, explorer, role)
@@ -174,7 +183,7 @@ def trainer_loop(run: RunContext, on_step: OnStep | None = None) -> RoleResult:
     """The trainer role's loop in this process (trainer rank 0 when there are several)."""
     role = Role(run, "trainer", on_step)
     with role.running():
-        learner = Learner(run, resume=role.at.resumed, stop=role.stop)
+        learner = Learner(run, resume=role.at.resumed, stop=role.stop, fence=role.fence)
         try:
             loop = _rendezvous_trainer if run.cfg.synchronizer.mode in RENDEZVOUS_MODES else _decoupled_trainer
             loop(run, learner, role)

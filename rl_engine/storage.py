@@ -94,8 +94,46 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsyn
     a single PUT is already all-or-nothing.
     """
     if not is_local(fs):
-        fs.pipe_file(path, data if isinstance(data, bytes) else bytes(memoryview(data)))
+        fs.pipe_file(path, _bytes(data))
         return
+    _write_local(path, data, fsync, os.replace)
+
+
+def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsync: bool = True) -> bool:
+    """Make `path` appear whole with `data` only if no file is there: True if this call created
+    it, False if one existed (whoever wrote it). Of any number of racing callers exactly one
+    gets True: a hard link on local disk, a conditional PUT (`If-None-Match: *`) on S3 (AWS
+    and moto honour it; check that an S3-compatible store does before sharing a run among hosts).
+
+    On S3 a PUT retried after a timeout may find its own first try's object and answer False;
+    callers that must know read the object back (RunLease does).
+    """
+    if is_local(fs):
+
+        def link(tmp: str, dst: str) -> None:
+            os.link(tmp, dst)  # fails if dst exists, atomically
+            os.remove(tmp)
+
+        try:
+            _write_local(path, data, fsync, link)
+            return True
+        except FileExistsError:
+            return False
+    try:
+        # s3fs sends If-None-Match: *; fsspec's default (memory://, stores without a conditional
+        # write) checks and then writes, which is exclusive only within one process.
+        fs.pipe_file(path, _bytes(data), mode="create")
+        return True
+    except FileExistsError:
+        return False
+
+
+def _bytes(data: Any) -> bytes:
+    return data if isinstance(data, bytes) else bytes(memoryview(data))
+
+
+def _write_local(path: str, data: Any, fsync: bool, place: Any) -> None:
+    """Write `data` to a temp file beside `path`, then `place(tmp, path)`; no temp file stays."""
     parent = path.rsplit("/", 1)[0]
     tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
     try:
@@ -105,7 +143,7 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsyn
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
+        place(tmp, path)
     except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)

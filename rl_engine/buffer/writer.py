@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow.compute as pc
@@ -42,8 +42,9 @@ from rl_engine.storage import join, open_storage
 class BufferWriter:
     """Writes experiences of one explorer; safe to share between threads."""
 
-    def __init__(self, run_url: str, storage_options: dict[str, Any] | None, explorer_id: int, *, fsync: bool = False):
+    def __init__(self, run_url: str, storage_options: dict[str, Any] | None, explorer_id: int, *, fsync: bool = False, before_commit: Callable[[], None] | None = None):
         self.fs, self.root = open_storage(run_url, storage_options)
+        self.before_commit = before_commit  # raises to refuse the commit (rl_engine.lease.Fence.check: a writer whose driver lost the run's lease)
         self.explorer_id = int(explorer_id)
         self.fsync = fsync
         self._lock = threading.Lock()
@@ -79,6 +80,8 @@ class BufferWriter:
                 "committed_at": key.time_ns / 1e9,
                 **info,
             }
+            if self.before_commit is not None:
+                self.before_commit()
             _files.put_json(self.fs, _files.record_path(self.root, key), record, fsync=self.fsync)
         except BaseException:
             # A failed seq is a permanent gap in this writer's numbering; starting a new writer id

@@ -116,6 +116,7 @@ def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_
 
     from rl_engine.control import Board, request_stop
     from rl_engine.errors import UserError
+    from rl_engine.lease import read_lease
 
     cfg = validate_config(small_config(tiny_model_dir, task_file, str(tmp_path), name="busy", mode="one_step_off_policy", sync_offset=1, total_steps=40))
     out: list = []
@@ -132,4 +133,4 @@ def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_
     request_stop(board, "cancelled", "test over", by="test")
     first.join(120)
     assert not first.is_alive() and out and out[0]["final_version"] < 40
-    assert not (tmp_path / "busy" / "lease.json").exists()  # released when the run ended
+    assert read_lease(str(tmp_path / "busy"))["released"]  # released when the run ended

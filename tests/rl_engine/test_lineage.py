@@ -17,7 +17,8 @@ from rl_engine import lineage
 from rl_engine.config import LineageConfig, TasksetConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import load_taskset, write_taskset
-from rl_engine.run import LEASE_FILE, start_run
+from rl_engine.lease import LEASE_DIR
+from rl_engine.run import start_run
 from rl_engine.storage import open_storage, write_json
 
 
@@ -125,7 +126,7 @@ def test_lock_refuses_waits_and_expires(tmp_path):
 
     # a dead holder (elsewhere: no process to check) stops renewing and its lock expires after its ttl
     fs, root = open_storage(url)
-    write_json(fs, f"{root}/{LEASE_FILE}", {"holder": "x", "host": "elsewhere", "pid": 1, "time": time.time() - 5, "ttl_s": 2})
+    write_json(fs, f"{root}/{LEASE_DIR}/gen=00000009.json", {"holder": "x", "host": "elsewhere", "pid": 1, "time": time.time() - 5, "ttl_s": 2})
     lineage.lock(url, {}, LineageConfig(name="nightly", when_busy="refuse")).release()
 
 

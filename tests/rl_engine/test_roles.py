@@ -92,8 +92,8 @@ def run(tiny_model_dir, tmp_path):
 
 
 def test_start_marker_tells_every_role_where_the_attempt_starts(run):
-    attempt, at = read_start(Board(run.url), timeout_s=5)
-    assert len(attempt) == 12 and at == ResumePoint(3, {0: 5}) and at.resumed
+    attempt, at, generation = read_start(Board(run.url), timeout_s=5)
+    assert len(attempt) == 12 and at == ResumePoint(3, {0: 5}) and at.resumed and generation is None
 
 
 def test_a_failing_role_stops_the_others_with_its_error(run):
@@ -134,10 +134,8 @@ def test_steps_are_recorded_in_the_run(run):
 
 
 def test_one_driver_per_run_and_a_dead_drivers_lease_expires(run):
-    import json
-
     from rl_engine.errors import UserError
-    from rl_engine.run import RunLease
+    from rl_engine.lease import RunLease, read_lease
 
     first = RunLease(run.url, ttl_s=1.5).acquire()
     try:
@@ -151,12 +149,11 @@ def test_one_driver_per_run_and_a_dead_drivers_lease_expires(run):
     second = RunLease(run.url, ttl_s=1.5).acquire()  # released: free at once
     second._done.set()  # the holder dies: no more renewals, no release
     second._thread.join(5)
-    lease = json.loads((Path(run.url) / "lease.json").read_text())
-    assert lease["holder"] == second.me["holder"]
+    assert read_lease(run.url)["holder"] == second.me["holder"]
     time.sleep(1.7)
     third = RunLease(run.url, ttl_s=1.5).acquire()  # the dead holder's lease expired
     third.release()
-    assert not (Path(run.url) / "lease.json").exists()
+    assert read_lease(run.url)["released"] and third.generation == 3  # one generation per holder, none for the refused
 
 
 def test_roles_sharing_a_process_pass_the_gil_sooner_and_the_interval_is_restored():
@@ -170,3 +167,23 @@ def test_roles_sharing_a_process_pass_the_gil_sooner_and_the_interval_is_restore
             assert sys.getswitchinterval() == pytest.approx(SHARED_PROCESS_SWITCH_INTERVAL_S)
             raise RuntimeError("a role failed")
     assert sys.getswitchinterval() == before
+
+
+def test_a_role_whose_driver_lost_the_lease_posts_nothing_on_the_board(run):
+    from rl_engine.lease import LeaseLost, RunLease
+
+    old = RunLease(run.url, ttl_s=0.5).acquire()
+    old._done.set()  # the driver paused past its ttl
+    old._thread.join(5)
+    post_start(Board(run.url), ResumePoint(0, {0: 1}), old.generation)
+    role = Role(run, "trainer", on_step=None)
+    time.sleep(0.6)
+    new = RunLease(run.url, ttl_s=60).acquire()  # a second driver took the run over
+    try:
+        with pytest.raises(LeaseLost, match="generation 1, which generation 2"):
+            with role.running():
+                role.fence.check()  # what every commit of the role does first
+        assert Board(run.url).get(STOP_KEY) is None  # the new driver's run is not stopped
+        assert Board(run.url).get(role_key("trainer"))["state"] == "running"  # its last word was its heartbeat
+    finally:
+        new.release()
