@@ -1,7 +1,8 @@
 """Faults report: how the pipeline meets bad input, killed runs and storage outages.
 
     python -m bench.faults --quick      # CI size: every bad input that needs no engine, one kill trial
-    python -m bench.faults              # also the bad inputs that start a real run; 5 kill trials per mode (20 trials, 1.5-5 min each on 2 cores)
+    python -m bench.faults              # also the bad inputs that start a real run; 5 kill trials per mode and 5 more
+                                        # of multi-explorer before its first trainer state (25 trials, 1.5-5 min each on 2 cores)
 
 Bad inputs: every row of the table in tests/rl_engine/test_bad_input.py (configs, model
 directories, task sets, rewards, prompts, storage, resumes, buffer files, the command line), each
@@ -88,13 +89,14 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
 
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
-    from tests.flows.test_kill_resume import POINTS, SCOPES, kill_trial, prompt_order_breaks, schedule_breaks, trained_twice, untrained
+    from tests.flows.test_kill_resume import EARLY, POINTS, SCOPES, kill_trial, prompt_order_breaks, schedule_breaks, trained_twice, untrained
     from tests.flows.test_partial_flows import MODES
 
     rng = random.Random(args.seed)
+    # Multi-explorer also killed before its first trainer state, as often as after: twice the trials.
     plan = [("one_step_off_policy", rng.choice(SCOPES), rng.choice(POINTS))] if args.quick else [
         (mode, SCOPES[i % 2], rng.choice(POINTS)) for mode in MODES for i in range(args.trials_per_mode)
-    ]
+    ] + [("multi_explorer", SCOPES[i % 2], EARLY) for i in range(args.trials_per_mode)]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rft-kills-") as tmp:
         model = str(make_tiny_model(Path(tmp) / "model", seed=0))

@@ -245,7 +245,9 @@ def _rendezvous_trainer(run: RunContext, learner: Learner, role: Role) -> None:
 
 def _decoupled_trainer(run: RunContext, learner: Learner, role: Role) -> None:
     cfg, at, stop = run.cfg, role.at, role.stop
-    if at.resumed:  # explorers restart from the base model: offer them the restored weights
+    if learner.version > 0:  # explorers restart from the base model: offer them the restored weights
+        # (never version 0: that is the base model, which no explorer takes as newer than its own,
+        # so a send of it waits forever for them and holds back every later publish)
         learner.publish(learner.version, stop, wait_for_explorers=False)
     while learner.version < cfg.trainer.total_steps and not stop.is_set():
         role.record(learner.version + 1, {**learner.step(stop), "resumed_from": at.trainer_version})

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from rl_engine.config import CollectiveConfig
-from rl_engine.control import Board, Stopped, StopSignal
+from rl_engine.control import Board, Stopped, StopSignal, WaitTimeout
 from rl_engine.rollout.engine import EngineDiedError
 from rl_engine.sync.base import SyncError, post_loaded, wait_loaded
 from rl_engine.sync.buckets import broadcast_send, destroy_group, group_device, init_group, raw_broadcast, resolve_backend
@@ -130,12 +130,24 @@ class CollectiveSender:
         self.last: SyncStats | None = None
 
     def connect(self, stop: StopSignal | None = None) -> None:
-        """Publish the group's address, host the group and wait until every explorer's workers
-        joined (up to collective.timeout_s)."""
+        """Publish the group's address, wait until every explorer is joining (a stop request ends
+        the wait: an explorer that failed at start-up never comes), then host the group until
+        their workers joined (up to collective.timeout_s)."""
         if self._pg is None:
             sock = listen(self.c.host, self.c.port)
             port = sock.getsockname()[1]
             self.board.post(ADDRESS_KEY, {"host": self.c.host, "port": port})
+            try:
+                # Forming the group blocks in the store and cannot see the board: wait on the board first.
+                for i in range(self.num_explorers):
+                    what = f"explorer {i} to join the weight-sync group on {self.c.host}:{port}"
+                    self.board.wait(group_key(i), lambda m: m.get("port") == port, what=what, timeout_s=self.c.timeout_s, stop=stop)
+            except WaitTimeout as e:
+                sock.close()
+                raise SyncError(self._not_formed(port, e)) from e
+            except BaseException:
+                sock.close()
+                raise
             try:
                 self._pg = init_group(self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, listen_socket=sock)
             except Exception as e:

@@ -11,7 +11,7 @@ import torch
 from rl_engine.config import CollectiveConfig
 from rl_engine.control import Board
 from rl_engine.sync.buckets import ALIGN, broadcast_recv, destroy_group, init_group, pack_buckets
-from rl_engine.sync.collective import CollectiveSender
+from rl_engine.sync.collective import CollectiveSender, group_key
 from tests.conftest import free_port
 from tests.rl_engine.sync.helpers import run_concurrently
 
@@ -37,6 +37,14 @@ def test_pack_buckets_groups_and_sends_large_parameters_without_copy():
         assert all(off % ALIGN == 0 for *_, off, _ in b.params)
 
 
+def _joining(tmp_path, port: int, explorers: int) -> Board:
+    """A board on which `explorers` receivers said they join the group on `port` (as CollectiveReceiver.connect does)."""
+    board = Board(str(tmp_path))
+    for i in range(explorers):
+        board.post(group_key(i), {"host": "127.0.0.1", "port": port})
+    return board
+
+
 def _receiver(port: int, rank: int, world: int) -> tuple[int, dict[str, torch.Tensor], int]:
     pg = init_group("127.0.0.1", port, rank, world, "gloo", 30)
     got: dict[str, torch.Tensor] = {}
@@ -57,7 +65,7 @@ def _receiver(port: int, rank: int, world: int) -> tuple[int, dict[str, torch.Te
 def test_broadcast_to_two_receivers(wire, tmp_path):
     port, params = free_port(), _params()
     cfg = CollectiveConfig(port=port, bucket_mb=4096 / 2**20, timeout_s=30)
-    sender = CollectiveSender(cfg, Board(str(tmp_path)), num_explorers=2, workers_per_engine=1, wire_dtype=wire, wait_timeout_s=30)
+    sender = CollectiveSender(cfg, _joining(tmp_path, port, 2), num_explorers=2, workers_per_engine=1, wire_dtype=wire, wait_timeout_s=30)
 
     def trainer():
         sender.connect()
@@ -79,7 +87,7 @@ def test_broadcast_to_two_receivers(wire, tmp_path):
 
 def test_empty_stream_is_an_error_on_both_sides(tmp_path):
     port = free_port()
-    sender = CollectiveSender(CollectiveConfig(port=port, timeout_s=30), Board(str(tmp_path)), 1, 1, torch.float32, 30)
+    sender = CollectiveSender(CollectiveConfig(port=port, timeout_s=30), _joining(tmp_path, port, 1), 1, 1, torch.float32, 30)
 
     def trainer():
         sender.connect()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +31,7 @@ from rl_engine.control import Board, Stopped, WaitTimeout
 from rl_engine.rollout.engine import EngineDiedError, build_rollout_engine
 from rl_engine.sync.base import SyncError
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
-from rl_engine.sync.collective import SYNC_ERROR_GRACE_S, CollectiveReceiver, CollectiveSender, group_key
+from rl_engine.sync.collective import ADDRESS_KEY, SYNC_ERROR_GRACE_S, CollectiveReceiver, CollectiveSender, group_key
 from tests.conftest import free_port
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff
 from tests.rl_engine.rollout.test_engine_faults import _Call
@@ -63,7 +64,7 @@ import torch
 from safetensors.torch import load_file
 from rl_engine.config import CollectiveConfig
 from rl_engine.control import Board
-from rl_engine.sync.collective import ADDRESS_KEY, CollectiveReceiver, CollectiveSender
+from rl_engine.sync.collective import ADDRESS_KEY, CollectiveReceiver, CollectiveSender, group_key
 role, run_url, c_json, model_dir, kill_at = sys.argv[1:6]
 board, c, kill_at = Board(run_url), CollectiveConfig.model_validate_json(c_json), int(kill_at)
 if role == "trainer":
@@ -80,6 +81,7 @@ if role == "trainer":
 else:
     from rl_engine.sync.buckets import broadcast_recv, init_group
     addr = board.wait(ADDRESS_KEY, lambda m: True, what="address", timeout_s=60)
+    board.post(group_key(0), {"host": addr["host"], "port": addr["port"]})
     pg = init_group(addr["host"], addr["port"], 1, 2, "gloo", c.timeout_s)
     CollectiveReceiver(c, board, 0, 1, 1, 30).prepare(1)
     n = 0
@@ -164,8 +166,24 @@ def test_group_that_never_forms_names_the_missing_explorer(tmp_path):
     assert isinstance(side.error, SyncError), repr(side.error)
     msg = str(side.error)
     assert "explorer 1 never came to join it" in msg and "explorer 0" not in msg and "collective.timeout_s = 3" in msg
-    assert "1/3 clients joined" in msg  # the trainer alone of 1 + 2 ranks
-    assert took < timeout_s + 1 + MARGIN_S  # the store rounds its wait up by a second
+    assert "waited 3 s for explorer 1 to join the weight-sync group" in msg  # on the board, where a stop request is seen too
+    assert took < timeout_s + MARGIN_S
+
+
+def test_a_stop_request_ends_the_wait_for_a_group_that_cannot_form(tmp_path):
+    """An explorer that failed at start-up (say, vLLM refused its config) never joins; its stop
+    request must end the trainer's wait at once, not after collective.timeout_s (issue 27)."""
+    board, stop = Board(str(tmp_path)), threading.Event()
+    sender = CollectiveSender(_collective(port=free_port(), timeout_s=120), board, 1, 1, torch.float32, 30)
+    side = _Call(lambda: sender.connect(stop), "trainer")
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    stop.set()
+    _joined(side, MARGIN_S)
+    assert isinstance(side.error, Stopped) and "explorer 0 to join the weight-sync group" in str(side.error)
+    print(f"stop request seen after {side.ended_at - t0:.2f} s")
+    with socket.socket() as s:  # the group's port is free again
+        s.bind(("127.0.0.1", board.get(ADDRESS_KEY)["port"]))
 
 
 # ---------------------------------------------------------------- broken broadcasts
