@@ -38,7 +38,7 @@ from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_
 from rl_engine.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.run import RunContext
-from rl_engine.schedule import admission_wait, batches_needed
+from rl_engine.schedule import admission_wait, batch_number, batches_needed
 from rl_engine.sync import build_weight_receiver
 from rl_engine.timeline import STARTUP, TimelineRecorder
 
@@ -46,11 +46,6 @@ from rl_engine.timeline import STARTUP, TimelineRecorder
 def _trainer_state(trainer: dict[str, Any]) -> tuple[int, int, int]:
     """What an explorer waiting at admission control waits to change on the trainer's board entry."""
     return trainer.get("version", 0), trainer.get("published", -1), trainer.get("lost_rows", 0)
-
-
-def progress_key(explorer_id: int) -> str:
-    """Board key of the explorer step explorer `explorer_id` is about to start (decoupled admission control)."""
-    return f"explorer-{explorer_id}-progress"
 
 
 def warm_up(engine: Any, sampling: Any) -> None:
@@ -248,20 +243,21 @@ class Explorer:
             self._install(trainer["published"], stop)
         return trainer
 
-    def pick_up_newest(self, e: int, stop: StopSignal, first_steps: dict[int, int], attempt: str) -> int:
+    def pick_up_newest(self, e: int, stop: StopSignal) -> int:
         """Decoupled, before explorer step e: load the newest published version if newer, then
-        wait while admission control forbids starting the batch (the explorers' batches counted
-        together; `first_steps` is where each explorer started this `attempt` of the run)."""
+        wait while admission control forbids starting the batch. Its number among all the
+        explorers' batches is fixed in advance (`batch_number`: round robin), and the trainer
+        consumes batches in that order, so the bound admission checks is the one training keeps."""
         cfg = self.cfg
         trainer = self._install_newest(stop)
         explorer_batch = cfg.explorer.batch_size * cfg.algorithm.repeat_times
+        b = batch_number(self.explorer_id, e, cfg.explorer.count)
         while not stop.is_set():
-            before = (e - 1) + sum(self._started(j, first_steps[j], attempt) for j in range(cfg.explorer.count) if j != self.explorer_id)
             why = admission_wait(
-                before, self.engine.version, trainer.get("version", 0), explorer_batch,
+                b - 1, self.engine.version, trainer.get("version", 0), explorer_batch,
                 cfg.trainer.train_batch_size, cfg.synchronizer.max_staleness, cfg.buffer.max_backlog_steps,
             )
-            if before + 1 > (needed := batches_needed(cfg.trainer.total_steps, explorer_batch, cfg.trainer.train_batch_size, trainer.get("lost_rows", 0))):
+            if b > (needed := batches_needed(cfg.trainer.total_steps, explorer_batch, cfg.trainer.train_batch_size, trainer.get("lost_rows", 0))):
                 why = f"the trainer to finish: its {cfg.trainer.total_steps} steps train {needed} batches, none past them"
             if why is None:
                 break
@@ -269,15 +265,7 @@ class Explorer:
             with self.timeline.span("wait", step=e, version=self.engine.version):
                 self.board.wait("trainer", lambda m: _trainer_state(m) != seen, what=why, timeout_s=cfg.synchronizer.wait_timeout_s, stop=stop)
             trainer = self._install_newest(stop)
-        self.board.post(progress_key(self.explorer_id), {"step": e, "attempt": attempt})
         return self.engine.version
-
-    def _started(self, explorer_id: int, first_step: int, attempt: str) -> int:
-        """How many steps explorer `explorer_id` has started: those it had committed before this
-        attempt, plus what it started since. A step a killed attempt started but never committed
-        does not count (it is made again), or the explorers together would stop a batch short."""
-        m = self.board.get(progress_key(explorer_id))
-        return max(first_step - 1, m["step"] if m and m.get("attempt") == attempt else 0)
 
     def close(self) -> None:
         self.timeline.flush()

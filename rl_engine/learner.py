@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from rl_engine import retention
 from rl_engine.buffer import BufferReader
+from rl_engine.config import RENDEZVOUS_MODES
 from rl_engine.control import Board, Stopped, StopSignal
 from rl_engine.lease import Fence
 from rl_engine.run import RunContext
@@ -75,7 +76,8 @@ class Learner:
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
             self.trainer = build_trainer(cfg)
-        self.reader = BufferReader(run.url, run.storage_options, cfg.buffer)
+        # Decoupled modes: batches in the order admission control numbered them (rl_engine.schedule.batch_number).
+        self.reader = BufferReader(run.url, run.storage_options, cfg.buffer, explorers=None if cfg.synchronizer.mode in RENDEZVOUS_MODES else cfg.explorer.count)
         self.resumed_from: int | None = None
         if resume and (t := latest_state_step(run)) is not None:
             extra = self.trainer.load_state(self._state_url(t), run.storage_options)

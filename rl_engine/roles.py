@@ -222,7 +222,7 @@ def _decoupled_explorer(run: RunContext, explorer: Explorer, role: Role) -> None
     at, stop = role.at, role.stop
     e = at.first_steps[explorer.explorer_id]
     while True:
-        explorer.pick_up_newest(e, stop, at.first_steps, role.attempt)  # also after stop: a broadcast in flight needs every explorer
+        explorer.pick_up_newest(e, stop)  # also after stop: a broadcast in flight needs every explorer
         if stop.is_set():
             break
         role.record(e, explorer.step(e))

@@ -71,6 +71,14 @@ def max_rendezvous_staleness(k: int, m: int) -> int:
     return k - 1 + m
 
 
+def batch_number(explorer_id: int, step: int, explorers: int) -> int:
+    """Decoupled modes: the number (from 1) of explorer `explorer_id`'s step `step` among all the
+    explorers' batches, which the trainer consumes in this order: round robin, (step - 1) * N +
+    explorer_id + 1 for N explorers. Known in advance, so admission control and the trainer's
+    reader agree on it without counting what the other explorers started."""
+    return (step - 1) * explorers + explorer_id + 1
+
+
 def admission_wait(
     batches_before: int, version: int, trainer_version: int, explorer_batch: int, train_batch: int, max_staleness: int | None, max_backlog: int | None
 ) -> str | None:

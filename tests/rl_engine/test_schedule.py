@@ -117,3 +117,11 @@ def test_resumed_explorer_catches_up_to_its_first_steps_version():
                 for first in range(t + 1, t + 2 + k + m):
                     v = resume_catch_up(k, m, t, first)
                     assert v >= t and v <= first - 1  # the trainer can reach it from data already committed
+
+
+def test_batch_numbers_are_round_robin_over_the_explorers():
+    from rl_engine.schedule import batch_number
+
+    assert [batch_number(0, s, 1) for s in (1, 2, 3)] == [1, 2, 3]  # one explorer: its step
+    assert [(i, s) for s in (1, 2, 3) for i in (0, 1, 2)] == sorted(((i, s) for i in range(3) for s in (1, 2, 3)), key=lambda x: batch_number(x[0], x[1], 3))
+    assert {batch_number(i, s, 3) for i in range(3) for s in range(1, 5)} == set(range(1, 13))  # dense, no number twice

@@ -218,3 +218,77 @@ def test_without_crc_check_size_and_structure_still_checked(tmp_path):
     _truncate(_local(uris[0]))
     with pytest.raises(CorruptFileError, match="truncated"):
         BufferReader(str(tmp_path), {}, BufferConfig(verify_checksums=False)).read_batch(4, timeout_s=0)
+
+
+# --------------------------------------------------------------------------- batch order (decoupled modes)
+
+
+def _commit(run: str, explorer: int, step: int, version: int) -> None:
+    BufferWriter(run, {}, explorer).write(step, make_batch(4, explorer_id=explorer, explorer_step=step, version=version))
+
+
+def test_batch_order_waits_for_a_batch_committed_late(tmp_path):
+    """Two explorers: batch 1 (explorer 0, step 1) commits after batch 2 (explorer 1, step 1). The
+    trainer gets batch 1 first and waits for it; in commit order it would get batch 2 first."""
+    run = str(tmp_path)
+    _commit(run, 1, 1, 0)  # batch 2
+    reader = BufferReader(run, {}, BufferConfig(), explorers=2)
+    with pytest.raises(BufferTimeout, match="waiting for batch 1"):
+        reader.read_batch(4, timeout_s=0)
+    _commit(run, 0, 1, 0)  # batch 1, late
+    _commit(run, 0, 2, 0)  # batch 3
+    assert [_ids(reader.read_batch(4, timeout_s=0))[0] for _ in range(3)] == ["e0-s1-0", "e1-s1-0", "e0-s2-0"]
+    assert [_ids(BufferReader(run, {}, BufferConfig()).read_batch(4, timeout_s=0))[0]] == ["e1-s1-0"]  # commit order
+
+
+def test_batch_order_trains_what_admission_admitted_within_the_bound(tmp_path):
+    """max_staleness 1, one batch per trainer step: batch b may start at version b - 2 (admission).
+    Batch 2 (explorer 1, version 0) commits after batches 3 and 4: in commit order the trainer
+    would train 3 and 4 at versions 1, 2 and then drop batch 2 at version 3 (3 - 0 > 1); in batch
+    order it trains batch 2 at version 1, nothing dropped."""
+    run = str(tmp_path)
+    _commit(run, 0, 1, 0)  # batch 1
+    _commit(run, 0, 2, 1)  # batch 3
+    _commit(run, 1, 2, 2)  # batch 4
+    _commit(run, 1, 1, 0)  # batch 2, committed last
+    for reader, dropped in ((BufferReader(run, {}, BufferConfig(), explorers=2), 0), (BufferReader(run, {}, BufferConfig()), 4)):
+        got = []
+        for t in range(4):
+            try:
+                got.append(_ids(reader.read_batch(4, trainer_version=t, max_staleness=1, timeout_s=0))[0])
+            except BufferTimeout:
+                break
+        assert reader.stats["dropped_stale"] == dropped
+        if not dropped:
+            assert got == ["e0-s1-0", "e1-s1-0", "e0-s2-0", "e1-s2-0"]
+
+
+def test_batch_order_cursor_round_trip(tmp_path):
+    run = str(tmp_path)
+    for e, s in ((0, 1), (1, 1), (0, 2), (1, 2)):
+        _commit(run, e, s, 0)
+    reader = BufferReader(run, {}, BufferConfig(), explorers=2)
+    reader.read_batch(4, timeout_s=0)
+    state = reader.state_dict()
+    assert state["batch_order"] == {"next": 2, "finished": []}
+    # Resumed from that cursor: batch 2, then 3.
+    resumed = BufferReader(run, {}, BufferConfig(), explorers=2)
+    resumed.load_state_dict(state)
+    assert _ids(resumed.read_batch(4, trainer_version=5, max_staleness=10, timeout_s=0))[0] == "e1-s1-0"
+    assert _ids(resumed.read_batch(4, timeout_s=0))[0] == "e0-s2-0"
+    # A cursor saved in commit order (before batch order) keeps commit order for the rest of the run.
+    legacy = BufferReader(run, {}, BufferConfig(), explorers=2)
+    legacy.load_state_dict({k: v for k, v in state.items() if k != "batch_order"})
+    assert _ids(legacy.read_batch(4, timeout_s=0))[0] == "e1-s1-0" and "batch_order" not in legacy.state_dict()
+
+
+def test_batch_order_moves_past_a_batch_dropped_as_stale_while_waiting(tmp_path):
+    run = str(tmp_path)
+    _commit(run, 0, 1, 0)  # batch 1
+    _commit(run, 0, 2, 0)  # batch 3, stale at version 5
+    reader = BufferReader(run, {}, BufferConfig(), explorers=2)
+    assert _ids(reader.read_batch(4, timeout_s=0))[0] == "e0-s1-0"
+    _commit(run, 1, 1, 0)  # batch 2 arrives, stale too
+    _commit(run, 1, 2, 5)  # batch 4, fresh
+    assert _ids(reader.read_batch(4, trainer_version=5, max_staleness=1, timeout_s=0))[0] == "e1-s2-0"
+    assert reader.stats["dropped_stale"] == 8 and reader.state_dict()["batch_order"] == {"next": 5, "finished": []}
