@@ -27,7 +27,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def cmd_validate(a: argparse.Namespace) -> int:
     import json
 
-    from rl_engine.config import RFTConfig, load_config, to_yaml
+    from rl_engine.config import RFTConfig, config_warnings, load_config, step_volume, to_yaml
 
     if a.schema:
         print(json.dumps(RFTConfig.model_json_schema(), indent=1))
@@ -42,7 +42,15 @@ def cmd_validate(a: argparse.Namespace) -> int:
         f"OK {a.config}: mode={s.mode} sync_interval={s.sync_interval} sync_offset={s.sync_offset} "
         f"sync_method={s.sync_method} explorers={cfg.explorer.count} train_batch_size={cfg.trainer.train_batch_size} run_dir={cfg.run_url}"
     )
+    print(step_volume(cfg))
+    print_warnings(config_warnings(cfg))
     return 0
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """A config's warnings (rl_engine.config.config_warnings) on stderr, one `warning:` line each."""
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
 
 
 def cmd_run(a: argparse.Namespace) -> int:

@@ -163,7 +163,7 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
 def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str] | None = None) -> Any:
     """The body of every mode's flow: the schedule is the roles' business, the placement says where they run."""
     from flows.placement import run_deployments
-    from rl_engine.preflight import preflight
+    from rl_engine.preflight import check_not_complete, check_reachable, preflight
 
     if resume is not None and overrides:
         raise UserError(f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings")
@@ -175,7 +175,11 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     if resume is None:
         preflight(cfg, None, f"the cfg parameter of flow run {flow_run.name!r}")
+    else:  # what `rft run --resume` checks first, for a resume from a deployment or the API too
+        check_reachable(resume, cfg.buffer.storage.fs_options())
     stored = open_run(resume, cfg.buffer.storage.fs_options()) if resume else None
+    if stored is not None:
+        check_not_complete(stored.url, stored.cfg)
     # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
     lease = RunLease(stored.url, cfg.buffer.storage.fs_options()).acquire() if stored else None
     lineage = None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rl_engine.config import RFTConfig, load_config, validate_config
-from rl_engine.errors import hide_user_error_tracebacks
+from rl_engine.errors import UserError, hide_user_error_tracebacks
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,10 +62,15 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
     """`rft run`: check the inputs (rl_engine.preflight) before Prefect or any engine starts, then run the flow.
     A UserError raised later, inside the flow, reaches the user as its message, without the
     traceback Prefect would log for it."""
+    from flows.cli import print_warnings
+    from rl_engine.config import config_warnings
     from rl_engine.preflight import preflight
 
     source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
-    cfg = preflight(load_config(config, overrides), resume, source)
+    cfg = load_config(config, overrides)
+    check_prefect_api()
+    cfg = preflight(cfg, resume, source)
+    print_warnings(config_warnings(cfg))
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     summary = run_watched(cfg, resume)
     if not isinstance(summary, dict):
@@ -73,6 +78,25 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
         return 1
     print_summary(summary)
     return 0
+
+
+def check_prefect_api(timeout_s: float = 10.0) -> None:
+    """With PREFECT_API_URL set (environment or Prefect profile), a Prefect server answers there: checked
+    before anything of the run is created (its log file included), since Prefect's own client retries
+    for seconds and then fails with tracebacks. Unset: the run starts an ephemeral server of its own."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url:
+        return
+    with get_client(sync_client=True, httpx_settings={"timeout": timeout_s}) as client:
+        failure = client.api_healthcheck()
+    if failure is not None:
+        raise UserError(
+            f"PREFECT_API_URL = {url!r}: cannot reach a Prefect server there ({type(failure).__name__}: {str(failure)[:300]}); nothing of the run was created. "
+            "Start the server (`prefect server start`) or fix PREFECT_API_URL, or unset it to run on an ephemeral server of the run's own"
+        )
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -105,7 +129,9 @@ def demo(root: str = "runs") -> int:
         warmstart([str(model)])
     if not tasks.exists():
         write_arithmetic_taskset(str(tasks), n=2000, seed=1)
-    cfg = preflight(load_config(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"]))
+    cfg = load_config(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"])
+    check_prefect_api()
+    cfg = preflight(cfg)
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     summary = run_watched(cfg)
     if not isinstance(summary, dict):

@@ -8,12 +8,15 @@ without a pad token used to fail the trainer while the explorer waited for it fo
 
 - the run: a new run's name is free; a resumed run exists, has the same mode, and the config
   given with `--resume` is the one it was started with (a resumed run keeps its config);
-- storage: it opens, an object store's bucket exists (rft never creates one), and a probe file
-  can be written and removed;
+- storage: it opens, an object store answers within seconds (`PREFLIGHT_OUTAGE_S`, not the
+  run's `buffer.storage.outage_timeout_s`), accepts the credentials, its bucket exists (rft never
+  creates one), and a probe file can be written and removed;
+- on resume: the run's saved config.yaml reads, and the run is not complete already;
 - the reward imports and takes `(prompt, response, task[, finish_reason])`;
-- the task set: readable, not empty, every row with a string prompt (rows named by line);
+- the task set: readable, not empty, every row with a string prompt (rows named by line), and
+  with an answer where the reward needs one (the built-in rewards);
 - the model directory: a parseable config.json, safetensors weights that are not truncated and
-  whose shapes fit config.json; the tokenizer loads and has a pad token;
+  whose shapes fit config.json, `max_position_embeddings` not below model.max_model_len; the tokenizer loads and has a pad token;
 - every prompt, as the explorer will format it, leaves room for a response in model.max_model_len;
 - on resume, the latest trainer state fits the model;
 - the GPUs this machine shows can hold the roles placed on it (one trainer rank per GPU; no
@@ -34,31 +37,41 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from rl_engine.config import RFTConfig
+from rl_engine.config import ConfigError, RFTConfig
 from rl_engine.errors import UserError
-from rl_engine.storage import is_local, join, open_storage
+from rl_engine.storage import OUTAGE_KEY, StorageUnavailableError, access_denied, is_local, join, open_storage
 
 # Object stores whose first path component is a bucket (which makedirs would create: never called there).
 _BUCKET_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "abfs", "az", "adl"}
 MAX_LISTED = 5  # rows / fields named in one message
+# How long the checks before a run wait for an object store that does not answer: a dead endpoint
+# fails the start in seconds; once the run is going, outages get buffer.storage.outage_timeout_s.
+PREFLIGHT_OUTAGE_S = 5.0
+# The built-in rewards score a response against the task's answer (rl_engine.rewards); a user's
+# reward may not use it, so its rows are not checked for one.
+REWARDS_NEEDING_ANSWER = ("arithmetic", "countdown")
 
 
 def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> RFTConfig:
     """Check everything a run needs that can be checked without an engine; returns the config the
     run will use (on resume: the run's saved one). Raises UserError naming the problem and the fix."""
     opts = cfg.buffer.storage.fs_options()
+    check_reachable(resume or cfg.buffer.storage.url, opts)
     if resume is None:
         check_new_run(cfg)
         check_storage(cfg.buffer.storage.url, opts)
     else:
         cfg = check_resume(cfg, resume, source)
         check_storage(resume, opts)
+        check_not_complete(resume, cfg)
     from rl_engine.rewards import build_reward, load_taskset
 
     build_reward(cfg.taskset.reward)
-    tasks = load_taskset(cfg.taskset, opts)
+    reward = cfg.taskset.reward.type
+    tasks = load_taskset(cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None)
     model = cfg.model.path
     config, weights = check_model_dir(model)
+    check_context_length(cfg.model.max_model_len, config, model)
     vocab = config.get("vocab_size")
     tokenizer = check_tokenizer(cfg.model.tokenizer_path or model, "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path", vocab if isinstance(vocab, int) else None)
     check_prompts(tokenizer, tasks, cfg)
@@ -114,8 +127,15 @@ def check_resume(cfg: RFTConfig, resume: str, source: str) -> RFTConfig:
     """The run to resume exists, and `cfg` (what the user gave with --resume) is its config; returns the saved config."""
     from rl_engine.run import CONFIG_FILE, open_run
 
-    saved = open_run(resume, cfg.buffer.storage.fs_options()).cfg
     saved_file = f"{resume.rstrip('/')}/{CONFIG_FILE}"
+    try:
+        saved = open_run(resume, cfg.buffer.storage.fs_options()).cfg
+    except ConfigError as e:  # not UTF-8, not YAML, a key twice, or values this version refuses
+        raise UserError(
+            f"--resume {resume}: the run's saved config {saved_file} is damaged, not readable as a config ({e}); "
+            f"restore it from a copy (it is the run's resolved config: `rft validate CONFIG --set name={resume.rstrip('/').rsplit('/', 1)[-1]} --print` "
+            "prints it from the config the run was started with), or start a new run"
+        ) from None
     if saved.synchronizer.mode != cfg.synchronizer.mode:
         raise UserError(
             f"--resume {resume}: that run is mode {saved.synchronizer.mode!r}, {source} says {cfg.synchronizer.mode!r}; a run keeps its mode: "
@@ -132,6 +152,25 @@ def check_resume(cfg: RFTConfig, resume: str, source: str) -> RFTConfig:
     return saved
 
 
+def check_not_complete(resume: str, saved: RFTConfig) -> None:
+    """A run whose trainer reached trainer.total_steps (a committed trainer state there), whose model is
+    saved and whose report is written has nothing left to do: resuming it would start every engine for
+    nothing. (Killed before its report, it still resumes: the report and the lineage's record follow.)"""
+    from rl_engine.learner import latest_state_step
+    from rl_engine.run import open_run
+
+    run = open_run(resume, saved.buffer.storage.fs_options())
+    step = latest_state_step(run)
+    if step is None or step < saved.trainer.total_steps:
+        return
+    fs, root = run.fs()
+    if fs.exists(join(root, "model", "config.json")) and fs.exists(join(root, "report", "summary.json")):
+        raise UserError(
+            f"--resume {resume}: the run is complete, its trainer reached step {step} of trainer.total_steps = {saved.trainer.total_steps} "
+            f"and its model is in {run.url}/model; nothing to resume: use that model, or start a new run to train further (model.path: {run.url}/model)"
+        )
+
+
 def config_diff(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """(dotted path, a's value, b's value) of every leaf where two config dumps differ."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -142,10 +181,62 @@ def config_diff(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
 # --------------------------------------------------------------------------- storage
 
 
+def _preflight_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """`options` with the outage limit of the checks before a run (PREFLIGHT_OUTAGE_S, or the run's own if shorter)."""
+    from rl_engine.config import StorageConfig
+
+    opts = dict(options or {})
+    opts[OUTAGE_KEY] = min(float(opts.get(OUTAGE_KEY, StorageConfig.model_fields[OUTAGE_KEY].default)), PREFLIGHT_OUTAGE_S)
+    return opts
+
+
+def _endpoint(options: dict[str, Any] | None) -> str:
+    """The S3 endpoint that storage options talk to, as a user would name it."""
+    given = ((options or {}).get("client_kwargs") or {}).get("endpoint_url") or (options or {}).get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return f"endpoint {given}" if given else "the AWS default endpoint"
+
+
+def _unreachable_error(url: str, options: dict[str, Any] | None, e: StorageUnavailableError) -> UserError:
+    last = f"{type(e.last).__name__}: {str(e.last)[:200]}" if e.last is not None else str(e)[:300]
+    limit = (options or {}).get(OUTAGE_KEY)
+    return UserError(
+        f"buffer.storage.url = {url!r}: the object store at {_endpoint(options)} did not answer within the {_preflight_options(options)[OUTAGE_KEY]:g} s "
+        f"the checks before a run wait ({last}); "
+        "check that the endpoint (buffer.storage.options.client_kwargs.endpoint_url) is up and reachable from here, or fix buffer.storage.url, then start again "
+        f"(a run already going waits out an outage for buffer.storage.outage_timeout_s{f' = {limit:g} s' if limit else ''})"
+    )
+
+
+def _denied_error(url: str, options: dict[str, Any] | None, code: str, e: BaseException) -> UserError:
+    bucket = url.split("://", 1)[-1].split("/", 1)[0]
+    return UserError(
+        f"buffer.storage.url = {url!r}: access denied by the object store at {_endpoint(options)} ({code}: {str(e)[:200]}); "
+        "check the credentials in the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN or AWS_PROFILE; "
+        f"FSSPEC_S3_KEY / FSSPEC_S3_SECRET) and that they may read and write bucket {bucket!r}"
+    )
+
+
+def check_reachable(url: str, options: dict[str, Any] | None = None) -> None:
+    """An object store answers at all, within PREFLIGHT_OUTAGE_S: the first thing a run does with
+    its storage, so a dead endpoint fails the start in seconds, not after an outage window per call.
+    Local disk and stores without outage retries: nothing to do (their errors come at once)."""
+    opts = _preflight_options(options)
+    fs, root = _open(url, opts)
+    if not hasattr(fs, "outage_timeout_s"):
+        return
+    try:
+        fs.call_s3("head_bucket", Bucket=root.split("/", 1)[0])
+    except StorageUnavailableError as e:
+        raise _unreachable_error(url, options, e) from None
+    except Exception:  # noqa: BLE001 - it answered (not found, forbidden, ...): check_storage names those
+        return
+
+
 def check_storage(url: str, options: dict[str, Any] | None = None) -> None:
     """`url` opens and a probe file can be written and removed there; on an object store a failed
-    probe whose bucket does not exist says so (rft never creates buckets: no makedirs there)."""
-    fs, root = _open(url, options)
+    probe says whether the store did not answer (within PREFLIGHT_OUTAGE_S), refused the credentials
+    (HTTP 403), or has no such bucket (rft never creates buckets: no makedirs there)."""
+    fs, root = _open(url, _preflight_options(options))
     protocols = set(fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     probe = join(root, f".rft-probe-{uuid.uuid4().hex}")
     try:
@@ -153,11 +244,15 @@ def check_storage(url: str, options: dict[str, Any] | None = None) -> None:
             os.makedirs(root, exist_ok=True)
         fs.pipe_file(probe, b"probe")
         fs.rm(probe)
+    except StorageUnavailableError as e:
+        raise _unreachable_error(url, options, e) from None
     except Exception as e:  # noqa: BLE001 - PermissionError, read-only file system, no such bucket, access denied, ...
-        error = f"{type(e).__name__}: {e}"
+        error, failure = f"{type(e).__name__}: {e}", e
     else:
         return
     bucket = root.split("/", 1)[0]
+    if protocols & _BUCKET_PROTOCOLS and (code := access_denied(failure)):
+        raise _denied_error(url, options, code, failure)
     if protocols & _BUCKET_PROTOCOLS and not _try(fs.exists, bucket, url=url, op=f"look up bucket {bucket!r} ({error})"):
         raise UserError(
             f"buffer.storage.url = {url!r}: bucket {bucket!r} does not exist (rft never creates buckets); "
@@ -301,6 +396,17 @@ def check_trainer_state(run_url: str, options: dict[str, Any] | None, params: di
         header = json.loads(f.read(n))
     shapes = {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
     check_fits(params, shapes, where=f"--resume {run_url}: its trainer state {STATE_DIR}/step={step}")
+
+
+def check_context_length(max_model_len: int, config: dict[str, Any], model: str) -> None:
+    """model.max_model_len fits the positions the model was built for (vLLM refuses more, but
+    only once the explorer's engine starts, while the trainer waits for it)."""
+    positions = config.get("max_position_embeddings")
+    if isinstance(positions, int) and max_model_len > positions:
+        raise UserError(
+            f"model.max_model_len = {max_model_len}: the model at model.path = {model!r} has max_position_embeddings = {positions} "
+            f"(its config.json), so longer sequences have no trained positions; set model.max_model_len <= {positions}"
+        )
 
 
 # --------------------------------------------------------------------------- prompts

@@ -12,9 +12,8 @@ import dataclasses
 from typing import Any
 
 import fsspec
-import yaml
 
-from rl_engine.config import RFTConfig, to_yaml, validate_config
+from rl_engine.config import RFTConfig, parse_yaml, to_yaml, validate_config
 from rl_engine.errors import UserError
 from rl_engine.storage import OUTAGE_KEY, join, open_storage, write_bytes_atomic
 
@@ -63,7 +62,7 @@ def open_run(url: str, storage_options: dict[str, Any] | None = None) -> RunCont
     path = join(root, CONFIG_FILE)
     if not fs.exists(path):
         raise UserError(f"{url}: not a run directory (no {CONFIG_FILE}); runs live under buffer.storage.url, e.g. runs/<name>")
-    data = yaml.safe_load(fs.cat_file(path))
+    data = parse_yaml(fs.cat_file(path), f"{url}/{CONFIG_FILE}")
     if storage_options:
         # The inverse of StorageConfig.fs_options(): the outage limit goes back to its own field.
         opts = dict(storage_options)

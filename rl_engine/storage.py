@@ -41,7 +41,10 @@ log = logging.getLogger(__name__)
 
 
 class StorageUnavailableError(UserError):
-    """The object store stayed unreachable past `buffer.storage.outage_timeout_s`; names URL and operation."""
+    """The object store stayed unreachable past `buffer.storage.outage_timeout_s`; names URL and operation.
+    `last` is the last error seen (what the endpoint answered, or how the connection failed)."""
+
+    last: BaseException | None = None
 
 
 class StorageFullError(UserError):
@@ -182,6 +185,25 @@ def _unreachable(e: BaseException) -> bool:
     return isinstance(e, (ConnectionError, HTTPClientError, asyncio.TimeoutError, ConnectionRefusedError, ConnectionResetError))
 
 
+# S3 error codes of a refused request (HTTP 403): wrong, missing or expired credentials, or no permission.
+_DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AllAccessDisabled", "AccountProblem", "403"}
+
+
+def access_denied(e: BaseException) -> str | None:
+    """The S3 error code when `e` (botocore's ClientError, or the PermissionError s3fs makes of it)
+    says the store refused the request's credentials or permissions (HTTP 403), else None."""
+    from botocore.exceptions import ClientError, NoCredentialsError
+
+    if isinstance(e, NoCredentialsError) or isinstance(e.__cause__, NoCredentialsError):
+        return "NoCredentials"
+    cause = e if isinstance(e, ClientError) else e.__cause__
+    if not isinstance(cause, ClientError):
+        return None
+    code = str(cause.response.get("Error", {}).get("Code") or "")
+    status = int(cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return (code or "403") if code in _DENIED_CODES or status == 403 else None
+
+
 @functools.cache
 def _resilient_s3_class() -> type:
     """s3fs's filesystem whose every request waits out an outage of up to `outage_timeout_s` seconds."""
@@ -237,11 +259,13 @@ def _resilient_s3_class() -> type:
 
         def _outage_error(self, method: str, kwargs: dict[str, Any], waited: float, e: BaseException) -> StorageUnavailableError:
             op = _OPERATIONS.get(method.split("_", 1)[0], method)
-            return StorageUnavailableError(
+            err = StorageUnavailableError(
                 f"storage unreachable: could not {op} {self._url(kwargs)} ({method}) in {waited:.0f} s of retries, "
                 f"the limit buffer.storage.outage_timeout_s = {self.outage_timeout_s:g} (last error {type(e).__name__}: {e}). "
                 "Check that the S3 endpoint (buffer.storage.options.client_kwargs.endpoint_url) is up and reachable from here, "
                 "or raise buffer.storage.outage_timeout_s; then resume the run"
             )
+            err.last = e
+            return err
 
     return ResilientS3FileSystem

@@ -121,14 +121,16 @@ def taskset_files(path: str, storage_options: dict[str, Any] | None = None) -> l
     return [fs.unstrip_protocol(p) if "://" in path else p for p in files]
 
 
-def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None) -> list[Task]:
+def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None, answer_needed_by: str | None = None) -> list[Task]:
     """All tasks of `cfg.path` (a TasksetConfig: a file, a folder of task files or a prefix, see
-    `taskset_files`), in file order; UserError names file and row of a bad row.
+    `taskset_files`), in file order; UserError names file and row of a bad row. With
+    `answer_needed_by` (the reward that scores against the answer, as the message names it), a
+    row without a `cfg.answer_key` value is one too, reported after every row's prompt checked out.
 
     Task ids come from an `id` column when present, else `<file name>#<row number>`, so they
     stay the same when the file moves, and rows of several files never share one.
     """
-    tasks, seen = [], {}
+    tasks, seen, no_answer = [], {}, []
     files = taskset_files(cfg.path, storage_options)
     for path in files:
         raw_rows = _read_rows(path, storage_options)
@@ -142,6 +144,15 @@ def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None) -> lis
                 raise UserError(f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]}); give every row its own id (or drop the id column: rows are then named by line)")
             seen[task.task_id] = where if len(files) == 1 else f"{name} {where}"
             tasks.append(task)
+            if answer_needed_by and task.answer is None:
+                no_answer.append((path, where, raw))
+    if no_answer:
+        path, where, raw = no_answer[0]
+        more = f" (and {len(no_answer) - 1} more row(s))" if len(no_answer) > 1 else ""
+        raise UserError(
+            f"{path}: {where}: no {cfg.answer_key!r} value (keys: {sorted(raw)}){more}, and {answer_needed_by} scores every response against it; "
+            f"give every row its answer, or set taskset.answer_key to the column that holds it"
+        )
     if not tasks:
         raise UserError(f"taskset.path = {cfg.path!r}: the task set is empty (no rows); add rows, one JSON object per line with a {cfg.prompt_key!r} key, or point taskset.path at another file")
     return tasks

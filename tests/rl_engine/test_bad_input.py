@@ -88,8 +88,8 @@ class Env:
             sys.path.insert(0, str(self.tmp))
         return name
 
-    def rft(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.tmp), os.environ.get("PYTHONPATH", "")])}
+    def rft(self, *args: str, timeout: float = 300, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.tmp), os.environ.get("PYTHONPATH", "")]), **(extra_env or {})}
         return subprocess.run([RFT, *args], cwd=self.tmp, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -355,6 +355,113 @@ def _cli(*args: str, setup: Callable[[Env], list[str]] | None = None, config: bo
     return build
 
 
+def _load(text: bytes, name: str = "bad.yaml") -> Callable[[Env], Callable[[], Any]]:
+    """`load_config` of a file holding `text` after a valid config's YAML (b"" for none)."""
+
+    def build(env: Env) -> Callable[[], Any]:
+        from rl_engine.config import load_config
+
+        path = env.tmp / name
+        path.write_bytes(yaml.safe_dump(env.raw()).encode() + text)
+        return lambda: load_config(path)
+
+    return build
+
+
+def _cli_not_utf8(env: Env) -> Callable[[], Any]:
+    path = env.tmp / "latin1.yaml"
+    path.write_bytes(yaml.safe_dump(env.raw()).encode() + "name: caf\xe9-run\n".encode("latin-1"))
+    return lambda: env.rft("validate", str(path))
+
+
+def _within(seconds: float, call: Callable[[], Any]) -> Any:
+    """`call()`, failing the row (not a UserError) if it ended later than `seconds`."""
+    import time
+
+    start = time.monotonic()
+    try:
+        return call()
+    finally:
+        took = time.monotonic() - start
+        assert took <= seconds, f"took {took:.0f} s, more than {seconds:g} s"
+
+
+def _dead_prefect_api(env: Env) -> Callable[[], Any]:
+    from tests.conftest import free_port
+
+    path = env.config_file()
+
+    def call() -> Any:
+        result = _within(60, lambda: env.rft("run", path, extra_env={"PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}))
+        runs = env.tmp / "runs"
+        assert not runs.exists() or not any(runs.iterdir()), f"the run's directory was created: {sorted(runs.iterdir())}"
+        return result
+
+    return call
+
+
+def _damaged_saved_config(env: Env) -> Callable[[], Any]:
+    from rl_engine.preflight import preflight
+
+    _, url = _started_run(env)
+    Path(url, "config.yaml").write_text("model: {path: [unclosed\n")
+    cfg = env.cfg()
+    return lambda: preflight(cfg, url, "bad.yaml")
+
+
+def _complete_run(env: Env) -> Callable[[], Any]:
+    """A run whose trainer reached trainer.total_steps (2), with its model and report written."""
+    from rl_engine.preflight import preflight
+
+    _, url = _started_run(env)
+    shutil.copytree(env.model, Path(url, "model"))
+    Path(url, "report").mkdir()
+    Path(url, "report", "summary.json").write_text("{}")
+    cfg = env.cfg()
+    return lambda: _within(10, lambda: preflight(cfg, url, "bad.yaml"))
+
+
+def _dead_s3_endpoint(env: Env) -> Callable[[], Any]:
+    """An S3 endpoint refusing connections (a port nobody listens on), the default outage limit (120 s)."""
+    from rl_engine.config import validate_config
+    from rl_engine.preflight import preflight
+    from tests.conftest import free_port
+
+    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        os.environ.setdefault(k, v)  # dummies, as the S3 server fixture sets them: nothing is signed for real
+    data = env.raw("buffer.storage.url=s3://rft-runs/runs")
+    data["buffer"]["storage"]["options"] = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"}}
+    cfg = validate_config(data, "bad.yaml")
+    return lambda: _within(20, lambda: preflight(cfg))  # preflight waits 5 s for a store that does not answer
+
+
+def _s3_credentials_refused(env: Env) -> Callable[[], Any]:
+    """An existing bucket, then moto's IAM check switched on (its `reset-auth` API): the session's
+    dummy credentials are in no IAM user's records, so every request gets 403 InvalidAccessKeyId."""
+    import requests
+    import s3fs
+
+    from rl_engine.config import validate_config
+    from rl_engine.preflight import preflight
+
+    assert env.s3 is not None
+    endpoint, options = env.s3()
+    bucket = f"denied-{uuid.uuid4().hex[:8]}"
+    s3fs.S3FileSystem(**options, skip_instance_cache=True).mkdir(bucket)
+    data = env.raw(f"buffer.storage.url=s3://{bucket}/runs")
+    data["buffer"]["storage"]["options"] = options
+    cfg = validate_config(data, "bad.yaml")
+
+    def call() -> Any:
+        previous = requests.post(f"{endpoint}/moto-api/reset-auth", data=b"0", timeout=10).json()["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"]
+        try:
+            return preflight(cfg)
+        finally:
+            requests.post(f"{endpoint}/moto-api/reset-auth", data=str(previous).encode(), timeout=10)
+
+    return call
+
+
 def _resume_missing_cli(env: Env) -> Callable[[], Any]:
     path = env.config_file()
     return lambda: env.rft("run", path, "--resume", str(env.tmp / "runs" / "no-such-run"))
@@ -390,6 +497,12 @@ CASES: list[Case] = [
     Case("staleness bound in a rendezvous mode", "config", _validate("synchronizer.max_staleness=2"), r"synchronizer\.max_staleness = 2", r"set it to null or use an async mode"),
     Case("credentials in storage options", "config", _validate("buffer.storage.options={key: AKIA123}"), r"must not hold credentials \('key'\)", r"in the environment"),
     Case("model directory missing", "model", _validate("model.path=/nonexistent/model"), r"model directory '/nonexistent/model' does not exist", r"rft make-tiny-model"),
+    Case("seed beyond numpy's range", "config", _validate("seed=1180591620717411303424"), r"seed = 1180591620717411303424: too large", r"use a seed in 0\.\.4294966272", "fixed"),
+    Case("section given twice", "config", _load(b"trainer:\n  lr: 0.001\n", "twice.yaml"), r"twice\.yaml: line \d+: key 'trainer' given twice in one section \(first at line \d+\)", r"merge the two into one or delete one", "fixed"),
+    Case("key given twice in a section", "config", _load(b"synchronizer:\n  sync_interval: 2\n  sync_interval: 4\n", "twice.yaml"), r"line \d+: key 'sync_interval' given twice", r"merge the two", "fixed"),
+    Case("learning rate NaN", "config", _validate("trainer.lr=.nan"), r"trainer\.lr = nan: must be a finite number", r"give a number within the field's bounds", "fixed"),
+    Case("infinite timeout", "config", _validate("buffer.read_timeout_s=.inf"), r"buffer\.read_timeout_s = inf: must be a finite number", r"give a number", "fixed"),
+    Case("model path is a file", "model", lambda env: _validate(f"model.path={env.model}/config.json")(env), r"model\.path = '.*config\.json': '.*config\.json' is a file, not a directory", r"point model\.path at the directory that holds", "fixed"),
     # ---- sampling settings vLLM refuses: caught when the config loads
     Case("temperature above vLLM's 2", "sampling", _validate("explorer.sampling.temperature=3.0"), r"explorer\.sampling\.temperature = 3\.0", r"less than or equal to 2", "fixed"),
     Case("empty stop string", "sampling", _validate("explorer.sampling.stop=['']"), r"explorer\.sampling\.stop.*empty stop string", r"remove it", "fixed"),
@@ -403,18 +516,20 @@ CASES: list[Case] = [
     Case("no tokenizer files", "model", _preflight(setup=_damaged_model(_no_tokenizer)), r"cannot load a tokenizer", r"tokenizer\.json and tokenizer_config\.json", "fixed"),
     Case("tokenizer without pad token", "model", _preflight(setup=_damaged_model(_edit_json("tokenizer_config.json", lambda c: c.update(pad_token=None)))), r"model\.path = .*the tokenizer has no pad token", r"tokenizer\.pad_token = tokenizer\.eos_token", "fixed"),
     Case("separate tokenizer without pad token", "model", _preflight(setup=_tokenizer_without_pad), r"model\.tokenizer_path = .*the tokenizer has no pad token", r"tokenizer\.pad_token = tokenizer\.eos_token", "fixed"),
+    Case("context longer than the model's positions", "model", _preflight("model.max_model_len=1000000"), r"model\.max_model_len = 1000000: the model .* has max_position_embeddings = 1024", r"set model\.max_model_len <= 1024", "fixed"),
     Case("tokenizer of another model", "model", _preflight(setup=_bigger_tokenizer), r"the tokenizer has 267 tokens but the model's embedding only 259 rows", r"use the model's own tokenizer", "fixed"),
     # ---- task sets (preflight: before any engine; they used to surface after ~45 s of engine start-up)
     Case("task set missing", "taskset", _preflight(setup=lambda env: [f"taskset.path={env.tmp}/nope.jsonl"]), r"nope\.jsonl'?: file not found", r"rft make-tasks", "fixed"),
     Case("empty task set", "taskset", _preflight(setup=_with_tasks()), r"the task set is empty", r"add rows", "fixed"),
     Case("malformed row", "taskset", _preflight(setup=_with_tasks('{"question": "1+1="}', "{}", '{"question": "2+2=", ')), r"bad\.jsonl: line 3: not valid JSON", r"fix or delete that line", "fixed"),
     Case("row without the prompt field", "taskset", _preflight(setup=_with_tasks('{"question": "1+1="}', '{"prompt": "2+2="}')), r"line 2: no 'question' key", r"set taskset\.prompt_key", "fixed"),
+    Case("rows without the reward's answer", "taskset", _preflight(setup=_with_tasks('{"question": "1+1=", "answer": "2"}', '{"question": "2+2="}', '{"question": "3+3=", "answer": null}')), r"bad\.jsonl: line 2: no 'answer' value \(keys: \['question'\]\) \(and 1 more row\(s\)\), and the arithmetic reward", r"give every row its answer, or set taskset\.answer_key", "fixed"),
     Case("prompt not a string", "taskset", _preflight(setup=_with_tasks('{"question": 12}')), r"line 1: 'question' must be a string", r"write the prompt as a string", "fixed"),
     Case("duplicate task ids", "taskset", _preflight(setup=_with_tasks('{"id": "a", "question": "1="}', '{"id": "a", "question": "2="}')), r"line 2: duplicate id 'a'", r"give every row its own id", "fixed"),
     Case("unknown task file type", "taskset", _preflight(setup=_with_tasks("q,a", name="tasks.csv")), r"tasks\.csv'?: unknown file type", r"use \.jsonl", "fixed"),
     # ---- prompts longer than the context (preflight formats and tokenizes every prompt)
-    Case("prompt longer than the context", "prompt", _preflight(setup=_with_tasks('{"question": "1+1="}', LONG_PROMPT)), r"1 prompt\(s\) leave no room.*'long-1' \(\d+ tokens\)", r"shorten or drop those rows, or raise model\.max_model_len", "fixed"),
-    Case("empty prompt", "prompt", _preflight(setup=_with_tasks('{"id": "e", "question": ""}')), r"prompt\(s\) are empty.*'e'", r"give every row a prompt", "fixed"),
+    Case("prompt longer than the context", "prompt", _preflight(setup=_with_tasks('{"question": "1+1=", "answer": "2"}', LONG_PROMPT)), r"1 prompt\(s\) leave no room.*'long-1' \(\d+ tokens\)", r"shorten or drop those rows, or raise model\.max_model_len", "fixed"),
+    Case("empty prompt", "prompt", _preflight(setup=_with_tasks('{"id": "e", "question": "", "answer": "0"}')), r"prompt\(s\) are empty.*'e'", r"give every row a prompt", "fixed"),
     # ---- reward functions
     Case("reward does not import", "reward", _build_reward("no_such_rewards_xyz:f"), r"cannot import module 'no_such_rewards_xyz'", r"installed or on PYTHONPATH"),
     Case("reward module fails at import", "reward", _build_reward("MOD:f", "raise RuntimeError('needs a GPU')\n"), r"RuntimeError: needs a GPU", r"installed or on PYTHONPATH"),
@@ -432,12 +547,16 @@ CASES: list[Case] = [
     Case("storage under a file", "storage", _preflight(setup=_under_a_file), r"a-file/runs'?: cannot write there", r"point buffer\.storage\.url at", "fixed"),
     Case("unknown storage protocol", "storage", _preflight("buffer.storage.url=nosuchfs://bucket/runs"), r"nosuchfs://bucket/runs'?: cannot open it", r"fsspec URL such as s3://", "fixed"),
     Case("missing S3 bucket", "storage", _missing_bucket(start=False), r"bucket 'missing-\w+' does not exist \(rft never creates buckets\)", r"create it first", "fixed", needs="s3"),
+    Case("S3 endpoint refusing connections", "storage", _dead_s3_endpoint, r"rft-runs/runs'?: the object store at endpoint http://127\.0\.0\.1:\d+ did not answer within the 5 s", r"endpoint_url\) is up and reachable.*buffer\.storage\.outage_timeout_s = 120 s", "fixed"),
+    Case("S3 credentials refused", "storage", _s3_credentials_refused, r"access denied by the object store at endpoint http://127\.0\.0\.1:\d+ \(InvalidAccessKeyId", r"check the credentials in the environment \(AWS_ACCESS_KEY_ID", "fixed", needs="s3"),
     Case("missing S3 bucket, run started by a flow", "storage", _missing_bucket(start=True), r"bucket 'missing-\w+' does not exist", r"create it first", "fixed", needs="s3"),
     # ---- runs: new, resumed
     Case("new run under an existing name", "resume", lambda env: (_started_run(env), _preflight("name=r1")(env))[1], r"run .*/runs/r1 already exists", r"resume it with `rft run CONFIG --resume", "fixed"),
     Case("resume of a missing run", "resume", _resume(url=lambda u: u + "-missing"), r"r1-missing: not a run directory \(no config\.yaml\)", r"runs live under buffer\.storage\.url"),
     Case("resume with a different mode", "resume", _resume("synchronizer.mode=fully_async"), r"that run is mode 'synchronous', bad\.yaml says 'fully_async'", r"resume it with its own config.*or start a new run", "fixed"),
     Case("resume with an edited config", "resume", _resume("trainer.total_steps=50", "trainer.lr=0.001"), r"differs .* in 2 field\(s\): trainer\.lr .*trainer\.total_steps \(the run's 2, given 50\)", r"resume with that one \(`rft run .*r1/config\.yaml --resume", "fixed"),
+    Case("resume of a run whose config.yaml is damaged", "resume", _damaged_saved_config, r"r1/config\.yaml is damaged, not readable as a config \(.*r1/config\.yaml: not valid YAML", r"restore it from a copy.*--set name=r1 --print", "fixed"),
+    Case("resume of a complete run", "resume", _complete_run, r"r1: the run is complete, its trainer reached step 2 of trainer\.total_steps = 2", r"nothing to resume: use that model, or start a new run", "fixed"),
     Case("checkpoint from another model, on resume", "resume", _resume(edit_state=_state_of_other_model), r"trainer state trainer_state/step=2 does not fit this model.*model\.embed_tokens\.weight \[259, 64\]", r"Resume with the model the run was started from", "fixed"),
     Case("checkpoint from another model, at restore", "resume", _restore_other_model, r"trainer state does not fit this model.*weight \[2, 8\], the model's \[2, 4\]", r"Resume with the model the run was started from", "fixed"),
     # ---- corrupted buffer files and commit records (found when read: the reader stops, deletes nothing)
@@ -450,6 +569,8 @@ CASES: list[Case] = [
     Case("rft run: corrupt config.json", "cli", _cli("run", setup=_damaged_model(lambda d: (d / "config.json").write_text("{"))), r"config\.json: not valid JSON", r"restore the model's config\.json", "fixed"),
     Case("rft run: empty task set", "cli", _cli("run", setup=_with_tasks()), r"the task set is empty", r"add rows", "fixed"),
     Case("rft run: read-only storage", "cli", _cli("run", setup=_unwritable_dir), r"cannot write there", r"point buffer\.storage\.url at", "fixed"),
+    Case("rft validate: config not UTF-8", "cli", _cli_not_utf8, r"latin1\.yaml: not UTF-8 text \(byte 0xe9 at line \d+, column 10\)", r"save the file as UTF-8", "fixed"),
+    Case("rft run: Prefect API not answering", "cli", _dead_prefect_api, r"PREFECT_API_URL = 'http://127\.0\.0\.1:\d+/api': cannot reach a Prefect server there.*nothing of the run was created", r"prefect server start.*or unset it", "fixed"),
     Case("rft run --resume of a missing run", "cli", _resume_missing_cli, r"no-such-run: not a run directory", r"runs live under buffer\.storage\.url"),
     Case("rft run: reward fails on every sample", "cli", _real_run_broken_reward, r"failed on all 16 samples of this step.*ValueError: cannot parse", r"fix the reward", "fixed", needs="engine"),
 ]
@@ -599,3 +720,48 @@ def test_sampling_refusals_match_vllm():
         with pytest.raises(VLLMValidationError, match=message):
             SamplingParams(**refused)
     SamplingParams(temperature=2.0, top_p=1.0, top_k=0, n=4, stop=["\n"], max_tokens=1)
+
+
+def _client_error(code: str, status: int, operation: str = "PutObject") -> Exception:
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": {"Code": code, "Message": f"{code} says the store"}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
+
+
+def test_a_refused_request_is_access_denied_not_a_missing_bucket(monkeypatch):
+    """s3fs turns a 403 into PermissionError and its bucket probe answers False for it: the storage
+    check must name credentials, not tell the user to create a bucket that exists (without an S3 server:
+    the fake store refuses every request, as an S3 endpoint does for credentials it does not know)."""
+    from s3fs.errors import translate_boto_error
+
+    import rl_engine.preflight as pf
+
+    class RefusingStore:
+        protocol = ("s3", "s3a")
+
+        def pipe_file(self, path, data):
+            raise translate_boto_error(_client_error("InvalidAccessKeyId", 403))
+
+        def exists(self, path):
+            return False  # what s3fs answers for a bucket it may not look at
+
+    monkeypatch.setattr(pf, "_open", lambda url, options: (RefusingStore(), url.removeprefix("s3://")))
+    with pytest.raises(UserError) as e:
+        pf.check_storage("s3://bucket/runs", {"client_kwargs": {"endpoint_url": "http://store:9000"}})
+    msg = str(e.value)
+    assert "access denied by the object store at endpoint http://store:9000 (InvalidAccessKeyId" in msg and "AWS_ACCESS_KEY_ID" in msg, msg
+    assert "does not exist" not in msg
+
+
+def test_access_denied_tells_403_from_other_answers():
+    from botocore.exceptions import NoCredentialsError
+    from s3fs.errors import translate_boto_error
+
+    from rl_engine.storage import access_denied
+
+    assert access_denied(_client_error("AccessDenied", 403)) == "AccessDenied"
+    assert access_denied(translate_boto_error(_client_error("SignatureDoesNotMatch", 403))) == "SignatureDoesNotMatch"
+    assert access_denied(_client_error("", 403, "HeadBucket")) == "403"  # a HEAD answer has no body, so no code
+    assert access_denied(NoCredentialsError()) == "NoCredentials"
+    for other in (_client_error("NoSuchBucket", 404), _client_error("InternalError", 500), FileNotFoundError("b/x"), PermissionError("local")):
+        assert access_denied(other) is None

@@ -184,3 +184,69 @@ def test_cli_schema_is_json(capsys):
     assert rft(["validate", "--schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     assert "synchronizer" in schema["properties"]
+
+
+def test_yaml_not_utf8_and_duplicate_keys_name_file_and_line(tmp_path, tiny_model_dir):
+    p = tmp_path / "x.yaml"
+    p.write_bytes(yaml.safe_dump(base(tiny_model_dir)).encode() + b"name: caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"x\.yaml: not UTF-8 text \(byte 0xe9 at line 5, column 10\); save the file as UTF-8"):
+        load_config(p)
+    p.write_text(yaml.safe_dump(base(tiny_model_dir)) + "trainer:\n  lr: 0.1\n  warmup_steps: 1\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match=r"x\.yaml: line 8: key 'lr' given twice in one section \(first at line 6\)"):
+        load_config(p)
+    with pytest.raises(ConfigError, match=r"--set .*: line 1: key 'lr' given twice"):
+        load_config(write(tmp_path, base(tiny_model_dir)), ["trainer={lr: 0.1, lr: 0.2}"])
+    # A YAML merge key is not a duplicate: keys beside it override what it merges, as YAML means.
+    p.write_text(yaml.safe_dump(base(tiny_model_dir)) + "x: &t {lr: 0.1, warmup_steps: 2}\ntrainer:\n  <<: *t\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match=r"\(1 problem\)\n  x = .*unknown key"):  # only the anchor's holder is unknown
+        load_config(p)
+
+
+@pytest.mark.parametrize(
+    "mode,k,m,total,warns",
+    [
+        ("synchronous", 50, 0, 2, True),  # the case
+        ("synchronous", 1, 0, 2, False),  # sync after explorer step 1
+        ("synchronous", 2, 0, 3, False),
+        ("synchronous", 2, 0, 2, True),  # the only sync point is after the last step: no rollout follows
+        ("one_step_off_policy", 1, 1, 2, True),
+        ("one_step_off_policy", 1, 1, 3, False),
+        ("fully_async", 2, 0, 2, True),
+        ("fully_async", 1, 0, 2, False),
+    ],
+)
+def test_validate_warns_when_no_weight_sync_happens(mode, k, m, total, warns, tmp_path, tiny_model_dir, capsys):
+    from rl_engine.schedule import rendezvous_syncs
+
+    p = write(tmp_path, merge(base(tiny_model_dir), {"synchronizer": {"mode": mode, "sync_interval": k, "sync_offset": m}, "trainer": {"total_steps": total}}))
+    assert rft(["validate", str(p)]) == 0
+    err = capsys.readouterr().err
+    assert ("no weight sync happens" in err or "publishes no weights before its last step" in err) == warns, err
+    if mode == "synchronous":
+        assert warns == (not rendezvous_syncs(total, k, m))  # the schedule's own plan
+    if warns:
+        assert err.startswith(f"warning: synchronizer.sync_interval = {k}") and f"trainer.total_steps = {total}" in err and "version 0" in err
+
+
+def test_run_prints_the_warnings_before_it_starts(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    import flows.run
+
+    started = []
+    monkeypatch.setattr(flows.run, "check_prefect_api", lambda: None)  # whatever Prefect profile this machine has
+    monkeypatch.setattr(flows.run, "run_watched", lambda cfg, resume=None: started.append(cfg) or "stopped")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"question": "1+1=", "answer": "2"}\n')
+    p = write(tmp_path, merge(base(tiny_model_dir), {"taskset": {"path": str(tasks)}, "buffer": {"storage": {"url": str(tmp_path / "runs")}}, "trainer": {"total_steps": 2}}))
+    assert flows.run.run_from_cli(str(p), ["synchronizer.sync_interval=50"]) == 1 and len(started) == 1
+    assert "warning: synchronizer.sync_interval = 50 (sync_offset 0) with trainer.total_steps = 2: no weight sync happens" in capsys.readouterr().err
+
+
+def test_validate_prints_what_one_step_generates(tmp_path, tiny_model_dir, capsys):
+    p = write(tmp_path, base(tiny_model_dir))
+    assert rft(["validate", str(p), "--set", "explorer.batch_size=4096", "--set", "algorithm.repeat_times=64", "--set", "trainer.micro_batch_size=64"]) == 0
+    out = capsys.readouterr().out
+    assert "volume: up to 262,144 generations (4,096 tasks x algorithm.repeat_times 64) of up to 64 tokens (explorer.sampling.max_tokens) per explorer step, 16,777,216 generated tokens at most" in out
+    assert "262,144 experiences per trainer step, 2,621,440 over the run's 10 steps" in out
+    partial = ["--set", "explorer.partial={enabled: true, segment_max_tokens: 16, max_response_tokens: 128, max_groups_in_flight: 8}"]
+    assert rft(["validate", str(p), *partial]) == 0
+    assert "up to 32 generations (8 tasks x algorithm.repeat_times 4) of up to 16 tokens (explorer.partial.segment_max_tokens)" in capsys.readouterr().out
