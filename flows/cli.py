@@ -38,11 +38,13 @@ def cmd_validate(a: argparse.Namespace) -> int:
     if a.print:
         print(to_yaml(cfg), end="")
     s = cfg.synchronizer
+    out = sys.stderr if a.print else sys.stdout  # --print: stdout is the YAML alone (`> resolved.yaml`)
     print(
         f"OK {a.config}: mode={s.mode} sync_interval={s.sync_interval} sync_offset={s.sync_offset} "
-        f"sync_method={s.sync_method} explorers={cfg.explorer.count} train_batch_size={cfg.trainer.train_batch_size} run_dir={cfg.run_url}"
+        f"sync_method={s.sync_method} explorers={cfg.explorer.count} train_batch_size={cfg.trainer.train_batch_size} run_dir={cfg.run_url}",
+        file=out,
     )
-    print(step_volume(cfg))
+    print(step_volume(cfg), file=out)
     print_warnings(config_warnings(cfg))
     return 0
 

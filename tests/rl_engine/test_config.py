@@ -11,6 +11,8 @@ import yaml
 from flows.cli import main as rft
 from rl_engine.config import ConfigError, RFTConfig, load_config, to_yaml, validate_config
 
+REPO = Path(__file__).resolve().parents[2]
+
 CONFIGS = sorted(glob.glob(str(Path(__file__).parents[2] / "configs" / "*.yaml")))
 
 
@@ -34,6 +36,28 @@ def test_every_shipped_config_validates(path, tiny_model_dir, capsys):
     # The shipped configs point at the demo model built by `make demo`; any model dir will do here.
     assert rft(["validate", path, "--set", f"model.path={tiny_model_dir}"]) == 0
     assert capsys.readouterr().out.startswith(f"OK {path}")
+
+
+def test_validate_print_writes_the_resolved_config(tiny_model_dir, capsys):
+    """`rft validate configs/synchronous.yaml --print` (README): the resolved run as YAML, which validates as it is."""
+    assert rft(["validate", str(REPO / "configs" / "synchronous.yaml"), "--set", f"model.path={tiny_model_dir}", "--print"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    cfg = validate_config(printed)
+    assert cfg.name.startswith("synchronous-") and cfg.trainer.train_batch_size == cfg.explorer.batch_size * cfg.algorithm.repeat_times
+
+
+def test_make_targets_the_readme_shows_run_the_commands_it_says():
+    """`make test-fast` and `make test PYTEST_ARGS=...` (README, Development), dry-run: the suite
+    itself is what `make test` runs in CI."""
+    import subprocess
+
+    def dry(*args: str) -> str:
+        return subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
+
+    assert '-m pytest -m "not slow"' in dry("test-fast")
+    assert "-m pytest -k buffer" in dry("test", "PYTEST_ARGS=-k buffer")
+    assert "rft demo" in dry("demo")
+    assert "-m bench.modes --quick --synthetic" in dry("bench")
 
 
 def test_minimal_config_gets_defaults_and_resolves(tiny_model_dir):

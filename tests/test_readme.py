@@ -1,0 +1,93 @@
+"""Every command the README shows is exercised by a test or a script (DEVELOPERS.md's rule).
+
+The commands are read from the README itself: each line of a ```bash block and each inline
+`rft ...`, `python -m ...`, `make ...` or `prefect ...`. Each maps, by its first words, to the
+tests that run it; a command the README gains without a test here fails this file, and so does
+an entry naming a test that no longer exists.
+
+    .venv/bin/python -m pytest tests/test_readme.py -q
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# command (its first words) -> the tests (path::function) or scripts that run it
+EXERCISED: dict[str, list[str]] = {
+    "make demo": ["tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary", "tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make test": [".ci/run", "tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make test-fast": ["tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make setup": [".ci/run"],  # `make test` depends on it
+    "rft warmstart": ["tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_warmstart_countdown", "tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary"],
+    "rft make-tasks": ["tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_make_tasks_picks_the_task", "tests/rl_engine/rewards/test_rewards_arithmetic.py::test_cli_main_writes_the_file"],
+    "rft make-tiny-model": ["tests/rl_engine/test_tiny_model.py::test_deterministic_per_seed"],
+    "rft run": [
+        "tests/flows/test_cli_progress.py::test_rft_run_prints_progress_and_logs_engines_to_the_run",
+        "tests/flows/test_kill_resume.py::test_kill_anywhere_then_resume_exactly_once",  # --resume
+        "tests/flows/test_placement_deployments.py::test_readme_command_runs_every_role_on_the_worker",  # --set placement.type=deployments
+        "tests/flows/test_modes.py::test_every_shipped_config_runs_a_smoke_flow",  # configs/*.yaml
+    ],
+    "rft validate": [
+        "tests/rl_engine/test_config.py::test_every_shipped_config_validates",
+        "tests/rl_engine/test_config.py::test_validate_print_writes_the_resolved_config",
+        "tests/rl_engine/test_config.py::test_cli_schema_is_json",
+    ],
+    "rft trainer-node": ["tests/flows/test_trainer_ranks.py::test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0"],
+    "rft buffer": ["tests/rl_engine/buffer/test_buffer_stats.py::test_stats_text_and_corrupt", "tests/rl_engine/buffer/test_buffer_stats.py::test_stats_json"],
+    "rft timeline": ["tests/rl_engine/test_timeline.py::test_cli_main_on_run_dir"],
+    "prefect server": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],  # its fixture starts `prefect server start` (tests/prefect_live.py)
+    "prefect work-pool": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
+    "prefect worker": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
+    "prefect deploy": ["tests/deployments/test_live_prefect.py::test_deploy_all_from_repo_root"],
+    "prefect deployment": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],
+    "curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],  # the REST call, run from the README's text
+    "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],
+    "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],
+    "python -m torch.distributed.run": ["tests/flows/test_trainer_ranks.py::test_a_killed_trainer_rank_fails_the_run_naming_it"],  # what the trainer role starts
+    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "ops", "train", "faults")},
+    "python -m bench.modes": ["tests/bench/test_bench_smoke.py::test_modes_synthetic"],
+}
+NOT_COMMANDS = ("export ",)  # environment for the commands around them
+
+
+def readme_commands() -> list[str]:
+    """Every command the README shows, as written (continuation lines joined, comments cut)."""
+    text = (REPO / "README.md").read_text()
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            cmd = line.split("  #", 1)[0].strip()
+            if cmd and not cmd.startswith("#") and not cmd.startswith(NOT_COMMANDS):
+                out.append(cmd)
+    out += [m for m in re.findall(r"`((?:rft|python -m|make|prefect) [^`]+)`", text)]
+    return out
+
+
+def key(cmd: str) -> str:
+    words = cmd.split()
+    if words[:2] == ["python", "-m"]:
+        return " ".join(words[:3])
+    return " ".join(words[:2]) if words[0] in ("rft", "make", "prefect") else words[0]
+
+
+def test_every_readme_command_is_exercised():
+    missing = sorted({c for c in readme_commands() if key(c) not in EXERCISED})
+    assert not missing, f"README commands no test runs (add a test and an EXERCISED entry): {missing}"
+
+
+def test_every_named_test_exists():
+    for cmd, where in EXERCISED.items():
+        for ref in where:
+            path, _, name = ref.partition("::")
+            source = (REPO / path).read_text()
+            assert not name or re.search(rf"^(async )?def {re.escape(name)}\b", source, re.M), f"{cmd}: {ref} does not exist"
+
+
+def test_the_readme_shows_the_commands_this_file_knows():
+    """The parser is not vacuous: it finds the README's first two commands and the bench ones."""
+    cmds = readme_commands()
+    assert cmds[:2] == ["make demo", "make test"]
+    assert "rft validate configs/synchronous.yaml --print" in cmds and "python -m bench.faults" in cmds
