@@ -19,6 +19,7 @@ Goal: poll time at 10,000 commits / at 10 <= 1.5, on local disk and on S3.
 
     python -m bench.buffer            # N = 4096 (local), 1024 (S3); 10,000 commits
     python -m bench.buffer --quick    # N = 1024 (local), 256 (S3), 3 repeats; 10,000 commits
+    python -m bench.buffer --smoke    # CI smoke test (seconds): N = 256, 1 repeat, 100 commits, a few polls
 
 Last line: JSON with write_ratio_vs_pyarrow, read_ratio_vs_pyarrow (local disk), batch_read_ms
 (one read_batch(256), local), s3_* ratios and the absolute rates; poll_s_at_10k_over_10 and
@@ -201,22 +202,26 @@ def _s3_server():
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="Small sizes and 3 repeats (about a minute on 2 cores).")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="Small sizes and 3 repeats (about a minute on 2 cores).")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: one file, one repeat, 100 commits (seconds; figures not meaningful).")
     ap.add_argument("--n", type=int, default=None, help="Experiences on local disk (multiple of 256).")
     ap.add_argument("--repeat", type=int, default=None, help="Alternating runs per figure (median is reported).")
     ap.add_argument("--no-s3", action="store_true", help="Skip the S3 (moto) part.")
-    ap.add_argument("--commits", type=int, default=10_000, help="Commits of the long run in the polling figure (compared with 10).")
+    ap.add_argument("--commits", type=int, default=None, help="Commits of the long run in the polling figure, compared with 10 (default 10,000; 100 with --smoke).")
     args = ap.parse_args(argv)
+    if args.commits is None:
+        args.commits = 100 if args.smoke else 10_000
     if args.commits <= 10:
         ap.error(f"--commits {args.commits}: the long run must have more than the short run's 10 commits")
-    n = args.n or (1024 if args.quick else 4096)
+    n = args.n or (BATCH if args.smoke else 1024 if args.quick else 4096)
     n_s3 = max(BATCH, n // 4)
-    repeat = args.repeat or (3 if args.quick else 7)
+    repeat = args.repeat or (1 if args.smoke else 3 if args.quick else 7)
 
     tables = _tables(n)
     mb = sum(t.nbytes for t in tables) / 1e6
     result: dict[str, float] = {"n": n, "mb": round(mb, 1), "repeat": repeat}
-    polls, reads = (100, 8) if args.quick else (300, 20)
+    polls, reads = (6, 2) if args.smoke else (100, 8) if args.quick else (300, 20)
     with tempfile.TemporaryDirectory(prefix="bench-buffer-") as tmp:
         local = _measure(tmp, {}, tables, repeat, variants=True)
         polling = {"local": _poll_cost(tmp, {}, args.commits, tables, polls, reads)}

@@ -1,5 +1,6 @@
 """Faults report: how the pipeline meets bad input, killed runs and storage outages.
 
+    python -m bench.faults --smoke      # seconds (tests/bench): a bad input per area, no kill trial, short outages, few lease races
     python -m bench.faults --quick      # CI size: every bad input that needs no engine, one kill trial
     python -m bench.faults              # also the bad inputs that start a real run; 5 kill trials per mode and 5 more
                                         # of multi-explorer before its first trainer state (25 trials, 1.5-5 min each on 2 cores)
@@ -59,7 +60,9 @@ def bad_inputs(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str
     from rl_engine.tiny_model import make_tiny_model
     from tests.rl_engine.test_bad_input import CASES, Env, run_case
 
-    cases = [c for c in CASES if not (args.quick and c.needs == "engine")]
+    cases = [c for c in CASES if not ((args.quick or args.smoke) and c.needs == "engine")]
+    if args.smoke:  # one row per area
+        cases = list({c.area: c for c in reversed(cases)}.values())[::-1]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rft-faults-") as tmp, _S3() as s3:
         model = str(make_tiny_model(Path(tmp) / "model", seed=0))
@@ -92,6 +95,9 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
     from tests.flows.test_kill_resume import EARLY, POINTS, SCOPES, kill_trial, prompt_order_breaks, schedule_breaks, trained_twice, untrained
     from tests.flows.test_partial_flows import MODES
 
+    if args.smoke:  # the same trial runs in CI as tests/flows/test_kill_resume.py
+        return [], {k: 0 for k in ("kill_trials", "kill_errors", "kill_lost", "kill_untrained", "kill_trained_twice", "kill_survivors", "kill_resume_failed", "kill_order_breaks",
+                                   "kill_schedule_breaks", "duplicated", "repeat_rows", "repeat_late", "kills", "lost", "orphans")} | {"kill_seed": args.seed}
     rng = random.Random(args.seed)
     # Multi-explorer also killed before its first trainer state, as often as after: twice the trials.
     plan = [("one_step_off_policy", rng.choice(SCOPES), rng.choice(POINTS))] if args.quick else [
@@ -148,6 +154,8 @@ def storage_outages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
 
     kinds = ("stall", "refuse")
     plan = [(k, s, 90.0) for s in ((20.0,) if args.quick else (20.0, 60.0)) for k in kinds] + [(k, 120.0, 5.0) for k in kinds]
+    if args.smoke:
+        plan = [("stall", 3.0, 90.0), ("refuse", 120.0, 5.0)]
     rows: list[dict[str, Any]] = []
     with _S3() as s3:
         endpoint, options = s3.start()
@@ -186,14 +194,14 @@ def lease_races(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
 
     from bench._lease_race import race
 
-    n = 50 if args.quick else 200
+    n = 10 if args.smoke else 50 if args.quick else 200
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rft-lease-") as tmp, _S3() as s3:
         _, options = s3.start()
         bucket = f"lease-{uuid.uuid4().hex[:8]}"
         s3fs.S3FileSystem(skip_instance_cache=True, **options).mkdir(bucket)
         for storage, url, opts, rounds, procs, slow_s in (
-            ("local", tmp + "/fast", {}, 200, 4, 0.0),
+            ("local", tmp + "/fast", {}, 20 if args.smoke else 200, 4, 0.0),
             ("local, writes up to 0.3 s late", tmp + "/slow", {}, n, 4, 0.3),
             ("s3 (moto)", f"s3://{bucket}/race", options, n, 3, 0.0),
         ):
@@ -307,11 +315,13 @@ SECTIONS: list[tuple[str, Section]] = [
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="CI size: bad inputs that start no engine, one kill trial")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="CI size: bad inputs that start no engine, one kill trial")
+    size.add_argument("--smoke", action="store_true", help="seconds: a bad input per area, no kill trial, one short outage each way, 10-20 lease races")
     ap.add_argument("--trials-per-mode", type=int, default=5, help="kill trials per mode (without --quick)")
     ap.add_argument("--seed", type=int, default=13, help="seed of the kill points, scopes and delays")
     args = ap.parse_args(argv)
-    result: dict[str, Any] = {"quick": args.quick}
+    result: dict[str, Any] = {"quick": args.quick, "smoke": args.smoke}
     for title, section in SECTIONS:
         rows, summary = section(args)
         print_table(rows, title=f"{title}: {summary}")

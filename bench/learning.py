@@ -1,6 +1,9 @@
 """Benchmark of learning per wall-clock second: the four sync modes train the same model to the same step.
 
-    python -m bench.learning [--quick] [--steps N] [--seeds 0,1,2] [--model DIR] [--png FILE]
+    python -m bench.learning [--quick | --smoke] [--steps N] [--seeds 0,1,2] [--model DIR] [--png FILE]
+
+--smoke (CI smoke test) is the same path at the smallest size: a warm start of 10 SFT steps, 3 trainer
+steps per mode, seed 0; its figures say nothing about the modes.
 
 Workload: the demo's task and model. The arithmetic warm start (`rft warmstart`, built here unless
 --model names one: tiny Qwen2, ~0.3M parameters) trains with GRPO on `a+b=` problems; each mode runs
@@ -40,6 +43,7 @@ if __name__ == "__main__":
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MODES = ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
+SMOKE_WARMSTART_STEPS = 10
 
 
 def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int) -> dict:
@@ -144,14 +148,16 @@ def summarize(rows: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="CI size: 2 seeds, 12 trainer steps")
-    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 60, 12 with --quick)")
-    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="CI size: 2 seeds, 12 trainer steps")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: 1 seed, 3 trainer steps, a 10-step warm start")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 60, 12 with --quick, 3 with --smoke)")
+    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick; 0 with --smoke)")
     ap.add_argument("--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)")
     ap.add_argument("--png", default="runs/bench-learning.png", help="where to write the reward / wall-clock figure")
     a = ap.parse_args()
-    steps = a.steps or (12 if a.quick else 60)
-    seeds = [int(s) for s in (a.seeds or ("0,1" if a.quick else "0,1,2")).split(",")]
+    steps = a.steps or (3 if a.smoke else 12 if a.quick else 60)
+    seeds = [int(s) for s in (a.seeds or ("0" if a.smoke else "0,1" if a.quick else "0,1,2")).split(",")]
 
     from prefect.testing.utilities import prefect_test_harness
 
@@ -164,7 +170,7 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="bench-learning-")
     model = a.model or f"{root}/tiny-arith-sft"
     if a.model is None:
-        warmstart([model])
+        warmstart([model] + (["--steps", str(SMOKE_WARMSTART_STEPS)] if a.smoke else []))
     start = evaluate_dir(model)
     tasks = f"{root}/arith-train.jsonl"
     write_arithmetic_taskset(tasks, n=2000, seed=1)

@@ -1,6 +1,8 @@
 """Benchmark of the four sync modes on one workload: step time, busy fractions, measured/ideal.
 
-    python -m bench.modes [--quick] [--synthetic] [--placements local,deployments]
+    python -m bench.modes [--quick | --smoke] [--synthetic] [--placements local,deployments]
+
+--quick runs 6 trainer steps per mode instead of 12; --smoke (CI smoke test) runs 3.
 
 Each mode runs as a real Prefect flow (ephemeral server, buffer on local disk, control board,
 timeline). Without --synthetic the explorer is the vLLM engine and the trainer DeepSpeed on the
@@ -150,7 +152,9 @@ def run_with_roles_on_a_worker(names: list[str], model: str, tasks: str, root: s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer steps")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: the fewest steps that have a steady state")
     ap.add_argument("--synthetic", action="store_true", help="cost model instead of vLLM/DeepSpeed (measures the orchestration alone)")
     ap.add_argument("--rollout-s", type=float, default=0.6, help="synthetic rollout time R")
     ap.add_argument("--train-s", type=float, default=0.6, help="synthetic train time T")
@@ -167,7 +171,7 @@ def main() -> None:
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
 
-    steps = 6 if a.quick else 12
+    steps = 3 if a.smoke else 6 if a.quick else 12
     root = tempfile.mkdtemp(prefix="bench-modes-")
     model = str(make_tiny_model(f"{root}/model"))
     tasks = f"{root}/tasks.jsonl"

@@ -2,6 +2,7 @@
 
     python -m bench.ops --quick     # one measured run (after the warm-up run)
     python -m bench.ops             # three measured runs, medians
+    python -m bench.ops --smoke     # CI smoke test: one measured run, no warm-up run (a cold worker and cold caches)
 
 Against a real `prefect server start` on loopback and a real process worker (tests/prefect_live.py),
 with the project's deployments (`prefect deploy --all`, prefect.yaml): the `synchronous/synchronous`
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -52,10 +54,17 @@ def _state_times(live: Any, run_id: str) -> dict[str, float]:
     return out
 
 
+def _started_at(pid: int) -> float:
+    """When process `pid` started, in time.time() seconds, to the clock tick (10 ms). Not psutil's
+    create_time: it adds the boot time as /proc/stat gives it, in whole seconds, so it was up to 1 s
+    early here (0.98 s: a negative worker_pickup)."""
+    with open(f"/proc/{pid}/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+    return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> dict[str, float]:
     """One run started over REST; its timeline split into COMPONENTS (seconds)."""
-    import psutil
-
     from rl_engine.timeline import load_spans
     from tests.prefect_live import wait_flow_run
 
@@ -68,8 +77,8 @@ def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> d
     while spawned is None and time.monotonic() < deadline:  # the flow process's start, while it runs
         for marker in storage.glob("*/control/role-explorer-0.json"):
             try:
-                spawned = psutil.Process(json.loads(marker.read_text())["pid"]).create_time()
-            except (ValueError, KeyError, psutil.NoSuchProcess):  # half-written marker, or already gone
+                spawned = _started_at(json.loads(marker.read_text())["pid"])
+            except (ValueError, KeyError, OSError):  # half-written marker, or already gone
                 pass
         if live.flow_run(run_id)["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
             break
@@ -118,22 +127,25 @@ def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.ops", description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one measured run instead of three")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="one measured run instead of three")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: one measured run and no warm-up run")
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rft-bench-ops-") as tmp:
         root = Path(tmp)
         live, worker, dep, stop = setup(root)
         try:
-            t0 = time.monotonic()
-            warm = measure(live, worker, dep["id"], root / "runs-warmup", steps=1)
-            print(f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s")
-            for i in range(1 if args.quick else 3):
+            if not args.smoke:
+                t0 = time.monotonic()
+                warm = measure(live, worker, dep["id"], root / "runs-warmup", steps=1)
+                print(f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s")
+            for i in range(1 if args.quick or args.smoke else 3):
                 rows.append({"run": i + 1, **measure(live, worker, dep["id"], root / f"runs-{i}", steps=1)})
         finally:
             for s in stop:
                 s.stop()
-    print_table([{k.removesuffix("_s"): v for k, v in r.items()} for r in rows], title="API call -> first rollout, seconds (warm worker, synchronous deployment, tiny model)")
+    print_table([{k.removesuffix("_s"): v for k, v in r.items()} for r in rows], title=f"API call -> first rollout, seconds ({'cold' if args.smoke else 'warm'} worker, synchronous deployment, tiny model)")
     keys = [f"{c}_s" for c in COMPONENTS] + ["api_to_first_rollout_s"]
     emit_json({k: round(statistics.median(r[k] for r in rows), 3) for k in keys} | {"runs": len(rows)})
     return 0

@@ -1,6 +1,10 @@
 """Benchmark of partial rollouts: the same trainer steps on the long-tail countdown task with them off and on.
 
-    python -m bench.partial [--quick] [--steps N] [--seeds 0,1,2] [--model DIR]
+    python -m bench.partial [--quick | --smoke] [--steps N] [--seeds 0,1,2] [--model DIR]
+
+--smoke (CI smoke test) is the same path at the smallest size: a warm start of 10 SFT steps, answers
+cut at 32 tokens in 16-token segments (so the pipeline fills in 2 steps), 5 trainer steps, seed 0;
+its figures say nothing about partial rollouts.
 
 Workload: configs/partial.yaml (one-step off-policy; 8 tasks x 8 rollouts per step; countdown
 "n..1=" with P(n) ~ 1/n on 1..40, answers of up to 111 tokens) on the countdown warm start
@@ -48,6 +52,20 @@ if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "partial.yaml"
+# --smoke: short answers in two segments, so the pipeline fills in 2 steps and a run needs 5.
+SMOKE = {"sampling": {"max_tokens": 32}, "partial": {"segment_max_tokens": 16, "max_response_tokens": 32}}
+SMOKE_WARMSTART_STEPS = 10
+
+
+def load_config(smoke: bool = False) -> dict:
+    """configs/partial.yaml, with --smoke's smaller response budget."""
+    import yaml
+
+    data = yaml.safe_load(CONFIG.read_text())
+    if smoke:
+        for section, values in SMOKE.items():
+            data["explorer"][section].update(values)
+    return data
 
 
 def fill_steps(partial: dict) -> int:
@@ -56,10 +74,8 @@ def fill_steps(partial: dict) -> int:
     return -(-partial["max_response_tokens"] // partial["segment_max_tokens"])
 
 
-def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: bool) -> dict:
+def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: bool, smoke: bool = False) -> dict:
     """One real flow run of configs/partial.yaml; its steady-state figures."""
-    import yaml
-
     from bench.modes import busy_fraction, steady_state
     from flows.run import run_config
     from rl_engine.config import validate_config
@@ -68,7 +84,7 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     from rl_engine.timeline import load_spans, startup_end
     from rl_engine.warmstart import evaluate_dir
 
-    data = yaml.safe_load(CONFIG.read_text())
+    data = load_config(smoke)
     data.update(seed=seed, name=f"bench-partial-{'on' if partial else 'off'}-s{seed}")
     data["model"]["path"], data["taskset"]["path"] = model, tasks
     data["buffer"] = {"storage": {"url": root}}
@@ -148,15 +164,16 @@ def isolated_step_s(run_url: str, steps: int, skip: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="CI size: 1 seed, 12 trainer steps")
-    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 24, 12 with --quick)")
-    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0 with --quick)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="CI size: 1 seed, 12 trainer steps")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: 1 seed, 5 trainer steps, short answers, a 10-step warm start")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 24, 12 with --quick, 5 with --smoke)")
+    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0 with --quick or --smoke)")
     ap.add_argument("--model", default=None, help="a countdown warm start to use (default: build one, `rft warmstart --task countdown`, seed 0)")
     a = ap.parse_args()
-    steps = a.steps or (12 if a.quick else 24)
-    seeds = [int(s) for s in (a.seeds or ("0" if a.quick else "0,1,2")).split(",")]
+    steps = a.steps or (5 if a.smoke else 12 if a.quick else 24)
+    seeds = [int(s) for s in (a.seeds or ("0" if a.quick or a.smoke else "0,1,2")).split(",")]
 
-    import yaml
     from prefect.testing.utilities import prefect_test_harness
 
     from bench._report import emit_json, print_table
@@ -169,7 +186,7 @@ def main() -> None:
     if model is None:
         model = f"{root}/tiny-countdown-sft"
         d = {**DEFAULTS, **COUNTDOWN}
-        warmstart(model, d["steps"], d["batch_size"], d["lr"], d["warmup_steps"], seed=0, max_operand=d["max_operand"], threads=2, task="countdown")
+        warmstart(model, SMOKE_WARMSTART_STEPS if a.smoke else d["steps"], d["batch_size"], d["lr"], d["warmup_steps"], seed=0, max_operand=d["max_operand"], threads=2, task="countdown")
     start = evaluate_dir(model, task="countdown")
     tasks = write_countdown_taskset(f"{root}/countdown.jsonl", n=2000, seed=0)
     os.environ["RFT_KEEP_ENGINES"] = "1"  # off and on of a seed share one warm engine
@@ -177,10 +194,10 @@ def main() -> None:
     with prefect_test_harness(server_startup_timeout=120):
         for seed in seeds:
             for partial in (False, True):
-                rows.append(run_one(model, tasks, f"{root}/runs", steps, seed, partial))
+                rows.append(run_one(model, tasks, f"{root}/runs", steps, seed, partial, a.smoke))
     # The first seed's two settings again with the explorer alone on the machine (no trainer beside it):
     # what partial rollouts gain on this CPU when nothing competes for the cores.
-    fill = fill_steps(yaml.safe_load(CONFIG.read_text())["explorer"]["partial"])
+    fill = fill_steps(load_config(a.smoke)["explorer"]["partial"])
     alone = {s: isolated_step_s(f"{root}/runs/bench-partial-{s}-s{seeds[0]}", steps, fill) for s in ("off", "on")}
     ENGINES.close_all()  # their shutdown logs would follow the JSON line
     print_table(

@@ -8,6 +8,7 @@ between the two to spread out noise from other processes.
 
     python -m bench.rollout            # 64 prompts x 4 samples x 64 tokens, 5 rounds
     python -m bench.rollout --quick    # 16 prompts, 3 rounds
+    python -m bench.rollout --smoke    # CI smoke test: 4 prompts x 2 samples x 8 tokens, 1 round (the engine start dominates)
 
 Prints a table, then one JSON line with `rollout_over_raw` (tokens/s of ours over vLLM's).
 """
@@ -31,11 +32,13 @@ def _prompts(num: int, seed: int) -> list[list[int]]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer prompts and rounds")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="fewer prompts and rounds")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: the fewest prompts, samples, tokens and rounds")
     ap.add_argument("--hidden", type=int, default=256, help="hidden size of the tiny model")
     ap.add_argument("--layers", type=int, default=4, help="layers of the tiny model")
     a = ap.parse_args(argv)
-    num_prompts, rounds, n, max_tokens = (16, 3, 4, 64) if a.quick else (64, 5, 4, 64)
+    num_prompts, rounds, n, max_tokens = (4, 1, 2, 8) if a.smoke else (16, 3, 4, 64) if a.quick else (64, 5, 4, 64)
 
     from vllm.inputs import TokensPrompt
 
@@ -83,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         {
             "bench": "rollout",
             "quick": a.quick,
+            "smoke": a.smoke,
             "rollout_tokens_per_s": round(statistics.median(tps["rollout engine"]), 1),
             "raw_tokens_per_s": round(statistics.median(tps["vLLM LLM.generate"]), 1),
             "rollout_over_raw": round(ratio, 4),

@@ -19,6 +19,7 @@ For models of ~0.3M, ~10M and ~100M parameters (tiny Qwen2 models built locally)
 
     python -m bench.sync            # all three sizes (a few minutes on 2 cores)
     python -m bench.sync --quick    # skips the 100M model
+    python -m bench.sync --smoke    # CI smoke test: the 0.3M model alone, one timed round
 
 Prints a table, then one JSON line with the figures of the largest size.
 
@@ -194,10 +195,14 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str) -> 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="skip the ~100M-parameter model")
-    ap.add_argument("--repeats", type=int, default=5, help="timed rounds per size (median reported)")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="skip the ~100M-parameter model")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: the ~0.3M-parameter model only, one timed round")
+    ap.add_argument("--repeats", type=int, default=None, help="timed rounds per size (median reported; default 5, 1 with --smoke)")
     a = ap.parse_args(argv)
-    sizes = {k: v for k, v in SIZES.items() if not (a.quick and k == "100M")}
+    if a.repeats is None:
+        a.repeats = 1 if a.smoke else 5
+    sizes = {"0.3M": SIZES["0.3M"]} if a.smoke else {k: v for k, v in SIZES.items() if not (a.quick and k == "100M")}
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as work:
         for name, (hidden, layers) in sizes.items():
@@ -205,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             print_table(rows[-1:], title=f"weight sync, {name} model (median of {a.repeats})")
     print_table(rows, title="weight sync into a live vLLM CPU engine (gloo, local disk); shared 2-core machine")
     largest = rows[-1]
-    emit_json({"bench": "sync", "quick": a.quick, "largest_model": largest["model"], **{k: round(v, 4) if isinstance(v, float) else v for k, v in largest.items() if k != "model"}})
+    emit_json({"bench": "sync", "quick": a.quick, "smoke": a.smoke, "largest_model": largest["model"], **{k: round(v, 4) if isinstance(v, float) else v for k, v in largest.items() if k != "model"}})
 
 
 if __name__ == "__main__":

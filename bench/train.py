@@ -7,6 +7,7 @@ in fp32). `ideal_ratio` = 1-rank step time / (2 x 2-rank step time): 1.0 is a li
 
     python -m bench.train            # ~10M-parameter model, batch 32 x 96 tokens, 5 timed steps
     python -m bench.train --quick    # the 0.3M model, batch 8, 3 timed steps
+    python -m bench.train --smoke    # CI smoke test: the 0.3M model, batch 8 x 32 tokens, 1 timed step
 
 Prints a table, then one JSON line. Reading the figures on a 2-core CPU machine: 1 rank trains
 with 2 intra-op threads, each of 2 ranks with 1, so both use the same two cores; what 2 ranks can
@@ -84,6 +85,7 @@ def worker(model_dir: str, rows: int, length: int, micro: int, steps: int, out: 
     cfg = _config(model_dir, rows, micro, threads=_threads(world))
     if int(os.environ["RANK"]) != 0:
         follow(DeepSpeedTrainer(cfg))
+        _leave_group()
         return
     trainer = build_trainer(cfg)
     batch = _batch(rows, length, trainer.pad_token_id)
@@ -97,8 +99,20 @@ def worker(model_dir: str, rows: int, length: int, micro: int, steps: int, out: 
             times.append(time.perf_counter() - t0)
             tokens += m["tokens"]
     trainer.close()
+    _leave_group()
     with open(os.path.join(out, "result.json"), "w") as f:
         json.dump({"step_s": sum(times) / len(times), "tokens_per_s": tokens / sum(times), "tokens_per_step": tokens / len(times)}, f)
+
+
+def _leave_group() -> None:
+    """Destroy the process group after the last collective, on every rank, while the interpreter is
+    whole: left to interpreter exit, gloo's threads can outlive it and abort the rank (SIGABRT,
+    "terminate called without an active exception", pytorch/pytorch#190489); a follower rank of
+    `--quick` died so once on a loaded 2-core machine."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _run(ranks: int, model_dir: str, rows: int, length: int, micro: int, steps: int, out: str) -> dict:
@@ -114,7 +128,9 @@ def _run(ranks: int, model_dir: str, rows: int, length: int, micro: int, steps: 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="CI-sized: the 0.3M model, batch 8, 3 timed steps")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="CI-sized: the 0.3M model, batch 8, 3 timed steps")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: the 0.3M model, batch 8 x 32 tokens, 1 timed step")
     p.add_argument("--worker", nargs=6, metavar=("MODEL", "ROWS", "LENGTH", "MICRO", "STEPS", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -124,7 +140,7 @@ def main() -> None:
 
     from rl_engine.tiny_model import make_tiny_model
 
-    hidden, layers, rows, length, micro, steps = (128, 2, 8, 48, 4, 3) if args.quick else (512, 4, 32, 96, 4, 5)
+    hidden, layers, rows, length, micro, steps = (128, 2, 8, 32, 4, 1) if args.smoke else (128, 2, 8, 48, 4, 3) if args.quick else (512, 4, 32, 96, 4, 5)
     work = tempfile.mkdtemp(prefix="bench-train-")
     try:
         model_dir = str(make_tiny_model(os.path.join(work, "model"), seed=0, hidden_size=hidden, num_layers=layers))

@@ -1,0 +1,238 @@
+"""Smoke tests of the benchmarks (issue 29): each `bench.<name>` runs its smallest path end to end.
+
+A benchmark that nothing runs breaks unseen (bench.modes --synthetic died on a Trainer protocol
+change). Each test runs one benchmark as `python -m bench.<name> --smoke` (bench.modes with
+--synthetic, bench.faults at --quick) from the repository root, in its own process group, with a
+deadline: a hang fails with the output so far. The last stdout line must be the JSON object the
+module's docstring describes, with its keys present and sane values. The figures themselves are not
+checked: a smoke run is too small to mean anything, and the machine is shared.
+
+Every test starts a server or an engine (moto, Prefect, vLLM, DeepSpeed), hence `slow`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODES = {"synchronous", "one_step_off_policy", "fully_async", "multi_explorer"}
+
+pytestmark = pytest.mark.slow
+
+
+def run_bench(module: str, *args: str, timeout_s: float, tmp_path: Path) -> dict[str, Any]:
+    """`python -m bench.<module> ARGS` from the repository root; its last stdout line, parsed as JSON.
+
+    Output goes to files, not pipes, so that a child that outlives the benchmark (an engine
+    process) cannot keep the read open; at the end the whole process group is killed.
+    """
+    out, err = tmp_path / f"{module}.stdout", tmp_path / f"{module}.stderr"
+    cmd = [sys.executable, "-m", f"bench.{module}", *args]
+    started = time.monotonic()
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=o, stderr=e, stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            rc: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # stragglers, or the whole benchmark on a timeout
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    seconds = time.monotonic() - started
+    stdout = out.read_text(errors="replace")
+    shown = "python " + " ".join(cmd[1:])
+    print(f"{shown}: {seconds:.1f} s, exit code {rc}")
+
+    def fail(why: str) -> None:
+        def tail(text: str) -> str:
+            return "\n".join(text.splitlines()[-60:])
+
+        pytest.fail(f"{shown}: {why}\n--- stdout (tail) ---\n{tail(stdout)}\n--- stderr (tail) ---\n{tail(err.read_text(errors='replace'))}", pytrace=False)
+
+    if rc is None:
+        fail(f"still running after {timeout_s:g} s: killed")
+    if rc != 0:
+        fail(f"exit code {rc} after {seconds:.0f} s")
+    lines = stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        result = None
+    if not isinstance(result, dict):
+        fail("its last stdout line is not a JSON object")
+    return result
+
+
+def has_keys(result: dict[str, Any], *keys: str) -> None:
+    missing = sorted(set(keys) - set(result))
+    assert not missing, f"JSON line lacks {missing}; it has {sorted(result)}"
+
+
+def number(x: Any) -> float:
+    assert isinstance(x, (int, float)) and not isinstance(x, bool), f"{x!r} is not a number"
+    assert math.isfinite(x), f"{x!r} is not finite"
+    return float(x)
+
+
+def positive(x: Any) -> None:
+    assert number(x) > 0, x
+
+
+def non_negative(x: Any) -> None:
+    assert number(x) >= 0, x
+
+
+def fraction(x: Any) -> None:
+    assert 0 <= number(x) <= 1, x
+
+
+def boolean(x: Any) -> None:
+    assert isinstance(x, bool), f"{x!r} is not a boolean"
+
+
+def count(x: Any) -> None:
+    assert isinstance(x, int) and not isinstance(x, bool) and x >= 0, f"{x!r} is not a count"
+
+
+def per(result: dict[str, Any], key: str, names: set[str], check) -> None:
+    """`result[key]` is {name: value} over exactly `names`, each value passing `check`."""
+    d = result[key]
+    assert isinstance(d, dict) and set(d) == names, f"{key}: {d!r} is not keyed by {sorted(names)}"
+    for v in d.values():
+        check(v)
+
+
+def test_buffer(tmp_path):
+    r = run_bench("buffer", "--smoke", timeout_s=180, tmp_path=tmp_path)
+    figures = ("write_ratio_vs_pyarrow", "read_ratio_vs_pyarrow", "batch_read_ms", "s3_write_ratio_vs_pyarrow", "s3_read_ratio_vs_pyarrow", "s3_batch_read_ms", "local_write_mb_s", "local_read_mb_s")
+    polling = ("poll_s_at_10k_over_10", "batch_read_s_at_10k_over_10", "poll_ms_at_10k", "full_listing_ms_at_10k")  # {"local", "s3"} each
+    has_keys(r, "commits", *figures, *polling)
+    for k in figures:
+        positive(r[k])
+    for k in polling:
+        per(r, k, {"local", "s3"}, positive)
+    assert r["commits"] == 100 and r["n"] == 256 and r["repeat"] == 1
+
+
+def test_rollout(tmp_path):
+    r = run_bench("rollout", "--smoke", timeout_s=300, tmp_path=tmp_path)
+    has_keys(r, "rollout_over_raw", "rollout_tokens_per_s", "raw_tokens_per_s")
+    for k in ("rollout_over_raw", "rollout_tokens_per_s", "raw_tokens_per_s"):
+        positive(r[k])
+    assert r["smoke"] is True
+
+
+def test_sync(tmp_path):
+    r = run_bench("sync", "--smoke", timeout_s=300, tmp_path=tmp_path)
+    assert r["smoke"] is True and r["largest_model"] == "0.3M"
+    times = ("collective_s", "raw_broadcast_s", "reload_s", "reload_pack_s", "reload_copy_s", "engine_load_s", "checkpoint_s", "raw_io_s")
+    ratios = ("collective_over_raw", "bound_over_raw", "checkpoint_over_raw")
+    has_keys(r, "params_M", "MB", "reload_other_s", *times, *ratios)
+    for k in ("params_M", "MB", *times, *ratios):
+        positive(r[k])
+    number(r["reload_other_s"])
+    assert r["bound_over_raw"] >= 1  # the bound is at least the raw broadcast itself
+
+
+def test_modes_synthetic(tmp_path):
+    r = run_bench("modes", "--smoke", "--synthetic", timeout_s=300, tmp_path=tmp_path)
+    has_keys(r, "workload", "steps", "efficiency", "step_s", "first_step_over_steady", "engine_start_s", "orchestration_overhead")
+    assert r["workload"] == "synthetic" and r["steps"] == 3
+    per(r, "efficiency", MODES, positive)
+    per(r, "step_s", MODES, positive)
+    per(r, "first_step_over_steady", MODES, positive)
+    per(r, "engine_start_s", MODES, non_negative)
+    fraction(r["orchestration_overhead"])
+
+
+def test_train(tmp_path):
+    r = run_bench("train", "--smoke", timeout_s=300, tmp_path=tmp_path)
+    has_keys(r, "params", "step_s_1rank", "step_s_2rank", "tokens_per_s_1rank", "tokens_per_s_2rank", "ideal_ratio", "update_max_abs_diff")
+    count(r["params"])
+    for k in ("step_s_1rank", "step_s_2rank", "tokens_per_s_1rank", "tokens_per_s_2rank", "ideal_ratio"):
+        positive(r[k])
+    assert 0 <= number(r["update_max_abs_diff"]) <= 1e-5  # 2 ranks give 1 rank's update (fp32)
+
+
+def test_partial(tmp_path):
+    r = run_bench("partial", "--smoke", timeout_s=540, tmp_path=tmp_path)
+    has_keys(r, "steps", "seeds", "step_time_speedup", "trainer_step_speedup", "wall_speedup", "reward_start", "reward_off", "reward_on", "reward_spread", "reward_on_range", "reward_gap", "reward_on_within_spread", "alone_step_s", "alone_speedup")
+    assert r["steps"] == 5 and r["seeds"] == [0]
+    for k in ("step_time_speedup", "trainer_step_speedup", "wall_speedup", "alone_speedup"):
+        positive(r[k])
+    for k in ("reward_start", "reward_off", "reward_on"):
+        fraction(r[k])
+    assert r["reward_spread"] == 0 and r["reward_on_within_spread"] is None  # one seed
+    assert number(r["reward_gap"]) == pytest.approx(r["reward_on"] - r["reward_off"], abs=2e-4)
+    per(r, "alone_step_s", {"off", "on"}, positive)
+    for k in ("explorer_step_s", "trainer_step_s", "tokens_per_s", "wall_s"):
+        per(r, k, {"off", "on"}, positive)
+    per(r, "trainer_idle", {"off", "on"}, fraction)
+    per(r, "version_gap", {"off", "on"}, non_negative)
+    per(r, "batch_reward_last", {"off", "on"}, number)
+
+
+def test_learning(tmp_path):
+    png = tmp_path / "learning.png"
+    r = run_bench("learning", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path)
+    has_keys(r, "steps", "seeds", "reward_start", "png", "bench_s", "wall_s", "speedup_vs_sync", "final_reward", "final_reward_spread", "reward_within_spread", "wasted_fraction", "trainer_busy", "explorer_busy")
+    assert r["steps"] == 3 and r["seeds"] == [0] and png.stat().st_size > 0
+    fraction(r["reward_start"])
+    positive(r["bench_s"])
+    per(r, "wall_s", MODES, positive)
+    per(r, "speedup_vs_sync", MODES, positive)
+    assert r["speedup_vs_sync"]["synchronous"] == 1
+    per(r, "final_reward", MODES, fraction)
+    per(r, "final_reward_spread", MODES, non_negative)
+    assert set(r["final_reward_spread"].values()) == {0}  # one seed
+    per(r, "reward_within_spread", MODES, boolean)
+    for k in ("wasted_fraction", "trainer_busy", "explorer_busy"):
+        per(r, k, MODES, fraction)
+
+
+def test_ops(tmp_path):
+    r = run_bench("ops", "--smoke", timeout_s=540, tmp_path=tmp_path)
+    parts = ("api_call_s", "worker_pickup_s", "process_spawn_s", "flow_import_s", "run_setup_s", "engine_start_s", "to_rollout_s")
+    has_keys(r, "api_to_first_rollout_s", "runs", *parts)
+    assert r["runs"] == 1
+    for k in parts:
+        if k != "worker_pickup_s":
+            non_negative(r[k])
+    # The worker may take the run before the POST that created it has returned, not before it was sent
+    # (the process's start time is read to the clock tick, 10 ms).
+    assert number(r["worker_pickup_s"]) >= -r["api_call_s"] - 0.02
+    positive(r["api_to_first_rollout_s"])
+    assert sum(r[k] for k in parts) == pytest.approx(r["api_to_first_rollout_s"], abs=0.01)  # one run: its parts add up
+
+
+def test_faults(tmp_path):
+    r = run_bench("faults", "--smoke", timeout_s=300, tmp_path=tmp_path)
+    counts = (
+        "bad_inputs", "bad_inputs_clear", "bad_inputs_fixed",
+        "kill_trials", "kills", "kill_errors", "kill_lost", "lost", "kill_untrained", "duplicated", "kill_trained_twice",
+        "kill_survivors", "orphans", "kill_resume_failed", "kill_order_breaks", "kill_schedule_breaks",
+        "outage_within_limit_failed", "outage_past_limit_clear", "outage_lost", "outage_duplicated", "outage_not_whole",
+        "repeat_rows", "repeat_late", "lease_races", "lease_double_wins", "lease_no_wins",
+        "retention_cases", "retention_wrongly_deleted", "retention_kept_extra",
+    )  # fmt: skip
+    has_keys(r, "outage_seconds_survived", *counts)
+    for k in counts:
+        count(r[k])
+    non_negative(r["outage_seconds_survived"])
+    assert r["bad_inputs"] > 0 and r["bad_inputs_clear"] <= r["bad_inputs"] and r["bad_inputs_fixed"] <= r["bad_inputs"]
+    assert r["kills"] == r["kill_trials"] and r["lost"] == r["kill_lost"] and r["orphans"] == r["kill_survivors"]
+    for k in ("lost", "duplicated", "outage_lost", "outage_duplicated", "outage_not_whole", "repeat_late", "lease_double_wins", "retention_wrongly_deleted"):
+        assert r[k] == 0, f"{k} = {r[k]}"
