@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> None:
 
         run = open_run(args.run_url, json.loads(args.storage_options))
         follow(DeepSpeedTrainer(run.cfg), run.storage_options)
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # left to interpreter exit, gloo's threads can abort the rank (pytorch/pytorch#190489)
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
