@@ -85,6 +85,7 @@ class Learner:
             self.resumed_from = t
         self.published = -1
         self._sending: threading.Thread | None = None
+        self._skipped: int | None = None  # a decoupled publish skipped while a send was in flight
         self._send_error: tuple[int, BaseException] | None = None
         self._post()
         self.sender = build_weight_sender(cfg, self.board)
@@ -104,6 +105,14 @@ class Learner:
         if self._lost_rows() != self._posted_lost:
             self._post()
 
+    def _while_waiting(self, stop: StopSignal | None) -> None:
+        """The trainer waits for a batch: post rows dropped meanwhile, and publish the version whose
+        publish was skipped while an earlier send was in flight, once that send is done (the
+        explorers may need it to start the very batch the trainer waits for: admission control)."""
+        self._post_lost()
+        if self._skipped == self.version and stop is not None and (self._sending is None or not self._sending.is_alive()):
+            self.publish(self.version, stop, wait_for_explorers=False)
+
     @property
     def version(self) -> int:
         return self.trainer.version
@@ -117,7 +126,7 @@ class Learner:
         started = time.time()
         with self.timeline.span("wait", step=t, version=self.version):
             # max_staleness is only ever set in the decoupled modes (the config rejects it elsewhere).
-            batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, cfg.synchronizer.max_staleness, stop=stop, on_wait=self._post_lost)
+            batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, cfg.synchronizer.max_staleness, stop=stop, on_wait=lambda: self._while_waiting(stop))
         waited = time.time() - started
         staleness = self.version - batch.min_versions()  # [B] versions behind at training time
         self.fence.check()  # a trainer whose driver lost the run's lease publishes no new version
@@ -198,12 +207,16 @@ class Learner:
                 self.sender.wait_loaded(version, stop)
         elif self._sending is None or not self._sending.is_alive():
             # Decoupled: train on while a snapshot waits for the explorers to take it between their steps.
+            self._skipped = None
             snapshot = host_snapshot(self.trainer.named_weights())
             self._announce(version)
             self._sending = threading.Thread(target=self._send_in_background, args=(snapshot, version, stop), name=f"send-v{version}", daemon=True)
             self._sending.start()
-        # else: the explorers have not taken the previous version yet; skip this one rather than
-        # make the trainer wait (they get a newer one later).
+        else:
+            # The explorers have not taken the previous version yet: skip this one rather than make
+            # the trainer wait; it goes out once that send is done if the trainer is still at it
+            # then, waiting for a batch (_while_waiting), else at the next publish.
+            self._skipped = version
         return time.time() - started
 
     def finish(self) -> None:
