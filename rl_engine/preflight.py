@@ -157,9 +157,9 @@ def check_not_complete(resume: str, saved: RFTConfig) -> None:
     saved and whose report is written has nothing left to do: resuming it would start every engine for
     nothing. (Killed before its report, it still resumes: the report and the lineage's record follow.)"""
     from rl_engine.learner import latest_state_step
-    from rl_engine.run import open_run
+    from rl_engine.run import RunContext
 
-    run = open_run(resume, saved.buffer.storage.fs_options())
+    run = RunContext(saved, resume.rstrip("/"))  # `saved` was read from it already (check_resume, open_run)
     step = latest_state_step(run)
     if step is None or step < saved.trainer.total_steps:
         return

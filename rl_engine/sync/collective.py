@@ -142,11 +142,10 @@ class CollectiveSender:
                 for i in range(self.num_explorers):
                     what = f"explorer {i} to join the weight-sync group on {self.c.host}:{port}"
                     self.board.wait(group_key(i), lambda m: m.get("port") == port, what=what, timeout_s=self.c.timeout_s, stop=stop)
-            except WaitTimeout as e:
+            except BaseException as e:
                 sock.close()
-                raise SyncError(self._not_formed(port, e)) from e
-            except BaseException:
-                sock.close()
+                if isinstance(e, WaitTimeout):
+                    raise SyncError(self._not_formed(port, e)) from e
                 raise
             try:
                 self._pg = init_group(self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, listen_socket=sock)
