@@ -142,8 +142,10 @@ def test_worker_killed_during_collective_rpc_fails_it(doomed_engine):
 def test_close_returns_while_a_call_is_stuck_on_a_dead_engine(doomed_engine, monkeypatch):
     """The hang of issue 13: close() waited for a generate stuck on a SIGKILLed EngineCore.
 
-    Waking vLLM's pending calls is switched off here, so vLLM's generate really stays blocked
-    on the dead engine: both close() and the caller must still return within their bounds.
+    Waking vLLM's pending calls is switched off here, and vLLM's generate is handed an outputs
+    queue nothing writes to (vLLM's output thread sometimes forwards a socket error on shutdown,
+    which would wake it: 1 CI run in ~10), so it really stays blocked on the dead engine: both
+    close() and the caller must still return within their bounds.
     """
     eng = doomed_engine
     client = eng.llm.llm_engine.engine_core
@@ -151,6 +153,7 @@ def test_close_returns_while_a_call_is_stuck_on_a_dead_engine(doomed_engine, mon
     monkeypatch.setattr(engine_mod, "_wake_pending_calls", lambda client: None)
     try:
         call = _in_flight(eng, "generate")
+        client.outputs_queue = queue.Queue()  # vLLM's output thread keeps writing to the old one
         os.kill(_core(eng).pid, signal.SIGKILL)
         closer = _Call(eng.close, name="test-close")  # at once: the generate still holds the call lock
         started = time.monotonic()
@@ -163,7 +166,7 @@ def test_close_returns_while_a_call_is_stuck_on_a_dead_engine(doomed_engine, mon
         assert stuck, "vLLM's generate was not stuck after all: this test proves nothing"
     finally:
         monkeypatch.undo()
-        wake(client)  # release the helper thread left blocked in vLLM
+        wake(client)  # release the helper thread left blocked in vLLM (it reads the new queue)
 
 
 _OWNER = """
