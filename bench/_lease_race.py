@@ -39,7 +39,7 @@ def _racer(url: str, storage_options: dict[str, Any], rounds: int, slow_s: float
     import os
 
     from rl_engine.errors import UserError
-    from rl_engine.lease import RunLease
+    from rl_engine.run.lease import RunLease
 
     if slow_s:
         slow_local_writes(slow_s, os.getpid())

@@ -105,8 +105,8 @@ class CostModelTrainer:
 def install(rollout_s: float, train_s: float, sync_s: float) -> None:
     """Swap the engine and trainer factories of this process for the cost model (refused if the
     cost model no longer implements the protocols the roles call)."""
-    import rl_engine.explorer
-    import rl_engine.learner
+    import rl_engine.roles.explorer
+    import rl_engine.roles.trainer
     from rl_engine.conformance import mismatches
     from rl_engine.rollout.engine import RolloutEngine
     from rl_engine.trainer import Trainer
@@ -114,5 +114,5 @@ def install(rollout_s: float, train_s: float, sync_s: float) -> None:
     if problems := mismatches(CostModelEngine, RolloutEngine) + mismatches(CostModelTrainer, Trainer):
         raise TypeError("bench.cost_model is behind the protocols: " + "; ".join(problems))
 
-    rl_engine.explorer.build_rollout_engine = lambda cfg, i=0: CostModelEngine(cfg, i, rollout_s, sync_s)
-    rl_engine.learner.build_trainer = lambda cfg: CostModelTrainer(cfg, train_s)
+    rl_engine.roles.explorer.build_rollout_engine = lambda cfg, i=0: CostModelEngine(cfg, i, rollout_s, sync_s)
+    rl_engine.roles.trainer.build_trainer = lambda cfg: CostModelTrainer(cfg, train_s)

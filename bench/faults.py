@@ -214,15 +214,15 @@ def lease_races(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
 
 def retention(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """A run saving trainer states at steps 5, 10, ..., 40, pruned after each save as the trainer
-    does (rl_engine/retention.py): after every save the newest `keep_last_states` (all of them
+    does (rl_engine/run/retention.py): after every save the newest `keep_last_states` (all of them
     while there are fewer) must be there, and nothing else, on local disk and on S3."""
     import uuid
 
     import s3fs
 
-    from rl_engine import retention as ret
+    from rl_engine.run import retention as ret
     from rl_engine.config import validate_config
-    from rl_engine.run import RunContext
+    from rl_engine.run.context import RunContext
     from rl_engine.storage import join
 
     rows: list[dict[str, Any]] = []
@@ -261,7 +261,7 @@ def late_repeats(run: Any) -> tuple[int, int]:
     import pyarrow.ipc as ipc
 
     from rl_engine.buffer.stats import committed_files
-    from rl_engine.partial import repeat_cut
+    from rl_engine.roles.partial import repeat_cut
 
     p = run.cfg.explorer.partial
     fs, _ = run.fs()

@@ -51,11 +51,11 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int)
     import yaml
 
     from bench.modes import busy_fraction
-    from flows.run import run_config
+    from cli.run import run_config
     from rl_engine.config import validate_config
-    from rl_engine.report import load_metrics
-    from rl_engine.run import open_run
-    from rl_engine.timeline import load_spans, startup_end
+    from rl_engine.run.report import load_metrics
+    from rl_engine.run.context import open_run
+    from rl_engine.run.timeline import load_spans, startup_end
     from rl_engine.warmstart import evaluate_dir
 
     data = yaml.safe_load((CONFIGS / f"{mode}.yaml").read_text())
@@ -162,7 +162,7 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from bench._report import emit_json, print_table
-    from rl_engine.explorer import ENGINES
+    from rl_engine.roles.explorer import ENGINES
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.warmstart import evaluate_dir
     from rl_engine.warmstart import main as warmstart

@@ -38,7 +38,7 @@ import tempfile
 import time
 from statistics import mean
 
-from rl_engine.timeline import STARTUP
+from rl_engine.run.timeline import STARTUP
 
 if __name__ == "__main__":
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -79,9 +79,9 @@ def first_step_over_steady(spans: list) -> float:
 
 
 def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool, placement: str = "local") -> dict:
-    from flows.run import run_config
+    from cli.run import run_config
     from rl_engine.config import validate_config
-    from rl_engine.timeline import load_spans, startup_end
+    from rl_engine.run.timeline import load_spans, startup_end
     from tests.flows.conftest import small_config
 
     spec = dict(MODES[name])

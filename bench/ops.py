@@ -9,7 +9,7 @@ with the project's deployments (`prefect deploy --all`, prefect.yaml): the `sync
 deployment gets a tiny test config (PATCHed, as a UI user edits it), one run warms the worker and
 the machine's caches, then each measured run is started with `POST /api/deployments/{id}/create_flow_run`
 (`set` overrides only) and timed until its explorer's first `rollout` span starts (the run's
-timeline, rl_engine/timeline.py). What that time is made of, on one clock (all on this host):
+timeline, rl_engine/run/timeline.py). What that time is made of, on one clock (all on this host):
 
     api_call        the POST until it returned (the run is SCHEDULED)
     worker_pickup   until the worker took the run (PENDING, or its process started if that came first;
@@ -65,7 +65,7 @@ def _started_at(pid: int) -> float:
 
 def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> dict[str, float]:
     """One run started over REST; its timeline split into COMPONENTS (seconds)."""
-    from rl_engine.timeline import load_spans
+    from rl_engine.run.timeline import load_spans
     from tests.prefect_live import wait_flow_run
 
     storage.mkdir(parents=True)

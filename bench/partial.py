@@ -77,11 +77,11 @@ def fill_steps(partial: dict) -> int:
 def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: bool, smoke: bool = False) -> dict:
     """One real flow run of configs/partial.yaml; its steady-state figures."""
     from bench.modes import busy_fraction, steady_state
-    from flows.run import run_config
+    from cli.run import run_config
     from rl_engine.config import validate_config
-    from rl_engine.report import load_metrics
-    from rl_engine.run import open_run
-    from rl_engine.timeline import load_spans, startup_end
+    from rl_engine.run.report import load_metrics
+    from rl_engine.run.context import open_run
+    from rl_engine.run.timeline import load_spans, startup_end
     from rl_engine.warmstart import evaluate_dir
 
     data = load_config(smoke)
@@ -133,10 +133,10 @@ def isolated_step_s(run_url: str, steps: int, skip: int) -> float:
     the machine: no trainer beside it, no buffer writes, the warm start's weights. The prefix
     cache is dropped before every step, as a weight sync does, so continuations re-prefill."""
     from rl_engine.buffer import ContinuationStore
-    from rl_engine.explorer import ENGINES, generate_experiences, partial_settings
-    from rl_engine.partial import PartialRollouts
+    from rl_engine.roles.explorer import ENGINES, generate_experiences, partial_settings
+    from rl_engine.roles.partial import PartialRollouts
     from rl_engine.rewards import TaskIterator, build_reward, load_taskset
-    from rl_engine.run import open_run
+    from rl_engine.run.context import open_run
 
     run = open_run(run_url)
     cfg = run.cfg
@@ -177,7 +177,7 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from bench._report import emit_json, print_table
-    from rl_engine.explorer import ENGINES
+    from rl_engine.roles.explorer import ENGINES
     from rl_engine.rewards import write_countdown_taskset
     from rl_engine.warmstart import COUNTDOWN, DEFAULTS, evaluate_dir, warmstart
 

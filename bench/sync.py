@@ -103,7 +103,7 @@ def _raw_io(weights: dict[str, torch.Tensor], d: str, buf: bytearray) -> float:
 
 def _round(engine, sender, receiver, ckpt_cfg, weights, sizes, version: int, work: str, io_buf: bytearray) -> dict[str, float]:
     """One timed round of every method on one engine; uses versions `version` and `version + 1`."""
-    from rl_engine.control import Board
+    from rl_engine.board import Board
     from rl_engine.sync import build_weight_receiver, build_weight_sender
 
     _timed(lambda: sender.prepare(version), lambda: receiver.prepare(version))  # the board handshake, not timed: the transfer and load are
@@ -139,7 +139,7 @@ def _profile_reload(engine, weights: dict[str, torch.Tensor], d: str) -> dict[st
 def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str) -> dict:
     from safetensors.torch import load_file
 
-    from rl_engine.control import Board
+    from rl_engine.board import Board
     from rl_engine.rollout.engine import build_rollout_engine
     from rl_engine.sync import build_weight_receiver, build_weight_sender
     from rl_engine.sync.buckets import pack_buckets

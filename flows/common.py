@@ -1,7 +1,7 @@
 """What every mode's flow does: apply the run's `set` overrides, start or resume the run, start
 its roles where the placement says, honour cancellation, publish the report (also when cancelled).
 
-The schedule itself lives in the roles (rl_engine/roles.py); a mode's flow only orchestrates.
+The schedule itself lives in the roles (rl_engine/roles/entry.py); a mode's flow only orchestrates.
 Every mode's flow takes the same parameters (`cfg`, `set`, `resume`), is named after its run
 (`flow_run_label`), and returns the run's summary as its result, stored as JSON.
 """
@@ -19,14 +19,14 @@ from prefect.logging import get_run_logger
 from prefect.states import Cancelled
 
 from rl_engine.config import RFTConfig, apply_overrides, validate_config
-from rl_engine.control import STOP_KEY, Board, request_stop
+from rl_engine.board import STOP_KEY, Board, request_stop
 from rl_engine.errors import UserError, hide_user_error_tracebacks
-from rl_engine.learner import latest_state_step
-from rl_engine.lineage import LineageRun
-from rl_engine.lineage import begin as begin_lineage
-from rl_engine.roles import post_start, roles_share_process
-from rl_engine.lease import RunLease
-from rl_engine.run import ResumePoint, RunContext, open_run, resume_point, start_run
+from rl_engine.roles.trainer import latest_state_step
+from rl_engine.run.lineage import LineageRun
+from rl_engine.run.lineage import begin as begin_lineage
+from rl_engine.roles.entry import post_start, roles_share_process
+from rl_engine.run.lease import RunLease
+from rl_engine.run.context import ResumePoint, RunContext, open_run, resume_point, start_run
 from tasks.buffer import remove_uncommitted_files
 from tasks.report import publish_report, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
@@ -163,7 +163,7 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
 def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str] | None = None) -> Any:
     """The body of every mode's flow: the schedule is the roles' business, the placement says where they run."""
     from flows.placement import run_deployments
-    from rl_engine.preflight import check_not_complete, check_reachable, preflight
+    from rl_engine.run.preflight import check_not_complete, check_reachable, preflight
 
     if resume is not None and overrides:
         raise UserError(f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings")

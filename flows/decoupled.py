@@ -4,7 +4,7 @@ Explorers and the trainer never rendezvous. The trainer publishes its weights ev
 `sync_interval` trainer steps; each explorer, between its steps, picks up the newest published
 version and waits only when `max_staleness` requires it. (c) is one explorer, (d) is
 `explorer.count` explorers writing to one buffer, each with its own id and step counter. The
-roles (rl_engine/roles.py) run as tasks of this flow run or as flow runs of their own
+roles (rl_engine/roles/entry.py) run as tasks of this flow run or as flow runs of their own
 deployments (`placement`).
 
     rft run configs/fully_async.yaml

@@ -19,9 +19,9 @@ from prefect.states import Cancelling
 
 from flows.common import Cancel
 from rl_engine.config import DeploymentsPlacement
-from rl_engine.control import STOP_KEY, Board, request_stop, silent_roles
-from rl_engine.roles import role_names
-from rl_engine.run import RunContext
+from rl_engine.board import STOP_KEY, Board, request_stop, silent_roles
+from rl_engine.roles.entry import role_names
+from rl_engine.run.context import RunContext
 
 POLL_S = 1.0
 GRACE_S = 30.0  # after a stop request, how long roles get to end on their own before they are cancelled

@@ -2,7 +2,7 @@
 
 The explorer syncs after explorer step e iff e > m and (e - m) % k == 0, receiving version
 e - m; the trainer, after a step t that sync delivers, sends it and waits for the load. Between
-sync points both roles run concurrently (rl_engine/roles.py), as tasks of this flow run or as
+sync points both roles run concurrently (rl_engine/roles/entry.py), as tasks of this flow run or as
 flow runs of their own deployments (`placement`).
 
     rft run configs/synchronous.yaml          # k=1, m=0

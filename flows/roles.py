@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow
 from prefect.states import Cancelled
 
-from rl_engine import roles
+from rl_engine.roles import entry as roles
 from tasks.continuations import explorer_step_done
 from tasks.report import trainer_step_done
 

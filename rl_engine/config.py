@@ -58,7 +58,7 @@ class ModelConfig(_Model):
                 f"model directory {v!r} does not exist; build one with `rft make-tiny-model {v}` "
                 f"(or `rft warmstart`) or point model.{info.field_name} at a local Hugging Face model directory"
             )
-        # A tokenizer directory needs only the tokenizer's files (rl_engine.preflight checks them).
+        # A tokenizer directory needs only the tokenizer's files (rl_engine.run.preflight checks them).
         if info.field_name == "path" and not (p / "config.json").is_file():
             raise ValueError(f"{v!r} has no config.json; model.path must be a Hugging Face model directory")
         return v
@@ -435,7 +435,7 @@ class MonitorConfig(_Model):
 
 
 class LineageConfig(_Model):
-    """Scheduled retraining: a series of runs under one name, each continuing from the last successful one (rl_engine/lineage.py)."""
+    """Scheduled retraining: a series of runs under one name, each continuing from the last successful one (rl_engine/run/lineage.py)."""
 
     name: str | None = Field(
         default=None,

@@ -7,7 +7,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from rl_engine.buffer.sweep import remove_uncommitted
-from rl_engine.run import RunContext
+from rl_engine.run.context import RunContext
 
 
 @task(cache_policy=NO_CACHE, task_run_name="remove-uncommitted")

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from rl_engine import roles
+from rl_engine.roles import entry as roles
 from tasks.continuations import explorer_step_done
 from tasks.report import trainer_step_done
 

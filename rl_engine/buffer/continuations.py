@@ -8,7 +8,7 @@ manifest is one atomic write, so after a crash the store holds either the old se
 ones. `save(batch, retire=ids)` adds a set and retires the ones it continues in one step, so a
 resumed set can never be resumed twice nor lost. `commit(sets, retire=..., state=...)` does the
 same for several sets of different kinds at once (`pending`: to be continued; `outbox`: a
-finished batch staged before its buffer commit, see rl_engine/partial.py) together with the
+finished batch staged before its buffer commit, see rl_engine/roles/partial.py) together with the
 owner's state (its task-stream position), which `state()` reads back.
 
 One store per explorer, used by one process at a time (the explorer that owns it); it is
@@ -133,7 +133,7 @@ class ContinuationStore:
 
     def carried_tasks(self) -> dict[str, dict[str, Any]]:
         """{task id: {task_id, prompt, answer, row}} of sets carried in from another run (the previous
-        run of a lineage, rl_engine/lineage.py), whose tasks this run's task set does not draw."""
+        run of a lineage, rl_engine/run/lineage.py), whose tasks this run's task set does not draw."""
         return dict(self._read_manifest().get("tasks", {}))
 
     def list(self) -> list[ContinuationEntry]:

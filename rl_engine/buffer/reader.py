@@ -62,7 +62,7 @@ import numpy as np
 from rl_engine.buffer import _files
 from rl_engine.buffer.cursor import ConsumedSet
 from rl_engine.config import BufferConfig
-from rl_engine.control import Stopped
+from rl_engine.board import Stopped
 from rl_engine.experience import ExperienceBatch
 from rl_engine.schedule import batch_number
 from rl_engine.storage import join, open_storage, poll_interval

@@ -34,7 +34,7 @@ from rl_engine.buffer import _files
 from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
 from rl_engine.buffer.cursor import list_cursor_steps, load_cursor
 from rl_engine.errors import UserError
-from rl_engine.partial import UNFINISHED
+from rl_engine.roles.partial import UNFINISHED
 from rl_engine.storage import join, open_storage
 
 
@@ -117,7 +117,7 @@ def continuations(run_url: str, storage_options: dict[str, Any] | None, last_ste
 
     `last_steps` is `last_committed(records)`. An outbox is `committed` at or below that step
     (a resume retires it), `staged` one above (a resume writes it as that step), `ahead` beyond
-    (a resume refuses: buffer and store disagree), as rl_engine/partial.py resumes.
+    (a resume refuses: buffer and store disagree), as rl_engine/roles/partial.py resumes.
     """
     out = []
     for i in store_explorer_ids(run_url, storage_options):

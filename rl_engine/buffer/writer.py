@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from rl_engine.buffer import _files
 from rl_engine.experience import ExperienceBatch
-from rl_engine.failpoints import failpoint
+from rl_engine.run.failpoints import failpoint
 from rl_engine.storage import join, open_storage
 
 
@@ -44,7 +44,7 @@ class BufferWriter:
 
     def __init__(self, run_url: str, storage_options: dict[str, Any] | None, explorer_id: int, *, fsync: bool = False, before_commit: Callable[[], None] | None = None):
         self.fs, self.root = open_storage(run_url, storage_options)
-        self.before_commit = before_commit  # raises to refuse the commit (rl_engine.lease.Fence.check: a writer whose driver lost the run's lease)
+        self.before_commit = before_commit  # raises to refuse the commit (rl_engine.run.lease.Fence.check: a writer whose driver lost the run's lease)
         self.explorer_id = int(explorer_id)
         self.fsync = fsync
         self._lock = threading.Lock()

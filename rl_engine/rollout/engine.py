@@ -25,7 +25,7 @@ engine's processes (EngineCore and workers) every `_POLL_S` s. Once one is gone 
 pending inside vLLM (so the helper returns too) and raises `EngineDiedError` naming the explorer
 and the process, within `_POLL_S + _WAKE_GRACE_S` s of the death even if vLLM never wakes.
 `close()` never waits for a call in flight. The engine processes also exit by themselves when
-the process that built the engine dies (see `rl_engine.rollout.worker_ext`).
+the process that built the engine dies (see `rl_engine.sync.worker_ext`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from rl_engine.errors import UserError
 
 log = logging.getLogger(__name__)
 
-WORKER_EXTENSION = "rl_engine.rollout.worker_ext.RFTWorkerExtension"
+WORKER_EXTENSION = "rl_engine.sync.worker_ext.RFTWorkerExtension"
 _GIB = 1 << 30
 _CPU_TOKEN_BUDGET = 4096  # vLLM's CPU default for max_num_batched_tokens
 # Env changes for one engine start are process-wide: serialise starts from several threads.
@@ -266,7 +266,7 @@ class VLLMRolloutEngine:
         from vllm import LLM
         from vllm.platforms import current_platform
 
-        from rl_engine.owner_watch import OWNER_PID_ENV
+        from rl_engine.run.owner_watch import OWNER_PID_ENV
 
         self.max_model_len = max_model_len
         self.explorer_id = explorer_id

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from rl_engine.config import RFTConfig
-from rl_engine.control import Board, StopSignal
+from rl_engine.board import Board, StopSignal
 
 
 class WeightSender(Protocol):

@@ -1,7 +1,7 @@
 """Wire format of the collective weight sync: parameters broadcast in buckets over one process group.
 
 Pure torch (vLLM only for creating the group), used by the trainer side
-(`rl_engine.sync.collective`) and by the inference workers (`rl_engine.rollout.worker_ext`).
+(`rl_engine.sync.collective`) and by the inference workers (`rl_engine.sync.worker_ext`).
 
 The root (trainer rank 0) broadcasts a stream of messages; every other rank receives the same
 stream, so receivers need no prior knowledge of the model:

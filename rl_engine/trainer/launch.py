@@ -4,9 +4,9 @@
     python -m rl_engine.trainer.launch RUN --node-rank 1     # `rft trainer-node`: node 1 of trainer.nodes
 
 torchrun (`python -m torch.distributed.run --standalone`, fail-fast: no restarts) starts
-`rl_engine.trainer.rank_main` once per rank and sets RANK / WORLD_SIZE / LOCAL_RANK and the
+`rl_engine.roles.trainer_rank` once per rank and sets RANK / WORLD_SIZE / LOCAL_RANK and the
 rendezvous; when one rank dies it stops the others and prints which rank failed first. The ranks
-watch this process (`rl_engine.owner_watch`): if it is killed, they and torchrun's agent exit.
+watch this process (`rl_engine.run.owner_watch`): if it is killed, they and torchrun's agent exit.
 `run_ranks` raises `RanksFailed` naming the first rank that failed and how.
 """
 
@@ -26,10 +26,10 @@ from typing import Any
 
 import psutil
 
-from rl_engine.owner_watch import OWNER_PID_ENV
+from rl_engine.run.owner_watch import OWNER_PID_ENV
 from rl_engine.trainer.dist import OWNER
 
-RANK_MAIN = "rl_engine.trainer.rank_main"
+RANK_MAIN = "rl_engine.roles.trainer_rank"
 # Rendezvous variables a launcher sets; inherited ones (a test, a process that trained in-process) must not reach torchrun's ranks.
 _DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", OWNER)
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     from rl_engine.errors import UserError
-    from rl_engine.run import CONFIG_FILE, open_run
+    from rl_engine.run.context import CONFIG_FILE, open_run
     from rl_engine.storage import join, open_storage
 
     p = argparse.ArgumentParser(prog="rft trainer-node", description=main.__doc__.splitlines()[0])

@@ -18,7 +18,7 @@ tensors, broadcast on the ranks' default group (gloo on CPU, NCCL on GPU). Stora
 not sent: each rank opens the run's storage itself.
 
 Ranks are started by torchrun (`rl_engine.trainer.launch`); each runs `python -m
-rl_engine.trainer.rank_main RUN_URL`.
+rl_engine.roles.trainer_rank RUN_URL`.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ def prefect_server():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
-    from rl_engine.explorer import ENGINES
+    from rl_engine.roles.explorer import ENGINES
 
     ENGINES.close_all()
 

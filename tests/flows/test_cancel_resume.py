@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from flows.run import run_config
+from cli.run import run_config
 from rl_engine.config import validate_config
-from rl_engine.learner import latest_state_step
+from rl_engine.roles.trainer import latest_state_step
 from rl_engine.rewards import TaskIterator, load_taskset
-from rl_engine.run import last_committed_steps, open_run
+from rl_engine.run.context import last_committed_steps, open_run
 from tests.flows.conftest import artifacts_of, small_config
 from tests.flows.test_modes import stored_experiences
 
@@ -114,9 +114,9 @@ def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_
     import contextvars
     import os
 
-    from rl_engine.control import Board, request_stop
+    from rl_engine.board import Board, request_stop
     from rl_engine.errors import UserError
-    from rl_engine.lease import read_lease
+    from rl_engine.run.lease import read_lease
 
     cfg = validate_config(small_config(tiny_model_dir, task_file, str(tmp_path), name="busy", mode="one_step_off_policy", sync_offset=1, total_steps=40))
     out: list = []

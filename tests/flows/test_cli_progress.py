@@ -1,4 +1,4 @@
-"""What `rft run` prints (flows/progress.py): a progress line with trainer step / total, the latest
+"""What `rft run` prints (cli/progress.py): a progress line with trainer step / total, the latest
 reward and an ETA, redrawn in place on a TTY and a plain line every `monitor.log_every` steps in a
 pipe; the engines' and libraries' output goes to `<run>/logs/engines.log`, and a failing run still
 shows its error on the terminal.
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from flows.progress import ProgressLine, follow
+from cli.progress import ProgressLine, follow
 from rl_engine.config import validate_config
-from rl_engine.report import record_step
-from rl_engine.run import start_run
+from rl_engine.run.report import record_step
+from rl_engine.run.context import start_run
 from tests.flows.conftest import small_config, write_config
 
 RFT = str(Path(sys.executable).with_name("rft"))
@@ -145,7 +145,7 @@ def test_rft_run_prints_progress_and_logs_engines_to_the_run(tiny_model_dir, tas
 def test_a_failing_run_shows_its_error_on_the_terminal(tiny_model_dir, task_file, tmp_path):
     """The run fails inside its flow (its lineage is busy) while the terminal is redirected: the error
     and where the log is still reach stderr, exit code 2, no traceback."""
-    from rl_engine import lineage
+    from rl_engine.run import lineage
     from rl_engine.config import LineageConfig
 
     storage = tmp_path / "runs"

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from flows.run import run_config
-from rl_engine import lineage
+from cli.run import run_config
+from rl_engine.run import lineage
 from rl_engine.buffer import ContinuationStore
 from rl_engine.config import LineageConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import load_taskset
-from rl_engine.run import open_run
+from rl_engine.run.context import open_run
 from tests.flows.conftest import small_config
 from tests.flows.test_partial_flows import PARTIAL
 

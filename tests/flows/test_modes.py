@@ -13,10 +13,10 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from flows.run import run_config
+from cli.run import run_config
 from rl_engine.config import validate_config
 from rl_engine.schedule import rendezvous_version
-from rl_engine.timeline import load_spans
+from rl_engine.run.timeline import load_spans
 from tests.conftest import free_port
 from tests.flows.conftest import small_config
 

@@ -92,7 +92,7 @@ def test_the_trainer_moves_the_progress_artifact_every_step(prefect_server, base
     from prefect import flow
     from prefect.artifacts import Artifact
 
-    from rl_engine.run import start_run
+    from rl_engine.run.context import start_run
     from tasks.report import start_progress, trainer_step_done
 
     run = start_run(validate_config(dict(base_cfg, name="progress-steps", trainer=dict(base_cfg["trainer"], total_steps=4))))

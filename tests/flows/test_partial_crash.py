@@ -1,5 +1,5 @@
 """A SIGKILL injected between a partial step's continuation save and its buffer commit, or between
-the buffer commit and retiring the staged copy (rl_engine/failpoints.py), then `rft run --resume`:
+the buffer commit and retiring the staged copy (rl_engine/run/failpoints.py), then `rft run --resume`:
 every group is written and trained exactly once, and the continuations go on.
 
     .venv/bin/python -m pytest tests/flows/test_partial_crash.py
@@ -20,8 +20,8 @@ from fsspec.implementations.local import LocalFileSystem
 from rl_engine.buffer import ContinuationStore, _files
 from rl_engine.buffer.sweep import uncommitted_files
 from rl_engine.buffer.synthetic import make_batch
-from rl_engine.failpoints import ENV
-from rl_engine.run import last_committed_steps, open_run
+from rl_engine.run.failpoints import ENV
+from rl_engine.run.context import last_committed_steps, open_run
 from tests.flows.conftest import write_config
 from tests.flows.test_partial_flows import partial_config, stored_rows
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pyarrow.dataset as ds
 import pytest
 
-from flows.run import run_config
+from cli.run import run_config
 from rl_engine.buffer import ContinuationStore
 from rl_engine.config import validate_config
-from rl_engine.run import open_run
+from rl_engine.run.context import open_run
 from rl_engine.schedule import rendezvous_version
-from rl_engine.timeline import load_spans
+from rl_engine.run.timeline import load_spans
 from tasks.continuations import continuations_key
 from tests.flows.conftest import small_config
 from tests.flows.test_cancel_resume import run_and_cancel

@@ -20,10 +20,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flows.run import run_config
+from cli.run import run_config
 from rl_engine.config import validate_config
-from rl_engine.learner import latest_state_step
-from rl_engine.run import last_committed_steps, open_run
+from rl_engine.roles.trainer import latest_state_step
+from rl_engine.run.context import last_committed_steps, open_run
 from rl_engine.schedule import rendezvous_version
 from tests.flows.conftest import small_config
 from tests.flows.test_modes import stored_experiences, versions_by_step

@@ -11,7 +11,7 @@ import types
 import pytest
 
 import flows.common as common
-from rl_engine.roles import SHARED_PROCESS_SWITCH_INTERVAL_S
+from rl_engine.roles.entry import SHARED_PROCESS_SWITCH_INTERVAL_S
 
 
 class _Done:

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 import s3fs
 
-from flows.run import run_config
+from cli.run import run_config
 from rl_engine.buffer.reader import BufferReader
 from rl_engine.config import BufferConfig, validate_config
 from tests.flows.conftest import small_config

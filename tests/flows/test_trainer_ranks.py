@@ -17,10 +17,10 @@ import psutil
 import pytest
 from safetensors.torch import load_file
 
-from flows.run import run_config
+from cli.run import run_config
 from rl_engine.config import validate_config
-from rl_engine.report import load_metrics
-from rl_engine.run import open_run
+from rl_engine.run.report import load_metrics
+from rl_engine.run.context import open_run
 from rl_engine.schedule import rendezvous_version
 from tests.conftest import free_port
 from tests.flows.conftest import small_config
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 def _ranks() -> list[psutil.Process]:
     """This test process's trainer ranks (torchrun's rank_main processes), if any run."""
-    return [p for p in psutil.Process().children(recursive=True) if "rl_engine.trainer.rank_main" in " ".join(p.cmdline())]
+    return [p for p in psutil.Process().children(recursive=True) if "rl_engine.roles.trainer_rank" in " ".join(p.cmdline())]
 
 
 def test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0(prefect_server, tiny_model_dir, task_file, tmp_path):

@@ -3,7 +3,7 @@
 Every row must end in a `UserError` (exit code 2 and no traceback where it goes through `rft`)
 whose message matches the row's `problem` (what is wrong: the field, file or row) and `fix`
 (what to do) patterns, or, where the design says so, in a counted, excluded sample; and nothing
-that was stored before the mistake may change. Checks that `rl_engine.preflight` makes before any
+that was stored before the mistake may change. Checks that `rl_engine.run.preflight` makes before any
 engine starts are called the way `rft run` calls them; rows that need an engine are `slow`.
 
     .venv/bin/python -m pytest tests/rl_engine/test_bad_input.py -q
@@ -125,7 +125,7 @@ def _preflight(*overrides: str, setup: Callable[[Env], list[str]] | None = None)
     """`preflight` of a config; `setup(env)` damages inputs and returns further overrides."""
 
     def build(env: Env) -> Callable[[], Any]:
-        from rl_engine.preflight import preflight
+        from rl_engine.run.preflight import preflight
 
         extra = setup(env) if setup else []
         cfg = env.cfg(*overrides, *extra)
@@ -231,7 +231,7 @@ def _started_run(env: Env, *overrides: str) -> tuple[Any, str]:
 
     from rl_engine.buffer import BufferWriter
     from rl_engine.buffer.synthetic import make_batch
-    from rl_engine.run import start_run
+    from rl_engine.run.context import start_run
 
     run = start_run(env.cfg("name=r1", *overrides))
     for e in (1, 2):
@@ -247,7 +247,7 @@ def _resume(*given: str, edit_state: Callable[[Path], None] | None = None, url: 
     """`preflight` of `rft run CONFIG --resume RUN` where CONFIG is the run's config with `given` overrides."""
 
     def build(env: Env) -> Callable[[], Any]:
-        from rl_engine.preflight import preflight
+        from rl_engine.run.preflight import preflight
 
         _, run_url = _started_run(env)
         if edit_state:
@@ -321,8 +321,8 @@ def _missing_bucket(start: bool) -> Callable[[Env], Callable[[], Any]]:
         import s3fs
 
         from rl_engine.config import validate_config
-        from rl_engine.preflight import preflight
-        from rl_engine.run import start_run
+        from rl_engine.run.preflight import preflight
+        from rl_engine.run.context import start_run
 
         assert env.s3 is not None
         _, options = env.s3()
@@ -401,7 +401,7 @@ def _dead_prefect_api(env: Env) -> Callable[[], Any]:
 
 
 def _damaged_saved_config(env: Env) -> Callable[[], Any]:
-    from rl_engine.preflight import preflight
+    from rl_engine.run.preflight import preflight
 
     _, url = _started_run(env)
     Path(url, "config.yaml").write_text("model: {path: [unclosed\n")
@@ -411,7 +411,7 @@ def _damaged_saved_config(env: Env) -> Callable[[], Any]:
 
 def _complete_run(env: Env) -> Callable[[], Any]:
     """A run whose trainer reached trainer.total_steps (2), with its model and report written."""
-    from rl_engine.preflight import preflight
+    from rl_engine.run.preflight import preflight
 
     _, url = _started_run(env)
     shutil.copytree(env.model, Path(url, "model"))
@@ -424,7 +424,7 @@ def _complete_run(env: Env) -> Callable[[], Any]:
 def _dead_s3_endpoint(env: Env) -> Callable[[], Any]:
     """An S3 endpoint refusing connections (a port nobody listens on), the default outage limit (120 s)."""
     from rl_engine.config import validate_config
-    from rl_engine.preflight import preflight
+    from rl_engine.run.preflight import preflight
     from tests.conftest import free_port
 
     for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
@@ -442,7 +442,7 @@ def _s3_credentials_refused(env: Env) -> Callable[[], Any]:
     import s3fs
 
     from rl_engine.config import validate_config
-    from rl_engine.preflight import preflight
+    from rl_engine.run.preflight import preflight
 
     assert env.s3 is not None
     endpoint, options = env.s3()
@@ -644,7 +644,7 @@ def test_the_table_covers_the_issue():
 
 
 def test_preflight_passes_good_inputs_and_leaves_nothing_behind(env):
-    from rl_engine.preflight import preflight
+    from rl_engine.run.preflight import preflight
 
     cfg = env.cfg()
     before = snapshot(env.tmp)
@@ -657,7 +657,7 @@ def test_preflight_passes_good_inputs_and_leaves_nothing_behind(env):
 def test_storage_check_passes_an_existing_bucket_and_leaves_nothing(s3_bucket):
     import s3fs
 
-    from rl_engine.preflight import check_storage
+    from rl_engine.run.preflight import check_storage
 
     url, options = s3_bucket
     check_storage(f"{url}/runs", options)
@@ -668,7 +668,7 @@ def test_storage_check_passes_an_existing_bucket_and_leaves_nothing(s3_bucket):
 
 def test_resume_with_the_runs_own_config_passes(env):
     from rl_engine.config import load_config
-    from rl_engine.preflight import preflight
+    from rl_engine.run.preflight import preflight
 
     run, url = _started_run(env)
     # The config file the run was started from (no name, derived fields unset), and the run's saved copy.
@@ -734,7 +734,7 @@ def test_a_refused_request_is_access_denied_not_a_missing_bucket(monkeypatch):
     the fake store refuses every request, as an S3 endpoint does for credentials it does not know)."""
     from s3fs.errors import translate_boto_error
 
-    import rl_engine.preflight as pf
+    import rl_engine.run.preflight as pf
 
     class RefusingStore:
         protocol = ("s3", "s3a")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main as rft
+from cli.main import main as rft
 from rl_engine.config import ConfigError, RFTConfig, load_config, to_yaml, validate_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -253,15 +253,15 @@ def test_validate_warns_when_no_weight_sync_happens(mode, k, m, total, warns, tm
 
 
 def test_run_prints_the_warnings_before_it_starts(tmp_path, tiny_model_dir, monkeypatch, capsys):
-    import flows.run
+    import cli.run
 
     started = []
-    monkeypatch.setattr(flows.run, "check_prefect_api", lambda: None)  # whatever Prefect profile this machine has
-    monkeypatch.setattr(flows.run, "run_watched", lambda cfg, resume=None: started.append(cfg) or "stopped")
+    monkeypatch.setattr(cli.run, "check_prefect_api", lambda: None)  # whatever Prefect profile this machine has
+    monkeypatch.setattr(cli.run, "run_watched", lambda cfg, resume=None: started.append(cfg) or "stopped")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"question": "1+1=", "answer": "2"}\n')
     p = write(tmp_path, merge(base(tiny_model_dir), {"taskset": {"path": str(tasks)}, "buffer": {"storage": {"url": str(tmp_path / "runs")}}, "trainer": {"total_steps": 2}}))
-    assert flows.run.run_from_cli(str(p), ["synchronizer.sync_interval=50"]) == 1 and len(started) == 1
+    assert cli.run.run_from_cli(str(p), ["synchronizer.sync_interval=50"]) == 1 and len(started) == 1
     assert "warning: synchronizer.sync_interval = 50 (sync_offset 0) with trainer.total_steps = 2: no weight sync happens" in capsys.readouterr().err
 
 

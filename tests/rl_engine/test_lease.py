@@ -1,4 +1,4 @@
-"""The lease (rl_engine/lease.py): processes racing for it, exactly one wins, on local disk and on
+"""The lease (rl_engine/run/lease.py): processes racing for it, exactly one wins, on local disk and on
 S3 (moto); a holder that lost it commits nothing; a killed holder's lease is free at once on its
 machine and never elsewhere before its ttl (tests/rl_engine/test_roles.py covers a live holder
 and the ttl itself).
@@ -20,12 +20,12 @@ from rl_engine.buffer import BufferReader, BufferWriter
 from rl_engine.buffer.stats import commit_records
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.errors import UserError
-from rl_engine.lease import LEASE_DIR, Fence, LeaseLost, RunLease, read_lease
+from rl_engine.run.lease import LEASE_DIR, Fence, LeaseLost, RunLease, read_lease
 from rl_engine.storage import create_exclusive, open_storage
 
 HOLDER = """
 import sys, time
-from rl_engine.lease import RunLease
+from rl_engine.run.lease import RunLease
 RunLease(sys.argv[1], ttl_s=60).acquire()
 print("held", flush=True)
 time.sleep(120)

@@ -1,4 +1,4 @@
-"""rl_engine/lineage.py without engines (the S3 cases, marked slow, use moto's server): the latest pointer, runs.jsonl, unused-task selection over a
+"""rl_engine/run/lineage.py without engines (the S3 cases, marked slow, use moto's server): the latest pointer, runs.jsonl, unused-task selection over a
 folder where new task files arrive (local and S3), the lineage's lock, and begin/end of a run.
 
     .venv/bin/python -m pytest tests/rl_engine/test_lineage.py
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from rl_engine import lineage
+from rl_engine.run import lineage
 from rl_engine.config import LineageConfig, TasksetConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import load_taskset, write_taskset
-from rl_engine.lease import LEASE_DIR
-from rl_engine.run import start_run
+from rl_engine.run.lease import LEASE_DIR
+from rl_engine.run.context import start_run
 from rl_engine.storage import open_storage, write_json
 
 

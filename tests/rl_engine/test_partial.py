@@ -17,7 +17,7 @@ from vllm.v1.core.sched.utils import check_sequence_repetition
 from rl_engine.buffer import BufferWriter, ContinuationStore, _files
 from rl_engine.buffer.stats import commit_records
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
-from rl_engine.partial import Generation, PartialRollouts, PartialSettings, repeat_cut, response_text, stop_cut
+from rl_engine.roles.partial import Generation, PartialRollouts, PartialSettings, repeat_cut, response_text, stop_cut
 from rl_engine.rewards import Task, TaskIterator
 from rl_engine.rollout.engine import Rollout
 from rl_engine.storage import join, open_storage
@@ -302,7 +302,7 @@ def _group_ids(run) -> list[str]:
 
 def test_token_version_metrics_by_hand():
     from rl_engine.experience import Experience, ExperienceBatch
-    from rl_engine.learner import token_versions
+    from rl_engine.roles.trainer import token_versions
 
     def row(i, versions):
         return Experience(experience_id=f"x{i}", task_id="t", group_id="g", explorer_id=0, explorer_step=3, prompt_ids=[1], response_ids=[5] * len(versions),

@@ -1,4 +1,4 @@
-"""rl_engine.preflight.check_devices: what the visible GPUs cannot hold is refused before any
+"""rl_engine.run.preflight.check_devices: what the visible GPUs cannot hold is refused before any
 engine starts, naming the field and what to use instead.
 
     .venv/bin/python -m pytest tests/rl_engine/test_preflight_devices.py
@@ -10,7 +10,7 @@ import pytest
 
 from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
-from rl_engine.preflight import check_devices
+from rl_engine.run.preflight import check_devices
 
 
 def _cfg(model: str, sync_method: str = "collective", num_ranks: int = 1, placement: str = "local") -> RFTConfig:

@@ -1,4 +1,4 @@
-"""rl_engine.reaper: a SIGKILLed main process leaves nothing it started running; a main process
+"""rl_engine.run.reaper: a SIGKILLed main process leaves nothing it started running; a main process
 that exits without stopping its children gets them stopped too.
 
     .venv/bin/python -m pytest tests/rl_engine/test_reaper.py
@@ -17,7 +17,7 @@ import psutil
 MAIN = """
 import subprocess, sys, time
 import psutil
-from rl_engine.reaper import start_reaper
+from rl_engine.run.reaper import start_reaper
 reaper = start_reaper(interval_s=0.05, grace_s=2.0)  # returns once it watches
 server = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['sleep', '120']); time.sleep(120)"])
 deadline = time.monotonic() + 60

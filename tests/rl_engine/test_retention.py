@@ -1,4 +1,4 @@
-"""Retention of trainer states and weight checkpoints (rl_engine/retention.py): the policy per
+"""Retention of trainer states and weight checkpoints (rl_engine/run/retention.py): the policy per
 mode on hand-written cases, pruning on local disk and S3, a delete killed after the marker (a
 real run that keeps 2 of each and resumes: tests/flows/test_retention_flows.py).
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from rl_engine import retention
+from rl_engine.run import retention
 from rl_engine.config import RFTConfig
-from rl_engine.control import Board
-from rl_engine.retention import CHECKPOINTS, STATES, needed_checkpoints, pointer_target, to_delete
-from rl_engine.run import RunContext
+from rl_engine.board import Board
+from rl_engine.run.retention import CHECKPOINTS, STATES, needed_checkpoints, pointer_target, to_delete
+from rl_engine.run.context import RunContext
 from rl_engine.schedule import rendezvous_syncs, rendezvous_version
 from rl_engine.storage import join
 from rl_engine.sync.base import post_loaded
@@ -172,7 +172,7 @@ def test_null_keeps_all_and_collective_has_no_checkpoints(tmp_path, tiny_model_d
 
 
 def test_lineage_pointer_is_kept(tmp_path, tiny_model_dir):
-    from rl_engine.lineage import lineage_url, move_latest
+    from rl_engine.run.lineage import lineage_url, move_latest
 
     run = _run(str(tmp_path), tiny_model_dir, trainer={"keep_last_states": 1}, lineage={"name": "nightly"})
     _make(run, STATES, [2, 4, 6])
@@ -195,7 +195,7 @@ def test_bounds_are_checked(tiny_model_dir, field, value, bound):
 
 KILLED_DELETE = """
 import sys
-from rl_engine import retention
+from rl_engine.run import retention
 from rl_engine.storage import open_storage
 fs, root = open_storage(sys.argv[1])
 retention.delete(fs, root, retention.STATES, [2, 4])
@@ -203,7 +203,7 @@ retention.delete(fs, root, retention.STATES, [2, 4])
 
 
 def test_delete_killed_after_the_marker_leaves_nothing_committed(tmp_path, tiny_model_dir):
-    from rl_engine.learner import latest_state_step
+    from rl_engine.roles.trainer import latest_state_step
     from rl_engine.sync.checkpoint import CheckpointReceiver
 
     run = _run(str(tmp_path), tiny_model_dir, trainer={"keep_last_states": 1})

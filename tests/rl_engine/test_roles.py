@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_engine.control import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_key, silent_roles
-from rl_engine.roles import Role, post_start, read_start
-from rl_engine.run import ResumePoint, start_run
+from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_key, silent_roles
+from rl_engine.roles.entry import Role, post_start, read_start
+from rl_engine.run.context import ResumePoint, start_run
 from tests.rl_engine.rollout.engines import make_config
 
 
@@ -119,7 +119,7 @@ def test_a_stopped_role_ends_quietly_and_says_why(run):
 
 
 def test_steps_are_recorded_in_the_run(run):
-    from rl_engine.report import load_metrics
+    from rl_engine.run.report import load_metrics
 
     role = Role(run, "trainer", on_step=None)
     seen = []
@@ -135,7 +135,7 @@ def test_steps_are_recorded_in_the_run(run):
 
 def test_one_driver_per_run_and_a_dead_drivers_lease_expires(run):
     from rl_engine.errors import UserError
-    from rl_engine.lease import RunLease, read_lease
+    from rl_engine.run.lease import RunLease, read_lease
 
     first = RunLease(run.url, ttl_s=1.5).acquire()
     try:
@@ -159,7 +159,7 @@ def test_one_driver_per_run_and_a_dead_drivers_lease_expires(run):
 def test_roles_sharing_a_process_pass_the_gil_sooner_and_the_interval_is_restored():
     import sys
 
-    from rl_engine.roles import SHARED_PROCESS_SWITCH_INTERVAL_S, roles_share_process
+    from rl_engine.roles.entry import SHARED_PROCESS_SWITCH_INTERVAL_S, roles_share_process
 
     before = sys.getswitchinterval()
     with pytest.raises(RuntimeError, match="a role failed"):
@@ -170,7 +170,7 @@ def test_roles_sharing_a_process_pass_the_gil_sooner_and_the_interval_is_restore
 
 
 def test_a_role_whose_driver_lost_the_lease_posts_nothing_on_the_board(run):
-    from rl_engine.lease import LeaseLost, RunLease
+    from rl_engine.run.lease import LeaseLost, RunLease
 
     old = RunLease(run.url, ttl_s=0.5).acquire()
     old._done.set()  # the driver paused past its ttl

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from rl_engine.errors import UserError
-from rl_engine.timeline import (
+from rl_engine.run.timeline import (
     Span,
     TimelineRecorder,
     gantt_figure,
@@ -42,7 +42,7 @@ class FakeClock:
 
 def test_span_context_records_times_fields_and_exceptions(tmp_path, monkeypatch):
     clock = FakeClock(T0)
-    monkeypatch.setattr("rl_engine.timeline.time.time", clock)
+    monkeypatch.setattr("rl_engine.run.timeline.time.time", clock)
     rec = TimelineRecorder(str(tmp_path / "run"), component="explorer-0")
     with rec.span("sync", step=3, method="collective") as s:
         clock.t = T0 + 2.5

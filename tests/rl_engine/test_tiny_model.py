@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from flows.cli import main as rft
+from cli.main import main as rft
 
 
 def digest(d: str | Path) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.cli import main as rft
+from cli.main import main as rft
 from rl_engine.config import CountdownReward, TasksetConfig, load_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import CountdownRewardFn, Task, build_reward, load_taskset, make_countdown_tasks, write_countdown_taskset
@@ -124,7 +124,7 @@ def test_reward_from_config_and_yaml(tmp_path, tiny_model_dir):
 
 def test_correct_answers_never_trip_the_repetition_detector():
     # The detector is vLLM's rule on token ids; the byte-level tiny tokenizer gives one token per character.
-    from rl_engine.partial import repeat_cut
+    from rl_engine.roles.partial import repeat_cut
     from rl_engine.tiny_model import build_tokenizer
 
     tok = build_tokenizer()

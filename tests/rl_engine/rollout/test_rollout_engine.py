@@ -113,9 +113,9 @@ def test_seed_reproduces_and_varies(engine):
 
 @pytest.mark.slow
 def test_warm_up_changes_no_later_sample(engine):
-    # The explorer warms a new engine up before step 1 (rl_engine.explorer.warm_up): a run's
+    # The explorer warms a new engine up before step 1 (rl_engine.roles.explorer.warm_up): a run's
     # samples must be the same as without it.
-    from rl_engine.explorer import warm_up
+    from rl_engine.roles.explorer import warm_up
 
     prompts = [engine.tokenizer.encode("12+7="), engine.tokenizer.encode("abc")]
     before = engine.generate(prompts, 3, _sampling(engine), seed=21)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rl_engine.config import CollectiveConfig
-from rl_engine.control import Board
+from rl_engine.board import Board
 from rl_engine.sync.buckets import ALIGN, broadcast_recv, destroy_group, init_group, pack_buckets
 from rl_engine.sync.collective import CollectiveSender, group_key
 from tests.conftest import free_port

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rl_engine import storage
-from rl_engine.control import Board
+from rl_engine.board import Board
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rl_engine.control import Board
+from rl_engine.board import Board
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from tests.conftest import free_port
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff

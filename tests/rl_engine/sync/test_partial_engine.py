@@ -13,7 +13,7 @@ import torch
 
 from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
-from rl_engine.partial import PartialRollouts, PartialSettings
+from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.rewards import Task, TaskIterator
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from tests.rl_engine.rollout.engines import MAX_MODEL_LEN, load_hf

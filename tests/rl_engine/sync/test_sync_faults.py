@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from rl_engine.config import CollectiveConfig
-from rl_engine.control import Board, Stopped, WaitTimeout
+from rl_engine.board import Board, Stopped, WaitTimeout
 from rl_engine.rollout.engine import EngineDiedError, build_rollout_engine
 from rl_engine.sync.base import SyncError
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
@@ -63,7 +63,7 @@ import os, signal, sys, time
 import torch
 from safetensors.torch import load_file
 from rl_engine.config import CollectiveConfig
-from rl_engine.control import Board
+from rl_engine.board import Board
 from rl_engine.sync.collective import ADDRESS_KEY, CollectiveReceiver, CollectiveSender, group_key
 role, run_url, c_json, model_dir, kill_at = sys.argv[1:6]
 board, c, kill_at = Board(run_url), CollectiveConfig.model_validate_json(c_json), int(kill_at)

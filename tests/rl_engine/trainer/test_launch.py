@@ -47,7 +47,7 @@ def test_output_without_a_summary_still_says_what_happened():
 
 
 def test_trainer_node_without_a_run_says_to_start_the_run_first(tmp_path, capsys):
-    from flows.cli import main as rft
+    from cli.main import main as rft
 
     assert rft(["trainer-node", str(tmp_path / "no-run"), "--node-rank", "1", "--wait-s", "0"]) == 2
     err = capsys.readouterr().err

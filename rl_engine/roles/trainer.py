@@ -20,15 +20,15 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from rl_engine import retention
+from rl_engine.run import retention
 from rl_engine.buffer import BufferReader
 from rl_engine.config import RENDEZVOUS_MODES
-from rl_engine.control import Board, Stopped, StopSignal
-from rl_engine.lease import Fence
-from rl_engine.run import RunContext
+from rl_engine.board import Board, Stopped, StopSignal
+from rl_engine.run.lease import Fence
+from rl_engine.run.context import RunContext
 from rl_engine.storage import join
 from rl_engine.sync import build_weight_sender
-from rl_engine.timeline import STARTUP, TimelineRecorder
+from rl_engine.run.timeline import STARTUP, TimelineRecorder
 from rl_engine.trainer import build_trainer
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
 

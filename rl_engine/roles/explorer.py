@@ -30,17 +30,17 @@ from typing import Any
 import pyarrow.compute as pc
 
 from rl_engine.buffer import BufferWriter, ContinuationStore
-from rl_engine.control import Board, StopSignal
+from rl_engine.board import Board, StopSignal
 from rl_engine.experience import Experience, ExperienceBatch
-from rl_engine.failpoints import failpoint
-from rl_engine.lease import Fence
+from rl_engine.run.failpoints import failpoint
+from rl_engine.run.lease import Fence
 from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
-from rl_engine.partial import PartialRollouts, PartialSettings
+from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
-from rl_engine.run import RunContext
+from rl_engine.run.context import RunContext
 from rl_engine.schedule import admission_wait, batch_number, batches_needed
 from rl_engine.sync import build_weight_receiver
-from rl_engine.timeline import STARTUP, TimelineRecorder
+from rl_engine.run.timeline import STARTUP, TimelineRecorder
 
 
 def _trainer_state(trainer: dict[str, Any]) -> tuple[int, int, int]:

@@ -31,12 +31,12 @@ def run_config(cfg: RFTConfig, resume: str | None = None) -> Any:
 
 
 def run_watched(cfg: RFTConfig, resume: str | None = None) -> Any:
-    """`run_config` as the terminal shows it (flows/progress.py): a progress line followed from the
+    """`run_config` as the terminal shows it (cli/progress.py): a progress line followed from the
     run's storage, the engines' and libraries' output in `<run>/logs/engines.log`; an error still
     reaches the terminal, with where the log is."""
     import logging
 
-    from flows.progress import follow, run_log, terminal_to
+    from cli.progress import follow, run_log, terminal_to
 
     if resume is None and cfg.name is None:
         # Named here (as the flow would name it) so the terminal knows where the run's files appear.
@@ -59,12 +59,12 @@ def run_watched(cfg: RFTConfig, resume: str | None = None) -> Any:
 
 
 def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -> int:
-    """`rft run`: check the inputs (rl_engine.preflight) before Prefect or any engine starts, then run the flow.
+    """`rft run`: check the inputs (rl_engine.run.preflight) before Prefect or any engine starts, then run the flow.
     A UserError raised later, inside the flow, reaches the user as its message, without the
     traceback Prefect would log for it."""
-    from flows.cli import print_warnings
+    from cli.main import print_warnings
     from rl_engine.config import config_warnings
-    from rl_engine.preflight import preflight
+    from rl_engine.run.preflight import preflight
 
     source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
     cfg = load_config(config, overrides)
@@ -119,7 +119,7 @@ def print_summary(summary: dict[str, Any]) -> None:
 
 def demo(root: str = "runs") -> int:
     """Build the demo's model and tasks if missing, then run configs/demo.yaml under `root`."""
-    from rl_engine.preflight import preflight
+    from rl_engine.run.preflight import preflight
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.warmstart import main as warmstart
 

@@ -3,7 +3,7 @@
 The trainer role starts these itself when `trainer.num_ranks` > 1 (`rl_engine.trainer.launch`);
 by hand, on one machine:
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 -m rl_engine.trainer.rank_main runs/my-run
+    python -m torch.distributed.run --standalone --nproc-per-node 2 -m rl_engine.roles.trainer_rank runs/my-run
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 @record  # a rank's exception reaches torchrun's failure summary (and so the role's error)
 def main(argv: list[str] | None = None) -> None:
-    from rl_engine.owner_watch import start_owner_watch
-    from rl_engine.run import open_run
+    from rl_engine.run.owner_watch import start_owner_watch
+    from rl_engine.run.context import open_run
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_url", help="the run's directory or URL")
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     start_owner_watch()  # the trainer role that started torchrun is gone: so are we
     if int(os.environ["RANK"]) == 0:
-        from rl_engine.roles import trainer_loop
+        from rl_engine.roles.entry import trainer_loop
 
         trainer_loop(open_run(args.run_url, json.loads(args.storage_options)))
     else:

@@ -3,8 +3,8 @@
 A SIGKILL of the `rft run` process alone (not its process group) re-parents whatever it had
 started and leaves it running: above all Prefect's ephemeral server (`uvicorn ... prefect.server`,
 started by Prefect, which gives us no hook into its start). vLLM's engine processes watch their
-owner themselves (rl_engine/rollout/worker_ext.py); this covers everything else. `start_reaper()`
-starts `python -m rl_engine.reaper PID`, which notes the descendants of PID every `interval_s`
+owner themselves (rl_engine/sync/worker_ext.py); this covers everything else. `start_reaper()`
+starts `python -m rl_engine.run.reaper PID`, which notes the descendants of PID every `interval_s`
 and, once PID is gone (its own parent changes: the kernel re-parents it at once), stops those it
 saw that still run (SIGTERM, then SIGKILL after `grace_s`) and exits. A process group killed as a whole
 takes the reaper along.
@@ -35,14 +35,14 @@ def start_reaper(interval_s: float = 0.5, grace_s: float = 5.0, ready_timeout_s:
     at our children is taken), so whatever this process starts from then on is covered."""
     global _reaper
     if _reaper is None or _reaper.poll() is not None:
-        cmd = [sys.executable, "-m", "rl_engine.reaper", str(os.getpid()), str(interval_s), str(grace_s)]
+        cmd = [sys.executable, "-m", "rl_engine.run.reaper", str(os.getpid()), str(interval_s), str(grace_s)]
         _reaper = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, close_fds=True)
         ready, _, _ = select.select([_reaper.stdout], [], [], ready_timeout_s)
         line = _reaper.stdout.readline() if ready else b""
         _reaper.stdout.close()
         if line.strip() != b"watching":
             _reaper.kill()
-            raise RuntimeError(f"rl_engine.reaper did not start watching within {ready_timeout_s} s (exit code {_reaper.poll()})")
+            raise RuntimeError(f"rl_engine.run.reaper did not start watching within {ready_timeout_s} s (exit code {_reaper.poll()})")
     return _reaper
 
 

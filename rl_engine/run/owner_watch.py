@@ -3,8 +3,8 @@
 vLLM's EngineCore and worker processes, and torchrun's trainer ranks, outlive an owner that is
 SIGKILLed (they are re-parented and keep running). The owner passes its PID in
 `RFT_ENGINE_OWNER_PID` to what it starts; `start_owner_watch()`, called in the process at the
-bottom of the chain (a vLLM worker imports rl_engine.rollout.worker_ext, a trainer rank runs
-rl_engine.trainer.rank_main), starts a daemon thread that does the rest.
+bottom of the chain (a vLLM worker imports rl_engine.sync.worker_ext, a trainer rank runs
+rl_engine.roles.trainer_rank), starts a daemon thread that does the rest.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ Uncommitted directories older than the newest committed one are leftovers (a cra
 delete) and go too. Deleting removes the commit marker first, then the rest: a delete cut short
 leaves an uncommitted directory, which no reader loads and no resume picks, and the next prune
 finishes it. The policy is pure functions (`to_delete`, `needed_checkpoints`); `prune_states` and
-`prune_checkpoints` apply it (called by `rl_engine.learner.Learner` after writing), `delete` deletes.
+`prune_checkpoints` apply it (called by `rl_engine.roles.trainer.Learner` after writing), `delete` deletes.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rl_engine.control import Board
-from rl_engine.run import RunContext
+from rl_engine.board import Board
+from rl_engine.run.context import RunContext
 from rl_engine.storage import join
 from rl_engine.sync.checkpoint import COMMIT
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
@@ -54,7 +54,7 @@ class Kind:
         return join(root, self.parent, f"{self.prefix}{n}")
 
 
-STATES = Kind("trainer_state", "step=", COMMIT_MARKER)  # rl_engine.learner.STATE_DIR is STATES.parent
+STATES = Kind("trainer_state", "step=", COMMIT_MARKER)  # rl_engine.roles.trainer.STATE_DIR is STATES.parent
 CHECKPOINTS = Kind("checkpoints", "version=", COMMIT)
 
 
@@ -105,7 +105,7 @@ def list_dirs(fs: Any, root: str, kind: Kind) -> tuple[list[int], list[int]]:
 def delete(fs: Any, root: str, kind: Kind, numbers: Iterable[int]) -> None:
     """Delete the `kind` directories `numbers`, each marker first (then it is no longer committed
     for any reader), then the rest; an interrupted delete leaves only an uncommitted directory."""
-    from rl_engine.failpoints import failpoint
+    from rl_engine.run.failpoints import failpoint
 
     for n in numbers:
         d = kind.dir(root, n)
@@ -123,7 +123,7 @@ def _lineage_pointer(run: RunContext, kind: Kind) -> set[int]:
     name = run.cfg.lineage.name
     if name is None:
         return set()
-    from rl_engine.lineage import lineage_url, read_latest
+    from rl_engine.run.lineage import lineage_url, read_latest
 
     latest = read_latest(lineage_url(run.cfg.buffer.storage.url, name), run.storage_options) or {}
     n = pointer_target(latest.get("model"), run.url, kind)

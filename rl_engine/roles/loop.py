@@ -7,7 +7,7 @@ loads version t into the engine (`synchronizer.sync_method`: collective broadcas
 checkpoint). It is the reference the Prefect flows are checked against, and a quick way to
 see GRPO learn on the demo task:
 
-    python -m rl_engine.loop configs/demo.yaml --steps 10 [--set trainer.lr=1e-4 ...]
+    python -m rl_engine.roles.loop configs/demo.yaml --steps 10 [--set trainer.lr=1e-4 ...]
 
 Besides each step's metrics it reports `eval_exact_t1`: the expected exact-match rate of
 temperature-1 sampling over every problem of the demo task's range, computed from the
@@ -28,7 +28,7 @@ from rl_engine.experience import ExperienceBatch
 
 def rollout_step(engine: Any, tasks: Any, reward_fn: Any, cfg: RFTConfig, step: int) -> ExperienceBatch:
     """Explorer step `step`: generate repeat_times rollouts per task with the engine's weights, score them."""
-    from rl_engine.explorer import generate_experiences
+    from rl_engine.roles.explorer import generate_experiences
 
     return generate_experiences(engine, tasks.next_batch(), reward_fn, cfg, 0, step)[0]
 
@@ -51,7 +51,7 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     """
     from rl_engine.rewards import TaskIterator, build_reward, load_taskset
     from rl_engine.rollout.engine import build_rollout_engine
-    from rl_engine.control import Board
+    from rl_engine.board import Board
     from rl_engine.sync import build_weight_receiver, build_weight_sender
     from rl_engine.trainer import build_trainer
     from rl_engine.warmstart import all_problems, evaluate
@@ -105,13 +105,13 @@ def _max_operand(tasks: list[Any]) -> int:
     try:
         return max(int(x) for t in tasks for x in t.prompt.rstrip("=").split("+"))
     except ValueError:
-        raise UserError("rl_engine.loop evaluates on the demo arithmetic task (prompts 'a+b='); this task set is not it") from None
+        raise UserError("rl_engine.roles.loop evaluates on the demo arithmetic task (prompts 'a+b='); this task set is not it") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     from rl_engine.config import load_config
 
-    ap = argparse.ArgumentParser(prog="python -m rl_engine.loop", description="Synchronous GRPO loop in one process (no Prefect).")
+    ap = argparse.ArgumentParser(prog="python -m rl_engine.roles.loop", description="Synchronous GRPO loop in one process (no Prefect).")
     ap.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps (default trainer.total_steps)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field")

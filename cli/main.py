@@ -56,16 +56,16 @@ def print_warnings(warnings: list[str]) -> None:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from flows.run import run_from_cli
-    from rl_engine.reaper import start_reaper
+    from cli.run import run_from_cli
+    from rl_engine.run.reaper import start_reaper
 
     start_reaper()  # a killed `rft run` leaves nothing running (its ephemeral Prefect server above all)
     return run_from_cli(a.config, a.overrides, resume=a.resume)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from flows.run import demo
-    from rl_engine.reaper import start_reaper
+    from cli.run import demo
+    from rl_engine.run.reaper import start_reaper
 
     start_reaper()
     return demo(a.root)
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, module, help_ in (
         ("make-tasks", "rl_engine.rewards.make_tasks", "write a demo task set (JSONL): --task arithmetic (default) or countdown"),
         ("warmstart", "rl_engine.warmstart", "build the demo's base model: tiny model + SFT on the demo task"),
-        ("timeline", "rl_engine.timeline", "render a run's Gantt chart and utilization summary"),
+        ("timeline", "rl_engine.run.timeline", "render a run's Gantt chart and utilization summary"),
         ("trainer-node", "rl_engine.trainer.launch", "run this machine's trainer ranks of a run whose trainer spans machines (trainer.nodes > 1)"),
     ):
         p = sub.add_parser(name, help=help_, add_help=False)

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Iterator, TextIO
 
-from rl_engine.report import METRICS_DIR
+from rl_engine.run.report import METRICS_DIR
 from rl_engine.storage import is_local, join, open_storage, read_json
 
 LOG_FILE = "logs/engines.log"  # under the run

@@ -4,7 +4,7 @@ A run with `lineage.name` set belongs to the lineage kept under `<storage>/linea
 
     latest.json        the last successful run and its trained model (moved atomically, on success only)
     runs.jsonl         one JSON line per run: run, base_model, model, tasks (ids it consumed), status, time
-    lease/             the lineage's lock (a RunLease, rl_engine.lease): one run of a lineage at a time
+    lease/             the lineage's lock (a RunLease, rl_engine.run.lease): one run of a lineage at a time
     tasks/<run>.jsonl  the tasks a run may draw, frozen when it started (a resume draws the same)
 
 A new run of a lineage (`begin`): takes the lock (waits up to `lineage.wait_timeout_s`, or refuses
@@ -37,8 +37,8 @@ import pyarrow as pa
 from rl_engine.config import LineageConfig, RFTConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import Task, load_taskset
-from rl_engine.lease import RunLease
-from rl_engine.run import RunContext, open_run
+from rl_engine.run.lease import RunLease
+from rl_engine.run.context import RunContext, open_run
 from rl_engine.storage import is_local, join, open_storage, read_json, write_bytes_atomic, write_json
 
 LINEAGES_DIR = "lineages"
@@ -175,8 +175,8 @@ def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str
     although this run does not draw them. Returns {explorer id: experience ids taken over}."""
     from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
     from rl_engine.experience import ExperienceBatch
-    from rl_engine.learner import latest_state_step
-    from rl_engine.run import last_committed_steps
+    from rl_engine.roles.trainer import latest_state_step
+    from rl_engine.run.context import last_committed_steps
 
     sources = store_explorer_ids(prev.url, prev.storage_options)
     if not sources or not run.cfg.explorer.partial.enabled:

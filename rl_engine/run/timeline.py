@@ -19,7 +19,7 @@ chart has a second panel zoomed on the last trainer steps, readable however long
     print(summary_markdown(utilization(spans)))
 
     rft timeline RUN_URL [--out PNG] [--storage-options JSON]
-    python -m rl_engine.timeline runs/synchronous-20261121-120000
+    python -m rl_engine.run.timeline runs/synchronous-20261121-120000
 
 Each flush writes a new file `timeline/component=<name>/part-<time>-<recorder id>-<seq>.jsonl`
 atomically; nothing is ever appended, so recorders in any number of threads or processes, on

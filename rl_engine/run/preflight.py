@@ -115,7 +115,7 @@ def check_new_run(cfg: RFTConfig) -> None:
     """A named new run must not exist yet (an unnamed one gets a fresh name)."""
     if cfg.name is None:
         return
-    from rl_engine.run import CONFIG_FILE
+    from rl_engine.run.context import CONFIG_FILE
 
     url = cfg.resolved().run_url
     fs, root = _open(cfg.buffer.storage.url, cfg.buffer.storage.fs_options())
@@ -125,7 +125,7 @@ def check_new_run(cfg: RFTConfig) -> None:
 
 def check_resume(cfg: RFTConfig, resume: str, source: str) -> RFTConfig:
     """The run to resume exists, and `cfg` (what the user gave with --resume) is its config; returns the saved config."""
-    from rl_engine.run import CONFIG_FILE, open_run
+    from rl_engine.run.context import CONFIG_FILE, open_run
 
     saved_file = f"{resume.rstrip('/')}/{CONFIG_FILE}"
     try:
@@ -156,8 +156,8 @@ def check_not_complete(resume: str, saved: RFTConfig) -> None:
     """A run whose trainer reached trainer.total_steps (a committed trainer state there), whose model is
     saved and whose report is written has nothing left to do: resuming it would start every engine for
     nothing. (Killed before its report, it still resumes: the report and the lineage's record follow.)"""
-    from rl_engine.learner import latest_state_step
-    from rl_engine.run import RunContext
+    from rl_engine.roles.trainer import latest_state_step
+    from rl_engine.run.context import RunContext
 
     run = RunContext(saved, resume.rstrip("/"))  # `saved` was read from it already (check_resume, open_run)
     step = latest_state_step(run)
@@ -381,8 +381,8 @@ def check_weights_fit(path: str, weights: dict[str, tuple[int, ...]]) -> dict[st
 
 def check_trainer_state(run_url: str, options: dict[str, Any] | None, params: dict[str, tuple[int, ...]]) -> None:
     """The trainer state a resume would load (the latest committed one) fits the model."""
-    from rl_engine.learner import STATE_DIR, latest_state_step
-    from rl_engine.run import open_run
+    from rl_engine.roles.trainer import STATE_DIR, latest_state_step
+    from rl_engine.run.context import open_run
     from rl_engine.trainer.checkpoint import check_fits
 
     run = open_run(run_url, options)

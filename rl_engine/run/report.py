@@ -14,9 +14,9 @@ import io
 import json
 from typing import Any, Callable
 
-from rl_engine.run import RunContext
+from rl_engine.run.context import RunContext
 from rl_engine.storage import join, read_json, write_bytes_atomic, write_json
-from rl_engine.timeline import load_spans, render_gantt, summary_markdown, utilization
+from rl_engine.run.timeline import load_spans, render_gantt, summary_markdown, utilization
 
 TABLE_KEYS = ("step", "version", "reward_mean", "reward_std", "loss", "kl", "entropy", "clip_frac", "grad_norm", "staleness_max", "wait_experience_s", "train_s")
 

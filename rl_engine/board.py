@@ -11,7 +11,7 @@ timeout message says what it was waiting for.
     board.wait("trainer", lambda v: v["version"] >= 3, what="trainer version 3", timeout_s=60)
 
 The run's stop request (`request_stop`, key `stop`) and each role's liveness (`role-<name>`:
-pid, host, state, refreshed every heartbeat) live here too; `rl_engine.roles` keeps them up.
+pid, host, state, refreshed every heartbeat) live here too; `rl_engine.roles.entry` keeps them up.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A role takes handles only: the run's URL (plus its non-secret storage options) a
 reads the resolved config from `<run>/config.yaml` and where to start from the run's `start`
 marker (posted by the mode's flow, `post_start`), builds its own engine, and meets the other
 roles only on the run's storage (board, buffer, checkpoints) and in the weight-sync group. Stop
-requests, failures and heartbeats travel on the board (`rl_engine.control`), so the same role
+requests, failures and heartbeats travel on the board (`rl_engine.board`), so the same role
 runs as a thread of the mode's flow run (placement `local`) or as its own flow run on another
 process or machine (placement `deployments`). Prefect-free; the flows wrap these functions.
 
@@ -28,12 +28,12 @@ import uuid
 from typing import Any, Callable, Iterator
 
 from rl_engine.config import RENDEZVOUS_MODES
-from rl_engine.control import STOP_KEY, Board, RoleSignals, Stopped, request_stop
-from rl_engine.explorer import Explorer
-from rl_engine.lease import Fence, LeaseLost
-from rl_engine.learner import Learner
-from rl_engine.report import StepFeed, record_step
-from rl_engine.run import ResumePoint, RunContext, open_run
+from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop
+from rl_engine.roles.explorer import Explorer
+from rl_engine.run.lease import Fence, LeaseLost
+from rl_engine.roles.trainer import Learner
+from rl_engine.run.report import StepFeed, record_step
+from rl_engine.run.context import ResumePoint, RunContext, open_run
 from rl_engine.schedule import decoupled_publish, resume_catch_up, resumed_rendezvous_syncs
 from rl_engine.trainer.launch import RanksFailed, ranks_command, run_ranks
 
@@ -67,7 +67,7 @@ def role_names(num_explorers: int) -> list[str]:
 
 def post_start(board: Board, at: ResumePoint, lease_generation: int | None = None) -> str:
     """Announce a new attempt of the run, where its loops start and the generation of the run's
-    lease its driver holds (roles commit only while it is the newest: rl_engine.lease.Fence);
+    lease its driver holds (roles commit only while it is the newest: rl_engine.run.lease.Fence);
     returns the attempt id."""
     attempt = uuid.uuid4().hex[:12]
     first_steps = {str(i): s for i, s in at.first_steps.items()}

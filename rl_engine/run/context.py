@@ -3,7 +3,7 @@
 `start_run(cfg)` resolves the config, creates `<storage>/<name>/` and writes `config.yaml`
 (without credentials: they never enter the config). `open_run(url)` reads it back for
 `rft run --resume`. Every worker (explorer, trainer, reporter) gets a `RunContext`.
-`rl_engine.lease.RunLease` keeps two drivers (say, two `rft run --resume` of one run) from running it at once.
+`rl_engine.run.lease.RunLease` keeps two drivers (say, two `rft run --resume` of one run) from running it at once.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class RunContext:
 
 def start_run(cfg: RFTConfig) -> RunContext:
     """Resolve `cfg`, create the run directory and save the resolved config (refuses to reuse a run)."""
-    from rl_engine.preflight import check_storage
+    from rl_engine.run.preflight import check_storage
 
     cfg = cfg.resolved()
     run = RunContext(cfg=cfg, url=cfg.run_url)

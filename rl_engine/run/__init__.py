@@ -1,0 +1,1 @@
+"""A run's lifecycle on storage: context, lease, preflight, lineage, retention, report, timeline, process watchers."""
