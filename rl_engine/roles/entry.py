@@ -31,7 +31,7 @@ from rl_engine.config import RENDEZVOUS_MODES
 from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop
 from rl_engine.roles.explorer import Explorer
 from rl_engine.run.lease import Fence, LeaseLost
-from rl_engine.roles.trainer import Learner
+from rl_engine.roles.trainer import TrainerRole
 from rl_engine.run.report import StepFeed, record_step
 from rl_engine.run.context import ResumePoint, RunContext, open_run
 from rl_engine.schedule import decoupled_publish, resume_catch_up, resumed_rendezvous_syncs
@@ -183,15 +183,15 @@ def trainer_loop(run: RunContext, on_step: OnStep | None = None) -> RoleResult:
     """The trainer role's loop in this process (trainer rank 0 when there are several)."""
     role = Role(run, "trainer", on_step)
     with role.running():
-        learner = Learner(run, resume=role.at.resumed, stop=role.stop, fence=role.fence)
+        trainer = TrainerRole(run, resume=role.at.resumed, stop=role.stop, fence=role.fence)
         try:
             loop = _rendezvous_trainer if run.cfg.synchronizer.mode in RENDEZVOUS_MODES else _decoupled_trainer
-            loop(run, learner, role)
-            learner.finish()
+            loop(run, trainer, role)
+            trainer.finish()
         finally:
-            learner.close()
-        if learner.version >= run.cfg.trainer.total_steps:
-            role.stop.request_stop("finished", f"trainer reached version {learner.version}")  # decoupled explorers end
+            trainer.close()
+        if trainer.version >= run.cfg.trainer.total_steps:
+            role.stop.request_stop("finished", f"trainer reached version {trainer.version}")  # decoupled explorers end
     return role.result()
 
 
@@ -229,38 +229,38 @@ def _decoupled_explorer(run: RunContext, explorer: Explorer, role: Role) -> None
         e += 1
 
 
-def _rendezvous_trainer(run: RunContext, learner: Learner, role: Role) -> None:
+def _rendezvous_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> None:
     cfg, at, stop = run.cfg, role.at, role.stop
     sends = set(_plan(run, at).values())
     if at.resumed and at.first_steps[0] <= cfg.trainer.total_steps:
         sends.add(_catch_up(run, at))  # the resumed explorer waits for it before its first step
-        if learner.version in sends:
-            learner.publish(learner.version, stop)
-    while learner.version < cfg.trainer.total_steps and not stop.is_set():
-        role.record(learner.version + 1, {**learner.step(stop), "resumed_from": at.trainer_version})
-        if learner.version in sends:
-            learner.publish(learner.version, stop)
-        _save_due(learner, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
+        if trainer.version in sends:
+            trainer.publish(trainer.version, stop)
+    while trainer.version < cfg.trainer.total_steps and not stop.is_set():
+        role.record(trainer.version + 1, {**trainer.step(stop), "resumed_from": at.trainer_version})
+        if trainer.version in sends:
+            trainer.publish(trainer.version, stop)
+        _save_due(trainer, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
 
 
-def _decoupled_trainer(run: RunContext, learner: Learner, role: Role) -> None:
+def _decoupled_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> None:
     cfg, at, stop = run.cfg, role.at, role.stop
-    if learner.version > 0:  # explorers restart from the base model: offer them the restored weights
+    if trainer.version > 0:  # explorers restart from the base model: offer them the restored weights
         # (never version 0: that is the base model, which no explorer takes as newer than its own,
         # so a send of it waits forever for them and holds back every later publish)
-        learner.publish(learner.version, stop, wait_for_explorers=False)
-    while learner.version < cfg.trainer.total_steps and not stop.is_set():
-        role.record(learner.version + 1, {**learner.step(stop), "resumed_from": at.trainer_version})
-        if decoupled_publish(learner.version, cfg.synchronizer.sync_interval):
-            learner.publish(learner.version, stop, wait_for_explorers=False)
-        _save_due(learner, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
+        trainer.publish(trainer.version, stop, wait_for_explorers=False)
+    while trainer.version < cfg.trainer.total_steps and not stop.is_set():
+        role.record(trainer.version + 1, {**trainer.step(stop), "resumed_from": at.trainer_version})
+        if decoupled_publish(trainer.version, cfg.synchronizer.sync_interval):
+            trainer.publish(trainer.version, stop, wait_for_explorers=False)
+        _save_due(trainer, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
 
 
-def _save_due(learner: Learner, interval: int, total: int) -> None:
+def _save_due(trainer: TrainerRole, interval: int, total: int) -> None:
     """After a trainer step: resumable state every `interval` steps and at the end, and the
     trained model (`<run>/model/`) once the last step is done."""
-    t = learner.version
+    t = trainer.version
     if t % interval == 0 or t == total:
-        learner.save_state()
+        trainer.save_state()
     if t == total:
-        learner.save_model()
+        trainer.save_model()

@@ -1,12 +1,12 @@
-"""The learner: the DeepSpeed trainer fed from the buffer, with resumable state.
+"""The trainer role: the DeepSpeed trainer fed from the buffer, with resumable state.
 
-`Learner.step()` is one trainer step: wait for `train_batch_size` committed experiences (FIFO,
+`TrainerRole.step()` is one trainer step: wait for `train_batch_size` committed experiences (FIFO,
 whole groups, within `max_staleness` if set), train on them, post the new version on the
 control board. `publish(version)` announces a version on the board and sends it to the
 explorers by the configured method: at a rendezvous it waits until every explorer acknowledged
 loading it; in the decoupled modes a background thread sends a snapshot while training goes on
 (a failed background send is raised by the next `publish` or by `finish`). `save_state()` writes
-`trainer_state/step=<t>/` with the buffer cursor in it, so a resumed learner consumes exactly
+`trainer_state/step=<t>/` with the buffer cursor in it, so a resumed trainer consumes exactly
 what it consumed after step t and nothing before.
 """
 
@@ -65,7 +65,7 @@ def host_snapshot(named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
     return [(n, t.detach().to("cpu", copy=True)) for n, t in named]
 
 
-class Learner:
+class TrainerRole:
     """Trainer + buffer reader + checkpoints of one run."""
 
     def __init__(self, run: RunContext, resume: bool = False, stop: StopSignal | None = None, fence: Fence | None = None):

@@ -23,7 +23,7 @@ Uncommitted directories older than the newest committed one are leftovers (a cra
 delete) and go too. Deleting removes the commit marker first, then the rest: a delete cut short
 leaves an uncommitted directory, which no reader loads and no resume picks, and the next prune
 finishes it. The policy is pure functions (`to_delete`, `needed_checkpoints`); `prune_states` and
-`prune_checkpoints` apply it (called by `rl_engine.roles.trainer.Learner` after writing), `delete` deletes.
+`prune_checkpoints` apply it (called by `rl_engine.roles.trainer.TrainerRole` after writing), `delete` deletes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the rest of the engine may ask of a trainer (learner, weight sync, warm start, loop)."""
+"""What the rest of the engine may ask of a trainer (the trainer role, weight sync, warm start, loop)."""
 
 from __future__ import annotations
 

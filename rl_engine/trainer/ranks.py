@@ -1,6 +1,6 @@
 """The trainer on several data-parallel ranks: rank 0 leads, the other ranks follow.
 
-Rank 0 is the trainer everyone else sees (the learner, its buffer reader, the board, the
+Rank 0 is the trainer everyone else sees (the trainer role, its buffer reader, the board, the
 weight-sync group). Every DeepSpeed operation is collective, though: a step's gradient
 all-reduce, and under ZeRO-3 every gather of a parameter. So `LeaderTrainer` (rank 0's `Trainer`)
 broadcasts each operation to the other ranks before doing its own part, and `follow` (ranks

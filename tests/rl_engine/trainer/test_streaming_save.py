@@ -129,7 +129,7 @@ def test_s3_object_appears_only_at_close(s3_bucket):
 
 
 def test_host_snapshot_is_a_copy_in_host_memory():
-    """The decoupled publish's snapshot (Learner.publish): host copies, so training on does not
+    """The decoupled publish's snapshot (TrainerRole.publish): host copies, so training on does not
     change what is sent, and the device keeps no second copy of the model."""
     from rl_engine.roles.trainer import host_snapshot
 
