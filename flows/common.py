@@ -21,7 +21,7 @@ from prefect.states import Cancelled
 from rl_engine.config import RFTConfig, apply_overrides, validate_config
 from rl_engine.board import STOP_KEY, Board, request_stop
 from rl_engine.errors import UserError, hide_user_error_tracebacks
-from rl_engine.roles.trainer import latest_state_step
+from rl_engine.run.state import latest_state_step
 from rl_engine.run.lineage import LineageRun
 from rl_engine.run.lineage import begin as begin_lineage
 from rl_engine.roles.entry import post_start, roles_share_process

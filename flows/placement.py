@@ -19,7 +19,7 @@ from prefect.states import Cancelling
 
 from flows.common import Cancel
 from rl_engine.config import DeploymentsPlacement
-from rl_engine.board import STOP_KEY, Board, request_stop, silent_roles
+from rl_engine.board import STOP_KEY, Board, request_stop, role_name, silent_roles
 from rl_engine.roles.entry import role_names
 from rl_engine.run.context import RunContext
 
@@ -42,7 +42,7 @@ def start_roles(run: RunContext, progress_id: str | None = None) -> dict[str, An
     p = run.cfg.placement
     params: dict[str, dict[str, Any]] = {"trainer": {"run_url": run.url, "storage_options": run.storage_options, "progress_id": progress_id}}
     for i in range(run.cfg.explorer.count):
-        params[f"explorer-{i}"] = {"run_url": run.url, "explorer_id": i, "storage_options": run.storage_options}
+        params[role_name(i)] = {"run_url": run.url, "explorer_id": i, "storage_options": run.storage_options}
     return {
         role: run_deployment(
             p.trainer_deployment if role == "trainer" else p.explorer_deployment,

@@ -7,11 +7,15 @@ acknowledgements of loaded weights; a waiter polls with a timeout and a stop eve
 timeout message says what it was waiting for.
 
     board = Board(run.url, run.storage_options)
-    board.post("trainer", {"version": 3})
-    board.wait("trainer", lambda v: v["version"] >= 3, what="trainer version 3", timeout_s=60)
+    board.post(TRAINER_KEY, {"version": 3})
+    board.wait(TRAINER_KEY, lambda v: v["version"] >= 3, what="trainer version 3", timeout_s=60)
 
 The run's stop request (`request_stop`, key `stop`) and each role's liveness (`role-<name>`:
 pid, host, state, refreshed every heartbeat) live here too; `rl_engine.roles.entry` keeps them up.
+
+Key schema: the run-level keys are defined below and nowhere else (`START_KEY`, `STOP_KEY`,
+`TRAINER_KEY`, `role_key`, with role names from `role_name`); a weight-sync method's handshake
+keys belong to that method and live in `rl_engine/sync/` (its callers never read them).
 """
 
 from __future__ import annotations
@@ -28,7 +32,16 @@ from rl_engine.storage import join, open_storage, poll_interval, read_json, writ
 log = logging.getLogger(__name__)
 
 
-STOP_KEY = "stop"
+# ---- the key schema (one file per key under <run>/control/)
+START_KEY = "start"  # the attempt's start marker: attempt id, trainer version and explorer steps to start from (roles.entry.post_start)
+STOP_KEY = "stop"  # the run's stop request: kind, reason, by (request_stop)
+TRAINER_KEY = "trainer"  # the trainer role's progress: version, newest published version, lost rows
+TRAINER = "trainer"  # the trainer role's name (explorers are `explorer-<i>`, role_name)
+
+
+def role_name(explorer_id: int | None = None) -> str:
+    """A role's name: `trainer` (no explorer id), or `explorer-<i>`."""
+    return TRAINER if explorer_id is None else f"explorer-{explorer_id}"
 
 
 class StopSignal(Protocol):

@@ -22,7 +22,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact, cr
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from rl_engine.roles.trainer import latest_state_step
+from rl_engine.run.state import latest_state_step
 from rl_engine.run.report import build_report
 from rl_engine.run.context import RunContext, open_run
 

@@ -42,6 +42,7 @@ from rl_engine.storage import join, open_storage
 MANIFEST_FORMAT = 1
 MANIFEST_NAME = "_manifest.json"  # leading underscore: Arrow dataset discovery skips it
 STORE_DIR = "continuations"  # <run>/continuations/explorer=<id>/
+UNFINISHED = "length"  # finish_reason of a cut generation in the store
 _RETIRED_KEPT = 1000  # retired ids remembered so a repeated retire is a no-op
 
 

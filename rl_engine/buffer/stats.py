@@ -34,7 +34,7 @@ from rl_engine.buffer import _files
 from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
 from rl_engine.buffer.cursor import list_cursor_steps, load_cursor
 from rl_engine.errors import UserError
-from rl_engine.roles.partial import UNFINISHED
+from rl_engine.buffer.continuations import UNFINISHED
 from rl_engine.storage import join, open_storage
 
 

@@ -28,7 +28,7 @@ import uuid
 from typing import Any, Callable, Iterator
 
 from rl_engine.config import RENDEZVOUS_MODES
-from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop
+from rl_engine.board import START_KEY, STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_name
 from rl_engine.roles.explorer import Explorer
 from rl_engine.run.lease import Fence, LeaseLost
 from rl_engine.roles.trainer import TrainerRole
@@ -39,7 +39,6 @@ from rl_engine.trainer.launch import RanksFailed, ranks_command, run_ranks
 
 log = logging.getLogger(__name__)
 
-START_KEY = "start"
 # Roles that share a process (placement `local`) pass the GIL every 0.5 ms, not Python's 5 ms: an
 # explorer's vLLM front end takes every model step's outputs and otherwise queues behind the
 # trainer's Python (bench.partial, seed 0, one run each, quiet 2-core machine: explorer step
@@ -62,7 +61,7 @@ def roles_share_process() -> Iterator[None]:
 
 def role_names(num_explorers: int) -> list[str]:
     """Every role of a run: the trainer and explorer-0 .. explorer-(N-1)."""
-    return ["trainer"] + [f"explorer-{i}" for i in range(num_explorers)]
+    return [role_name()] + [role_name(i) for i in range(num_explorers)]
 
 
 def post_start(board: Board, at: ResumePoint, lease_generation: int | None = None) -> str:
@@ -144,7 +143,7 @@ class Role:
 def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None) -> RoleResult:
     """Explorer `explorer_id` of the run at `run_url`, until its schedule ends or the run stops."""
     run = open_run(run_url, storage_options)
-    role = Role(run, f"explorer-{explorer_id}", on_step)
+    role = Role(run, role_name(explorer_id), on_step)
     with role.running():
         explorer = Explorer(run, explorer_id, role.stop, first_step=role.at.first_steps[explorer_id], fence=role.fence)
         try:
@@ -168,12 +167,12 @@ def _trainer_ranks(run: RunContext, on_step: OnStep | None) -> RoleResult:
     """Start the trainer's ranks (rank 0 runs `trainer_loop`), pass their recorded steps to
     `on_step` as they come, and turn a rank's failure into the run's stop request."""
     board = Board(run.url, run.storage_options, run.cfg.buffer.poll_interval_s)
-    steps = StepFeed(run, "trainer", on_step)
+    steps = StepFeed(run, role_name(), on_step)
     try:
         t = run.cfg.trainer
         run_ranks(ranks_command(run.url, run.storage_options, t.num_ranks, t.nodes, 0, t.rendezvous), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s)
     except RanksFailed as e:
-        request_stop(board, "failed", f"trainer failed: {e}", by="trainer")
+        request_stop(board, "failed", f"trainer failed: {e}", by=role_name())
         raise
     req = board.get(STOP_KEY)
     return RoleResult(steps.metrics, req if req is not None and req.get("kind") != "finished" else None)

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow.compute as pc
 
 from rl_engine.buffer import BufferWriter, ContinuationStore
-from rl_engine.board import Board, StopSignal
+from rl_engine.board import TRAINER_KEY, Board, StopSignal, role_name
 from rl_engine.experience import Experience, ExperienceBatch
 from rl_engine.run.failpoints import failpoint
 from rl_engine.run.lease import Fence
@@ -150,7 +150,7 @@ class Explorer:
     def __init__(self, run: RunContext, explorer_id: int = 0, stop: StopSignal | None = None, first_step: int = 1, fence: Fence | None = None):
         cfg = run.cfg
         self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
-        self.name = f"explorer-{explorer_id}"
+        self.name = role_name(explorer_id)
         self.timeline = TimelineRecorder(run.url, run.storage_options, self.name, enabled=cfg.monitor.timeline)
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         with self.timeline.span(STARTUP, version=0):  # engine start-up and warm-up: before step 1, not in it
@@ -229,7 +229,7 @@ class Explorer:
 
     def _wait_published(self, newer_than: int, what: str, stop: StopSignal) -> int:
         with self.timeline.span("wait", version=self.engine.version):
-            m = self.board.wait("trainer", lambda m: m.get("published", -1) > newer_than, what=what, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
+            m = self.board.wait(TRAINER_KEY, lambda m: m.get("published", -1) > newer_than, what=what, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
         return m["published"]
 
     def receive(self, version: int, stop: StopSignal) -> int:
@@ -238,7 +238,7 @@ class Explorer:
         return self._install(version, stop)
 
     def _install_newest(self, stop: StopSignal) -> dict[str, Any]:
-        trainer = self.board.get("trainer") or {}
+        trainer = self.board.get(TRAINER_KEY) or {}
         if trainer.get("published", -1) > self.engine.version:
             self._install(trainer["published"], stop)
         return trainer
@@ -263,7 +263,7 @@ class Explorer:
                 break
             seen = _trainer_state(trainer)
             with self.timeline.span("wait", step=e, version=self.engine.version):
-                self.board.wait("trainer", lambda m: _trainer_state(m) != seen, what=why, timeout_s=cfg.synchronizer.wait_timeout_s, stop=stop)
+                self.board.wait(TRAINER_KEY, lambda m: _trainer_state(m) != seen, what=why, timeout_s=cfg.synchronizer.wait_timeout_s, stop=stop)
             trainer = self._install_newest(stop)
         return self.engine.version
 

@@ -43,12 +43,11 @@ import uuid
 from typing import Any, Sequence
 
 from rl_engine.buffer import ContinuationStore
+from rl_engine.buffer.continuations import UNFINISHED
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
 from rl_engine.errors import UserError
 from rl_engine.experience import Experience, ExperienceBatch
 from rl_engine.rewards import RolloutSample, Task, TaskIterator, format_prompt, score_rollouts
-
-UNFINISHED = "length"  # finish_reason of a cut generation in the continuation store
 
 
 # --------------------------------------------------------------------------- ending a segment

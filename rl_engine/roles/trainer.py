@@ -23,8 +23,9 @@ import pyarrow.compute as pc
 from rl_engine.run import retention
 from rl_engine.buffer import BufferReader
 from rl_engine.config import RENDEZVOUS_MODES
-from rl_engine.board import Board, Stopped, StopSignal
+from rl_engine.board import TRAINER, TRAINER_KEY, Board, Stopped, StopSignal
 from rl_engine.run.lease import Fence
+from rl_engine.run.state import STATE_DIR, latest_state_step
 from rl_engine.run.context import RunContext
 from rl_engine.storage import join
 from rl_engine.sync import build_weight_sender
@@ -32,16 +33,7 @@ from rl_engine.run.timeline import STARTUP, TimelineRecorder
 from rl_engine.trainer import build_trainer
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
 
-STATE_DIR = retention.STATES.parent  # "trainer_state"
 
-
-def latest_state_step(run: RunContext) -> int | None:
-    """Highest trainer step with a committed trainer state, or None."""
-    fs, root = run.fs()
-    steps = []
-    for p in fs.glob(join(root, STATE_DIR, "step=*", COMMIT_MARKER)):
-        steps.append(int(p.rsplit("step=", 1)[1].split("/")[0]))
-    return max(steps, default=None)
 
 
 def token_versions(batch: Any, trainer_version: int) -> dict[str, float]:
@@ -72,7 +64,7 @@ class TrainerRole:
         cfg = run.cfg
         self.run, self.cfg = run, cfg
         self.fence = fence or Fence(run.url, run.storage_options, None)  # checked before each update and state written
-        self.timeline = TimelineRecorder(run.url, run.storage_options, "trainer")
+        self.timeline = TimelineRecorder(run.url, run.storage_options, TRAINER)
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
             self.trainer = build_trainer(cfg)
@@ -97,7 +89,7 @@ class TrainerRole:
 
     def _post(self) -> None:
         self._posted_lost = self._lost_rows()
-        self.board.post("trainer", {"version": self.version, "published": self.published, "lost_rows": self._posted_lost})
+        self.board.post(TRAINER_KEY, {"version": self.version, "published": self.published, "lost_rows": self._posted_lost})
 
     def _post_lost(self) -> None:
         """While the trainer waits for a batch: rows dropped meanwhile must reach the explorers now,
@@ -231,7 +223,7 @@ class TrainerRole:
 
     def close(self) -> None:
         """Release the sync (explorers still waiting for a broadcast are released) and post `closed`."""
-        self.board.post("trainer", {"version": self.version, "published": self.published, "closed": True})
+        self.board.post(TRAINER_KEY, {"version": self.version, "published": self.published, "closed": True})
         self.sender.close()
         self.trainer.close()
         self.timeline.flush()

@@ -175,7 +175,7 @@ def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str
     although this run does not draw them. Returns {explorer id: experience ids taken over}."""
     from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
     from rl_engine.experience import ExperienceBatch
-    from rl_engine.roles.trainer import latest_state_step
+    from rl_engine.run.state import latest_state_step
     from rl_engine.run.context import last_committed_steps
 
     sources = store_explorer_ids(prev.url, prev.storage_options)

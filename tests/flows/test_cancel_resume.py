@@ -12,7 +12,7 @@ import pytest
 
 from cli.run import run_config
 from rl_engine.config import validate_config
-from rl_engine.roles.trainer import latest_state_step
+from rl_engine.run.state import latest_state_step
 from rl_engine.rewards import TaskIterator, load_taskset
 from rl_engine.run.context import last_committed_steps, open_run
 from tests.flows.conftest import artifacts_of, small_config

@@ -34,7 +34,7 @@ import pytest
 from rl_engine.buffer import ContinuationStore
 from rl_engine.buffer.sweep import uncommitted_files
 from rl_engine.config import validate_config
-from rl_engine.roles.trainer import STATE_DIR, latest_state_step
+from rl_engine.run.state import STATE_DIR, latest_state_step
 from rl_engine.rewards import TaskIterator, load_taskset
 from rl_engine.run.context import open_run
 from rl_engine.schedule import rendezvous_version

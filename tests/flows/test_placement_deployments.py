@@ -22,7 +22,7 @@ import pytest
 
 from cli.run import run_config
 from rl_engine.config import validate_config
-from rl_engine.roles.trainer import latest_state_step
+from rl_engine.run.state import latest_state_step
 from rl_engine.run.context import last_committed_steps, open_run
 from rl_engine.schedule import rendezvous_version
 from tests.flows.conftest import small_config

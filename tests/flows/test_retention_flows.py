@@ -17,7 +17,7 @@ import pytest
 from cli.run import run_config
 from rl_engine.config import validate_config
 from rl_engine.board import Board, request_stop
-from rl_engine.roles.trainer import latest_state_step
+from rl_engine.run.state import latest_state_step
 from rl_engine.run.retention import CHECKPOINTS, STATES, list_dirs
 from rl_engine.run.context import RunContext, open_run
 from tests.flows.conftest import small_config

@@ -203,7 +203,7 @@ retention.delete(fs, root, retention.STATES, [2, 4])
 
 
 def test_delete_killed_after_the_marker_leaves_nothing_committed(tmp_path, tiny_model_dir):
-    from rl_engine.roles.trainer import latest_state_step
+    from rl_engine.run.state import latest_state_step
     from rl_engine.sync.checkpoint import CheckpointReceiver
 
     run = _run(str(tmp_path), tiny_model_dir, trainer={"keep_last_states": 1})
