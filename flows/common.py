@@ -163,7 +163,8 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
 def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str] | None = None) -> Any:
     """The body of every mode's flow: the schedule is the roles' business, the placement says where they run."""
     from flows.placement import run_deployments
-    from rl_engine.run.preflight import check_not_complete, check_reachable, preflight
+    from rl_engine.run.preflight import check_not_complete, preflight
+    from rl_engine.run.storage_checks import check_reachable
 
     if resume is not None and overrides:
         raise UserError(f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings")

@@ -15,6 +15,7 @@ import fsspec
 
 from rl_engine.config import RFTConfig, parse_yaml, to_yaml, validate_config
 from rl_engine.errors import UserError
+from rl_engine.run.storage_checks import check_storage
 from rl_engine.storage import OUTAGE_KEY, join, open_storage, write_bytes_atomic
 
 CONFIG_FILE = "config.yaml"
@@ -43,8 +44,6 @@ class RunContext:
 
 def start_run(cfg: RFTConfig) -> RunContext:
     """Resolve `cfg`, create the run directory and save the resolved config (refuses to reuse a run)."""
-    from rl_engine.run.preflight import check_storage
-
     cfg = cfg.resolved()
     run = RunContext(cfg=cfg, url=cfg.run_url)
     check_storage(cfg.buffer.storage.url, run.storage_options)  # a missing bucket is an error, never created by makedirs below

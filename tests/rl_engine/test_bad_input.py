@@ -657,7 +657,7 @@ def test_preflight_passes_good_inputs_and_leaves_nothing_behind(env):
 def test_storage_check_passes_an_existing_bucket_and_leaves_nothing(s3_bucket):
     import s3fs
 
-    from rl_engine.run.preflight import check_storage
+    from rl_engine.run.storage_checks import check_storage
 
     url, options = s3_bucket
     check_storage(f"{url}/runs", options)
@@ -734,7 +734,7 @@ def test_a_refused_request_is_access_denied_not_a_missing_bucket(monkeypatch):
     the fake store refuses every request, as an S3 endpoint does for credentials it does not know)."""
     from s3fs.errors import translate_boto_error
 
-    import rl_engine.run.preflight as pf
+    import rl_engine.run.storage_checks as pf
 
     class RefusingStore:
         protocol = ("s3", "s3a")
@@ -745,7 +745,7 @@ def test_a_refused_request_is_access_denied_not_a_missing_bucket(monkeypatch):
         def exists(self, path):
             return False  # what s3fs answers for a bucket it may not look at
 
-    monkeypatch.setattr(pf, "_open", lambda url, options: (RefusingStore(), url.removeprefix("s3://")))
+    monkeypatch.setattr(pf, "open_for_checks", lambda url, options: (RefusingStore(), url.removeprefix("s3://")))
     with pytest.raises(UserError) as e:
         pf.check_storage("s3://bucket/runs", {"client_kwargs": {"endpoint_url": "http://store:9000"}})
     msg = str(e.value)

@@ -40,7 +40,7 @@ def test_checks_before_a_run_wait_seconds_the_run_keeps_its_limit(monkeypatch):
     """Preflight (and start_run's storage check) give a store that does not answer PREFLIGHT_OUTAGE_S,
     or the run's own limit if shorter; the options the run goes on with keep buffer.storage.outage_timeout_s
     (tests/rl_engine/test_bad_input.py: a refused endpoint fails preflight in about 5 s, not 2 x 120 s)."""
-    import rl_engine.run.preflight as pf
+    import rl_engine.run.storage_checks as pf
     from rl_engine.storage import OUTAGE_KEY
 
     assert pf.PREFLIGHT_OUTAGE_S <= 10
@@ -48,7 +48,7 @@ def test_checks_before_a_run_wait_seconds_the_run_keeps_its_limit(monkeypatch):
     assert pf._preflight_options(cfg.fs_options())[OUTAGE_KEY] == pf.PREFLIGHT_OUTAGE_S and cfg.fs_options()[OUTAGE_KEY] == 120
     assert pf._preflight_options({OUTAGE_KEY: 2.0})[OUTAGE_KEY] == 2.0 and pf._preflight_options({})[OUTAGE_KEY] == pf.PREFLIGHT_OUTAGE_S
     opened = []
-    monkeypatch.setattr(pf, "_open", lambda url, options: opened.append(options[OUTAGE_KEY]) or open_storage(url, options))
+    monkeypatch.setattr(pf, "open_for_checks", lambda url, options: opened.append(options[OUTAGE_KEY]) or open_storage(url, options))
     pf.check_reachable("/tmp/rft-local-runs", cfg.fs_options())  # local disk: nothing to wait for
     assert opened == [pf.PREFLIGHT_OUTAGE_S]
 
