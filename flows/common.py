@@ -1,5 +1,6 @@
-"""What every mode's flow does: apply the run's `set` overrides, start or resume the run, start
-its roles where the placement says, honour cancellation, publish the report (also when cancelled).
+"""What every mode's flow does: apply the run's `set` overrides, then the run's lifecycle as tasks
+(preflight, start-run, the roles where the placement says, sweep-buffer, publish-report,
+record-lineage), honouring cancellation and publishing the report also when cancelled.
 
 The schedule itself lives in the roles (rl_engine/roles/entry.py); a mode's flow only orchestrates.
 Every mode's flow takes the same parameters (`cfg`, `set`, `resume`), is named after its run
@@ -18,18 +19,15 @@ from prefect.context import get_run_context
 from prefect.logging import get_run_logger
 from prefect.states import Cancelled
 
-from rl_engine.config import RFTConfig, apply_overrides, validate_config
 from rl_engine.board import STOP_KEY, Board, request_stop
+from rl_engine.config import RFTConfig, apply_overrides, validate_config
 from rl_engine.errors import UserError, hide_user_error_tracebacks
-from rl_engine.run.state import latest_state_step
-from rl_engine.run.lineage import LineageRun
-from rl_engine.run.lineage import begin as begin_lineage
-from rl_engine.roles.entry import post_start, roles_share_process
-from rl_engine.run.lease import RunLease
-from rl_engine.run.context import ResumePoint, RunContext, open_run, resume_point, start_run
-from tasks.buffer import remove_uncommitted_files
+from rl_engine.roles.entry import roles_share_process
+from rl_engine.run.context import RunContext
+from rl_engine.run.driver import RunDriver
 from tasks.report import publish_report, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
+from tasks.run import check_run, record_run, start_attempt, sweep_buffer
 
 
 def with_overrides(cfg: RFTConfig, overrides: list[str] | None) -> RFTConfig:
@@ -83,25 +81,6 @@ def mode_flow(name: str, mode: str) -> Callable[[Callable[..., Any]], Any]:
         return flow(name=name, log_prints=True, flow_run_name=flow_run_label(mode), persist_result=True, result_serializer="json")(fn)
 
     return decorate
-
-
-def open_or_start(cfg: RFTConfig, resume: str | None, mode: str, lease: RunLease | None) -> tuple[RunContext, str, RunLease]:
-    """A new run (loops start at trainer version 0, explorer step 1), or a resumed one: from its
-    last trainer state, explorers one past their last committed step. Holds the run's lease
-    (`lease`, if the caller took it already) and posts the attempt's start marker that every role
-    reads, with the lease's generation; returns the run, the attempt id and the lease."""
-    if cfg.synchronizer.mode != mode:
-        raise UserError(f"synchronizer.mode = {cfg.synchronizer.mode!r}, but this is the {mode!r} flow; run the {cfg.synchronizer.mode!r} deployment or set the mode")
-    if resume is None:
-        run = start_run(cfg)
-        at = ResumePoint(0, {i: 1 for i in range(run.cfg.explorer.count)})
-    else:
-        run = open_run(resume, cfg.buffer.storage.fs_options())
-        Board(run.url, run.storage_options).clear()  # the crashed attempt's markers must not be seen
-        at = resume_point(run, latest_state_step(run) or 0)
-        get_run_logger().info("resuming %s: trainer from version %d, explorers from steps %s", run.url, at.trainer_version, at.first_steps)
-    lease = lease or RunLease(run.url, run.storage_options).acquire()
-    return run, post_start(Board(run.url, run.storage_options), at, lease.generation), lease
 
 
 class Cancel:
@@ -161,70 +140,58 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
 
 
 def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str] | None = None) -> Any:
-    """The body of every mode's flow: the schedule is the roles' business, the placement says where they run."""
-    from flows.placement import run_deployments
-    from rl_engine.run.preflight import check_not_complete, preflight
-    from rl_engine.run.storage_checks import check_reachable
+    """The body of every mode's flow: the run's lifecycle as tasks (rl_engine/run/driver.py), the
+    roles where the placement says; the schedule is the roles' business."""
+    hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
+    cfg = flow_config(cfg, resume, overrides)
+    source = f"the cfg parameter of flow run {get_run_context().flow_run.name!r}"
+    with RunDriver(cfg, resume, mode, source, log=get_run_logger().info) as driver:
+        check_run(driver)
+        run, attempt = start_attempt(driver)
+        keys = report_key_prefix(get_run_context().flow.name)
+        progress_id = start_progress(run, keys) if run.cfg.monitor.artifacts else None
+        cancel = Cancel()
+        try:
+            with watch_cancellation(run) as cancel:
+                run_roles(run, attempt, cancel, progress_id)
+        except BaseException:
+            end_anyway(driver, run, keys, "cancelled" if cancel.cancelled else "failed")
+            raise
+        return finish_run(driver, run, keys, cancelled=cancel.cancelled)
 
+
+def flow_config(cfg: RFTConfig, resume: str | None, overrides: list[str] | None) -> RFTConfig:
+    """The run's config as this flow run gives it: its `set` overrides applied, and a new unnamed
+    run named after the flow run (`flow_run_label` drew the name)."""
     if resume is not None and overrides:
         raise UserError(f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings")
     cfg = with_overrides(cfg, overrides)
     flow_run = get_run_context().flow_run
     if resume is None and cfg.name is None:
         cfg = validate_config({**cfg.model_dump(mode="json"), "name": flow_run.name}, f"flow run name {flow_run.name!r}")
-    # A run started from a deployment or the API gets the checks `rft run` makes before any engine starts.
-    hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
-    if resume is None:
-        preflight(cfg, None, f"the cfg parameter of flow run {flow_run.name!r}")
-    else:  # what `rft run --resume` checks first, for a resume from a deployment or the API too
-        check_reachable(resume, cfg.buffer.storage.fs_options())
-    stored = open_run(resume, cfg.buffer.storage.fs_options()) if resume else None
-    if stored is not None:
-        check_not_complete(stored.url, stored.cfg)
-    # One driver per run: a second `--resume` of a run that is still going is refused before it touches anything.
-    lease = RunLease(stored.url, cfg.buffer.storage.fs_options()).acquire() if stored else None
-    lineage = None
-    try:
-        # A run of a lineage holds the lineage's lock; a new one starts from its latest model, on its unused tasks.
-        lineage = begin_lineage(stored.cfg if stored else cfg, new=stored is None, log=get_run_logger().info)
-        cfg = lineage.cfg if lineage and not stored else cfg
-        run, attempt, lease = open_or_start(cfg, resume, mode, lease)
-        if lineage and (carried := lineage.adopt(run)):
-            get_run_logger().info("lineage %s: continuing %s pending generations of %s", lineage.name, sum(map(len, carried.values())), lineage.previous["run"])
-        keys = report_key_prefix(get_run_context().flow.name)
-        progress_id = start_progress(run, keys) if run.cfg.monitor.artifacts else None
-        cancel = Cancel()
-        try:
-            with watch_cancellation(run) as cancel:
-                if run.cfg.placement.type == "local":
-                    run_local(run, progress_id)
-                else:
-                    run_deployments(run, attempt, cancel, progress_id)
-        except BaseException:
-            report_anyway(run, keys)
-            record_anyway(lineage, run, "cancelled" if cancel.cancelled else "failed")
-            raise
-        lease.check()  # a driver that lost the run's lease sweeps and records nothing
-        result = finish_run(run, keys, cancelled=cancel.cancelled)
-        if lineage:  # only a completed run moves the lineage's latest.json
-            lineage.end(run, "cancelled" if cancel.cancelled else "completed")
-        return result
-    finally:
-        if lease is not None:
-            lease.release()
-        if lineage:
-            lineage.release()
+    return cfg
 
 
-def record_anyway(lineage: LineageRun | None, run: RunContext, status: str) -> None:
-    """A failed or cancelled run of a lineage goes into its runs.jsonl (consuming no tasks) without
-    moving latest.json; a failure to record it never hides why the run ended."""
-    if lineage is None:
-        return
+def run_roles(run: RunContext, attempt: str, cancel: Cancel, progress_id: str | None) -> None:
+    """The trainer and the explorers: tasks of this flow run (placement `local`) or flow runs of
+    their deployments, watched from here."""
+    from flows.placement import run_deployments
+
+    if run.cfg.placement.type == "local":
+        run_local(run, progress_id)
+    else:
+        run_deployments(run, attempt, cancel, progress_id)
+
+
+def end_anyway(driver: RunDriver, run: RunContext, keys: str, status: str) -> None:
+    """A run that failed or was cancelled (by its worker's SIGTERM too) still publishes what it did
+    and enters its lineage's runs.jsonl (consuming no tasks, latest.json unmoved); a failure to do
+    either never hides why the run ended."""
+    report_anyway(run, keys)
     try:
-        lineage.end(run, status)
+        record_run(driver, status)
     except Exception as e:  # noqa: BLE001 - the run's own error is what propagates
-        get_run_logger().warning("could not record %s in lineage %s: %s: %s", run.url, lineage.name, type(e).__name__, e)
+        get_run_logger().warning("could not record %s in its lineage: %s: %s", run.url, type(e).__name__, e)
 
 
 def report_anyway(run: RunContext, keys: str) -> None:
@@ -236,11 +203,12 @@ def report_anyway(run: RunContext, keys: str) -> None:
         get_run_logger().warning("could not publish the report of %s: %s: %s", run.url, type(e).__name__, e)
 
 
-def finish_run(run: RunContext, keys: str, cancelled: bool = False) -> Any:
-    """Remove buffer files no commit record names (every role has stopped); publish the timeline,
-    metrics, reward curve and model link; the run's summary, or a Cancelled state."""
-    remove_uncommitted_files(run)
+def finish_run(driver: RunDriver, run: RunContext, keys: str, cancelled: bool = False) -> Any:
+    """Every role has stopped: sweep the buffer, publish the timeline, metrics, reward curve and
+    model link, record the run in its lineage; the run's summary, or a Cancelled state."""
+    sweep_buffer(driver)
     summary = publish_report(run, keys)
+    record_run(driver, "cancelled" if cancelled else "completed")  # only a completed run moves the lineage's latest.json
     if cancelled:
         return Cancelled(message=f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
     return summary

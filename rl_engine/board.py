@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 # ---- the key schema (one file per key under <run>/control/)
-START_KEY = "start"  # the attempt's start marker: attempt id, trainer version and explorer steps to start from (roles.entry.post_start)
+START_KEY = "start"  # the attempt's start marker: attempt id, trainer version and explorer steps to start from (run.context.post_start)
 STOP_KEY = "stop"  # the run's stop request: kind, reason, by (request_stop)
 TRAINER_KEY = "trainer"  # the trainer role's progress: version, newest published version, lost rows
 TRAINER = "trainer"  # the trainer role's name (explorers are `explorer-<i>`, role_name)

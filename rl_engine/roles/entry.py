@@ -2,13 +2,13 @@
 
 A role takes handles only: the run's URL (plus its non-secret storage options) and its id. It
 reads the resolved config from `<run>/config.yaml` and where to start from the run's `start`
-marker (posted by the mode's flow, `post_start`), builds its own engine, and meets the other
+marker (posted by the run's driver, `rl_engine.run.context.post_start`), builds its own engine, and meets the other
 roles only on the run's storage (board, buffer, checkpoints) and in the weight-sync group. Stop
 requests, failures and heartbeats travel on the board (`rl_engine.board`), so the same role
 runs as a thread of the mode's flow run (placement `local`) or as its own flow run on another
 process or machine (placement `deployments`). Prefect-free; the flows wrap these functions.
 
-    post_start(board, ResumePoint(0, {0: 1}))            # the mode's flow, once per attempt
+    post_start(board, ResumePoint(0, {0: 1}))            # the run's driver, once per attempt
     trainer_role("runs/my-run")                          # in one thread / process / machine
     explorer_role("runs/my-run", 0)                      # in another
 
@@ -24,16 +24,15 @@ import contextlib
 import dataclasses
 import logging
 import sys
-import uuid
 from typing import Any, Callable, Iterator
 
 from rl_engine.config import RENDEZVOUS_MODES
-from rl_engine.board import START_KEY, STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_name
+from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_name
 from rl_engine.roles.explorer import Explorer
 from rl_engine.run.lease import Fence, LeaseLost
 from rl_engine.roles.trainer import TrainerRole
 from rl_engine.run.report import StepFeed, record_step
-from rl_engine.run.context import ResumePoint, RunContext, open_run
+from rl_engine.run.context import ResumePoint, RunContext, open_run, read_start
 from rl_engine.schedule import decoupled_publish, resume_catch_up, resumed_rendezvous_syncs
 from rl_engine.trainer.launch import RanksFailed, ranks_command, run_ranks
 
@@ -62,22 +61,6 @@ def roles_share_process() -> Iterator[None]:
 def role_names(num_explorers: int) -> list[str]:
     """Every role of a run: the trainer and explorer-0 .. explorer-(N-1)."""
     return [role_name()] + [role_name(i) for i in range(num_explorers)]
-
-
-def post_start(board: Board, at: ResumePoint, lease_generation: int | None = None) -> str:
-    """Announce a new attempt of the run, where its loops start and the generation of the run's
-    lease its driver holds (roles commit only while it is the newest: rl_engine.run.lease.Fence);
-    returns the attempt id."""
-    attempt = uuid.uuid4().hex[:12]
-    first_steps = {str(i): s for i, s in at.first_steps.items()}
-    board.post(START_KEY, {"attempt": attempt, "trainer_version": at.trainer_version, "first_steps": first_steps, "lease_generation": lease_generation})
-    return attempt
-
-
-def read_start(board: Board, timeout_s: float) -> tuple[str, ResumePoint, int | None]:
-    """(attempt id, where the loops start, the driver's lease generation) from the start marker."""
-    m = board.wait(START_KEY, lambda m: True, what="the run's start marker (roles are started by the mode's flow: `rft run`)", timeout_s=timeout_s)
-    return m["attempt"], ResumePoint(m["trainer_version"], {int(i): s for i, s in m["first_steps"].items()}), m.get("lease_generation")
 
 
 @dataclasses.dataclass

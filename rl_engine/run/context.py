@@ -9,10 +9,12 @@
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from typing import Any
 
 import fsspec
 
+from rl_engine.board import START_KEY, Board
 from rl_engine.config import RFTConfig, parse_yaml, to_yaml, validate_config
 from rl_engine.errors import UserError
 from rl_engine.run.storage_checks import check_storage
@@ -84,6 +86,22 @@ class ResumePoint:
     @property
     def resumed(self) -> bool:
         return self.trainer_version > 0 or any(s > 1 for s in self.first_steps.values())
+
+
+def post_start(board: Board, at: ResumePoint, lease_generation: int | None = None) -> str:
+    """Announce a new attempt of the run, where its loops start and the generation of the run's
+    lease its driver holds (roles commit only while it is the newest: rl_engine.run.lease.Fence);
+    returns the attempt id."""
+    attempt = uuid.uuid4().hex[:12]
+    first_steps = {str(i): s for i, s in at.first_steps.items()}
+    board.post(START_KEY, {"attempt": attempt, "trainer_version": at.trainer_version, "first_steps": first_steps, "lease_generation": lease_generation})
+    return attempt
+
+
+def read_start(board: Board, timeout_s: float) -> tuple[str, ResumePoint, int | None]:
+    """(attempt id, where the loops start, the driver's lease generation) from the start marker."""
+    m = board.wait(START_KEY, lambda m: True, what="the run's start marker (roles are started by the mode's flow: `rft run`)", timeout_s=timeout_s)
+    return m["attempt"], ResumePoint(m["trainer_version"], {int(i): s for i, s in m["first_steps"].items()}), m.get("lease_generation")
 
 
 def last_committed_steps(run: RunContext) -> dict[int, int]:

@@ -65,6 +65,24 @@ def test_flow_run_named_after_the_run_result_is_the_summary_as_json(done_run):
     assert json.loads(Path(flow_run.state.data.storage_key).read_text()) == summary
 
 
+def test_the_run_lifecycle_shows_as_tasks_of_the_flow_run(done_run):
+    """The steps of rl_engine/run/driver.py are task runs of the mode's flow run, in order, all
+    completed: what the UI draws in the run's graph (README, What it is: Run)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import TaskRunSort
+
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[done_run["flow_run"].id])), sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+    names = [t.name for t in tasks]
+    assert all(t.state.is_completed() for t in tasks), [(t.name, t.state.type) for t in tasks]
+    steps = [n for n in names if n in ("preflight", "start-run", "sweep-buffer", "publish-report", "record-lineage")]
+    assert steps == ["preflight", "start-run", "sweep-buffer", "publish-report", "record-lineage"], names
+    assert {"trainer", "explorer-0"} <= set(names), names
+    # The roles run between start-run and sweep-buffer.
+    assert names.index("start-run") < names.index("trainer") < names.index("sweep-buffer"), names
+
+
 def test_artifacts_under_stable_keys_with_the_run_in_the_description(done_run):
     arts, summary = done_run["artifacts"], done_run["summary"]
     name = Path(summary["run"]).name

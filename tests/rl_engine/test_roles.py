@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_key, silent_roles
-from rl_engine.roles.entry import Role, post_start, read_start
-from rl_engine.run.context import ResumePoint, start_run
+from rl_engine.roles.entry import Role
+from rl_engine.run.context import ResumePoint, post_start, read_start, start_run
 from tests.rl_engine.rollout.engines import make_config
 
 
