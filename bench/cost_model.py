@@ -62,10 +62,10 @@ class CostModelEngine:
 class CostModelTrainer:
     """The `rl_engine.trainer.Trainer` protocol, one rank, at a known cost per step."""
 
-    def __init__(self, cfg: Any, train_s: float):
+    def __init__(self, settings: Any, train_s: float):
         from transformers import AutoTokenizer
 
-        self.pad_token_id = AutoTokenizer.from_pretrained(cfg.model.path).pad_token_id
+        self.pad_token_id = AutoTokenizer.from_pretrained(settings.model_path).pad_token_id
         self.version, self.rank, self.train_s, self.w = 0, 0, train_s, torch.zeros(8)
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -115,4 +115,4 @@ def install(rollout_s: float, train_s: float, sync_s: float) -> None:
         raise TypeError("bench.cost_model is behind the protocols: " + "; ".join(problems))
 
     rl_engine.roles.explorer.build_rollout_engine = lambda cfg, i=0: CostModelEngine(cfg, i, rollout_s, sync_s)
-    rl_engine.roles.trainer.build_trainer = lambda cfg: CostModelTrainer(cfg, train_s)
+    rl_engine.roles.trainer.build_trainer = lambda settings: CostModelTrainer(settings, train_s)

@@ -33,17 +33,20 @@ from bench._report import emit_json, print_table
 ZERO_STAGE = 0  # the CPU default; stage 2 gives the same update (tests/rl_engine/trainer/test_ranks.py)
 
 
-def _config(model_dir: str, rows: int, micro: int, threads: int):
-    from rl_engine.config import RFTConfig
+def _settings(model_dir: str, rows: int, micro: int, threads: int):
+    """The trainer's settings: GRPO groups of 4, the run config's defaults (seed 42) otherwise."""
+    from rl_engine.config import AlgorithmConfig
+    from rl_engine.trainer import TrainerSettings
 
-    return RFTConfig.model_validate(
-        {
-            "model": {"path": model_dir},
-            "taskset": {"path": "unused.jsonl"},
-            "explorer": {"batch_size": rows // 4},
-            "algorithm": {"repeat_times": 4},
-            "trainer": {"micro_batch_size": micro, "lr": 1e-4, "num_threads": threads, "zero_stage": ZERO_STAGE},
-        }
+    return TrainerSettings(
+        model_path=model_dir,
+        seed=42,
+        train_batch_size=rows,
+        micro_batch_size=micro,
+        lr=1e-4,
+        num_threads=threads,
+        zero_stage=ZERO_STAGE,
+        algorithm=AlgorithmConfig(repeat_times=4),
     )
 
 
@@ -82,12 +85,12 @@ def worker(model_dir: str, rows: int, length: int, micro: int, steps: int, out: 
     from rl_engine.trainer.ranks import follow
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = _config(model_dir, rows, micro, threads=_threads(world))
+    settings = _settings(model_dir, rows, micro, threads=_threads(world))
     if int(os.environ["RANK"]) != 0:
-        follow(DeepSpeedTrainer(cfg))
+        follow(DeepSpeedTrainer(settings))
         _leave_group()
         return
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(settings)
     batch = _batch(rows, length, trainer.pad_token_id)
     times, tokens = [], 0.0
     for step in range(steps + 1):

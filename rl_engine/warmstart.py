@@ -2,7 +2,8 @@
 
 GRPO needs a policy that sometimes answers correctly (a group whose rewards are all equal has
 no signal). This builds the tiny Qwen2 model (`make_tiny_model`) and trains it with the SFT
-loss through the same DeepSpeed trainer as RL: prompt "12+7=", target "19" + EOS, loss on the
+loss through the same DeepSpeed trainer as RL (its `TrainerSettings` built from the arguments
+here, `sft_settings`: no RL config): prompt "12+7=", target "19" + EOS, loss on the
 target tokens only. It stops after a fixed number of steps (deterministic for a seed), chosen
 so the model is partly right: with the defaults (360 steps of 64 examples, lr 1e-3) seed 0
 reaches 43% expected exact-match at temperature 1 and 60% greedy, seed 1 32% / 40%, in ~15 s on
@@ -34,12 +35,15 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rl_engine.errors import UserError
 from rl_engine.rewards.countdown import DEFAULT_ALPHA, DEFAULT_MAX_N
+
+if TYPE_CHECKING:
+    from rl_engine.trainer import TrainerSettings
 
 DEFAULTS = {"steps": 360, "batch_size": 64, "lr": 1e-3, "warmup_steps": 20, "seed": 0, "max_operand": 20}
 # What differs for the countdown task (the rest is DEFAULTS); max_n / alpha as the task set's.
@@ -108,38 +112,35 @@ def _greedy_matches(trainer: Any, batch: dict[str, torch.Tensor]) -> torch.Tenso
     return ((pred == target) | ~mask).all(-1)
 
 
+def sft_settings(model_dir: str, batch_size: int, lr: float, warmup_steps: int, seed: int, threads: int | None = None) -> "TrainerSettings":
+    """The trainer's settings for SFT steps of `batch_size` examples (one micro-batch each),
+    logprobs at temperature 1 (what `evaluate` measures)."""
+    from rl_engine.trainer import TrainerSettings
+
+    return TrainerSettings(
+        model_path=model_dir, seed=seed, train_batch_size=batch_size, micro_batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, num_threads=threads, temperature=1.0
+    )
+
+
 def evaluate_dir(model_dir: str, max_operand: int = DEFAULTS["max_operand"], task: str = "arithmetic") -> dict[str, float]:
     """`evaluate` of a saved model directory (e.g. a run's final `model/`) on every problem of `task`."""
-    from rl_engine.config import RFTConfig
     from rl_engine.trainer import build_trainer
 
-    cfg = RFTConfig.model_validate({"model": {"path": model_dir}, "taskset": {"path": "unused.jsonl"}, "trainer": {"micro_batch_size": 16}})
-    return evaluate(build_trainer(cfg), *task_problems(task, max_operand))
+    # Logprobs only, 16 rows per forward pass; the optimizer values are never used.
+    return evaluate(build_trainer(sft_settings(model_dir, 16, 1e-5, 0, seed=42)), *task_problems(task, max_operand))
 
 
 def warmstart(
     out_dir: str, steps: int, batch_size: int, lr: float, warmup_steps: int, seed: int, max_operand: int, threads: int | None = None, task: str = "arithmetic", max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA
 ) -> dict[str, Any]:
     """Build, train and save the warm-started model; returns the summary written to warmstart.json."""
-    from rl_engine.config import RFTConfig
     from rl_engine.tiny_model import make_tiny_model
     from rl_engine.trainer import build_trainer
 
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="rft-warmstart-") as tmp:
         base = make_tiny_model(Path(tmp) / "base", seed=seed)
-        cfg = RFTConfig.model_validate(
-            {
-                "seed": seed,
-                "model": {"path": str(base)},
-                "taskset": {"path": "unused.jsonl"},  # tasks come from task_rows below
-                # train_batch_size resolves to explorer.batch_size x repeat_times = batch_size
-                "algorithm": {"repeat_times": batch_size},
-                "explorer": {"batch_size": 1, "sampling": {"temperature": 1.0}},
-                "trainer": {"total_steps": steps, "micro_batch_size": batch_size, "lr": lr, "warmup_steps": warmup_steps, "num_threads": threads},
-            }
-        )
-        trainer = build_trainer(cfg)
+        trainer = build_trainer(sft_settings(str(base), batch_size, lr, warmup_steps, seed, threads))
         problems, weights = task_problems(task, max_operand, max_n, alpha)
         log_every = max(1, steps // 10)
         for step in range(steps):

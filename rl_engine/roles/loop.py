@@ -53,7 +53,7 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     from rl_engine.rollout.engine import build_rollout_engine
     from rl_engine.board import Board
     from rl_engine.sync import build_weight_receiver, build_weight_sender
-    from rl_engine.trainer import build_trainer
+    from rl_engine.trainer import build_trainer, trainer_settings
     from rl_engine.warmstart import all_problems, evaluate
 
     cfg = cfg.resolved()
@@ -61,7 +61,7 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     storage = cfg.buffer.storage.fs_options()
     tasks = TaskIterator(load_taskset(cfg.taskset, storage), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle)
     reward_fn = build_reward(cfg.taskset.reward)
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(trainer_settings(cfg))
     engine = build_rollout_engine(cfg)
     board = Board(cfg.run_url, storage)
     sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)

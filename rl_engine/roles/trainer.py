@@ -30,7 +30,7 @@ from rl_engine.run.context import RunContext
 from rl_engine.storage import join
 from rl_engine.sync import build_weight_sender
 from rl_engine.run.timeline import STARTUP, TimelineRecorder
-from rl_engine.trainer import build_trainer
+from rl_engine.trainer import build_trainer, trainer_settings
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
 
 
@@ -67,7 +67,7 @@ class TrainerRole:
         self.timeline = TimelineRecorder(run.url, run.storage_options, TRAINER)
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
-            self.trainer = build_trainer(cfg)
+            self.trainer = build_trainer(trainer_settings(cfg))
         # Decoupled modes: batches in the order admission control numbered them (rl_engine.schedule.batch_number).
         self.reader = BufferReader(run.url, run.storage_options, cfg.buffer, explorers=None if cfg.synchronizer.mode in RENDEZVOUS_MODES else cfg.explorer.count)
         self.resumed_from: int | None = None

@@ -30,11 +30,12 @@ def main(argv: list[str] | None = None) -> None:
 
         trainer_loop(open_run(args.run_url, json.loads(args.storage_options)))
     else:
+        from rl_engine.trainer import trainer_settings
         from rl_engine.trainer.deepspeed_trainer import DeepSpeedTrainer
         from rl_engine.trainer.ranks import follow
 
         run = open_run(args.run_url, json.loads(args.storage_options))
-        follow(DeepSpeedTrainer(run.cfg), run.storage_options)
+        follow(DeepSpeedTrainer(trainer_settings(run.cfg)), run.storage_options)  # the settings rank 0's role builds
     import torch.distributed as dist
 
     if dist.is_initialized():  # left to interpreter exit, gloo's threads can abort the rank (pytorch/pytorch#190489)

@@ -1,28 +1,24 @@
-"""The trainer side: the `Trainer` protocol and its factory (DeepSpeed is the one implementation).
+"""The trainer side: the `Trainer` protocol, its settings and its factory (DeepSpeed is the one implementation).
 
-    from rl_engine.trainer import build_trainer
-    trainer = build_trainer(cfg)             # cfg: RFTConfig (train_batch_size resolved or derivable)
+    from rl_engine.trainer import build_trainer, trainer_settings
+    trainer = build_trainer(trainer_settings(cfg))   # cfg: a run's RFTConfig (train_batch_size resolved or derivable)
     ...
-    trainer.close()                          # with several ranks: the others exit
+    trainer.close()                                  # with several ranks: the others exit
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from rl_engine.trainer.protocol import Trainer
-
-if TYPE_CHECKING:
-    from rl_engine.config import RFTConfig
+from rl_engine.trainer.settings import TrainerSettings, trainer_settings
 
 
-def build_trainer(cfg: "RFTConfig") -> Trainer:
-    """The trainer for `cfg`: a DeepSpeed engine around the HF model at cfg.model.path. In rank 0
-    of several (torchrun set WORLD_SIZE), one that leads the other ranks (rl_engine.trainer.ranks)."""
+def build_trainer(settings: TrainerSettings) -> Trainer:
+    """The trainer of `settings`: a DeepSpeed engine around the HF model at settings.model_path. In
+    rank 0 of several (torchrun set WORLD_SIZE), one that leads the other ranks (rl_engine.trainer.ranks)."""
     from rl_engine.trainer.deepspeed_trainer import DeepSpeedTrainer
     from rl_engine.trainer.ranks import LeaderTrainer
 
-    local = DeepSpeedTrainer(cfg)
+    local = DeepSpeedTrainer(settings)
     if local.world == 1:
         return local
     if local.rank != 0:
@@ -30,4 +26,4 @@ def build_trainer(cfg: "RFTConfig") -> Trainer:
     return LeaderTrainer(local)
 
 
-__all__ = ["Trainer", "build_trainer"]
+__all__ = ["Trainer", "TrainerSettings", "build_trainer", "trainer_settings"]

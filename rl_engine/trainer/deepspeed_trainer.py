@@ -15,7 +15,7 @@ accumulation and data-parallel ranks give the same update as one big batch. Adva
 there, else GRPO advantages from `rewards` and `group_index` (`rl_engine.algorithms`); with
 several data-parallel ranks each rank's share must then hold whole groups (or pass advantages).
 
-    trainer = build_trainer(cfg)                      # rl_engine.trainer
+    trainer = build_trainer(trainer_settings(cfg))    # rl_engine.trainer
     metrics = trainer.train_step(batch.to_tensors(trainer.pad_token_id))
     trainer.save_hf("runs/x/checkpoints/version=3")
 
@@ -33,10 +33,10 @@ import torch
 from torch import Tensor
 
 from rl_engine.algorithms import grpo_advantages, policy_loss, sft_loss, token_entropy, token_logprobs, version_mask
-from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
+from rl_engine.trainer.settings import TrainerSettings
 
 Batch = dict[str, Tensor]
 # (micro-batch, its trained-token mask [b, L], whole-batch token/sequence counts) -> (loss, metric sums)
@@ -44,21 +44,21 @@ MicroLoss = Callable[[Batch, Tensor, dict[str, float]], tuple[Tensor, dict[str, 
 
 
 class DeepSpeedTrainer:
-    """See the module docstring. `version` = completed trainer steps (0 = the initial weights)."""
+    """See the module docstring. `version` = completed trainer steps (0 = the initial weights).
+    Takes `TrainerSettings` (rl_engine.trainer.settings), not the run's config."""
 
-    def __init__(self, cfg: RFTConfig):
+    def __init__(self, settings: TrainerSettings):
         from transformers import AutoTokenizer
 
-        self.cfg = cfg
-        tcfg = cfg.trainer
-        self.algo = cfg.algorithm
-        self.temperature = cfg.explorer.sampling.temperature if cfg.explorer.sampling.temperature > 0 else 1.0  # greedy: no scaling
+        self.settings = s = settings
+        self.algo = s.algorithm
+        self.temperature = s.temperature
         self.version = 0
-        if tcfg.num_threads:
-            torch.set_num_threads(tcfg.num_threads)
-        torch.manual_seed(cfg.seed)
-        model_dir = _check_model_dir(cfg.model.path)
-        tok_dir = str(Path(cfg.model.tokenizer_path).expanduser()) if cfg.model.tokenizer_path else model_dir  # a tokenizer needs no config.json
+        if s.num_threads:
+            torch.set_num_threads(s.num_threads)
+        torch.manual_seed(s.seed)
+        model_dir = _check_model_dir(s.model_path)
+        tok_dir = str(Path(s.tokenizer_path).expanduser()) if s.tokenizer_path else model_dir  # a tokenizer needs no config.json
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         if self.tokenizer.pad_token_id is None:
             raise UserError(
@@ -73,35 +73,34 @@ class DeepSpeedTrainer:
         self.world = int(self.engine.world_size)
         self.micro_batch_size = int(self.engine.train_micro_batch_size_per_gpu())
         self.local_batch_size = self.micro_batch_size * int(self.engine.gradient_accumulation_steps())
-        self.reference = _load_reference(model_dir, cfg.model.dtype, self.device) if self.algo.kl is not None else None
+        self.reference = _load_reference(model_dir, s.dtype, self.device) if self.algo.kl is not None else None
 
     # ---------------------------------------------------------------- setup
 
     def _build_engine(self, model_dir: str):
         import deepspeed
 
-        tcfg = self.cfg.trainer
-        tbs = tcfg.train_batch_size or self.cfg.resolved().trainer.train_batch_size
+        s = self.settings
+        tbs, micro = s.train_batch_size, s.micro_batch_size
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        micro = tcfg.micro_batch_size
         if tbs % (micro * world):
             raise UserError(
                 f"trainer.train_batch_size = {tbs} must be a multiple of trainer.micro_batch_size = {micro} x world size {world}; "
                 f"pick a micro_batch_size that divides {tbs // world if tbs % world == 0 else tbs}"
             )
-        model = _load_model(model_dir, self.cfg.model.dtype)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tcfg.lr, betas=tuple(tcfg.betas), weight_decay=tcfg.weight_decay)
-        warmup = tcfg.warmup_steps
-        # LambdaLR gets the number of finished steps s: step s+1 trains at lr * min(1, (s+1) / warmup).
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        model = _load_model(model_dir, s.dtype)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
+        warmup = s.warmup_steps
+        # LambdaLR gets the number of finished steps n: step n+1 trains at lr * min(1, (n+1) / warmup).
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
         ds_config: dict[str, Any] = {
             "train_batch_size": tbs,
             "train_micro_batch_size_per_gpu": micro,
             "gradient_accumulation_steps": tbs // (micro * world),
-            "gradient_clipping": tcfg.grad_clip,
-            "zero_optimization": {"stage": tcfg.zero_stage},
-            "bf16": {"enabled": self.cfg.model.dtype == "bfloat16"},
-            "fp16": {"enabled": self.cfg.model.dtype == "float16"},
+            "gradient_clipping": s.grad_clip,
+            "zero_optimization": {"stage": s.zero_stage},
+            "bf16": {"enabled": s.dtype == "bfloat16"},
+            "fp16": {"enabled": s.dtype == "float16"},
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 2**31 - 1,  # our own metrics; keep DeepSpeed's progress lines out of the logs
             "wall_clock_breakdown": False,

@@ -18,6 +18,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 @pytest.fixture(scope="session")
 def shared_trainer(tiny_model_dir):
     """One GRPO trainer for tests that only look at relative changes or at its current weights."""
-    from rl_engine.trainer import build_trainer
+    from rl_engine.trainer import build_trainer, trainer_settings
 
-    return build_trainer(make_cfg(tiny_model_dir))
+    return build_trainer(trainer_settings(make_cfg(tiny_model_dir)))

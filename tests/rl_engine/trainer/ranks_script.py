@@ -20,24 +20,24 @@ from trainer_helpers import grpo_case, make_cfg
 
 def main(model_dir: str, zero_stage: int, out: str) -> None:
     os.makedirs(out, exist_ok=True)
-    from rl_engine.trainer import build_trainer
+    from rl_engine.trainer import build_trainer, trainer_settings
     from rl_engine.trainer.deepspeed_trainer import DeepSpeedTrainer
     from rl_engine.trainer.ranks import follow
 
     algo, batch_args = grpo_case()
     cfg = make_cfg(model_dir, algorithm=algo, trainer={"micro_batch_size": 1, "zero_stage": zero_stage})
     if int(os.environ.get("RANK", "0")) != 0:
-        follow(DeepSpeedTrainer(cfg))  # the two steps
-        follow(DeepSpeedTrainer(cfg))  # the resumed second step
+        follow(DeepSpeedTrainer(trainer_settings(cfg)))  # the two steps
+        follow(DeepSpeedTrainer(trainer_settings(cfg)))  # the resumed second step
         return
-    tr = build_trainer(cfg)
+    tr = build_trainer(trainer_settings(cfg))
     batch = batch_args(tr)
     metrics = [tr.train_step(batch)]
     tr.save_state(os.path.join(out, "state"))
     metrics.append(tr.train_step(batch))
     _save(tr, os.path.join(out, "weights.safetensors"))
     tr.close()
-    resumed = build_trainer(cfg)
+    resumed = build_trainer(trainer_settings(cfg))
     resumed.load_state(os.path.join(out, "state"))
     metrics.append(resumed.train_step(batch))
     _save(resumed, os.path.join(out, "weights-resumed.safetensors"))

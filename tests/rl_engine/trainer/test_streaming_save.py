@@ -190,11 +190,11 @@ def main(model_dir: str, out: str) -> None:
     from trainer_helpers import make_batch, make_cfg
 
     from rl_engine.tiny_model import make_tiny_model
-    from rl_engine.trainer import build_trainer
+    from rl_engine.trainer import build_trainer, trainer_settings
 
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         make_tiny_model(model_dir, seed=0, hidden_size=1024, num_layers=3)
-    tr = build_trainer(make_cfg(model_dir))
+    tr = build_trainer(trainer_settings(make_cfg(model_dir)))
     tr.train_step(make_batch(tr))  # Adam state exists from here on
     n = sum(p.numel() for p in tr.engine.module.parameters())
     extra = peak_extra_bytes(lambda: tr.save_state(out))

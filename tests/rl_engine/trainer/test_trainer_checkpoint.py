@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from rl_engine.errors import UserError
-from rl_engine.trainer import build_trainer
+from rl_engine.trainer import build_trainer, trainer_settings
 from trainer_helpers import make_batch, make_cfg
 
 pytestmark = pytest.mark.slow
@@ -36,14 +36,14 @@ def test_save_hf_round_trip(shared_trainer, tmp_path):
         ours = tr.engine.module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     torch.testing.assert_close(logits, ours, rtol=0, atol=1e-6)
     # and the saved weights are the trained ones, not the initial model's
-    initial = AutoModelForCausalLM.from_pretrained(tr.cfg.model.path, dtype=torch.float32)
+    initial = AutoModelForCausalLM.from_pretrained(tr.settings.model_path, dtype=torch.float32)
     assert not torch.equal(initial.model.embed_tokens.weight, model.model.embed_tokens.weight)
 
 
 def test_save_hf_under_zero3_gathers_the_trained_weights(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    tr = build_trainer(make_cfg(tiny_model_dir, trainer={"zero_stage": 3}))
+    tr = build_trainer(trainer_settings(make_cfg(tiny_model_dir, trainer={"zero_stage": 3})))
     batch = make_batch(tr)
     tr.train_step(batch)
     tr.save_hf(str(tmp_path / "hf"))
@@ -82,13 +82,13 @@ def test_resume_gives_the_identical_next_step(tiny_model_dir, tmp_path, zero_sta
     batches = [make_batch(seed=s) for s in (10, 11, 12)]
     state_url = str(tmp_path / "state")
 
-    first = build_trainer(cfg)
+    first = build_trainer(trainer_settings(cfg))
     first.train_step(batches[0])
     first.save_state(state_url, extra={"cursor": {"offset": 4}})
     expected = [first.train_step(batches[1]), first.train_step(batches[2])]  # step 3: the LR scheduler's own state shows
     expected_weights = {k: v.clone() for k, v in first.named_weights()}
 
-    second = build_trainer(cfg)
+    second = build_trainer(trainer_settings(cfg))
     assert second.version == 0
     extra = second.load_state(state_url)
     assert extra == {"cursor": {"offset": 4}} and second.version == 1

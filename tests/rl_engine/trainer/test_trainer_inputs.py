@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from rl_engine.errors import UserError
-from rl_engine.trainer import build_trainer
+from rl_engine.trainer import build_trainer, trainer_settings
 from trainer_helpers import make_cfg
 
 
@@ -20,7 +20,7 @@ def test_missing_model_path(tiny_model_dir, tmp_path):
     cfg = make_cfg(tiny_model_dir)
     cfg.model.path = str(tmp_path / "nowhere")  # the config validator ran earlier; the directory went away since
     with pytest.raises(UserError, match="nowhere.*not found or has no config.json"):
-        build_trainer(cfg)
+        build_trainer(trainer_settings(cfg))
 
 
 def test_tokenizer_without_pad_token(tiny_model_dir, tmp_path):
@@ -30,7 +30,7 @@ def test_tokenizer_without_pad_token(tiny_model_dir, tmp_path):
     tok_cfg["pad_token"] = None  # absent, Qwen2Tokenizer would fall back to EOS; explicit null has none
     (model / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
     with pytest.raises(UserError, match="has no pad token"):
-        build_trainer(make_cfg(str(model)))
+        build_trainer(trainer_settings(make_cfg(str(model))))
 
 
 @pytest.mark.parametrize("micro,ranks", [(3, 1), (2, 4)])
@@ -41,7 +41,7 @@ def test_batch_size_not_multiple_of_micro_batch_times_ranks(tiny_model_dir, micr
     cfg = make_cfg(tiny_model_dir, trainer={"micro_batch_size": 4})
     cfg.trainer.micro_batch_size = 3
     with pytest.raises(UserError, match="train_batch_size = 4 must be a multiple of trainer.micro_batch_size = 3 x world size 1"):
-        build_trainer(cfg)
+        build_trainer(trainer_settings(cfg))
 
 
 def test_dist_env_inherited_from_a_parent_trainer_is_replaced(monkeypatch):

@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from rl_engine.trainer import build_trainer
+from rl_engine.trainer import build_trainer, trainer_settings
 from trainer_helpers import make_batch, make_cfg
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def test_grad_accumulation_equals_one_big_micro_batch(tiny_model_dir, loss_agg):
     algo = {"loss_agg": loss_agg, "kl": {"coef": 0.1, "estimator": "k3"}}
     results = []
     for micro in (2, 4):
-        tr = build_trainer(make_cfg(tiny_model_dir, algorithm=algo, trainer={"micro_batch_size": micro}))
+        tr = build_trainer(trainer_settings(make_cfg(tiny_model_dir, algorithm=algo, trainer={"micro_batch_size": micro})))
         batch = make_batch(tr, response_lens=(5, 3, 2, 1))
         noise = torch.randn(batch["loss_mask"].shape, generator=torch.Generator().manual_seed(5))
         batch["behavior_logprobs"] -= 0.3 * noise.abs() * batch["loss_mask"]  # ratios > 1, some clipped
@@ -95,7 +95,7 @@ def test_grad_accumulation_equals_one_big_micro_batch(tiny_model_dir, loss_agg):
 
 def test_recompute_old_logprobs_and_version_gap_mask(tiny_model_dir):
     cfg = make_cfg(tiny_model_dir, algorithm={"old_logprobs": "recompute", "max_version_gap": 0})
-    tr = build_trainer(cfg)
+    tr = build_trainer(trainer_settings(cfg))
     batch = make_batch()  # behavior logprobs all 0: far from the policy's, ignored by "recompute"
     m1 = tr.train_step(batch)
     assert m1["loss"] == pytest.approx(HAND_LOSS, abs=1e-5) and m1["clip_frac"] == 0.0
@@ -110,7 +110,7 @@ def test_recompute_old_logprobs_and_version_gap_mask(tiny_model_dir):
 def test_compute_logprobs_uses_sampling_temperature(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    tr = build_trainer(make_cfg(tiny_model_dir, explorer={"sampling": {"temperature": 0.7}}))
+    tr = build_trainer(trainer_settings(make_cfg(tiny_model_dir, explorer={"sampling": {"temperature": 0.7}})))
     batch = make_batch(seed=2)
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():

@@ -34,3 +34,48 @@ def test_bad_arguments():
 
     with pytest.raises(UserError, match="--batch-size within 2..1024"):
         main(["/tmp/unused", "--batch-size", "1"])
+
+
+def test_sft_settings_are_those_of_the_rl_config_warm_start_used_to_fake(tiny_model_dir):
+    """Warm start builds its settings from its arguments; they are the values the trainer got
+    from the RL config it faked before (so the warm start's figures hold)."""
+    from rl_engine.config import RFTConfig
+    from rl_engine.trainer import trainer_settings
+    from rl_engine.warmstart import sft_settings
+
+    old = RFTConfig.model_validate(
+        {
+            "seed": 3,
+            "model": {"path": tiny_model_dir},
+            "taskset": {"path": "unused.jsonl"},
+            "algorithm": {"repeat_times": 64},
+            "explorer": {"batch_size": 1, "sampling": {"temperature": 1.0}},
+            "trainer": {"total_steps": 360, "micro_batch_size": 64, "lr": 1e-3, "warmup_steps": 20, "num_threads": 2},
+        }
+    )
+    new = sft_settings(tiny_model_dir, 64, 1e-3, 20, seed=3, threads=2)
+    assert new.model_dump(exclude={"algorithm"}) == trainer_settings(old).model_dump(exclude={"algorithm"})
+    assert new.algorithm.kl is None  # no reference model, as before
+    old_eval = RFTConfig.model_validate({"model": {"path": tiny_model_dir}, "taskset": {"path": "unused.jsonl"}, "trainer": {"micro_batch_size": 16}})
+    assert sft_settings(tiny_model_dir, 16, 1e-5, 0, seed=42).model_dump(exclude={"algorithm"}) == trainer_settings(old_eval).model_dump(exclude={"algorithm"})
+
+
+@pytest.mark.slow  # a DeepSpeed trainer on CPU: ~10 s on idle cores
+def test_warm_start_runs_without_an_rl_config(tmp_path, monkeypatch):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from rl_engine.config import RFTConfig
+
+    def no_rl_config(*args, **kwargs):
+        raise AssertionError("warm start built an RFTConfig")
+
+    monkeypatch.setattr(RFTConfig, "model_validate", classmethod(no_rl_config))
+    monkeypatch.setattr(RFTConfig, "__init__", no_rl_config)
+    out = tmp_path / "sft"
+    assert main([str(out), "--steps", "3", "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "1", "--threads", "1"]) == 0
+    summary = json.loads((out / "warmstart.json").read_text())
+    assert (summary["steps"], summary["batch_size"], summary["lr"], summary["warmup_steps"]) == (3, 8, 1e-3, 1)
+    assert 0.0 < summary["final_loss"] < 10.0 and 0.0 <= summary["expected_exact_t1"] <= 1.0
+    assert AutoModelForCausalLM.from_pretrained(out).config.model_type == "qwen2"

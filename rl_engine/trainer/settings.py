@@ -1,0 +1,70 @@
+"""What the DeepSpeed trainer takes: `TrainerSettings`, the values it needs and nothing else.
+
+Components take values, not the config tree: a run builds the settings from its resolved config
+with `trainer_settings(cfg)` (the trainer role, the loop, every trainer rank, the same way);
+warm start, which has no RL run, builds them from its own arguments.
+
+    from rl_engine.trainer import build_trainer, trainer_settings
+    trainer = build_trainer(trainer_settings(cfg))
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rl_engine.config import AlgorithmConfig
+
+if TYPE_CHECKING:
+    from rl_engine.config import RFTConfig
+
+
+class TrainerSettings(BaseModel):
+    """The DeepSpeed trainer's inputs (defaults are `TrainerConfig`'s and `ModelConfig`'s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    model_path: str = Field(description="Local Hugging Face model directory (config.json, weights) the policy starts from.")
+    tokenizer_path: str | None = Field(default=None, description="Tokenizer directory; null: model_path.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Parameter dtype of the model (and of the KL reference).")
+    seed: int = Field(ge=0, description="torch seed set before the model is built.")
+    train_batch_size: int = Field(ge=1, description="Experiences per step over all ranks (one optimizer update).")
+    micro_batch_size: int = Field(ge=1, description="Experiences per forward/backward pass on one rank; gradient accumulation makes up the rest.")
+    lr: float = Field(gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear LR warmup over this many steps; 0: full lr from step 1.")
+    grad_clip: float = Field(default=1.0, gt=0.0, description="Gradient norm clip.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="DeepSpeed ZeRO stage.")
+    num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of this process; null keeps torch's default.")
+    temperature: float = Field(
+        default=1.0, gt=0.0, description="Logits are divided by this before logprobs and entropy: the explorer's sampling temperature (1.0 when it samples greedily)."
+    )
+    algorithm: AlgorithmConfig = Field(
+        default_factory=AlgorithmConfig, description="The RL loss and advantages (train_step); SFT (sft_step) uses none of it."
+    )
+
+
+def trainer_settings(cfg: "RFTConfig") -> TrainerSettings:
+    """The settings of a run's trainer, from its config (train_batch_size from the resolve step
+    when the config leaves it null)."""
+    t, m = cfg.trainer, cfg.model
+    temperature = cfg.explorer.sampling.temperature
+    return TrainerSettings(
+        model_path=m.path,
+        tokenizer_path=m.tokenizer_path,
+        dtype=m.dtype,
+        seed=cfg.seed,
+        train_batch_size=t.train_batch_size or cfg.resolved().trainer.train_batch_size,
+        micro_batch_size=t.micro_batch_size,
+        lr=t.lr,
+        betas=t.betas,
+        weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_steps,
+        grad_clip=t.grad_clip,
+        zero_stage=t.zero_stage,
+        num_threads=t.num_threads,
+        temperature=temperature if temperature > 0 else 1.0,  # greedy sampling: the logprobs of the unscaled policy
+        algorithm=cfg.algorithm,
+    )
