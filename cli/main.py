@@ -28,6 +28,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     import json
 
     from rl_engine.config import RFTConfig, config_warnings, load_config, step_volume, to_yaml
+    from rl_engine.run.preflight import check_model_paths
 
     if a.schema:
         print(json.dumps(RFTConfig.model_json_schema(), indent=1))
@@ -35,6 +36,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     if a.config is None:
         raise UserError("rft validate: give a CONFIG file (or --schema)")
     cfg = load_config(a.config, a.overrides).resolved()
+    check_model_paths(cfg.model)
     if a.print:
         print(to_yaml(cfg), end="")
     s = cfg.synchronizer

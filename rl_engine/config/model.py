@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field
 
 from rl_engine.config.base import _Model
 
 
 class ModelConfig(_Model):
-    """The policy model: a local Hugging Face directory (nothing is ever downloaded)."""
+    """The policy model: a local Hugging Face directory (nothing is ever downloaded; rl_engine.run.preflight checks it is one)."""
 
     path: str = Field(description="Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files).")
     tokenizer_path: str | None = Field(default=None, description="Tokenizer directory; defaults to `model.path`.")
@@ -19,27 +18,6 @@ class ModelConfig(_Model):
         default="float32", description="Parameter dtype in both vLLM and the trainer. float32 keeps their logprobs tight on CPU."
     )
     max_model_len: int = Field(default=512, ge=16, le=1_048_576, description="Context length (prompt + response tokens) for vLLM and the trainer.")
-
-    @field_validator("path", "tokenizer_path")
-    @classmethod
-    def _local_dir(cls, v: str | None, info: ValidationInfo) -> str | None:
-        if v is None:
-            return v
-        p = Path(v).expanduser()
-        if p.is_file():
-            raise ValueError(
-                f"{v!r} is a file, not a directory; point model.{info.field_name} at the directory that holds the model's config.json, "
-                f"*.safetensors and tokenizer files (this file's directory is {str(p.parent)!r})"
-            )
-        if not p.is_dir():
-            raise ValueError(
-                f"model directory {v!r} does not exist; build one with `rft make-tiny-model {v}` "
-                f"(or `rft warmstart`) or point model.{info.field_name} at a local Hugging Face model directory"
-            )
-        # A tokenizer directory needs only the tokenizer's files (rl_engine.run.preflight checks them).
-        if info.field_name == "path" and not (p / "config.json").is_file():
-            raise ValueError(f"{v!r} has no config.json; model.path must be a Hugging Face model directory")
-        return v
 
 
 class ArithmeticReward(_Model):

@@ -120,7 +120,6 @@ BAD = [
     ({"synchronizer": {"mode": "bogus"}}, ["synchronizer.mode", "'bogus'", "synchronous"]),
     ({"synchronizer": {"sync_ofset": 1}}, ["synchronizer.sync_ofset", "unknown key"]),
     ({"trainer": {"lr": "fast"}}, ["trainer.lr", "'fast'", "valid number"]),
-    ({"model": {"path": "/nonexistent/model"}}, ["model.path", "/nonexistent/model", "does not exist", "rft make-tiny-model"]),
     ({"synchronizer": {"sync_offset": 2}}, ["synchronizer.sync_offset = 2", "one_step_off_policy"]),
     ({"synchronizer": {"mode": "one_step_off_policy"}}, ["sync_offset = 0", "sync_offset >= 1"]),
     ({"synchronizer": {"mode": "fully_async", "sync_offset": 1}}, ["synchronizer.sync_offset = 1", "rendezvous"]),
@@ -274,3 +273,22 @@ def test_validate_prints_what_one_step_generates(tmp_path, tiny_model_dir, capsy
     partial = ["--set", "explorer.partial={enabled: true, segment_max_tokens: 16, max_response_tokens: 128, max_groups_in_flight: 8}"]
     assert rft(["validate", str(p), *partial]) == 0
     assert "up to 32 generations (8 tasks x algorithm.repeat_times 4) of up to 16 tokens (explorer.partial.segment_max_tokens)" in capsys.readouterr().out
+
+
+def test_the_model_directory_is_checked_by_preflight_and_rft_validate_not_by_validators(tmp_path, tiny_model_dir, capsys):
+    from rl_engine.run.preflight import check_model_paths
+
+    p = write(tmp_path, merge(base(tiny_model_dir), {"model": {"path": "/nonexistent/model"}}), "bad.yaml")
+    cfg = load_config(p)  # validators only check values: no filesystem
+    expected = ["model.path", "/nonexistent/model", "does not exist", "rft make-tiny-model"]
+    with pytest.raises(ConfigError) as ei:
+        check_model_paths(cfg.model)
+    assert all(s in str(ei.value) for s in expected), str(ei.value)
+    assert rft(["validate", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and all(s in err for s in expected), err
+    with pytest.raises(ConfigError, match=r"model\.tokenizer_path = .*config\.json': .* is a file, not a directory"):
+        check_model_paths(validate_config(merge(base(tiny_model_dir), {"model": {"tokenizer_path": f"{tiny_model_dir}/config.json"}})).model)
+    with pytest.raises(ConfigError, match=r"has no config\.json; model\.path must be a Hugging Face model directory"):
+        check_model_paths(validate_config(merge(base(tiny_model_dir), {"model": {"path": str(tmp_path)}})).model)
+    check_model_paths(validate_config(base(tiny_model_dir)).model)  # a model directory passes
