@@ -79,11 +79,6 @@ class BufferConfig(_Model):
         default=600.0, gt=0.0, description="A reader lists every commit record when it starts and then this often, finding records later than commit_window_s."
     )
     on_corrupt: Literal["fail", "skip"] = Field(default="fail", description="What a reader does with a committed file it cannot read: stop with its path, or report and skip it.")
-    max_backlog_steps: int | None = Field(
-        default=8,
-        ge=1,
-        description="Async modes without synchronizer.max_staleness: explorers pause while this many explorer steps are written but not yet trained; null: no cap.",
-    )
     verify_checksums: bool = Field(
         default=True,
         description="Check each file's CRC32 against its commit record before use. Off saves one pass over the bytes (reads ~2-3x faster) "

@@ -9,34 +9,49 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from rl_engine.config.base import ConfigError
+from rl_engine.config.migrate import migrate
 from rl_engine.config.model import _REWARD_TAGS
 from rl_engine.config.root import RFTConfig
-from rl_engine.errors import UserError
+from rl_engine.config.synchronizer import SYNC_TAGS, UNKNOWN_MODE, misplaced
 
 
-class ConfigError(UserError, ValueError):
-    """A config that cannot be used; `str()` is the full user-facing message, one problem per line."""
-
-
-def _format_errors(source: str, err: ValidationError) -> str:
+def _format_errors(source: str, err: ValidationError, data: Any) -> str:
     lines = [f"{source}: invalid configuration ({err.error_count()} problem{'s' if err.error_count() > 1 else ''})"]
-    for e in err.errors():
-        # Drop the union tag pydantic inserts after `reward` so the path reads like the YAML.
-        parts = e["loc"]
-        loc = ".".join(str(p) for i, p in enumerate(parts) if not (i and parts[i - 1] == "reward" and p in _REWARD_TAGS))
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key; remove it or check its spelling against `rft validate --schema`"
-        if e["type"] == "finite_number":
-            msg = "must be a finite number (not NaN or infinity); give a number within the field's bounds (`rft validate --schema`)"
-        if e["type"] == "missing":
-            lines.append(f"  {loc}: required field missing")
-            continue
-        if loc:
-            lines.append(f"  {loc} = {e.get('input')!r}: {msg}")
-        else:
-            lines.append(f"  {msg}")
-    return "\n".join(lines)
+    mode = _given_mode(data)
+    return "\n".join(lines + [f"  {_problem(e, mode)}" for e in err.errors()])
+
+
+def _given_mode(data: Any) -> Any:
+    """The synchronizer mode a raw config gives (synchronous when it gives none)."""
+    sync = data.get("synchronizer") if isinstance(data, dict) else None
+    return sync.get("mode", "synchronous") if isinstance(sync, dict) else "synchronous"
+
+
+def _problem(e: Any, mode: Any) -> str:
+    """One line of a validation error: the field's dotted path as in the YAML, its value, the rule and the fix."""
+    # Drop the union tags pydantic inserts after `reward` and `synchronizer` so the path reads like the YAML.
+    parts = e["loc"]
+    loc = ".".join(str(p) for i, p in enumerate(parts) if not (i and (parts[i - 1], p) in _UNION_TAGS))
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == UNKNOWN_MODE:
+        given = e["input"].get("mode") if isinstance(e["input"], dict) else e["input"]
+        return f"{loc}.mode = {given!r}: unknown mode; {msg}" if isinstance(e["input"], dict) else f"{loc} = {given!r}: must be a section with a mode; {msg}"
+    if e["type"] == "missing":
+        return f"{loc}: required field missing"
+    if e["type"] == "extra_forbidden":
+        wrong_variant = misplaced(loc.removeprefix("synchronizer."), e.get("input"), mode) if loc.startswith("synchronizer.") else None
+        if wrong_variant:
+            return wrong_variant
+        msg = "unknown key; remove it or check its spelling against `rft validate --schema`"
+    if e["type"] == "finite_number":
+        msg = "must be a finite number (not NaN or infinity); give a number within the field's bounds (`rft validate --schema`)"
+    if not loc or msg.startswith(f"{loc}.") or msg.startswith(f"{loc} "):
+        return msg  # a section's own check names its fields (and the section's whole input says nothing more)
+    return f"{loc} = {e.get('input')!r}: {msg}"
+
+
+_UNION_TAGS = {("reward", tag) for tag in _REWARD_TAGS} | {("synchronizer", tag) for tag in SYNC_TAGS}
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -131,11 +146,15 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def validate_config(data: dict[str, Any], source: str = "<config>") -> RFTConfig:
-    """Validate a raw dict into an RFTConfig; raises ConfigError naming source, field, value and rule."""
+    """Validate a raw dict into an RFTConfig, after migrating an older version's shape (`migrate`);
+    raises ConfigError naming source, field, value and rule."""
     try:
-        return RFTConfig.model_validate(data)
+        current, _ = migrate(data)
+        return RFTConfig.model_validate(current)
     except ValidationError as e:
-        raise ConfigError(_format_errors(source, e)) from None
+        raise ConfigError(_format_errors(source, e, current)) from None
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> RFTConfig:
@@ -147,3 +166,24 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
 def to_yaml(cfg: BaseModel) -> str:
     """YAML text of a config, in field order (what `config.yaml` of a run holds)."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def migrate_file(path: str | Path) -> list[str]:
+    """Rewrite a config file into today's shape in place; the notes of what changed ([] and the file
+    untouched when it is current). ConfigError, the file untouched, when the result would not load.
+    The leading comment block is kept; comments elsewhere are not (PyYAML does not read them)."""
+    p = Path(path)
+    data = read_yaml(p)
+    new, notes = migrate(data)
+    if not notes:
+        return []
+    validate_config(new, str(path))  # refuse, naming field and fix, before touching the file
+    header = "".join(line for line in _leading_comments(p.read_text(encoding="utf-8")))
+    p.write_text(header + yaml.safe_dump(new, sort_keys=False), encoding="utf-8")
+    return notes
+
+
+def _leading_comments(text: str) -> list[str]:
+    lines = text.splitlines(keepends=True)
+    n = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), len(lines))
+    return lines[:n]

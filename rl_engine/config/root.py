@@ -14,7 +14,7 @@ from rl_engine.config.buffer import BufferConfig
 from rl_engine.config.explorer import ExplorerConfig
 from rl_engine.config.model import ModelConfig, TasksetConfig
 from rl_engine.config.placement import LocalPlacement, PlacementConfig
-from rl_engine.config.synchronizer import RENDEZVOUS_MODES, SynchronizerConfig
+from rl_engine.config.synchronizer import DecoupledSync, RendezvousSync, SynchronizerConfig
 from rl_engine.config.trainer import TrainerConfig
 
 
@@ -62,7 +62,9 @@ class RFTConfig(_Model):
     explorer: ExplorerConfig = Field(default_factory=ExplorerConfig, description="Rollout side.")
     buffer: BufferConfig = Field(default_factory=BufferConfig, description="Experience buffer and storage.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed trainer.")
-    synchronizer: SynchronizerConfig = Field(default_factory=SynchronizerConfig, description="Sync mode, schedule and method.")
+    synchronizer: SynchronizerConfig = Field(
+        default_factory=RendezvousSync, description="Sync mode and its schedule (rendezvous: sync_interval, sync_offset; decoupled: sync_interval, max_staleness, max_backlog_steps) and method."
+    )
     placement: PlacementConfig = Field(default_factory=LocalPlacement, description="Where the roles run: `local` (tasks of one flow run) or `deployments` (a flow run each).")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reporting.")
     lineage: LineageConfig = Field(default_factory=LineageConfig, description="Scheduled retraining: the lineage this run continues, if any.")
@@ -75,7 +77,7 @@ class RFTConfig(_Model):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> "RFTConfig":
+    def _explorers_fit_mode(self) -> "RFTConfig":
         s, x = self.synchronizer, self.explorer
         if x.partial.enabled and (x.partial.max_groups_in_flight or 2 * x.batch_size) < x.batch_size:
             raise ValueError(f"explorer.partial.max_groups_in_flight = {x.partial.max_groups_in_flight} is below explorer.batch_size = {x.batch_size}; a step could never fill its batch")
@@ -83,30 +85,19 @@ class RFTConfig(_Model):
             raise ValueError(f"explorer.count = {x.count}: synchronizer.mode 'multi_explorer' needs explorer.count >= 2 (or use mode 'fully_async')")
         if s.mode != "multi_explorer" and x.count != 1:
             raise ValueError(f"explorer.count = {x.count}: only synchronizer.mode 'multi_explorer' runs several explorers; set the mode or explorer.count = 1")
-        if s.mode == "synchronous" and s.sync_offset != 0:
-            raise ValueError(f"synchronizer.sync_offset = {s.sync_offset}: mode 'synchronous' has sync_offset 0; use mode 'one_step_off_policy' to let the explorer run ahead")
-        if s.mode == "one_step_off_policy" and s.sync_offset < 1:
-            raise ValueError("synchronizer.sync_offset = 0: mode 'one_step_off_policy' needs sync_offset >= 1 (1 for one step ahead)")
-        if s.mode not in RENDEZVOUS_MODES and s.sync_offset != 0:
-            raise ValueError(f"synchronizer.sync_offset = {s.sync_offset}: only the rendezvous modes (synchronous, one_step_off_policy) use it; set it to 0")
-        if s.mode in RENDEZVOUS_MODES and s.max_staleness is not None:
-            raise ValueError(
-                f"synchronizer.max_staleness = {s.max_staleness}: the rendezvous modes fix staleness by sync_interval/sync_offset; set it to null or use an async mode"
-            )
-        if s.mode not in RENDEZVOUS_MODES and s.max_staleness is not None and s.max_staleness < s.sync_interval - 1:
-            raise ValueError(
-                f"synchronizer.max_staleness = {s.max_staleness}: weights are published every sync_interval = {s.sync_interval} trainer steps, "
-                f"so explorers are up to {s.sync_interval - 1} versions behind by design; set max_staleness >= {s.sync_interval - 1}"
-            )
+        return self
+
+    @model_validator(mode="after")
+    def _batches_fit(self) -> "RFTConfig":
+        s = self.synchronizer
         group = self.explorer.batch_size * self.algorithm.repeat_times
         tbs = self.trainer.train_batch_size
-        backlog = self.buffer.max_backlog_steps
-        if s.mode not in RENDEZVOUS_MODES and s.max_staleness is None and backlog is not None and backlog * group < (tbs or group):
+        if isinstance(s, DecoupledSync) and s.max_staleness is None and s.max_backlog_steps is not None and s.max_backlog_steps * group < (tbs or group):
             raise ValueError(
-                f"buffer.max_backlog_steps = {backlog}: explorers pause at {backlog} unconsumed steps of {group} experiences, "
+                f"synchronizer.max_backlog_steps = {s.max_backlog_steps}: explorers pause at {s.max_backlog_steps} unconsumed steps of {group} experiences, "
                 f"fewer than one trainer batch (trainer.train_batch_size = {tbs}); raise it to at least {-(-tbs // group)}"
             )
-        if s.mode in RENDEZVOUS_MODES and tbs is not None and tbs != group:
+        if isinstance(s, RendezvousSync) and tbs is not None and tbs != group:
             raise ValueError(
                 f"trainer.train_batch_size = {tbs}: in the rendezvous modes one trainer step trains one explorer step, "
                 f"so it must equal explorer.batch_size x algorithm.repeat_times = {group} (or null)"
@@ -119,13 +110,18 @@ class RFTConfig(_Model):
                 f"trainer.train_batch_size = {rows} must be a multiple of trainer.micro_batch_size = {self.trainer.micro_batch_size} x trainer.num_ranks = {self.trainer.num_ranks} "
                 "(each rank trains an equal share in whole micro-batches); change micro_batch_size or num_ranks"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _generation_fits(self) -> "RFTConfig":
+        x = self.explorer
         if x.sampling.temperature < 1e-5 and self.algorithm.repeat_times > 1 and not x.partial.enabled:
             raise ValueError(
                 f"explorer.sampling.temperature = {x.sampling.temperature}: greedy sampling gives algorithm.repeat_times = {self.algorithm.repeat_times} "
                 "identical rollouts per task (vLLM refuses n > 1 when greedy, and GRPO learns nothing from them); use a temperature > 0, e.g. 1.0"
             )
-        if self.explorer.sampling.max_tokens >= self.model.max_model_len:
-            raise ValueError(f"explorer.sampling.max_tokens = {self.explorer.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
+        if x.sampling.max_tokens >= self.model.max_model_len:
+            raise ValueError(f"explorer.sampling.max_tokens = {x.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
         if x.partial.enabled and x.partial.max_response_tokens >= self.model.max_model_len:
             raise ValueError(f"explorer.partial.max_response_tokens = {x.partial.max_response_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
         return self
