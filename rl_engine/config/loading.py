@@ -173,17 +173,15 @@ def migrate_file(path: str | Path) -> list[str]:
     untouched when it is current). ConfigError, the file untouched, when the result would not load.
     The leading comment block is kept; comments elsewhere are not (PyYAML does not read them)."""
     p = Path(path)
-    data = read_yaml(p)
-    new, notes = migrate(data)
-    if not notes:
-        return []
-    validate_config(new, str(path))  # refuse, naming field and fix, before touching the file
-    header = "".join(line for line in _leading_comments(p.read_text(encoding="utf-8")))
-    p.write_text(header + yaml.safe_dump(new, sort_keys=False), encoding="utf-8")
+    new, notes = migrate(read_yaml(p))
+    validate_config(new, str(path))  # refuse (a value with no meaning in its mode, ...), naming field and fix, before touching the file
+    if notes:
+        p.write_text("".join(_leading_comments(p.read_text(encoding="utf-8"))) + yaml.safe_dump(new, sort_keys=False), encoding="utf-8")
     return notes
 
 
 def _leading_comments(text: str) -> list[str]:
+    """The lines of a file's opening comment block (blank lines within it included)."""
     lines = text.splitlines(keepends=True)
     n = next((i for i, line in enumerate(lines) if line.strip() and not line.lstrip().startswith("#")), len(lines))
     return lines[:n]

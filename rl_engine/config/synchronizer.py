@@ -46,7 +46,7 @@ KeepLastCheckpoints = Annotated[
     ),
 ]
 Collective = Annotated[CollectiveConfig, Field(description="Settings of the collective method.")]
-WaitTimeout = Annotated[float, Field(gt=0.0, description="Longest a side waits at a rendezvous (or for weights it needs) before failing.")]
+WaitTimeout = Annotated[float, Field(gt=0.0, description="Longest a side waits at a rendezvous before failing.")]
 
 
 class RendezvousSync(_Model):
