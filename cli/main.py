@@ -3,6 +3,7 @@
     rft --help
     rft validate configs/synchronous.yaml --set synchronizer.sync_interval=2
     rft run configs/demo.yaml
+    rft config migrate old.yaml     # rewrite a config of an older version in the current shape
 
 User mistakes (bad config, missing file) print one clear message and exit 2, no traceback.
 Heavy imports (torch, vLLM, Prefect) happen inside the subcommands that need them.
@@ -27,7 +28,8 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def cmd_validate(a: argparse.Namespace) -> int:
     import json
 
-    from rl_engine.config import RFTConfig, config_warnings, load_config, step_volume, to_yaml
+    from rl_engine.config import RendezvousSync, RFTConfig, config_warnings, load_config, migrate, read_yaml, step_volume, to_yaml
+    from rl_engine.run.preflight import check_model_paths
 
     if a.schema:
         print(json.dumps(RFTConfig.model_json_schema(), indent=1))
@@ -35,17 +37,32 @@ def cmd_validate(a: argparse.Namespace) -> int:
     if a.config is None:
         raise UserError("rft validate: give a CONFIG file (or --schema)")
     cfg = load_config(a.config, a.overrides).resolved()
+    check_model_paths(cfg.model)
     if a.print:
         print(to_yaml(cfg), end="")
     s = cfg.synchronizer
     out = sys.stderr if a.print else sys.stdout  # --print: stdout is the YAML alone (`> resolved.yaml`)
+    schedule = f"sync_offset={s.sync_offset}" if isinstance(s, RendezvousSync) else f"max_staleness={s.max_staleness} max_backlog_steps={s.max_backlog_steps}"
     print(
-        f"OK {a.config}: mode={s.mode} sync_interval={s.sync_interval} sync_offset={s.sync_offset} "
+        f"OK {a.config}: mode={s.mode} sync_interval={s.sync_interval} {schedule} "
         f"sync_method={s.sync_method} explorers={cfg.explorer.count} train_batch_size={cfg.trainer.train_batch_size} run_dir={cfg.run_url}",
         file=out,
     )
     print(step_volume(cfg), file=out)
-    print_warnings(config_warnings(cfg))
+    print_warnings(config_warnings(cfg) + migration_warnings(a.config, migrate(read_yaml(a.config))[1]))
+    return 0
+
+
+def migration_warnings(path: str, notes: list[str]) -> list[str]:
+    """What `rft config migrate` would change in an older version's config file, as warnings (the file loads either way)."""
+    return [f"{path} is in an older shape ({'; '.join(notes)}); `rft config migrate {path}` rewrites it"] if notes else []
+
+
+def cmd_config_migrate(a: argparse.Namespace) -> int:
+    from rl_engine.config import migrate_file
+
+    notes = migrate_file(a.file)
+    print(f"{a.file}: rewritten in the current shape: " + "; ".join(notes) if notes else f"{a.file}: already in the current shape, unchanged")
     return 0
 
 
@@ -99,6 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print", action="store_true", help="print the resolved config as YAML")
     p.add_argument("--schema", action="store_true", help="print the JSON schema of the config and exit")
     p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("config", help="work on config files")
+    csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
+    q = csub.add_parser("migrate", help="rewrite a config file written for an older version in place, in the current shape (it loads without migration then)")
+    q.add_argument("file", help="YAML config file")
+    q.set_defaults(fn=cmd_config_migrate)
 
     p = sub.add_parser("run", help="run the flow of the configured sync mode (Prefect, ephemeral server unless PREFECT_API_URL is set)")
     _add_config_args(p)

@@ -62,15 +62,15 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
     """`rft run`: check the inputs (rl_engine.run.preflight) before Prefect or any engine starts, then run the flow.
     A UserError raised later, inside the flow, reaches the user as its message, without the
     traceback Prefect would log for it."""
-    from cli.main import print_warnings
-    from rl_engine.config import config_warnings
+    from cli.main import migration_warnings, print_warnings
+    from rl_engine.config import config_warnings, migrate, read_yaml
     from rl_engine.run.preflight import preflight
 
     source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
     cfg = load_config(config, overrides)
     check_prefect_api()
     cfg = preflight(cfg, resume, source)
-    print_warnings(config_warnings(cfg))
+    print_warnings(config_warnings(cfg) + migration_warnings(config, migrate(read_yaml(config))[1]))
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     summary = run_watched(cfg, resume)
     if not isinstance(summary, dict):

@@ -25,7 +25,7 @@ name stands for a module or a whole package):
     5  run.storage_checks run.context
     6  trainer sync
     7  run.state run.retention run.lineage run.preflight run.report warmstart
-    8  roles
+    8  roles run.driver
 
 Above rl_engine: tasks/ (thin Prefect tasks) -> flows/ (orchestration only) -> deployments/ and
 cli/ (the `rft` command); bench/ may use any of them, never tests/.

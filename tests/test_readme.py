@@ -35,6 +35,10 @@ EXERCISED: dict[str, list[str]] = {
         "tests/rl_engine/test_config.py::test_validate_print_writes_the_resolved_config",
         "tests/rl_engine/test_config.py::test_cli_schema_is_json",
     ],
+    "rft config": [
+        "tests/rl_engine/test_config.py::test_rft_config_migrate_rewrites_a_file_that_then_loads_without_migration",
+        "tests/rl_engine/test_config.py::test_rft_config_migrate_refuses_a_value_without_meaning_and_leaves_the_file",
+    ],
     "rft trainer-node": ["tests/flows/test_trainer_ranks.py::test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0"],
     "rft buffer": ["tests/rl_engine/buffer/test_buffer_stats.py::test_stats_text_and_corrupt", "tests/rl_engine/buffer/test_buffer_stats.py::test_stats_json"],
     "rft timeline": ["tests/rl_engine/test_timeline.py::test_cli_main_on_run_dir"],

@@ -26,7 +26,7 @@ import logging
 import sys
 from typing import Any, Callable, Iterator
 
-from rl_engine.config import RENDEZVOUS_MODES
+from rl_engine.config import RendezvousSync
 from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_name
 from rl_engine.roles.explorer import Explorer
 from rl_engine.run.lease import Fence, LeaseLost
@@ -130,7 +130,7 @@ def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str,
     with role.running():
         explorer = Explorer(run, explorer_id, role.stop, first_step=role.at.first_steps[explorer_id], fence=role.fence)
         try:
-            loop = _rendezvous_explorer if run.cfg.synchronizer.mode in RENDEZVOUS_MODES else _decoupled_explorer
+            loop = _rendezvous_explorer if isinstance(run.cfg.synchronizer, RendezvousSync) else _decoupled_explorer
             loop(run, explorer, role)
         finally:
             explorer.close()
@@ -167,7 +167,7 @@ def trainer_loop(run: RunContext, on_step: OnStep | None = None) -> RoleResult:
     with role.running():
         trainer = TrainerRole(run, resume=role.at.resumed, stop=role.stop, fence=role.fence)
         try:
-            loop = _rendezvous_trainer if run.cfg.synchronizer.mode in RENDEZVOUS_MODES else _decoupled_trainer
+            loop = _rendezvous_trainer if isinstance(run.cfg.synchronizer, RendezvousSync) else _decoupled_trainer
             loop(run, trainer, role)
             trainer.finish()
         finally:

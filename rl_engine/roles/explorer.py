@@ -255,7 +255,7 @@ class Explorer:
         while not stop.is_set():
             why = admission_wait(
                 b - 1, self.engine.version, trainer.get("version", 0), explorer_batch,
-                cfg.trainer.train_batch_size, cfg.synchronizer.max_staleness, cfg.buffer.max_backlog_steps,
+                cfg.trainer.train_batch_size, cfg.synchronizer.max_staleness, cfg.synchronizer.max_backlog_steps,
             )
             if b > (needed := batches_needed(cfg.trainer.total_steps, explorer_batch, cfg.trainer.train_batch_size, trainer.get("lost_rows", 0))):
                 why = f"the trainer to finish: its {cfg.trainer.total_steps} steps train {needed} batches, none past them"

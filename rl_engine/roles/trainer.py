@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from rl_engine.run import retention
 from rl_engine.buffer import BufferReader
-from rl_engine.config import RENDEZVOUS_MODES
+from rl_engine.config import DecoupledSync
 from rl_engine.board import TRAINER, TRAINER_KEY, Board, Stopped, StopSignal
 from rl_engine.run.lease import Fence
 from rl_engine.run.state import STATE_DIR, latest_state_step
@@ -69,7 +69,7 @@ class TrainerRole:
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
             self.trainer = build_trainer(trainer_settings(cfg))
         # Decoupled modes: batches in the order admission control numbered them (rl_engine.schedule.batch_number).
-        self.reader = BufferReader(run.url, run.storage_options, cfg.buffer, explorers=None if cfg.synchronizer.mode in RENDEZVOUS_MODES else cfg.explorer.count)
+        self.reader = BufferReader(run.url, run.storage_options, cfg.buffer, explorers=cfg.explorer.count if isinstance(cfg.synchronizer, DecoupledSync) else None)
         self.resumed_from: int | None = None
         if resume and (t := latest_state_step(run)) is not None:
             extra = self.trainer.load_state(self._state_url(t), run.storage_options)
@@ -117,8 +117,9 @@ class TrainerRole:
         cfg, t = self.cfg, self.version + 1
         started = time.time()
         with self.timeline.span("wait", step=t, version=self.version):
-            # max_staleness is only ever set in the decoupled modes (the config rejects it elsewhere).
-            batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, cfg.synchronizer.max_staleness, stop=stop, on_wait=lambda: self._while_waiting(stop))
+            # Only the decoupled modes have a max_staleness; the rendezvous schedule bounds staleness itself.
+            bound = cfg.synchronizer.max_staleness if isinstance(cfg.synchronizer, DecoupledSync) else None
+            batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, bound, stop=stop, on_wait=lambda: self._while_waiting(stop))
         waited = time.time() - started
         staleness = self.version - batch.min_versions()  # [B] versions behind at training time
         self.fence.check()  # a trainer whose driver lost the run's lease publishes no new version

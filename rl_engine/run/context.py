@@ -71,6 +71,7 @@ def open_run(url: str, storage_options: dict[str, Any] | None = None) -> RunCont
         if OUTAGE_KEY in opts:
             storage["outage_timeout_s"] = opts.pop(OUTAGE_KEY)
         storage["options"] = opts
+    # validate_config migrates a config.yaml an older version stored (rl_engine/config/migrate.py), so its runs still resume.
     cfg = validate_config(data, f"{url}/{CONFIG_FILE}")
     return RunContext(cfg=cfg, url=url.rstrip("/"))
 

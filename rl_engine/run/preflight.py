@@ -15,7 +15,8 @@ without a pad token used to fail the trainer while the explorer waited for it fo
 - the reward imports and takes `(prompt, response, task[, finish_reason])`;
 - the task set: readable, not empty, every row with a string prompt (rows named by line), and
   with an answer where the reward needs one (the built-in rewards);
-- the model directory: a parseable config.json, safetensors weights that are not truncated and
+- the model directory: model.path a directory holding a config.json (`check_model_paths`, which `rft validate`
+  makes too), a parseable config.json, safetensors weights that are not truncated and
   whose shapes fit config.json, `max_position_embeddings` not below model.max_model_len; the tokenizer loads and has a pad token;
 - every prompt, as the explorer will format it, leaves room for a response in model.max_model_len;
 - on resume, the latest trainer state fits the model;
@@ -36,7 +37,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rl_engine.config import ConfigError, RFTConfig
+from rl_engine.config import ConfigError, ModelConfig, RFTConfig
 from rl_engine.errors import UserError
 from rl_engine.run.storage_checks import check_reachable, check_storage, checked_call, open_for_checks
 from rl_engine.storage import join
@@ -64,6 +65,7 @@ def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the conf
     build_reward(cfg.taskset.reward)
     reward = cfg.taskset.reward.type
     tasks = load_taskset(cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None)
+    check_model_paths(cfg.model)
     model = cfg.model.path
     config, weights = check_model_dir(model)
     check_context_length(cfg.model.max_model_len, config, model)
@@ -171,6 +173,33 @@ def config_diff(a: Any, b: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for k in sorted(a.keys() | b.keys()) for d in config_diff(a.get(k), b.get(k), f"{prefix}{k}.")]
     return [] if a == b else [(prefix.rstrip("."), a, b)]
+
+
+# --------------------------------------------------------------------------- model directory
+
+
+def check_model_paths(model: ModelConfig) -> None:
+    """model.path is a model directory (with a config.json) and model.tokenizer_path, if given, a directory:
+    the cheap local check `rft validate` makes too (the config's validators never touch the filesystem)."""
+    for field, given in (("path", model.path), ("tokenizer_path", model.tokenizer_path)):
+        if given is None:
+            continue
+        d = Path(given).expanduser()
+        if d.is_file():
+            problem = (
+                f"{given!r} is a file, not a directory; point model.{field} at the directory that holds the model's config.json, "
+                f"*.safetensors and tokenizer files (this file's directory is {str(d.parent)!r})"
+            )
+        elif not d.is_dir():
+            problem = (
+                f"model directory {given!r} does not exist; build one with `rft make-tiny-model {given}` "
+                f"(or `rft warmstart`) or point model.{field} at a local Hugging Face model directory"
+            )
+        elif field == "path" and not (d / "config.json").is_file():  # a tokenizer directory needs only the tokenizer's files (check_tokenizer)
+            problem = f"{given!r} has no config.json; model.path must be a Hugging Face model directory"
+        else:
+            continue
+        raise ConfigError(f"model.{field} = {given!r}: {problem}")
 
 
 def check_model_dir(path: str, what: str = "model.path") -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:

@@ -69,7 +69,7 @@ def test_rendezvous_schedule_conformance(k, m, prefect_server, tiny_model_dir, t
 @pytest.mark.parametrize("method", ["collective", "checkpoint"])
 def test_fully_async_never_waits_without_bound(method, prefect_server, tiny_model_dir, task_file, tmp_path):
     data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="fully_async", sync_method=method, sync_interval=2, total_steps=6)
-    data["buffer"]["max_backlog_steps"] = None  # no staleness bound and no backlog cap
+    data["synchronizer"]["max_backlog_steps"] = None  # no staleness bound and no backlog cap
     summary = run_config(validate_config(data))
     spans = load_spans(summary["run"])
     # No bound: the explorer never waited for the trainer, except to join a weight sync (each of
@@ -124,7 +124,7 @@ def test_fully_async_max_staleness_is_admission_control(prefect_server, tiny_mod
 
 def test_fully_async_backlog_cap_without_a_staleness_bound(prefect_server, tiny_model_dir, task_file, tmp_path):
     data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="fully_async", sync_method="checkpoint", sync_interval=1, total_steps=6)
-    data["buffer"]["max_backlog_steps"] = 2
+    data["synchronizer"]["max_backlog_steps"] = 2
     summary = run_config(validate_config(data))
     spans = load_spans(summary["run"])
     # The explorer started batch e only while fewer than 2 batches were written but not yet trained

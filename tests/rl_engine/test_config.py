@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import glob
+import typing
 from pathlib import Path
 
+import pydantic
 import pytest
 import yaml
 
 from cli.main import main as rft
-from rl_engine.config import ConfigError, RFTConfig, load_config, to_yaml, validate_config
+from rl_engine.config import (
+    CollectiveConfig,
+    ConfigError,
+    DecoupledSync,
+    DeploymentsPlacement,
+    PythonReward,
+    RendezvousSync,
+    RFTConfig,
+    load_config,
+    migrate,
+    read_yaml,
+    to_yaml,
+    validate_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -94,22 +109,27 @@ def test_overrides_apply_with_yaml_types(tmp_path, tiny_model_dir):
 
 
 def test_no_field_without_description():
+    seen = set()
+
     def walk(model, prefix=""):
+        seen.add(model)
         for name, field in model.model_fields.items():
             assert field.description, f"{prefix}{name} has no description"
             ann = field.annotation
-            for sub in getattr(ann, "__args__", ()) + (ann,):
+            # A union's members may be Annotated (the synchronizer's carry a Tag): walk the model inside.
+            for sub in [typing.get_args(a)[0] if typing.get_origin(a) is typing.Annotated else a for a in getattr(ann, "__args__", ()) + (ann,)]:
                 if isinstance(sub, type) and issubclass(sub, RFTConfig.__mro__[1]) and sub is not model:
                     walk(sub, f"{prefix}{name}.")
 
     walk(RFTConfig)
+    assert {RendezvousSync, DecoupledSync, CollectiveConfig, PythonReward, DeploymentsPlacement} <= seen  # the unions' members were walked too
 
 
 # (overrides on a valid base, substrings the message must contain)
 BAD = [
     (
-        {"synchronizer": {"mode": "fully_async"}, "buffer": {"max_backlog_steps": 1}, "trainer": {"train_batch_size": 64}},
-        ["buffer.max_backlog_steps = 1", "fewer than one trainer batch", "at least"],
+        {"synchronizer": {"mode": "fully_async", "max_backlog_steps": 1}, "trainer": {"train_batch_size": 64}},
+        ["synchronizer.max_backlog_steps = 1", "fewer than one trainer batch", "at least"],
     ),
     ({"placement": {"type": "kubernetes"}}, ["placement", "'kubernetes'", "local", "deployments"]),
     ({"placement": {"type": "deployments", "job_variables": {"explorer0": {}}}}, ["placement.deployments.job_variables", "explorer0", "explorer-<i>"]),
@@ -118,12 +138,20 @@ BAD = [
     ({"synchronizer": {"sync_interval": 0}}, ["synchronizer.sync_interval", "0", "greater than or equal to 1"]),
     ({"synchronizer": {"mode": "multi_explorer"}}, ["explorer.count = 1", "multi_explorer", "explorer.count >= 2"]),
     ({"synchronizer": {"mode": "bogus"}}, ["synchronizer.mode", "'bogus'", "synchronous"]),
+    ({"synchronizer": {"mode": "bogus"}}, ["synchronizer.mode = 'bogus': unknown mode", "one_step_off_policy", "fully_async", "multi_explorer"]),
+    ({"synchronizer": "fully_async"}, ["synchronizer = 'fully_async'", "must be a section with a mode", "multi_explorer"]),
     ({"synchronizer": {"sync_ofset": 1}}, ["synchronizer.sync_ofset", "unknown key"]),
     ({"trainer": {"lr": "fast"}}, ["trainer.lr", "'fast'", "valid number"]),
-    ({"model": {"path": "/nonexistent/model"}}, ["model.path", "/nonexistent/model", "does not exist", "rft make-tiny-model"]),
     ({"synchronizer": {"sync_offset": 2}}, ["synchronizer.sync_offset = 2", "one_step_off_policy"]),
     ({"synchronizer": {"mode": "one_step_off_policy"}}, ["sync_offset = 0", "sync_offset >= 1"]),
     ({"synchronizer": {"mode": "fully_async", "sync_offset": 1}}, ["synchronizer.sync_offset = 1", "rendezvous"]),
+    # A field of the other variant: not allowed in that mode, and what to do instead.
+    ({"synchronizer": {"mode": "fully_async", "sync_offset": 2}}, ["synchronizer.sync_offset = 2", "mode 'fully_async' has no sync_offset", "remove it or use a rendezvous mode"]),
+    ({"synchronizer": {"mode": "multi_explorer", "sync_offset": 1}, "explorer": {"count": 2}}, ["synchronizer.sync_offset = 1", "mode 'multi_explorer' has no sync_offset"]),
+    ({"synchronizer": {"mode": "one_step_off_policy", "sync_offset": 1, "max_staleness": 3}}, ["synchronizer.max_staleness = 3", "mode 'one_step_off_policy' has no max_staleness", "use an async mode"]),
+    ({"synchronizer": {"max_backlog_steps": 4}}, ["synchronizer.max_backlog_steps = 4", "mode 'synchronous' has no max_backlog_steps", "remove it or use an async mode"]),
+    ({"synchronizer": {"mode": "fully_async"}, "buffer": {"max_backlog_steps": 2}, "trainer": {"train_batch_size": 64}}, ["synchronizer.max_backlog_steps = 2", "fewer than one trainer batch"]),  # the old key, migrated
+    ({"synchronizer": {"mode": "fully_async", "max_backlog_steps": 4}, "buffer": {"max_backlog_steps": 2}}, ["buffer.max_backlog_steps = 2 and synchronizer.max_backlog_steps = 4", "delete buffer.max_backlog_steps"]),
     ({"synchronizer": {"max_staleness": 2}}, ["synchronizer.max_staleness = 2", "async mode"]),
     ({"explorer": {"count": 2}}, ["explorer.count = 2", "multi_explorer"]),
     ({"synchronizer": {"mode": "fully_async", "sync_interval": 4, "max_staleness": 1}}, ["synchronizer.max_staleness = 1", "max_staleness >= 3"]),
@@ -274,3 +302,119 @@ def test_validate_prints_what_one_step_generates(tmp_path, tiny_model_dir, capsy
     partial = ["--set", "explorer.partial={enabled: true, segment_max_tokens: 16, max_response_tokens: 128, max_groups_in_flight: 8}"]
     assert rft(["validate", str(p), *partial]) == 0
     assert "up to 32 generations (8 tasks x algorithm.repeat_times 4) of up to 16 tokens (explorer.partial.segment_max_tokens)" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- the synchronizer union and migration
+
+
+def test_mode_picks_the_synchronizer_variant_and_its_fields(tiny_model_dir):
+    rendezvous = validate_config(merge(base(tiny_model_dir), {"synchronizer": {"mode": "one_step_off_policy", "sync_interval": 2, "sync_offset": 1}})).synchronizer
+    assert isinstance(rendezvous, RendezvousSync) and (rendezvous.sync_interval, rendezvous.sync_offset) == (2, 1)
+    assert not hasattr(rendezvous, "max_staleness") and not hasattr(rendezvous, "max_backlog_steps")
+    decoupled = validate_config(merge(base(tiny_model_dir), {"synchronizer": {"mode": "fully_async", "max_staleness": 2}})).synchronizer
+    assert isinstance(decoupled, DecoupledSync) and (decoupled.max_staleness, decoupled.max_backlog_steps) == (2, 8)
+    assert not hasattr(decoupled, "sync_offset")
+    # No mode given: synchronous, as before the union.
+    assert validate_config(merge(base(tiny_model_dir), {"synchronizer": {"sync_interval": 3}})).synchronizer == RendezvousSync(mode="synchronous", sync_interval=3)
+
+
+OLD_ASYNC = {  # fully_async as an older version wrote it: the backlog cap under buffer, the rendezvous fields at their neutral values
+    "buffer": {"max_backlog_steps": 3},
+    "synchronizer": {"mode": "fully_async", "sync_interval": 2, "sync_offset": 0, "max_staleness": None, "sync_method": "checkpoint"},
+}
+NEW_ASYNC = {"synchronizer": {"mode": "fully_async", "sync_interval": 2, "max_backlog_steps": 3, "sync_method": "checkpoint"}}
+OLD_RENDEZVOUS = {
+    "buffer": {"max_backlog_steps": 8},
+    "synchronizer": {"mode": "one_step_off_policy", "sync_interval": 1, "sync_offset": 1, "max_staleness": None},
+}
+NEW_RENDEZVOUS = {"synchronizer": {"mode": "one_step_off_policy", "sync_interval": 1, "sync_offset": 1}}
+
+
+@pytest.mark.parametrize("old,new", [(OLD_ASYNC, NEW_ASYNC), (OLD_RENDEZVOUS, NEW_RENDEZVOUS)], ids=["fully_async", "one_step_off_policy"])
+def test_a_config_in_the_old_shape_loads_to_the_same_values(old, new, tmp_path, tiny_model_dir, capsys):
+    old_file, new_file = write(tmp_path, merge(base(tiny_model_dir), old), "old.yaml"), write(tmp_path, merge(base(tiny_model_dir), new), "new.yaml")
+    assert load_config(old_file) == load_config(new_file)
+    assert load_config(old_file).synchronizer.sync_interval == new["synchronizer"]["sync_interval"]
+    with pytest.raises(pydantic.ValidationError, match="Extra inputs are not permitted"):
+        RFTConfig.model_validate(read_yaml(old_file))  # the old shape itself is not today's: migration made the difference
+    assert migrate(read_yaml(new_file)) == (read_yaml(new_file), [])  # today's shape is left as it is
+    # `rft validate` loads it and says how to rewrite it.
+    assert rft(["validate", str(old_file)]) == 0
+    assert f"warning: {old_file} is in an older shape" in capsys.readouterr().err
+
+
+def test_migrate_notes_each_change_and_leaves_its_input_alone():
+    data = {"model": {"path": "m"}, **OLD_ASYNC}
+    given = yaml.safe_load(yaml.safe_dump(data))
+    new, notes = migrate(data)
+    assert data == given
+    assert new["synchronizer"] == {"mode": "fully_async", "sync_interval": 2, "max_staleness": None, "sync_method": "checkpoint", "max_backlog_steps": 3} and new["buffer"] == {}
+    assert notes == [
+        "buffer.max_backlog_steps moved to synchronizer.max_backlog_steps",
+        "synchronizer.sync_offset: 0 removed: mode 'fully_async' has no sync_offset",
+    ]
+    _, notes = migrate(OLD_RENDEZVOUS)
+    assert notes == ["buffer.max_backlog_steps: 8 removed: mode 'one_step_off_policy' never used it", "synchronizer.max_staleness: null removed: mode 'one_step_off_policy' has no max_staleness"]
+    # Only the synchronizer's neutral values go: a meaningful one is left for validation to refuse, naming it.
+    assert migrate({"synchronizer": {"mode": "fully_async", "sync_offset": 3}}) == ({"synchronizer": {"mode": "fully_async", "sync_offset": 3}}, [])
+
+
+def test_rft_config_migrate_rewrites_a_file_that_then_loads_without_migration(tmp_path, tiny_model_dir, capsys):
+    before = load_config(write(tmp_path, merge(base(tiny_model_dir), OLD_ASYNC), "ref.yaml"))
+    p = tmp_path / "old.yaml"
+    p.write_text("# my fully async run\n# (kept)\n" + yaml.safe_dump(merge(base(tiny_model_dir), OLD_ASYNC)))
+    assert rft(["config", "migrate", str(p)]) == 0
+    assert "buffer.max_backlog_steps moved to synchronizer.max_backlog_steps" in capsys.readouterr().out
+    assert p.read_text().startswith("# my fully async run\n# (kept)\n")
+    assert RFTConfig.model_validate(read_yaml(p)) == before  # no migration needed any more, same values
+    text = p.read_text()
+    assert rft(["config", "migrate", str(p)]) == 0 and "already in the current shape, unchanged" in capsys.readouterr().out
+    assert p.read_text() == text
+
+
+@pytest.mark.parametrize("old_backlog", [{"buffer": {"max_backlog_steps": 3}}, {}], ids=["with-other-old-keys", "alone"])
+def test_rft_config_migrate_refuses_a_value_without_meaning_and_leaves_the_file(old_backlog, tmp_path, tiny_model_dir, capsys):
+    p = write(tmp_path, merge(base(tiny_model_dir), {**old_backlog, "synchronizer": {"mode": "fully_async", "sync_offset": 3}}))
+    text = p.read_text()
+    assert rft(["config", "migrate", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "synchronizer.sync_offset = 3: mode 'fully_async' has no sync_offset" in err and "remove it or use a rendezvous mode" in err
+    assert p.read_text() == text
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: Path(p).name)
+def test_every_shipped_config_is_in_the_current_shape(path):
+    data = read_yaml(path)
+    assert migrate(data) == (data, [])
+    RFTConfig.model_validate(data)  # loads without migration (and without the model directory: validators never touch the filesystem)
+
+
+def test_a_run_stored_by_an_older_version_opens(tmp_path):
+    from rl_engine.run.context import open_run
+
+    run_dir = tmp_path / "runs" / "old-async"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text((REPO / "tests" / "rl_engine" / "old_run_config.yaml").read_text())
+    cfg = open_run(str(run_dir)).cfg
+    assert isinstance(cfg.synchronizer, DecoupledSync)
+    assert (cfg.synchronizer.mode, cfg.synchronizer.sync_interval, cfg.synchronizer.max_backlog_steps, cfg.synchronizer.max_staleness) == ("fully_async", 2, 3, None)
+    assert (cfg.name, cfg.trainer.train_batch_size, cfg.synchronizer.sync_method) == ("old-async", 4, "checkpoint")
+
+
+def test_the_model_directory_is_checked_by_preflight_and_rft_validate_not_by_validators(tmp_path, tiny_model_dir, capsys):
+    from rl_engine.run.preflight import check_model_paths
+
+    p = write(tmp_path, merge(base(tiny_model_dir), {"model": {"path": "/nonexistent/model"}}), "bad.yaml")
+    cfg = load_config(p)  # validators only check values: no filesystem
+    expected = ["model.path", "/nonexistent/model", "does not exist", "rft make-tiny-model"]
+    with pytest.raises(ConfigError) as ei:
+        check_model_paths(cfg.model)
+    assert all(s in str(ei.value) for s in expected), str(ei.value)
+    assert rft(["validate", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and all(s in err for s in expected), err
+    with pytest.raises(ConfigError, match=r"model\.tokenizer_path = .*config\.json': .* is a file, not a directory"):
+        check_model_paths(validate_config(merge(base(tiny_model_dir), {"model": {"tokenizer_path": f"{tiny_model_dir}/config.json"}})).model)
+    with pytest.raises(ConfigError, match=r"has no config\.json; model\.path must be a Hugging Face model directory"):
+        check_model_paths(validate_config(merge(base(tiny_model_dir), {"model": {"path": str(tmp_path)}})).model)
+    check_model_paths(validate_config(base(tiny_model_dir)).model)  # a model directory passes

@@ -1,0 +1,40 @@
+"""Configuration: one pydantic model per component, composed into the root `RFTConfig`.
+
+A YAML file loads into `RFTConfig` (`load_config(path, overrides)`), `--set a.b=c` overrides
+apply before validation, and `resolve(cfg)` fills the derived values (run name, run dir,
+train batch size) in one explicit step. The resolved config is written to the run directory
+by `save_resolved`. Validators only check; they never rewrite.
+
+Field paths are part of the interface (`synchronizer.sync_interval`, ...): they appear in error
+messages, in `--set` overrides and in the Prefect UI form of every flow.
+
+One module per component (model.py: model and task set, algorithm.py, explorer.py, buffer.py,
+trainer.py, synchronizer.py: a union on `mode`, placement.py), root.py composes them into
+`RFTConfig`, loading.py reads files and formats errors, migrate.py rewrites an older version's
+shape before validation (so old files and runs' stored configs keep loading), advice.py holds the
+warnings `rft validate` prints. Every name is importable from `rl_engine.config`. Nothing here
+touches the filesystem while validating: rl_engine/run/preflight.py checks the model directory.
+
+    python -m rl_engine.config configs/demo.yaml      # validate and print the resolved config
+"""
+
+from rl_engine.config.advice import config_warnings, step_volume
+from rl_engine.config.algorithm import AlgorithmConfig, KLConfig
+from rl_engine.config.base import ConfigError, _Model
+from rl_engine.config.buffer import BufferConfig, StorageConfig
+from rl_engine.config.explorer import EngineConfig, ExplorerConfig, PartialRolloutConfig, SamplingConfig
+from rl_engine.config.loading import apply_overrides, load_config, migrate_file, parse_override, parse_yaml, read_yaml, to_yaml, validate_config
+from rl_engine.config.migrate import migrate
+from rl_engine.config.model import ArithmeticReward, CountdownReward, ModelConfig, PythonReward, RewardConfig, TasksetConfig
+from rl_engine.config.placement import DeploymentsPlacement, LocalPlacement, PlacementConfig
+from rl_engine.config.root import MAX_SEED, LineageConfig, MonitorConfig, RFTConfig
+from rl_engine.config.synchronizer import DECOUPLED_MODES, RENDEZVOUS_MODES, CollectiveConfig, DecoupledSync, Mode, RendezvousSync, SynchronizerConfig
+from rl_engine.config.trainer import TrainerConfig
+
+__all__ = [
+    "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward",
+    "DecoupledSync", "DeploymentsPlacement", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement", "Mode", "ModelConfig", "MonitorConfig",
+    "PartialRolloutConfig", "PlacementConfig", "PythonReward", "RFTConfig", "RendezvousSync", "RewardConfig", "SamplingConfig", "StorageConfig", "SynchronizerConfig",
+    "TasksetConfig", "TrainerConfig", "_Model", "apply_overrides", "config_warnings", "load_config", "migrate", "migrate_file", "parse_override", "parse_yaml", "read_yaml",
+    "step_volume", "to_yaml", "validate_config",
+]

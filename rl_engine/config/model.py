@@ -1,0 +1,65 @@
+"""The policy model and the task set it is trained on, with the reward variants that score it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field
+
+from rl_engine.config.base import _Model
+
+
+class ModelConfig(_Model):
+    """The policy model: a local Hugging Face directory (nothing is ever downloaded; rl_engine.run.preflight checks it is one)."""
+
+    path: str = Field(description="Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files).")
+    tokenizer_path: str | None = Field(default=None, description="Tokenizer directory; defaults to `model.path`.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype in both vLLM and the trainer. float32 keeps their logprobs tight on CPU."
+    )
+    max_model_len: int = Field(default=512, ge=16, le=1_048_576, description="Context length (prompt + response tokens) for vLLM and the trainer.")
+
+
+class ArithmeticReward(_Model):
+    """Exact-answer reward for the demo arithmetic task, plus a format reward."""
+
+    type: Literal["arithmetic"] = Field(description="Reward variant selector.")
+    correct_weight: float = Field(default=1.0, description="Reward for an exactly correct final answer.")
+    format_weight: float = Field(default=0.1, ge=0.0, description="Reward for a well-formed answer (digits only, then a stop).")
+
+
+class CountdownReward(_Model):
+    """Reward of the long-tail countdown task: exact answer then a stop, plus shaped progress."""
+
+    type: Literal["countdown"] = Field(description="Reward variant selector.")
+    correct_weight: float = Field(default=1.0, description="Reward for exactly the answer, ended by a stop.")
+    close_weight: float = Field(default=0.5, ge=0.0, description="Weight of the progress term: the fraction of the answer's numbers right from the start, over the longer of answer and response.")
+
+
+class PythonReward(_Model):
+    """A user reward function `module:function(prompt, response, task) -> float | dict[str, float]`."""
+
+    type: Literal["python"] = Field(description="Reward variant selector.")
+    function: str = Field(description="Import path `package.module:function` of the reward callable.", pattern=r"^[\w.]+:\w+$")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+    timeout_s: float = Field(
+        default=60.0, gt=0.0, description="Longest one call may take; a call still running then fails the explorer step (and the run) naming the function."
+    )
+
+
+RewardConfig = Annotated[Union[ArithmeticReward, CountdownReward, PythonReward], Field(discriminator="type")]
+_REWARD_TAGS = ("arithmetic", "countdown", "python")
+
+
+class TasksetConfig(_Model):
+    """Where prompts come from and how they are scored."""
+
+    path: str = Field(description="JSONL or Parquet file of tasks; a local path or any fsspec URL (s3://...).")
+    prompt_key: str = Field(default="question", description="Column holding the prompt text.")
+    answer_key: str = Field(default="answer", description="Column holding the reference answer passed to the reward.")
+    template: str | None = Field(
+        default=None,
+        description="Python format string with `{prompt}`; if unset the tokenizer's chat template is used when it has one, else the raw prompt.",
+    )
+    shuffle: bool = Field(default=True, description="Shuffle task order each epoch (seeded by `seed`).")
+    reward: RewardConfig = Field(default_factory=lambda: ArithmeticReward(type="arithmetic"), description="Reward function variant.")

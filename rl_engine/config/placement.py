@@ -1,0 +1,43 @@
+"""Placement: where the roles run (tasks of one flow run, or a deployment's flow run each)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Field, field_validator
+
+from rl_engine.config.base import _Model
+
+
+class LocalPlacement(_Model):
+    """Every role (explorers, trainer) as a concurrent task of the mode's flow run, in one process."""
+
+    type: Literal["local"] = Field(default="local", description="Roles run as tasks of the mode's flow run.")
+    heartbeat_s: float = Field(default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board.")
+    heartbeat_timeout_s: float = Field(default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops.")
+
+
+class DeploymentsPlacement(_Model):
+    """Each role as its own flow run of its Prefect deployment: its own process, on the pool that serves it."""
+
+    type: Literal["deployments"] = Field(description="Roles run as flow runs of their deployments (`prefect deploy --all` creates them).")
+    explorer_deployment: str = Field(default="rft-explorer/default", description="Deployment (`flow-name/deployment-name`) that runs an explorer role.")
+    trainer_deployment: str = Field(default="rft-trainer/default", description="Deployment (`flow-name/deployment-name`) that runs the trainer role.")
+    job_variables: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Work-pool job variables per role: key `trainer`, `explorer` (every explorer) or `explorer-<i>`, e.g. {explorer-1: {env: {CUDA_VISIBLE_DEVICES: '1'}}}.",
+    )
+    start_timeout_s: float = Field(default=600.0, gt=0.0, description="Longest a role's flow run may wait for a worker before the run fails.")
+    heartbeat_s: float = Field(default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board.")
+    heartbeat_timeout_s: float = Field(default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops.")
+
+    @field_validator("job_variables")
+    @classmethod
+    def _roles(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for key in v:
+            if key not in ("trainer", "explorer") and not (key.startswith("explorer-") and key[9:].isdigit()):
+                raise ValueError(f"job_variables key {key!r}: use `trainer`, `explorer` or `explorer-<i>`")
+        return v
+
+
+PlacementConfig = Annotated[Union[LocalPlacement, DeploymentsPlacement], Field(discriminator="type")]

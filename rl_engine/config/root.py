@@ -1,0 +1,150 @@
+"""The root `RFTConfig`: every section composed, the cross-section checks, the one resolve step."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from rl_engine.config.algorithm import AlgorithmConfig
+from rl_engine.config.base import _Model
+from rl_engine.config.buffer import BufferConfig
+from rl_engine.config.explorer import ExplorerConfig
+from rl_engine.config.model import ModelConfig, TasksetConfig
+from rl_engine.config.placement import LocalPlacement, PlacementConfig
+from rl_engine.config.synchronizer import DecoupledSync, RendezvousSync, SynchronizerConfig
+from rl_engine.config.trainer import TrainerConfig
+
+
+class MonitorConfig(_Model):
+    """What a run reports."""
+
+    timeline: bool = Field(default=True, description="Record spans of every component and render the Gantt chart.")
+    artifacts: bool = Field(default=True, description="Publish metrics, timeline and continuations as Prefect artifacts.")
+    log_every: int = Field(default=1, ge=1, description="Print a progress line every this many trainer steps.")
+
+
+class LineageConfig(_Model):
+    """Scheduled retraining: a series of runs under one name, each continuing from the last successful one (rl_engine/run/lineage.py)."""
+
+    name: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$",
+        description="Lineage of the run (state under <buffer.storage.url>/lineages/<name>/); null: a standalone run.",
+    )
+    start_from: Literal["latest", "base"] = Field(
+        default="latest", description="Start from the model of the lineage's last successful run (`latest`), or from model.path (`base`); the first run always starts from model.path."
+    )
+    when_busy: Literal["wait", "refuse"] = Field(default="wait", description="When another run of the lineage holds its lock: wait up to wait_timeout_s, or refuse at once.")
+    wait_timeout_s: float = Field(default=3600.0, gt=0.0, description="Longest a new run waits for the lineage's lock before failing (when_busy: wait).")
+    lock_ttl_s: float = Field(
+        default=60.0, gt=0.0, description="The lock's lease: renewed every ttl/3 by its holder, free again this long after a holder died."
+    )
+
+
+# numpy's global seed is 0..2**32-1 (torch takes up to 2**64-1): vLLM seeds both with the engine's seed,
+# which is `seed + explorer id`, so the largest seed leaves room for explorer.count's largest id (1023).
+MAX_SEED = 2**32 - 1024
+
+
+class RFTConfig(_Model):
+    """A whole RFT run."""
+
+    name: str | None = Field(default=None, description="Run name (directory under buffer.storage.url); null resolves to `<mode>-[<lineage.name>-]<UTC timestamp>-<6 random hex digits>`.", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
+    seed: int = Field(
+        default=42, ge=0, le=MAX_SEED, description=f"Seed of sampling, task order and trainer; 0..{MAX_SEED} (explorer i's vLLM engine gets seed + i, which numpy takes only below 2**32)."
+    )
+    model: ModelConfig = Field(description="The policy model.")
+    taskset: TasksetConfig = Field(description="Tasks and reward.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantages and loss.")
+    explorer: ExplorerConfig = Field(default_factory=ExplorerConfig, description="Rollout side.")
+    buffer: BufferConfig = Field(default_factory=BufferConfig, description="Experience buffer and storage.")
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed trainer.")
+    synchronizer: SynchronizerConfig = Field(
+        default_factory=RendezvousSync, description="Sync mode and its schedule (rendezvous: sync_interval, sync_offset; decoupled: sync_interval, max_staleness, max_backlog_steps) and method."
+    )
+    placement: PlacementConfig = Field(default_factory=LocalPlacement, description="Where the roles run: `local` (tasks of one flow run) or `deployments` (a flow run each).")
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reporting.")
+    lineage: LineageConfig = Field(default_factory=LineageConfig, description="Scheduled retraining: the lineage this run continues, if any.")
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed_fits(cls, v: Any) -> Any:
+        if isinstance(v, int) and not isinstance(v, bool) and v > MAX_SEED:
+            raise ValueError(f"too large: numpy takes seeds below 2**32 and vLLM seeds explorer i's engine with seed + i; use a seed in 0..{MAX_SEED}")
+        return v
+
+    @model_validator(mode="after")
+    def _explorers_fit_mode(self) -> "RFTConfig":
+        s, x = self.synchronizer, self.explorer
+        if x.partial.enabled and (x.partial.max_groups_in_flight or 2 * x.batch_size) < x.batch_size:
+            raise ValueError(f"explorer.partial.max_groups_in_flight = {x.partial.max_groups_in_flight} is below explorer.batch_size = {x.batch_size}; a step could never fill its batch")
+        if s.mode == "multi_explorer" and x.count < 2:
+            raise ValueError(f"explorer.count = {x.count}: synchronizer.mode 'multi_explorer' needs explorer.count >= 2 (or use mode 'fully_async')")
+        if s.mode != "multi_explorer" and x.count != 1:
+            raise ValueError(f"explorer.count = {x.count}: only synchronizer.mode 'multi_explorer' runs several explorers; set the mode or explorer.count = 1")
+        return self
+
+    @model_validator(mode="after")
+    def _batches_fit(self) -> "RFTConfig":
+        s = self.synchronizer
+        group = self.explorer.batch_size * self.algorithm.repeat_times
+        tbs = self.trainer.train_batch_size
+        if isinstance(s, DecoupledSync) and s.max_staleness is None and s.max_backlog_steps is not None and s.max_backlog_steps * group < (tbs or group):
+            raise ValueError(
+                f"synchronizer.max_backlog_steps = {s.max_backlog_steps}: explorers pause at {s.max_backlog_steps} unconsumed steps of {group} experiences, "
+                f"fewer than one trainer batch (trainer.train_batch_size = {tbs}); raise it to at least {-(-tbs // group)}"
+            )
+        if isinstance(s, RendezvousSync) and tbs is not None and tbs != group:
+            raise ValueError(
+                f"trainer.train_batch_size = {tbs}: in the rendezvous modes one trainer step trains one explorer step, "
+                f"so it must equal explorer.batch_size x algorithm.repeat_times = {group} (or null)"
+            )
+        if tbs is not None and self.buffer.whole_groups and tbs % self.algorithm.repeat_times:
+            raise ValueError(f"trainer.train_batch_size = {tbs} must be a multiple of algorithm.repeat_times = {self.algorithm.repeat_times} when buffer.whole_groups is true")
+        rows = tbs or group
+        if rows % (self.trainer.micro_batch_size * self.trainer.num_ranks):
+            raise ValueError(
+                f"trainer.train_batch_size = {rows} must be a multiple of trainer.micro_batch_size = {self.trainer.micro_batch_size} x trainer.num_ranks = {self.trainer.num_ranks} "
+                "(each rank trains an equal share in whole micro-batches); change micro_batch_size or num_ranks"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _generation_fits(self) -> "RFTConfig":
+        x = self.explorer
+        if x.sampling.temperature < 1e-5 and self.algorithm.repeat_times > 1 and not x.partial.enabled:
+            raise ValueError(
+                f"explorer.sampling.temperature = {x.sampling.temperature}: greedy sampling gives algorithm.repeat_times = {self.algorithm.repeat_times} "
+                "identical rollouts per task (vLLM refuses n > 1 when greedy, and GRPO learns nothing from them); use a temperature > 0, e.g. 1.0"
+            )
+        if x.sampling.max_tokens >= self.model.max_model_len:
+            raise ValueError(f"explorer.sampling.max_tokens = {x.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
+        if x.partial.enabled and x.partial.max_response_tokens >= self.model.max_model_len:
+            raise ValueError(f"explorer.partial.max_response_tokens = {x.partial.max_response_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
+        return self
+
+    # ---- derived values (the one resolve step)
+
+    def resolved(self, now: _dt.datetime | None = None) -> "RFTConfig":
+        """Return a copy with every derived value filled in; the copy is what a run saves and uses."""
+        out = self.model_copy(deep=True)
+        if out.name is None:
+            stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
+            # The random tail keeps runs started in the same second (schedules, several users) apart.
+            lineage = f"{out.lineage.name}-" if out.lineage.name else ""
+            out.name = f"{out.synchronizer.mode}-{lineage}{stamp}-{os.urandom(3).hex()}"
+        if out.trainer.train_batch_size is None:
+            out.trainer.train_batch_size = out.explorer.batch_size * out.algorithm.repeat_times
+        if out.model.tokenizer_path is None:
+            out.model.tokenizer_path = out.model.path
+        return out
+
+    @property
+    def run_url(self) -> str:
+        """URL of the run directory, `<storage.url>/<name>` (call on a resolved config)."""
+        if self.name is None:
+            raise ValueError("run_url of an unresolved config: call cfg.resolved() first")
+        return f"{self.buffer.storage.url.rstrip('/')}/{self.name}"
