@@ -1,9 +1,11 @@
 """Configuration: one pydantic model per component, composed into the root `RFTConfig`.
 
 A YAML file loads into `RFTConfig` (`load_config(path, overrides)`), `--set a.b=c` overrides
-apply before validation, and `resolve(cfg)` fills the derived values (run name, run dir,
-train batch size) in one explicit step. The resolved config is written to the run directory
-by `save_resolved`. Validators only check; they never rewrite.
+apply before validation, and `cfg.resolved()` fills the derived values (run name, train batch
+size, tokenizer path) in one explicit step; `rl_engine.run.context.start_run` writes the resolved
+config to the run directory. Validators only check; the one rewrite is `migrate` (an older
+version's shape into today's), which `RFTConfig` applies before checking, so that a Prefect
+deployment registered with an older `cfg` keeps running.
 
 Field paths are part of the interface (`synchronizer.sync_interval`, ...): they appear in error
 messages, in `--set` overrides and in the Prefect UI form of every flow.

@@ -12,6 +12,7 @@ from rl_engine.config.algorithm import AlgorithmConfig
 from rl_engine.config.base import _Model
 from rl_engine.config.buffer import BufferConfig
 from rl_engine.config.explorer import ExplorerConfig
+from rl_engine.config.migrate import migrate
 from rl_engine.config.model import ModelConfig, TasksetConfig
 from rl_engine.config.placement import LocalPlacement, PlacementConfig
 from rl_engine.config.synchronizer import DecoupledSync, RendezvousSync, SynchronizerConfig
@@ -68,6 +69,14 @@ class RFTConfig(_Model):
     placement: PlacementConfig = Field(default_factory=LocalPlacement, description="Where the roles run: `local` (tasks of one flow run) or `deployments` (a flow run each).")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reporting.")
     lineage: LineageConfig = Field(default_factory=LineageConfig, description="Scheduled retraining: the lineage this run continues, if any.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_shape(cls, data: Any) -> Any:
+        # The one rewrite before checking, and why: Prefect validates a deployment's stored `cfg`
+        # parameter with this model itself (not through validate_config), so a deployment or
+        # schedule registered before a shape change would fail every run until redeployed.
+        return migrate(data)[0] if isinstance(data, dict) else data
 
     @field_validator("seed", mode="before")
     @classmethod
