@@ -44,7 +44,7 @@ EXPERIENCE_SCHEMA = pa.schema(
     [
         _f("experience_id", pa.string(), "Unique id of this experience (uuid hex)."),
         _f("task_id", pa.string(), "Id of the task (prompt) it answers."),
-        _f("group_id", pa.string(), "GRPO group: the repeat_times rollouts of one task in one explorer step share it."),
+        _f("group_id", pa.string(), "GRPO group: the repeat_times rollouts of one task draw share it; \"<explorer>-d<draw>-<task_id>\" (older plain rows: \"<explorer>-<step>-<task_id>\")."),
         _f("explorer_id", pa.int32(), "Explorer that generated it."),
         _f("explorer_step", pa.int64(), "Explorer step e (>= 1) in which it was completed and written."),
         _f("prompt_ids", pa.list_(pa.int32()), "Prompt token ids."),

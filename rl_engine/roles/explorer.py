@@ -31,10 +31,11 @@ import pyarrow.compute as pc
 
 from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.board import TRAINER_KEY, Board, StopSignal, role_name
-from rl_engine.experience import Experience, ExperienceBatch
+from rl_engine.experience import ExperienceBatch
 from rl_engine.run.failpoints import failpoint
 from rl_engine.run.lease import Fence
-from rl_engine.rewards import RolloutSample, TaskIterator, build_reward, format_prompt, load_taskset, score_rollouts
+from rl_engine.rewards import TaskIterator, build_reward, format_prompt, load_taskset
+from rl_engine.roles.groups import Group, group_id, one_step_generation, score_groups
 from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.run.context import RunContext
@@ -103,40 +104,24 @@ ENGINES = EnginePool()
 def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any, explorer_id: int, step: int) -> tuple[ExperienceBatch, dict[str, Any]]:
     """`repeat_times` rollouts of each task with the engine's current weights, scored, as experiences.
 
-    A sample whose reward raised is left out (counted in the returned reward metrics); the
-    rest of its group stays. Every token is tagged with the engine's weight version.
+    Step `step`'s `tasks` are the step-th batch of the explorer's task stream (a resumed explorer
+    skips the batches of committed steps), which numbers their draws for the group ids. Each
+    rollout is a one-segment generation; rows come from the same builder as partial rollouts'
+    (`rl_engine.roles.groups`). A sample whose reward raised is left out (counted in the returned
+    reward metrics); the rest of its group stays. Every token is tagged with the engine's weight version.
     """
     tok = engine.tokenizer
     texts = [format_prompt(tok, cfg.taskset.template, t.prompt) for t in tasks]
     prompts = [tok(t, add_special_tokens=False).input_ids for t in texts]
     # A distinct seed per (explorer, step) keeps runs reproducible without repeating samples.
-    groups = engine.generate(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + 1009 * explorer_id + step)
-    flat = [(task, text, r) for task, text, group in zip(tasks, texts, groups) for r in group]
-    scores = score_rollouts(reward_fn, [RolloutSample(text, r.text, task, r.finish_reason) for task, text, r in flat])
-    now = time.time()
-    rows = [
-        Experience(
-            experience_id=uuid.uuid4().hex,
-            task_id=task.task_id,
-            group_id=f"{explorer_id}-{step}-{task.task_id}",
-            explorer_id=explorer_id,
-            explorer_step=step,
-            prompt_ids=list(r.prompt_ids),
-            response_ids=list(r.response_ids),
-            logprobs=list(r.logprobs),
-            versions=[r.version] * len(r.response_ids),
-            loss_mask=[1] * len(r.response_ids),
-            reward=float(reward),
-            reward_components=comps,
-            finish_reason=r.finish_reason,
-            created_at=now,
-            prompt_text=text,
-            response_text=r.text,
-        )
-        for (task, text, r), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok)
-        if ok
+    outs = engine.generate(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + 1009 * explorer_id + step)
+    drawn = (step - 1) * len(tasks)  # draws of the steps before: one batch each
+    groups = [
+        Group(group_id(explorer_id, drawn + i + 1, task.task_id), task, text, [one_step_generation(uuid.uuid4().hex, step, r) for r in rollouts])
+        for i, (task, text, rollouts) in enumerate(zip(tasks, texts, outs))
     ]
-    return ExperienceBatch.from_experiences(rows), scores.metrics
+    batch, scores = score_groups([(g, m, r.text) for g, rollouts in zip(groups, outs) for m, r in zip(g.members, rollouts)], reward_fn, explorer_id, step)
+    return batch, scores.metrics
 
 
 def partial_settings(cfg: Any, explorer_id: int) -> PartialSettings:

@@ -31,6 +31,8 @@ never lost or continued twice. The task stream's position is saved in the same w
     batch, metrics = partial.generate(e)     # step e's batch: outbox if recovered, else segments
     partial.stage(e, batch); writer.write(e, batch); partial.committed(e)
 
+Groups, group ids and the rows they become are shared with plain rollouts (`rl_engine.roles.groups`).
+
 Tests: `.venv/bin/python -m pytest tests/rl_engine/test_partial.py tests/rl_engine/sync/test_partial_engine.py`.
 """
 
@@ -46,8 +48,9 @@ from rl_engine.buffer import ContinuationStore
 from rl_engine.buffer.continuations import UNFINISHED
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
 from rl_engine.errors import UserError
-from rl_engine.experience import Experience, ExperienceBatch
-from rl_engine.rewards import RolloutSample, Task, TaskIterator, format_prompt, score_rollouts
+from rl_engine.experience import ExperienceBatch
+from rl_engine.rewards import Task, TaskIterator, format_prompt
+from rl_engine.roles.groups import Generation, Group, experience_row, group_id, score_groups
 
 
 # --------------------------------------------------------------------------- ending a segment
@@ -88,55 +91,7 @@ def response_text(tokenizer: Any, response_ids: Sequence[int], stops: Sequence[s
     return text[: min(cuts)] if cuts else text
 
 
-# --------------------------------------------------------------------------- state
-
-
-@dataclasses.dataclass
-class Generation:
-    """One member of a group: its response so far, and where every token came from."""
-
-    experience_id: str
-    prompt_ids: list[int]
-    started_at: float
-    response_ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)
-    segments: list[dict[str, int]] = dataclasses.field(default_factory=list)
-    finish_reason: str | None = None  # None while cut (to be continued)
-
-    def extend(self, step: int, version: int, ids: Sequence[int], logprobs: Sequence[float]) -> int:
-        """Append one segment; returns where it starts."""
-        start = len(self.response_ids)
-        self.response_ids += list(ids)
-        self.logprobs += list(logprobs)
-        self.versions += [version] * len(ids)
-        self.segments.append({"explorer_step": step, "version": version, "start": start, "end": len(self.response_ids)})
-        return start
-
-    def keep(self, k: int) -> None:
-        """Keep the first k response tokens (a stop or a repeat found inside the last segment)."""
-        if not self.segments[-1]["start"] < k <= self.segments[-1]["end"]:
-            raise ValueError(f"keep({k}): outside the last segment {self.segments[-1]}")
-        del self.response_ids[k:], self.logprobs[k:], self.versions[k:]
-        self.segments[-1]["end"] = k
-
-
-@dataclasses.dataclass
-class Group:
-    """The `repeat_times` generations of one task; enters the buffer only when all are finished."""
-
-    group_id: str
-    task: Task
-    prompt_text: str
-    members: list[Generation]
-
-    @property
-    def done(self) -> bool:
-        return all(m.finish_reason is not None for m in self.members)
-
-    @property
-    def first_step(self) -> int:
-        return min((m.segments[0]["explorer_step"] for m in self.members if m.segments), default=0)
+# --------------------------------------------------------------------------- settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,8 +222,7 @@ class PartialRollouts:
         ids = self.tok(text, add_special_tokens=False).input_ids
         now = time.time()
         members = [Generation(uuid.uuid4().hex, list(ids), now) for _ in range(self.s.repeat_times)]
-        # The draw number keeps ids unique when a small task set repeats a task.
-        return Group(f"{self.s.explorer_id}-d{self.draws}-{task.task_id}", task, text, members)
+        return Group(group_id(self.s.explorer_id, self.draws, task.task_id), task, text, members)
 
     def _segment(self, groups: list[Group], e: int, round_: int, counts: dict[str, int]) -> None:
         """One segment for every unfinished member of `groups`, in one batched generate call."""
@@ -327,41 +281,10 @@ class PartialRollouts:
     def _experiences(self, groups: list[Group], e: int) -> tuple[ExperienceBatch, dict[str, Any]]:
         """Score finished groups (a repeat gets `repeat_penalty` added) into step e's rows."""
         flat = [(g, m, response_text(self.tok, m.response_ids, self.s.sampling.stop)) for g in groups for m in g.members]
-        scores = score_rollouts(self.reward_fn, [RolloutSample(g.prompt_text, text, g.task, m.finish_reason) for g, m, text in flat])
-        now, penalty = time.time(), self.s.partial.repeat_penalty
-        rows = []
-        for (g, m, text), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok):
-            if not ok:
-                continue
-            if m.finish_reason == "repeat" and penalty:
-                reward, comps = reward + penalty, {**comps, "repeat_penalty": penalty}
-            rows.append(self._row(g, m, e, reward, comps, text, now))
+        batch, scores = score_groups(flat, self.reward_fn, self.s.explorer_id, e, self.s.partial.repeat_penalty)
         reasons = [m.finish_reason for _, m, _ in flat]
         mix = {f"finish/{r}": reasons.count(r) for r in sorted(set(reasons))}
-        return ExperienceBatch.from_experiences(rows), {**mix, "reward_errors": scores.metrics.get("reward/errors", 0)}
-
-    def _row(self, g: Group, m: Generation, e: int, reward: float, comps: dict[str, float], text: str, now: float) -> Experience:
-        return Experience(
-            experience_id=m.experience_id,
-            task_id=g.task.task_id,
-            group_id=g.group_id,
-            explorer_id=self.s.explorer_id,
-            explorer_step=e,
-            prompt_ids=m.prompt_ids,
-            response_ids=m.response_ids,
-            logprobs=m.logprobs,
-            versions=m.versions,
-            loss_mask=[1] * len(m.response_ids),
-            reward=float(reward),
-            reward_components=comps,
-            finish_reason=m.finish_reason or UNFINISHED,
-            segments=[dict(s) for s in m.segments],
-            num_segments=len(m.segments),
-            created_at=now,
-            started_at=m.started_at,
-            prompt_text=g.prompt_text,
-            response_text=text,
-        )
+        return batch, {**mix, "reward_errors": scores.metrics.get("reward/errors", 0)}
 
     # ---- staging and committing
 
@@ -371,7 +294,9 @@ class PartialRollouts:
         if self._outbox is not None and self._outbox[0] == e:
             return
         now = time.time()
-        pending = ExperienceBatch.from_experiences(self._row(g, m, m.segments[-1]["explorer_step"], 0.0, {}, "", now) for g in self.groups for m in g.members)
+        pending = ExperienceBatch.from_experiences(
+            experience_row(g, m, self.s.explorer_id, m.segments[-1]["explorer_step"], 0.0, {}, "", now) for g in self.groups for m in g.members
+        )
         state = {"tasks": self.tasks.state_dict(), "draws": self.draws}
         ids = self.store.commit([(batch, "outbox"), (pending, "pending")], explorer_step=e, retire=self._pending_ids, state=state)
         self._outbox, self._pending_ids = (e, ids[0]), [i for i in ids[1:] if i is not None]
