@@ -129,8 +129,9 @@ def test_buffer(tmp_path):
 
 def test_rollout(tmp_path):
     r = run_bench("rollout", "--smoke", timeout_s=300, tmp_path=tmp_path)
-    has_keys(r, "rollout_over_raw", "rollout_tokens_per_s", "raw_tokens_per_s")
-    for k in ("rollout_over_raw", "rollout_tokens_per_s", "raw_tokens_per_s"):
+    keys = ("rollout_over_raw", "rollout_tokens_per_s", "raw_tokens_per_s", "experiences_tokens_per_s", "experiences_over_rollout", "experiences_rows_ms")
+    has_keys(r, *keys)
+    for k in keys:
         positive(r[k])
     assert r["smoke"] is True
 
