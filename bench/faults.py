@@ -220,8 +220,9 @@ def retention(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
 
     import s3fs
 
-    from rl_engine.run import retention as ret
     from rl_engine.config import validate_config
+    from rl_engine.pruning import list_dirs
+    from rl_engine.run import retention as ret
     from rl_engine.run.context import RunContext
     from rl_engine.storage import join
 
@@ -247,7 +248,7 @@ def retention(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
                     ret.prune_states(run)
                     saved.append(t)
                     want = set(saved if keep is None else saved[-keep:])
-                    have = set(ret.list_dirs(fs, root, ret.STATES)[0])
+                    have = set(list_dirs(fs, root, ret.STATES)[0])
                     wrong, extra = wrong + len(want - have), extra + len(have - want)
                 rows.append({"storage": storage, "keep_last_states": keep, "saves": len(saved), "kept": len(have), "wrongly_deleted": wrong, "kept_extra": extra})
     summary = {"retention_cases": len(rows), "retention_wrongly_deleted": sum(r["wrongly_deleted"] for r in rows), "retention_kept_extra": sum(r["kept_extra"] for r in rows)}

@@ -80,7 +80,7 @@ class TrainerRole:
         self._skipped: int | None = None  # a decoupled publish skipped while a send was in flight
         self._send_error: tuple[int, BaseException] | None = None
         self._post()
-        self.sender = build_weight_sender(cfg, self.board)
+        self.sender = build_weight_sender(cfg, self.board, pinned=lambda: retention.lineage_model(run))  # prunes checkpoints/ itself
         self.sender.connect(stop)  # collective: blocks until every explorer's workers joined the group
 
     def _lost_rows(self) -> int:
@@ -167,7 +167,6 @@ class TrainerRole:
             self.sender.prepare(version, stop)  # collective: every explorer joined the broadcast
         with self.timeline.span("sync", step=version, version=version, method=self.sender.method):
             self.sender.send(named, version)
-        retention.prune_checkpoints(self.run, self.board, version)  # synchronizer.keep_last_checkpoints
         self.timeline.flush()
 
     def _send_in_background(self, named: Any, version: int, stop: StopSignal) -> None:

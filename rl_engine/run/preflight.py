@@ -97,12 +97,9 @@ def check_devices(cfg: RFTConfig, gpus: int) -> None:
         return  # CPU: gloo takes any number of ranks per machine; deployments: devices are per role (job_variables)
     if cfg.trainer.num_ranks > gpus:
         raise UserError(f"trainer.num_ranks = {cfg.trainer.num_ranks} but this machine shows {gpus} GPU(s): the trainer runs one rank per GPU; lower num_ranks")
-    if gpus == 1 and cfg.synchronizer.sync_method == "collective":
-        raise UserError(
-            "synchronizer.sync_method = collective on a single GPU: the explorer's vLLM worker and the trainer share the device, and NCCL refuses "
-            "two ranks of one group on one device; use sync_method: checkpoint here (weights go through storage), or run the roles on "
-            "separate GPUs (placement deployments with job_variables CUDA_VISIBLE_DEVICES per role)"
-        )
+    from rl_engine.sync.base import check_devices as check_sync_devices  # imports torch: only when asked
+
+    check_sync_devices(cfg, gpus)
 
 
 # --------------------------------------------------------------------------- the run

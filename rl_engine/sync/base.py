@@ -16,13 +16,14 @@ board key of a sync is defined in this package; callers never branch on the meth
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import torch
 
-from rl_engine.config import RFTConfig
 from rl_engine.board import Board, StopSignal
+from rl_engine.config import RFTConfig
+from rl_engine.errors import UserError
 
 
 class WeightSender(Protocol):
@@ -40,7 +41,8 @@ class WeightSender(Protocol):
         ...
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Publish (HF parameter name, full tensor) pairs as weight version `version`."""
+        """Publish (HF parameter name, full tensor) pairs as weight version `version`; a method
+        that keeps versions on storage (checkpoint) prunes them here (synchronizer.keep_last_checkpoints)."""
         ...
 
     def wait_loaded(self, version: int, stop: StopSignal | None = None) -> None:
@@ -99,9 +101,10 @@ def wire_dtype(cfg: RFTConfig) -> torch.dtype:
     return getattr(torch, cfg.model.dtype)
 
 
-def build_weight_sender(cfg: RFTConfig, board: Board) -> WeightSender:
+def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None) -> WeightSender:
     """Trainer-side sync of `cfg.synchronizer.sync_method`, meeting the receivers on the run's `board`;
-    checkpoint needs a resolved cfg (run URL)."""
+    checkpoint needs a resolved cfg (run URL). `pinned` returns the model URL a lineage points at
+    (`rl_engine.run.retention.lineage_model`): a version it names is never pruned."""
     s = cfg.synchronizer
     if s.sync_method == "collective":
         from rl_engine.sync.collective import CollectiveSender
@@ -110,7 +113,8 @@ def build_weight_sender(cfg: RFTConfig, board: Board) -> WeightSender:
     if s.sync_method == "checkpoint":
         from rl_engine.sync.checkpoint import CheckpointSender
 
-        return CheckpointSender(cfg.run_url, cfg.buffer.storage.fs_options(), cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s)
+        opts = cfg.buffer.storage.fs_options()
+        return CheckpointSender(cfg.run_url, opts, cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s, keep_last=s.keep_last_checkpoints, pinned=pinned)
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
 
 
@@ -126,3 +130,15 @@ def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) ->
 
         return CheckpointReceiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
+
+
+def check_devices(cfg: RFTConfig, gpus: int) -> None:
+    """What the sync method cannot do with the trainer and an explorer in one process on `gpus`
+    visible GPUs (rl_engine.run.preflight.check_devices asks): NCCL refuses two ranks of one
+    collective group on one device."""
+    if gpus == 1 and cfg.synchronizer.sync_method == "collective":
+        raise UserError(
+            "synchronizer.sync_method = collective on a single GPU: the explorer's vLLM worker and the trainer share the device, and NCCL refuses "
+            "two ranks of one group on one device; use sync_method: checkpoint here (weights go through storage), or run the roles on "
+            "separate GPUs (placement deployments with job_variables CUDA_VISIBLE_DEVICES per role)"
+        )

@@ -17,6 +17,16 @@ engine keeps the weights it has (a half-loaded checkpoint would be worse than no
 Explorers load into their live engine (no restart); from object storage the version is first
 copied to a local temp directory next to the inference workers.
 
+The sender owns retention of what it writes: after each publish it deletes committed versions
+beyond the newest `synchronizer.keep_last_checkpoints` (null: keep all; rules and marker-first
+delete: `rl_engine.pruning`), never one an explorer may still load: the version just published,
+and every committed one newer than the oldest version an explorer acknowledged loading (its
+`loaded` ack on the board, `rl_engine.sync.base`; no ack yet counts as nothing loaded). At a
+rendezvous this is exactly the published version (the schedule makes an explorer load the version
+the trainer just sent, never an older one; a resumed one loads `resume_catch_up`, which the
+trainer sends anew); in the decoupled modes an explorer loads whatever `published` it last read,
+never older than what it holds. Nor the version a lineage's latest.json points at (`pinned`).
+
     # trainer thread                                    # explorer thread
     s = build_weight_sender(cfg, board)                 r = build_weight_receiver(cfg, board, x)
     s.send(trainer.named_weights(), version=t)          if (r.latest_committed() or 0) > engine.version:
@@ -32,18 +42,20 @@ import shutil
 import tempfile
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
 from rl_engine import storage
 from rl_engine.board import Board, Stopped, StopSignal, WaitTimeout
+from rl_engine.pruning import Kind, pointer_target, prune
 from rl_engine.rollout.engine import EngineDiedError
-from rl_engine.sync.base import SyncError, post_loaded, wait_loaded
+from rl_engine.sync.base import SyncError, loaded_key, post_loaded, wait_loaded
 from rl_engine.sync.collective import SyncStats
 
 COMMIT = "_COMMITTED"
+CHECKPOINTS = Kind("checkpoints", "version=", COMMIT)
 _VERSION_DIR = re.compile(r"version=(\d+)$")
 DEFAULT_SHARD_BYTES = 2 << 30
 _FIX = (
@@ -70,6 +82,14 @@ def _crc32_file(path: str, chunk_bytes: int = 16 << 20) -> int:
 _CHECKSUMS = {"crc32": ("CRC-32", _crc32_file), "sha256": ("SHA-256", _sha256_file)}  # marker key -> (name, file checksum)
 
 
+def needed_checkpoints(committed: Iterable[int], published: int, loaded: Iterable[int | None]) -> set[int]:
+    """Checkpoint versions an explorer may still load: `published` (just sent) and every committed
+    version newer than the oldest one acknowledged in `loaded` (one entry per explorer; None: no
+    ack yet, so any version may still be loaded)."""
+    oldest = min((-1 if v is None else v for v in loaded), default=-1)
+    return {published} | {v for v in committed if v > oldest}
+
+
 class CheckpointSender:
     """Trainer side: writes `checkpoints/version=<v>/` then its commit marker."""
 
@@ -85,8 +105,14 @@ class CheckpointSender:
         num_explorers: int,
         wait_timeout_s: float,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
+        keep_last: int | None = None,
+        pinned: Callable[[], str | None] | None = None,
     ):
+        """`keep_last`: synchronizer.keep_last_checkpoints (None keeps every version); `pinned`:
+        returns the model URL a lineage points at, kept if it is one of this run's versions."""
         self.fs, self.root = storage.open_storage(run_url, options)
+        self.run_url = run_url
+        self.keep_last, self.pinned = keep_last, pinned
         self.model_dir = model_dir
         self.dtype = dtype
         self.board, self.num_explorers, self.wait_timeout_s = board, num_explorers, wait_timeout_s
@@ -103,10 +129,10 @@ class CheckpointSender:
         wait_loaded(self.board, self.num_explorers, version, self.wait_timeout_s, stop)
 
     def version_dir(self, version: int) -> str:
-        return storage.join(self.root, "checkpoints", f"version={version}")
+        return CHECKPOINTS.dir(self.root, version)
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Write every (HF name, full tensor) pair as safetensors shards, config.json, then commit."""
+        """Write every (HF name, full tensor) pair as safetensors shards, config.json, then commit; then prune older versions."""
         t0 = time.perf_counter()
         d = self.version_dir(version)
         marker = storage.join(d, COMMIT)
@@ -143,6 +169,18 @@ class CheckpointSender:
         # Written last: until it exists no reader sees this version.
         storage.write_json(self.fs, marker, {"version": version, "tensors": n, "bytes": nbytes, "time": time.time(), "files": files})
         self.last = SyncStats(version, n, nbytes, time.perf_counter() - t0)
+        self.prune(version)
+
+    def prune(self, published: int) -> list[int]:
+        """After `published` was committed: delete versions beyond `keep_last` that no explorer may
+        still load and no lineage points at. Returns the versions deleted."""
+
+        def protect(committed: list[int]) -> set[int]:
+            loaded = [(self.board.get(loaded_key(i)) or {}).get("version") for i in range(self.num_explorers)]
+            pinned = pointer_target(self.pinned() if self.pinned else None, self.run_url, CHECKPOINTS)
+            return needed_checkpoints(committed, published, loaded) | ({pinned} if pinned is not None else set())
+
+        return prune(self.fs, self.root, CHECKPOINTS, self.keep_last, protect)
 
     def _prepare(self, t: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
         t = t.detach()
@@ -192,7 +230,7 @@ class CheckpointReceiver:
 
     def prepare(self, version: int, stop: StopSignal | None = None) -> None:
         """Wait until `version` is committed (the trainer announces a version before its write ends)."""
-        marker = storage.join(self.root, "checkpoints", f"version={version}", COMMIT)
+        marker = storage.join(CHECKPOINTS.dir(self.root, version), COMMIT)
         deadline = time.monotonic() + self.timeout_s
         while not self.fs.exists(marker):
             if stop is not None and stop.is_set():
@@ -228,7 +266,7 @@ class CheckpointReceiver:
             if latest is None or latest <= engine.version:
                 return engine.version
             version = latest
-        d = storage.join(self.root, "checkpoints", f"version={version}")
+        d = CHECKPOINTS.dir(self.root, version)
         files = self._committed_files(d, version, engine)
         if storage.is_local(self.fs):
             self._verify(d, d, files, version, engine)

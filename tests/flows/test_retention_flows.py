@@ -1,4 +1,4 @@
-"""Retention in a real run (rl_engine/run/retention.py): one-step-off-policy with checkpoint sync,
+"""Retention in a real run (rl_engine/run/retention.py, rl_engine/sync/checkpoint.py): one-step-off-policy with checkpoint sync,
 keeping 2 trainer states and 2 checkpoints, stopped mid-run and resumed.
 
     .venv/bin/python -m pytest tests/flows/test_retention_flows.py -q
@@ -17,9 +17,11 @@ import pytest
 from cli.run import run_config
 from rl_engine.config import validate_config
 from rl_engine.board import Board, request_stop
+from rl_engine.pruning import list_dirs
 from rl_engine.run.state import latest_state_step
-from rl_engine.run.retention import CHECKPOINTS, STATES, list_dirs
 from rl_engine.run.context import RunContext, open_run
+from rl_engine.run.retention import STATES
+from rl_engine.sync.checkpoint import CHECKPOINTS
 from tests.flows.conftest import small_config
 
 pytestmark = pytest.mark.slow

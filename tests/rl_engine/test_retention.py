@@ -1,4 +1,5 @@
-"""Retention of trainer states and weight checkpoints (rl_engine/run/retention.py): the policy per
+"""Retention of trainer states and weight checkpoints (rl_engine/pruning.py, applied by
+rl_engine/run/retention.py and the checkpoint sender, rl_engine/sync/checkpoint.py): the policy per
 mode on hand-written cases, pruning on local disk and S3, a delete killed after the marker (a
 real run that keeps 2 of each and resumes: tests/flows/test_retention_flows.py).
 
@@ -16,14 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from rl_engine.run import retention
-from rl_engine.config import RFTConfig
+from rl_engine import pruning
 from rl_engine.board import Board
-from rl_engine.run.retention import CHECKPOINTS, STATES, needed_checkpoints, pointer_target, to_delete
+from rl_engine.config import RFTConfig
+from rl_engine.pruning import pointer_target, to_delete
+from rl_engine.run import retention
 from rl_engine.run.context import RunContext
+from rl_engine.run.retention import STATES
 from rl_engine.schedule import rendezvous_syncs, rendezvous_version
 from rl_engine.storage import join
+from rl_engine.sync import build_weight_sender
 from rl_engine.sync.base import post_loaded
+from rl_engine.sync.checkpoint import CHECKPOINTS, needed_checkpoints
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,7 +130,7 @@ def _run(url: str, model_dir: str, options: dict | None = None, **sections) -> R
     return RunContext(cfg=cfg, url=cfg.run_url)
 
 
-def _make(run: RunContext, kind: retention.Kind, committed: list[int], uncommitted: list[int] = ()) -> None:
+def _make(run: RunContext, kind: pruning.Kind, committed: list[int], uncommitted: list[int] = ()) -> None:
     fs, root = run.fs()
     for n in [*committed, *uncommitted]:
         d = kind.dir(root, n)
@@ -135,9 +140,9 @@ def _make(run: RunContext, kind: retention.Kind, committed: list[int], uncommitt
             fs.pipe_file(join(d, kind.marker), json.dumps({"version": n}).encode())
 
 
-def _left(run: RunContext, kind: retention.Kind) -> tuple[list[int], list[int]]:
+def _left(run: RunContext, kind: pruning.Kind) -> tuple[list[int], list[int]]:
     fs, root = run.fs()
-    return retention.list_dirs(fs, root, kind)
+    return pruning.list_dirs(fs, root, kind)
 
 
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
@@ -154,10 +159,11 @@ def test_prune_states_and_checkpoints(storage, tiny_model_dir):
     assert _left(run, STATES) == ([6, 8], [10])  # 10: maybe a save in progress
     _make(run, CHECKPOINTS, [1, 2, 3, 4, 5])
     board = Board(run.url, run.storage_options)
+    sender = build_weight_sender(run.cfg, board)  # the checkpoint sender prunes its own checkpoints/
     post_loaded(board, 0, 4)
-    assert retention.prune_checkpoints(run, board, 5) == []  # explorer 1 acknowledged nothing yet
+    assert sender.prune(5) == []  # explorer 1 acknowledged nothing yet
     post_loaded(board, 1, 2)
-    assert retention.prune_checkpoints(run, board, 5) == [1, 2]  # explorer 1 holds 2: 3, 4, 5 it may load
+    assert sender.prune(5) == [1, 2]  # explorer 1 holds 2: 3, 4, 5 it may load
     assert _left(run, CHECKPOINTS) == ([3, 4, 5], [])
     fs, root = run.fs()
     assert not fs.exists(CHECKPOINTS.dir(root, 1))  # the whole directory, not only its marker
@@ -167,7 +173,9 @@ def test_null_keeps_all_and_collective_has_no_checkpoints(tmp_path, tiny_model_d
     run = _run(str(tmp_path), tiny_model_dir, trainer={"keep_last_states": None}, synchronizer={"sync_method": "collective"})
     _make(run, STATES, [1, 2, 3])
     _make(run, CHECKPOINTS, [1, 2, 3])
-    assert retention.prune_states(run) == [] and retention.prune_checkpoints(run, Board(run.url), 3) == []
+    assert retention.prune_states(run) == []
+    sender = build_weight_sender(run.cfg, Board(run.url))
+    assert sender.method == "collective" and not hasattr(sender, "prune")  # checkpoint retention is the checkpoint sender's alone
     assert _left(run, STATES)[0] == _left(run, CHECKPOINTS)[0] == [1, 2, 3]
 
 
@@ -195,10 +203,11 @@ def test_bounds_are_checked(tiny_model_dir, field, value, bound):
 
 KILLED_DELETE = """
 import sys
-from rl_engine.run import retention
+from rl_engine import pruning
+from rl_engine.run.retention import STATES
 from rl_engine.storage import open_storage
 fs, root = open_storage(sys.argv[1])
-retention.delete(fs, root, retention.STATES, [2, 4])
+pruning.delete(fs, root, STATES, [2, 4])
 """
 
 
@@ -209,7 +218,7 @@ def test_delete_killed_after_the_marker_leaves_nothing_committed(tmp_path, tiny_
     run = _run(str(tmp_path), tiny_model_dir, trainer={"keep_last_states": 1})
     _make(run, STATES, [2, 4, 6])
     _make(run, CHECKPOINTS, [2, 4, 6])
-    env = {**os.environ, "RFT_FAILPOINT": f"{retention.FAILPOINT}@2", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "RFT_FAILPOINT": f"{pruning.FAILPOINT}@2", "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-c", KILLED_DELETE, run.url], env=env, timeout=120, capture_output=True, text=True)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     step2 = Path(run.url, "trainer_state", "step=2")
