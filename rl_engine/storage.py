@@ -72,6 +72,22 @@ def open_storage(url: str, options: dict[str, Any] | None = None) -> tuple[fsspe
     return fs, fs._strip_protocol(url).rstrip("/")
 
 
+def add_storage_options_arg(parser: Any) -> None:
+    """The `--storage-options` flag of every CLI that opens a run; `parse_storage_options` reads it."""
+    parser.add_argument("--storage-options", default="{}", help='non-secret fsspec options as a JSON object, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\' (credentials come from the environment)')
+
+
+def parse_storage_options(text: str) -> dict[str, Any]:
+    """The fsspec options `--storage-options` gives as JSON; UserError naming the flag if it is not a JSON object."""
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"--storage-options: not valid JSON ({e}); pass a JSON object, e.g. '{{}}'") from None
+    if not isinstance(options, dict):
+        raise UserError(f"--storage-options: expected a JSON object, got {type(options).__name__}; pass a JSON object, e.g. '{{}}'")
+    return options
+
+
 def join(*parts: str) -> str:
     """Join path parts with '/', the separator of every fsspec filesystem."""
     return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts) if p != "")

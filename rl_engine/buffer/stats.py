@@ -35,7 +35,7 @@ from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
 from rl_engine.buffer.cursor import list_cursor_steps, load_cursor
 from rl_engine.errors import UserError
 from rl_engine.buffer.continuations import UNFINISHED
-from rl_engine.storage import join, open_storage
+from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options
 
 
 def committed_files(run_url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -241,18 +241,11 @@ def _render_continuations(cs: list[dict[str, Any]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rft buffer stats", description="Summarize the experience buffer of a run.")
     ap.add_argument("run", help="Run directory URL: a local path, s3://bucket/prefix/run or memory://...")
-    ap.add_argument("--storage-options", default="{}", help="fsspec options as JSON (no credentials: those come from the environment).")
+    add_storage_options_arg(ap)
     ap.add_argument("--json", action="store_true", help="Print the statistics as one JSON object.")
     args = ap.parse_args(argv)
     try:
-        options = json.loads(args.storage_options)
-        if not isinstance(options, dict):
-            raise ValueError("not a JSON object")
-    except ValueError as e:
-        print(f"--storage-options: expected a JSON object ({e})", file=sys.stderr)
-        return 2
-    try:
-        s = collect(args.run, options)
+        s = collect(args.run, parse_storage_options(args.storage_options))
     except UserError as e:
         print(e, file=sys.stderr)
         return 2

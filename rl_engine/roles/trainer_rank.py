@@ -9,10 +9,11 @@ by hand, on one machine:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from torch.distributed.elastic.multiprocessing.errors import record
+
+from rl_engine.storage import add_storage_options_arg, parse_storage_options
 
 
 @record  # a rank's exception reaches torchrun's failure summary (and so the role's error)
@@ -22,19 +23,19 @@ def main(argv: list[str] | None = None) -> None:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_url", help="the run's directory or URL")
-    p.add_argument("--storage-options", default="{}", help="non-secret fsspec options as JSON (credentials come from the environment)")
+    add_storage_options_arg(p)
     args = p.parse_args(argv)
     start_owner_watch()  # the trainer role that started torchrun is gone: so are we
     if int(os.environ["RANK"]) == 0:
         from rl_engine.roles.entry import trainer_loop
 
-        trainer_loop(open_run(args.run_url, json.loads(args.storage_options)))
+        trainer_loop(open_run(args.run_url, parse_storage_options(args.storage_options)))
     else:
         from rl_engine.trainer import trainer_settings
         from rl_engine.trainer.deepspeed_trainer import DeepSpeedTrainer
         from rl_engine.trainer.ranks import follow
 
-        run = open_run(args.run_url, json.loads(args.storage_options))
+        run = open_run(args.run_url, parse_storage_options(args.storage_options))
         follow(DeepSpeedTrainer(trainer_settings(run.cfg)), run.storage_options)  # the settings rank 0's role builds
     import torch.distributed as dist
 

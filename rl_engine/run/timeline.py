@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterator
 
 from rl_engine.errors import UserError
-from rl_engine.storage import join, open_storage, write_bytes_atomic
+from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options, write_bytes_atomic
 
 KINDS = ("engine_start", "rollout", "train", "sync", "wait", "write")
 STARTUP = "engine_start"
@@ -403,12 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("run_url", help="run directory: a local path or fsspec URL (s3://bucket/runs/NAME)")
     ap.add_argument("--out", help="PNG to write (path or URL); default <run>/timeline.png")
     ap.add_argument("--title", help="chart title; default the run's name")
-    ap.add_argument("--storage-options", default="{}", help='fsspec options as JSON, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\'')
+    add_storage_options_arg(ap)
     a = ap.parse_args(argv)
-    try:
-        options = json.loads(a.storage_options)
-    except json.JSONDecodeError as e:
-        raise UserError(f"--storage-options: not valid JSON ({e})") from None
+    options = parse_storage_options(a.storage_options)
     spans = load_spans(a.run_url, options)
     if not spans:
         raise UserError(f"{a.run_url}: no timeline spans under {a.run_url.rstrip('/')}/timeline/ (is this a run directory, and was monitor.timeline on?)")

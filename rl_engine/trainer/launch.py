@@ -138,15 +138,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from rl_engine.errors import UserError
     from rl_engine.run.context import CONFIG_FILE, open_run
-    from rl_engine.storage import join, open_storage
+    from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options
 
     p = argparse.ArgumentParser(prog="rft trainer-node", description=main.__doc__.splitlines()[0])
     p.add_argument("run_url", help="the run's directory or URL (as the trainer role has it)")
     p.add_argument("--node-rank", type=int, required=True, help="this machine's node, 1 .. trainer.nodes - 1 (node 0 is the trainer role's)")
-    p.add_argument("--storage-options", default="{}", help="non-secret fsspec options as JSON (credentials come from the environment)")
+    add_storage_options_arg(p)
     p.add_argument("--wait-s", type=float, default=600.0, help="how long to wait for the run to start (its config.yaml)")
     a = p.parse_args(argv)
-    options = json.loads(a.storage_options)
+    options = parse_storage_options(a.storage_options)
     fs, root = open_storage(a.run_url, options)
     deadline = time.monotonic() + a.wait_s
     while not fs.exists(join(root, CONFIG_FILE)):
