@@ -286,7 +286,7 @@ class _S3:
         if self.value is None:
             from moto.server import ThreadedMotoServer
 
-            from tests.conftest import free_port
+            from rl_engine.trainer.dist import free_port
 
             for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
                 os.environ.setdefault(k, v)

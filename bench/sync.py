@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
@@ -47,6 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from bench._report import emit_json, print_table
+from rl_engine.trainer.dist import free_port
 
 SIZES = {"0.3M": (128, 2), "10M": (512, 4), "100M": (1024, 11)}  # name -> (hidden, layers)
 
@@ -60,11 +60,6 @@ def _timed(*calls) -> float:
             f.result(timeout=600)
         return time.perf_counter() - t0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(model_dir: str, run_root: str, method: str, port: int):

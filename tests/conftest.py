@@ -7,7 +7,6 @@ per session here and shared. Markers: `slow` (starts real engines/servers), `gpu
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
@@ -15,6 +14,8 @@ import pytest
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+from rl_engine.trainer.dist import free_port  # noqa: E402 - after the environment above
 
 
 def pytest_collection_modifyitems(config, items):
@@ -27,12 +28,6 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords:
             item.add_marker(skip)
 
-
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

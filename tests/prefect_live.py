@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,6 +44,8 @@ from typing import Any, Callable, Iterable
 
 import httpx
 import pytest
+
+from rl_engine.trainer.dist import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent  # tests run with the project's venv: .venv/bin
@@ -67,12 +68,6 @@ _QUIET_ENV = {
     "COLUMNS": "250",  # rich wraps CLI output at the terminal width
 }
 
-
-def free_port() -> int:
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def log_tail(path: Path | str, n: int = 60) -> str:

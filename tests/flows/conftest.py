@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from rl_engine.trainer.dist import free_port
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from rl_engine.config import validate_config
 from rl_engine.run.report import load_metrics
 from rl_engine.run.context import open_run
 from rl_engine.schedule import rendezvous_version
-from tests.conftest import free_port
+from rl_engine.trainer.dist import free_port
 from tests.flows.conftest import small_config
 from tests.flows.test_modes import stored_experiences, versions_by_step
 

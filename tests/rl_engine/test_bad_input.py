@@ -387,7 +387,7 @@ def _within(seconds: float, call: Callable[[], Any]) -> Any:
 
 
 def _dead_prefect_api(env: Env) -> Callable[[], Any]:
-    from tests.conftest import free_port
+    from rl_engine.trainer.dist import free_port
 
     path = env.config_file()
 
@@ -425,7 +425,7 @@ def _dead_s3_endpoint(env: Env) -> Callable[[], Any]:
     """An S3 endpoint refusing connections (a port nobody listens on), the default outage limit (120 s)."""
     from rl_engine.config import validate_config
     from rl_engine.run.preflight import preflight
-    from tests.conftest import free_port
+    from rl_engine.trainer.dist import free_port
 
     for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
         os.environ.setdefault(k, v)  # dummies, as the S3 server fixture sets them: nothing is signed for real

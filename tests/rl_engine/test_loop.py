@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import free_port
+from rl_engine.trainer.dist import free_port
 
 pytestmark = pytest.mark.slow
 STEPS = 10

@@ -26,7 +26,7 @@ import pytest
 from rl_engine.config import SamplingConfig
 from rl_engine.rollout import engine as engine_mod
 from rl_engine.rollout.engine import EngineDiedError
-from tests.conftest import free_port
+from rl_engine.trainer.dist import free_port
 from tests.rl_engine.rollout.engines import discard, shared_engine
 
 EXPLORER = 7

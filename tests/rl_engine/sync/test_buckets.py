@@ -12,7 +12,7 @@ from rl_engine.config import CollectiveConfig
 from rl_engine.board import Board
 from rl_engine.sync.buckets import ALIGN, broadcast_recv, destroy_group, init_group, pack_buckets
 from rl_engine.sync.collective import CollectiveSender, group_key
-from tests.conftest import free_port
+from rl_engine.trainer.dist import free_port
 from tests.rl_engine.sync.helpers import run_concurrently
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from rl_engine.board import Board
 from rl_engine.sync import build_weight_receiver, build_weight_sender
-from tests.conftest import free_port
+from rl_engine.trainer.dist import free_port
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff
 from tests.rl_engine.sync.helpers import named_weights, perturbed_hf, rollouts, run_concurrently
 

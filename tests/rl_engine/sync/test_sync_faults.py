@@ -32,7 +32,7 @@ from rl_engine.rollout.engine import EngineDiedError, build_rollout_engine
 from rl_engine.sync.base import SyncError
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
 from rl_engine.sync.collective import ADDRESS_KEY, SYNC_ERROR_GRACE_S, CollectiveReceiver, CollectiveSender, group_key
-from tests.conftest import free_port
+from rl_engine.trainer.dist import free_port
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff
 from tests.rl_engine.rollout.test_engine_faults import _Call
 from tests.rl_engine.sync.helpers import named_weights, perturbed_hf, rollouts
