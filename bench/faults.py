@@ -24,7 +24,7 @@ steps trained), `duplicated` (experience ids stored twice), `kill_trained_twice`
 the final model trained twice), `kill_survivors` (= `orphans`: processes of the killed run still
 running 30 s after the kill), `kill_resume_failed`, `kill_order_breaks` (prompts replayed or
 drawn out of order), `kill_schedule_breaks` (segments after the resume outside the mode's
-schedule). Storage outages (tests/s3_outage.py's `buffer_outage_trial`: a buffer writer and reader
+schedule). Storage outages (harness/s3_outage.py's `buffer_outage_trial`: a buffer writer and reader
 through a proxy in front of moto that stalls or refuses connections): `outage_seconds_survived`
 (the longest outage within the limit that a trial survived), `outage_within_limit_failed`,
 `outage_past_limit_clear` (outages past a 5 s limit that failed within 3 s of it, naming the URL),
@@ -144,13 +144,13 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
 
 
 def storage_outages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Buffer writes and reads across S3 outages (tests/s3_outage.py: a proxy in front of moto that
+    """Buffer writes and reads across S3 outages (harness/s3_outage.py: a proxy in front of moto that
     stalls or refuses): 20 s (and 60 s without --quick) within a 90 s limit, then past a 5 s limit."""
     import uuid
 
     import s3fs
 
-    from tests.s3_outage import buffer_outage_trial
+    from harness.s3_outage import buffer_outage_trial
 
     kinds = ("stall", "refuse")
     plan = [(k, s, 90.0) for s in ((20.0,) if args.quick else (20.0, 60.0)) for k in kinds] + [(k, 120.0, 5.0) for k in kinds]

@@ -135,7 +135,7 @@ def run_with_roles_on_a_worker(names: list[str], model: str, tasks: str, root: s
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tests.prefect_live import DEPLOY_ALL, start_server, start_worker
+    from harness.prefect_live import DEPLOY_ALL, start_server, start_worker
 
     server = start_server(Path(root) / "prefect-live", ui=False)
     try:

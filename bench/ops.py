@@ -4,7 +4,7 @@
     python -m bench.ops             # three measured runs, medians
     python -m bench.ops --smoke     # CI smoke test: one measured run, no warm-up run (a cold worker and cold caches)
 
-Against a real `prefect server start` on loopback and a real process worker (tests/prefect_live.py),
+Against a real `prefect server start` on loopback and a real process worker (harness/prefect_live.py),
 with the project's deployments (`prefect deploy --all`, prefect.yaml): the `synchronous/synchronous`
 deployment gets a tiny test config (PATCHed, as a UI user edits it), one run warms the worker and
 the machine's caches, then each measured run is started with `POST /api/deployments/{id}/create_flow_run`
@@ -66,7 +66,7 @@ def _started_at(pid: int) -> float:
 def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> dict[str, float]:
     """One run started over REST; its timeline split into COMPONENTS (seconds)."""
     from rl_engine.run.timeline import load_spans
-    from tests.prefect_live import wait_flow_run
+    from harness.prefect_live import wait_flow_run
 
     storage.mkdir(parents=True)
     body = {"parameters": {"set": [f"trainer.total_steps={steps}", f"buffer.storage.url={storage}"]}}
@@ -102,7 +102,7 @@ def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
     from tests.flows.conftest import small_config
-    from tests.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
+    from harness.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
 
     live = start_server(root / "server", ui=False)
     stop = [live]

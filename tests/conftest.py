@@ -72,5 +72,5 @@ def s3_bucket(s3_server, request):
     yield f"s3://{name}", options
 
 
-# A real `prefect server start` and process workers, shared by every test directory (tests/prefect_live.py).
-from tests.prefect_live import prefect_live, prefect_worker  # noqa: E402, F401
+# A real `prefect server start` and process workers, shared by every test directory (harness/prefect_live.py).
+from harness.prefect_live import prefect_live, prefect_worker  # noqa: E402, F401

@@ -42,7 +42,7 @@ EXERCISED: dict[str, list[str]] = {
     "rft trainer-node": ["tests/flows/test_trainer_ranks.py::test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0"],
     "rft buffer": ["tests/rl_engine/buffer/test_buffer_stats.py::test_stats_text_and_corrupt", "tests/rl_engine/buffer/test_buffer_stats.py::test_stats_json"],
     "rft timeline": ["tests/rl_engine/test_timeline.py::test_cli_main_on_run_dir"],
-    "prefect server": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],  # its fixture starts `prefect server start` (tests/prefect_live.py)
+    "prefect server": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],  # its fixture starts `prefect server start` (harness/prefect_live.py)
     "prefect work-pool": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect worker": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect deploy": ["tests/deployments/test_live_prefect.py::test_deploy_all_from_repo_root"],

@@ -1,12 +1,12 @@
 """Fixtures of the live deployment tests (shared by the session): the README's work pool with a
 worker polling it, and `prefect deploy --all` from the repo root, both against the session's real
-Prefect server (tests/prefect_live.py)."""
+Prefect server (harness/prefect_live.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.prefect_live import CREATE_POOL, DEPLOY_ALL, REPO, LiveServer
+from harness.prefect_live import CREATE_POOL, DEPLOY_ALL, REPO, LiveServer
 
 
 @pytest.fixture(scope="session")

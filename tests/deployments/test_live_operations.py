@@ -27,7 +27,7 @@ import yaml
 
 from rl_engine.config import validate_config
 from tests.flows.conftest import flatten, small_config
-from tests.prefect_live import REPO, LiveServer, flow_run_id_from_cli, wait_flow_run
+from harness.prefect_live import REPO, LiveServer, flow_run_id_from_cli, wait_flow_run
 
 pytestmark = pytest.mark.slow
 

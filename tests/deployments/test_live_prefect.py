@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from tests.flows.conftest import small_config
-from tests.prefect_live import REPO, ensure_process_pool, flow_run_id_from_cli, kill_process_group, log_tail, wait_flow_run
+from harness.prefect_live import REPO, ensure_process_pool, flow_run_id_from_cli, kill_process_group, log_tail, wait_flow_run
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import pytest
 
 from deployments.serve import build_deployments
 from rl_engine.config import load_config
-from tests.prefect_live import REPO
+from harness.prefect_live import REPO
 
 
 @pytest.mark.parametrize("mode", ["synchronous", "one_step_off_policy", "fully_async", "multi_explorer"])

@@ -1,6 +1,6 @@
 """Placement `deployments`: every role its own flow run, in its own OS process, on a real process worker.
 
-A real `prefect server start` on loopback and a real `prefect worker start` (tests/prefect_live.py);
+A real `prefect server start` on loopback and a real `prefect worker start` (harness/prefect_live.py);
 the role deployments are deployed with the README's `prefect deploy --all`. The mode's flow runs
 in this test process against that server and starts the roles with `run_deployment`. What is
 asserted comes from the run's storage (versions in the buffer, role markers on the board) and
@@ -27,7 +27,7 @@ from rl_engine.run.context import last_committed_steps, open_run
 from rl_engine.schedule import rendezvous_version
 from tests.flows.conftest import small_config
 from tests.flows.test_modes import stored_experiences, versions_by_step
-from tests.prefect_live import DEPLOY_ALL
+from harness.prefect_live import DEPLOY_ALL
 
 pytestmark = pytest.mark.slow
 
@@ -92,7 +92,7 @@ def assert_roles_ran_apart(live, run_url: str, num_explorers: int) -> None:
 
 def test_readme_command_runs_every_role_on_the_worker(live, tiny_model_dir, task_file, tmp_path):
     """`rft run configs/synchronous.yaml --set placement.type=deployments`, as the README shows it."""
-    from tests.prefect_live import REPO, VENV_BIN
+    from harness.prefect_live import REPO, VENV_BIN
 
     total = 4
     sets = [f"model.path={tiny_model_dir}", "model.max_model_len=64", f"taskset.path={task_file}", f"buffer.storage.url={tmp_path}", "name=readme"]

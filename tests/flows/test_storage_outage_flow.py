@@ -1,4 +1,4 @@
-"""A whole run on S3 survives a 20 s storage stall mid-run (tests/s3_outage.py's proxy in front of moto).
+"""A whole run on S3 survives a 20 s storage stall mid-run (harness/s3_outage.py's proxy in front of moto).
 
 The stall starts once the first explorer step is committed; the run then finishes every trainer
 step, and every explorer step is in the buffer once, whole.
@@ -18,7 +18,7 @@ from cli.run import run_config
 from rl_engine.buffer.reader import BufferReader
 from rl_engine.config import BufferConfig, validate_config
 from tests.flows.conftest import small_config
-from tests.s3_outage import OutageProxy
+from harness.s3_outage import OutageProxy
 
 pytestmark = pytest.mark.slow
 STALL_S = 20.0

@@ -1,6 +1,6 @@
 """Storage outages: S3 unreachable for a while (stalled or refusing) and a full local disk.
 
-The S3 cases put tests/s3_outage.py's proxy between the buffer and the session's moto server:
+The S3 cases put harness/s3_outage.py's proxy between the buffer and the session's moto server:
 a 20 s outage is waited out and every record is read exactly once; an outage past
 buffer.storage.outage_timeout_s fails within the limit plus a small margin, naming the URL and
 the operation; no object is ever visible half-written. The disk-full case writes the buffer on
@@ -20,7 +20,7 @@ from rl_engine.buffer.synthetic import make_batch
 from rl_engine.buffer.writer import BufferWriter
 from rl_engine.config import BufferConfig, StorageConfig
 from rl_engine.storage import StorageFullError, open_storage
-from tests.s3_outage import buffer_outage_trial
+from harness.s3_outage import buffer_outage_trial
 
 OUTAGE_S = 20.0
 SHORT_LIMIT_S = 5.0

@@ -23,7 +23,7 @@ register and a flow run that does not finish all fail the test with the relevant
 
 Register the fixtures by importing them into a conftest.py:
 
-    from tests.prefect_live import prefect_live, prefect_worker  # noqa: F401  (registers the fixtures)
+    from harness.prefect_live import prefect_live, prefect_worker  # noqa: F401  (registers the fixtures)
 
 Each conftest that imports them gets its own session-scoped server, so import them once, in
 tests/conftest.py, to share one server across the suite (tests/deployments/conftest.py imports
