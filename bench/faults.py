@@ -5,7 +5,7 @@
     python -m bench.faults              # also the bad inputs that start a real run; 5 kill trials per mode and 5 more
                                         # of multi-explorer before its first trainer state (25 trials, 1.5-5 min each on 2 cores)
 
-Bad inputs: every row of the table in tests/rl_engine/test_bad_input.py (configs, model
+Bad inputs: every row of the table in harness/bad_input.py (configs, model
 directories, task sets, rewards, prompts, storage, resumes, buffer files, the command line), each
 met the way a user meets it; a row is *clear* when it ends in a UserError (exit code 2 and no
 traceback through `rft`) whose message names the problem and the fix, or in a counted, excluded
@@ -14,7 +14,7 @@ sample where the design says so, with every file stored before it unchanged.
 Output: one table per section, then one JSON line. Sections are functions `(args) -> (rows,
 summary)`; the JSON line merges their summaries. Keys so far: `bad_inputs` (rows tried),
 `bad_inputs_clear` (rows clear), `bad_inputs_fixed` (rows that were not clear before issue 13).
-Kill trials (tests/flows/test_kill_resume.py's `kill_trial`: `rft run` with partial rollouts,
+Kill trials (harness/kill_resume.py's `kill_trial`: `rft run` with partial rollouts,
 SIGKILLed at a seeded random point, the whole process group or only the main process, then
 `rft run --resume`): `kill_trials` (= `kills`: trials that reached their kill point;
 `kill_errors`: those that did not), `kill_lost` (= `lost`: experiences committed before the kill
@@ -57,8 +57,8 @@ Section = Callable[[argparse.Namespace], tuple[list[dict[str, Any]], dict[str, A
 
 def bad_inputs(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every row of the bad-input table (`--quick`: those that start no engine)."""
+    from harness.bad_input import CASES, Env, run_case
     from rl_engine.tiny_model import make_tiny_model
-    from tests.rl_engine.test_bad_input import CASES, Env, run_case
 
     cases = [c for c in CASES if not ((args.quick or args.smoke) and c.needs == "engine")]
     if args.smoke:  # one row per area
@@ -90,10 +90,10 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
     """Kill trials over the modes (`--quick`: one), each started, killed and resumed through `rft`."""
     import random
 
+    from harness.kill_resume import EARLY, POINTS, SCOPES, kill_trial, prompt_order_breaks, schedule_breaks, trained_twice, untrained
+    from harness.runs import MODES
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
-    from tests.flows.test_kill_resume import EARLY, POINTS, SCOPES, kill_trial, prompt_order_breaks, schedule_breaks, trained_twice, untrained
-    from tests.flows.test_partial_flows import MODES
 
     if args.smoke:  # the same trial runs in CI as tests/flows/test_kill_resume.py
         return [], {k: 0 for k in ("kill_trials", "kill_errors", "kill_lost", "kill_untrained", "kill_trained_twice", "kill_survivors", "kill_resume_failed", "kill_order_breaks",

@@ -82,7 +82,7 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
     from cli.run import run_config
     from rl_engine.config import validate_config
     from rl_engine.run.timeline import load_spans, startup_end
-    from tests.flows.conftest import small_config
+    from harness.runs import small_config
 
     spec = dict(MODES[name])
     if synthetic:

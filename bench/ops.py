@@ -101,7 +101,7 @@ def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
     returns (server, worker, the synchronous deployment, things to stop)."""
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
-    from tests.flows.conftest import small_config
+    from harness.runs import small_config
     from harness.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
 
     live = start_server(root / "server", ui=False)

@@ -4,13 +4,13 @@ Prefect's ephemeral server (`prefect_test_harness`) never runs the scheduler or 
 cancellation-cleanup services, and it is not what a worker or the CLI talks to. Tests of
 deployments, schedules, workers and cancellation use this module instead:
 
-* `prefect_live` (session fixture): `prefect server start` on a free loopback port, in its own
-  process group, with its own PREFECT_HOME and SQLite database under a temp directory. It yields
-  a `LiveServer`: `api_url`, `env()` (the environment for subprocesses that talk to it), `cli(...)`
-  (runs `.venv/bin/prefect ...` with a timeout), `api(...)` (one REST call) and `flow_run(id)`.
-* `prefect_worker` (session fixture): a factory `prefect_worker(pool) -> LiveWorker` that creates
-  a process work pool (`prefect work-pool create POOL --type process`, unless it exists) and starts
-  `prefect worker start --pool POOL --type process` in its own process group, with the repo root
+* `start_server(dir)` (the `prefect_live` session fixture of tests/conftest.py): `prefect server start`
+  on a free loopback port, in its own process group, with its own PREFECT_HOME and SQLite database
+  under `dir`. It returns a `LiveServer`: `api_url`, `env()` (the environment for subprocesses
+  that talk to it), `cli(...)` (runs `.venv/bin/prefect ...` with a timeout), `api(...)` (one REST call) and `flow_run(id)`.
+* `start_worker(server, pool, log_dir)` (behind the `prefect_worker` session fixture, a factory
+  `prefect_worker(pool) -> LiveWorker`): creates a process work pool (`prefect work-pool create
+  POOL --type process`, unless it exists) and starts `prefect worker start --pool POOL --type process` in its own process group, with the repo root
   as working directory, the venv's bin first on PATH and its log in a file. One worker per pool per
   session; every worker is killed with its process group (its flow runs' processes included) at
   the end of the session.
@@ -21,13 +21,8 @@ deployments, schedules, workers and cancellation use this module instead:
 Everything has a deadline: a server that does not come up, a CLI command, a worker that does not
 register and a flow run that does not finish all fail the test with the relevant log tail.
 
-Register the fixtures by importing them into a conftest.py:
-
-    from harness.prefect_live import prefect_live, prefect_worker  # noqa: F401  (registers the fixtures)
-
-Each conftest that imports them gets its own session-scoped server, so import them once, in
-tests/conftest.py, to share one server across the suite (tests/deployments/conftest.py imports
-them only if tests/conftest.py does not). This module imports nothing from the tests' conftests.
+The two fixtures live in tests/conftest.py (one server for the whole suite); bench/ calls
+`start_server` and `start_worker` directly. This module imports nothing from tests/.
 """
 
 from __future__ import annotations
@@ -40,10 +35,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import httpx
-import pytest
 
 from rl_engine.trainer.dist import free_port
 
@@ -362,35 +356,3 @@ def flow_run_id_from_cli(stdout: str) -> str:
     m = re.search(r"UUID:\s*([0-9a-f-]{36})", stdout)
     assert m, f"no flow run id in `prefect deployment run` output:\n{stdout}"
     return m.group(1)
-
-
-@pytest.fixture(scope="session")
-def prefect_live(tmp_path_factory):
-    """A real `prefect server start` on loopback for the session (see LiveServer)."""
-    server = start_server(tmp_path_factory.mktemp("prefect-live"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def prefect_worker(prefect_live, tmp_path_factory) -> Callable[..., LiveWorker]:
-    """Factory `prefect_worker(pool, **env) -> LiveWorker`: one process worker per pool, for the session.
-
-    Workers are stopped (with their flow runs' processes) before the server at session end.
-    """
-    workers: dict[str, LiveWorker] = {}
-    log_dir = tmp_path_factory.mktemp("prefect-workers")
-
-    def get(pool: str = "rft-cpu", **extra_env: str) -> LiveWorker:
-        w = workers.get(pool)
-        if w is None or w.proc.poll() is not None:
-            w = workers[pool] = start_worker(prefect_live, pool, log_dir, **extra_env)
-        return w
-
-    try:
-        yield get
-    finally:
-        for w in workers.values():
-            w.stop()

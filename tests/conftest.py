@@ -1,4 +1,4 @@
-"""Session fixtures shared by the whole suite: the tiny model, an S3 server on loopback.
+"""Session fixtures shared by the whole suite: the tiny model, an S3 server on loopback, a live Prefect server and workers.
 
 Engines and servers are expensive (vLLM ~20 s, moto ~2 s, Prefect ~10 s): each is started once
 per session here and shared. Markers: `slow` (starts real engines/servers), `gpu` (needs CUDA).
@@ -7,6 +7,7 @@ per session here and shared. Markers: `slow` (starts real engines/servers), `gpu
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 import pytest
 
@@ -15,7 +16,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
-from rl_engine.trainer.dist import free_port  # noqa: E402 - after the environment above
+from harness.prefect_live import start_server, start_worker  # noqa: E402 - after the environment above
+from rl_engine.trainer.dist import free_port  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,5 +74,37 @@ def s3_bucket(s3_server, request):
     yield f"s3://{name}", options
 
 
+# --------------------------------------------------------------------------- live Prefect
 # A real `prefect server start` and process workers, shared by every test directory (harness/prefect_live.py).
-from harness.prefect_live import prefect_live, prefect_worker  # noqa: E402, F401
+
+
+@pytest.fixture(scope="session")
+def prefect_live(tmp_path_factory):
+    """A real `prefect server start` on loopback for the session (see LiveServer)."""
+    server = start_server(tmp_path_factory.mktemp("prefect-live"))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def prefect_worker(prefect_live, tmp_path_factory) -> Callable[..., Any]:
+    """Factory `prefect_worker(pool, **env) -> LiveWorker`: one process worker per pool, for the session.
+
+    Workers are stopped (with their flow runs' processes) before the server at session end.
+    """
+    workers: dict[str, Any] = {}
+    log_dir = tmp_path_factory.mktemp("prefect-workers")
+
+    def get(pool: str = "rft-cpu", **extra_env: str) -> Any:
+        w = workers.get(pool)
+        if w is None or w.proc.poll() is not None:
+            w = workers[pool] = start_worker(prefect_live, pool, log_dir, **extra_env)
+        return w
+
+    try:
+        yield get
+    finally:
+        for w in workers.values():
+            w.stop()

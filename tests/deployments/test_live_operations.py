@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 from rl_engine.config import validate_config
-from tests.flows.conftest import flatten, small_config
+from harness.runs import small_config
+from tests.flows.conftest import flatten
 from harness.prefect_live import REPO, LiveServer, flow_run_id_from_cli, wait_flow_run
 
 pytestmark = pytest.mark.slow

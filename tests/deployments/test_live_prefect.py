@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.flows.conftest import small_config
+from harness.runs import small_config
 from harness.prefect_live import REPO, ensure_process_pool, flow_run_id_from_cli, kill_process_group, log_tail, wait_flow_run
 
 pytestmark = pytest.mark.slow

@@ -1,15 +1,11 @@
-"""Fixtures for flow tests: one Prefect ephemeral server per session, warm engines, small runs."""
+"""Fixtures for flow tests: one Prefect ephemeral server per session, warm engines (small runs: harness/runs.py)."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-
-from rl_engine.trainer.dist import free_port
 
 
 @pytest.fixture(scope="session")
@@ -35,21 +31,6 @@ def task_file(tmp_path_factory) -> str:
     return str(path)
 
 
-def small_config(model_dir: str, task_file: str, storage: str, **sync) -> dict:
-    """A run that takes seconds: 2 tasks x 2 rollouts of <= 4 tokens per explorer step."""
-    return {
-        "name": sync.pop("name", None),
-        "model": {"path": model_dir, "max_model_len": 64},
-        "taskset": {"path": task_file},
-        "algorithm": {"repeat_times": 2},
-        "explorer": {"count": sync.pop("count", 1), "batch_size": 2, "sampling": {"max_tokens": 4}, "engine": {"kv_cache_space_gib": 0.25}},
-        "buffer": {"storage": {"url": storage}, "read_timeout_s": 120},
-        "trainer": {"total_steps": sync.pop("total_steps", 6), "micro_batch_size": 4, "lr": 1e-3, "checkpoint_interval": sync.pop("checkpoint_interval", 2)},
-        "synchronizer": {"collective": {"port": free_port()}, "wait_timeout_s": 120, **sync},
-        "monitor": {"artifacts": True},
-    }
-
-
 def flatten(d: Any, path: str = "") -> dict[str, Any]:
     """{'trainer.total_steps': 2, ...} of a nested mapping."""
     if not isinstance(d, dict) or not d:
@@ -65,8 +46,3 @@ def artifacts_of(flow_run_id: Any) -> dict[str, Any]:
     with get_client(sync_client=True) as client:
         rows = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
     return {a.key: a for a in rows if a.key}
-
-
-def write_config(path: Path, data: dict) -> str:
-    path.write_text(yaml.safe_dump(data))
-    return str(path)

@@ -23,7 +23,7 @@ from cli.progress import ProgressLine, follow
 from rl_engine.config import validate_config
 from rl_engine.run.report import record_step
 from rl_engine.run.context import start_run
-from tests.flows.conftest import small_config, write_config
+from harness.runs import small_config, write_config
 
 RFT = str(Path(sys.executable).with_name("rft"))
 PROGRESS = re.compile(r"^step (\d+)/(\d+) \[[#.]{20}\] +\d+%  reward (-|\d+\.\d{3})(  (\d+\.\d) s/step)?  ETA (\d+:\d\d:\d\d|--:--:--)$")

@@ -23,8 +23,7 @@ from rl_engine.config import LineageConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import load_taskset
 from rl_engine.run.context import open_run
-from tests.flows.conftest import small_config
-from tests.flows.test_partial_flows import PARTIAL
+from harness.runs import PARTIAL, small_config
 
 pytestmark = pytest.mark.slow
 

@@ -18,7 +18,7 @@ from rl_engine.config import validate_config
 from rl_engine.schedule import rendezvous_version
 from rl_engine.run.timeline import load_spans
 from rl_engine.trainer.dist import free_port
-from tests.flows.conftest import small_config
+from harness.runs import small_config
 
 pytestmark = pytest.mark.slow
 

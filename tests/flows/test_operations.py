@@ -21,7 +21,8 @@ import yaml
 from flows.rendezvous import synchronous
 from rl_engine.config import ConfigError, validate_config
 from rl_engine.errors import UserError
-from tests.flows.conftest import artifacts_of, flatten, small_config
+from harness.runs import small_config
+from tests.flows.conftest import artifacts_of, flatten
 
 pytestmark = pytest.mark.slow
 

@@ -22,8 +22,7 @@ from rl_engine.buffer.sweep import uncommitted_files
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.run.failpoints import ENV
 from rl_engine.run.context import last_committed_steps, open_run
-from tests.flows.conftest import write_config
-from tests.flows.test_partial_flows import partial_config, stored_rows
+from harness.runs import partial_config, stored_rows, write_config
 
 pytestmark = pytest.mark.slow
 

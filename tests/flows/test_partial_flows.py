@@ -12,7 +12,6 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.dataset as ds
 import pytest
 
 from cli.run import run_config
@@ -22,38 +21,10 @@ from rl_engine.run.context import open_run
 from rl_engine.schedule import rendezvous_version
 from rl_engine.run.timeline import load_spans
 from tasks.continuations import continuations_key
-from tests.flows.conftest import small_config
+from harness.runs import MODES, partial_config, stored_rows
 from tests.flows.test_cancel_resume import run_and_cancel
 
 pytestmark = pytest.mark.slow
-
-# The random tiny model rarely samples EOS: most generations need several 3-token segments.
-PARTIAL = {"enabled": True, "segment_max_tokens": 3, "max_response_tokens": 10, "repeat_ngram": 2, "repeat_threshold": 4}
-MODES = {
-    "synchronous": {"mode": "synchronous"},
-    "one_step_off_policy": {"mode": "one_step_off_policy", "sync_offset": 1},
-    "fully_async": {"mode": "fully_async", "sync_method": "checkpoint", "max_staleness": 1},
-    "multi_explorer": {"mode": "multi_explorer", "count": 2, "max_staleness": 3},
-}
-
-
-def partial_config(model_dir: str, task_file: str, storage: str, **sync) -> dict:
-    data = small_config(model_dir, task_file, storage, **sync)
-    data["explorer"]["partial"] = dict(PARTIAL)
-    return data
-
-
-def stored_rows(run_url: str) -> list[dict]:
-    """Every stored experience row, read with plain json and pyarrow (no project code): the data
-    files commit records name. A writer killed between its data file and its record leaves that
-    file behind, never committed (nothing reads it; the step is written again on resume)."""
-    records = [json.loads(p.read_text()) for p in Path(run_url, "buffer", "_commits").glob("*/*.json")]
-    files = [str(Path(run_url, "buffer", r["path"])) for r in records]
-    if not files:
-        return []
-    table = ds.dataset(files, format="ipc").to_table()
-    return table.select(["experience_id", "explorer_id", "explorer_step", "group_id", "segments", "finish_reason"]).to_pylist()
-
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_every_mode_with_partial_rollouts(mode, prefect_server, tiny_model_dir, task_file, tmp_path):

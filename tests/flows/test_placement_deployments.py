@@ -25,7 +25,7 @@ from rl_engine.config import validate_config
 from rl_engine.run.state import latest_state_step
 from rl_engine.run.context import last_committed_steps, open_run
 from rl_engine.schedule import rendezvous_version
-from tests.flows.conftest import small_config
+from harness.runs import small_config
 from tests.flows.test_modes import stored_experiences, versions_by_step
 from harness.prefect_live import DEPLOY_ALL
 

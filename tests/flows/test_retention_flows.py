@@ -22,7 +22,7 @@ from rl_engine.run.state import latest_state_step
 from rl_engine.run.context import RunContext, open_run
 from rl_engine.run.retention import STATES
 from rl_engine.sync.checkpoint import CHECKPOINTS
-from tests.flows.conftest import small_config
+from harness.runs import small_config
 
 pytestmark = pytest.mark.slow
 

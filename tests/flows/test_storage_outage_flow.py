@@ -17,7 +17,7 @@ import s3fs
 from cli.run import run_config
 from rl_engine.buffer.reader import BufferReader
 from rl_engine.config import BufferConfig, validate_config
-from tests.flows.conftest import small_config
+from harness.runs import small_config
 from harness.s3_outage import OutageProxy
 
 pytestmark = pytest.mark.slow

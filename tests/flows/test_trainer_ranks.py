@@ -23,7 +23,7 @@ from rl_engine.run.report import load_metrics
 from rl_engine.run.context import open_run
 from rl_engine.schedule import rendezvous_version
 from rl_engine.trainer.dist import free_port
-from tests.flows.conftest import small_config
+from harness.runs import small_config
 from tests.flows.test_modes import stored_experiences, versions_by_step
 
 pytestmark = pytest.mark.slow
