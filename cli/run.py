@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from rl_engine.config import RFTConfig, load_config, validate_config
 from rl_engine.errors import UserError, hide_user_error_tracebacks
+from rl_engine.model_dir import is_model_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -124,7 +125,7 @@ def demo(root: str = "runs") -> int:
     from rl_engine.warmstart import main as warmstart
 
     model, tasks = Path(root, "models", "tiny-arith-sft"), Path(root, "data", "arith-train.jsonl")
-    if not (model / "config.json").exists():
+    if not is_model_dir(model):
         print(f"building the demo model (tiny Qwen2 + SFT warm start) in {model} ...")
         warmstart([str(model)])
     if not tasks.exists():

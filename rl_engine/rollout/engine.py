@@ -41,11 +41,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol, Sequence
 
 from rl_engine.config import EngineConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
+from rl_engine.model_dir import require_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +115,6 @@ def request_seeds(seed: int, num_prompts: int, n: int) -> list[int]:
     digest = hashlib.blake2b(str(seed).encode(), digest_size=8).digest()
     base = int.from_bytes(digest, "little") % (1 << 40)
     return [base + i * n for i in range(num_prompts)]
-
-
-def _check_model_dir(path: str, what: str) -> None:
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        raise UserError(f"{what} {path!r} does not exist; point it at a local Hugging Face model directory (or build one with `rft make-tiny-model`)")
-    if what == "model.path" and not (p / "config.json").is_file():
-        raise UserError(f"{what} {path!r} has no config.json; it must be a Hugging Face model directory")
 
 
 @contextlib.contextmanager
@@ -540,9 +532,9 @@ def _to_rollout(prompt_ids: list[int], c: Any, version: int, tokenizer: Any = No
 def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0) -> RolloutEngine:
     """The rollout engine of explorer `explorer_id`, from `cfg.model` and `cfg.explorer.engine`."""
     m = cfg.model
-    _check_model_dir(m.path, "model.path")
+    require_model_dir(m.path, "model.path")
     tok = m.tokenizer_path or m.path
-    _check_model_dir(tok, "model.tokenizer_path")
+    require_model_dir(tok, "model.tokenizer_path", config=False)  # a tokenizer needs no config.json
     return VLLMRolloutEngine(
         model_path=m.path,
         tokenizer_path=tok,

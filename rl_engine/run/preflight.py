@@ -39,6 +39,7 @@ from typing import Any
 
 from rl_engine.config import ConfigError, ModelConfig, RFTConfig
 from rl_engine.errors import UserError
+from rl_engine.model_dir import require_model_dir
 from rl_engine.run.storage_checks import check_reachable, check_storage, checked_call, open_for_checks
 from rl_engine.storage import join
 
@@ -201,9 +202,7 @@ def check_model_paths(model: ModelConfig) -> None:
 
 def check_model_dir(path: str, what: str = "model.path") -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
     """config.json parses and every *.safetensors file is whole; returns (config.json, {tensor name: shape} of the weights)."""
-    d = Path(path).expanduser()
-    if not d.is_dir() or not (d / "config.json").is_file():
-        raise UserError(f"{what} = {path!r}: no such model directory (or no config.json in it); build one with `rft make-tiny-model {path}` or point {what} at a Hugging Face model directory")
+    d = Path(require_model_dir(path, what))
     try:
         config = json.loads((d / "config.json").read_text())
     except (ValueError, UnicodeDecodeError) as e:

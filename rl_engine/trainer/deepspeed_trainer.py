@@ -34,6 +34,7 @@ from torch import Tensor
 
 from rl_engine.algorithms import grpo_advantages, policy_loss, sft_loss, token_entropy, token_logprobs, version_mask
 from rl_engine.errors import UserError
+from rl_engine.model_dir import require_model_dir
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
 from rl_engine.trainer.settings import TrainerSettings
@@ -57,7 +58,7 @@ class DeepSpeedTrainer:
         if s.num_threads:
             torch.set_num_threads(s.num_threads)
         torch.manual_seed(s.seed)
-        model_dir = _check_model_dir(s.model_path)
+        model_dir = require_model_dir(s.model_path)
         tok_dir = str(Path(s.tokenizer_path).expanduser()) if s.tokenizer_path else model_dir  # a tokenizer needs no config.json
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         if self.tokenizer.pad_token_id is None:
@@ -333,13 +334,6 @@ class DeepSpeedTrainer:
 
 
 # -------------------------------------------------------------------- helpers
-
-
-def _check_model_dir(path: str) -> str:
-    p = Path(path).expanduser()
-    if not (p / "config.json").is_file():
-        raise UserError(f"model directory {path!r} not found or has no config.json; build one with `rft make-tiny-model {path}` or `rft warmstart {path}`")
-    return str(p)
 
 
 def _torch_dtype(name: str) -> torch.dtype:
