@@ -25,7 +25,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from rl_engine.storage import join, open_storage, poll_interval, read_json, write_json
 
@@ -56,6 +56,38 @@ class Stopped(Exception):
 
 class WaitTimeout(TimeoutError):
     """A rendezvous did not happen in time; the message names what was awaited."""
+
+
+T = TypeVar("T")
+
+
+def poll_until(
+    ready: Callable[[], T | None],
+    *,
+    what: str,
+    timeout_s: float,
+    interval_s: float,
+    stop: StopSignal | None = None,
+    timeout_error: Callable[[], BaseException] | None = None,
+    between: Callable[[], None] | None = None,
+) -> T:
+    """Call `ready()` until it returns something other than None or False, and return that. Raises
+    Stopped once `stop` is set, after `timeout_s` `timeout_error()` (default: WaitTimeout naming
+    `what`); between tries calls `between()` (drop a listing cache, post progress), then sleeps
+    `interval_s` (never past the deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = ready()
+        if got is not None and got is not False:
+            return got
+        if stop is not None and stop.is_set():
+            raise Stopped(f"stopped while waiting for {what}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise timeout_error() if timeout_error is not None else WaitTimeout(f"waited {timeout_s:.0f} s for {what}")
+        if between is not None:
+            between()
+        time.sleep(min(interval_s, left))
 
 
 class Board:
@@ -91,17 +123,17 @@ class Board:
         stop: StopSignal | None = None,
     ) -> dict[str, Any]:
         """Poll `key` until `ready(value)`; raise Stopped on `stop`, WaitTimeout after `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = self.get(key)
-            if value is not None and ready(value):
-                return value
-            if stop is not None and stop.is_set():
-                raise Stopped(f"stopped while waiting for {what}")
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"waited {timeout_s:.0f} s for {what}; last {key!r} marker: {value} (synchronizer.wait_timeout_s)")
-            self.fs.invalidate_cache()
-            time.sleep(self.poll_s)
+        last: dict[str, Any] | None = None
+
+        def ready_value() -> dict[str, Any] | None:
+            nonlocal last
+            last = self.get(key)
+            return last if last is not None and ready(last) else None
+
+        def timed_out() -> WaitTimeout:
+            return WaitTimeout(f"waited {timeout_s:.0f} s for {what}; last {key!r} marker: {last} (synchronizer.wait_timeout_s)")
+
+        return poll_until(ready_value, what=what, timeout_s=timeout_s, interval_s=self.poll_s, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
 
 
 def role_key(role: str) -> str:

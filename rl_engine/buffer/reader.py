@@ -62,7 +62,7 @@ import numpy as np
 from rl_engine.buffer import _files
 from rl_engine.buffer.cursor import ConsumedSet
 from rl_engine.config import BufferConfig
-from rl_engine.board import Stopped
+from rl_engine.board import poll_until
 from rl_engine.experience import ExperienceBatch
 from rl_engine.schedule import batch_number
 from rl_engine.storage import join, open_storage, poll_interval
@@ -128,20 +128,18 @@ class BufferReader:
         if max_staleness is not None and trainer_version is None:
             raise ValueError(f"read_batch(max_staleness={max_staleness}): staleness is relative to the trainer's version; pass trainer_version too")
         timeout = self.cfg.read_timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout
-        while True:
+        available = 0
+
+        def take() -> ExperienceBatch | None:
+            nonlocal available
             self.poll()
             batch, available = self._take(n, trainer_version, max_staleness)
-            if batch is not None:
-                return batch
-            if stop is not None and stop.is_set():
-                raise Stopped(f"stopped while waiting for {n} experiences")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BufferTimeout(self._waiting_message(n, available, timeout, trainer_version, max_staleness))
-            if on_wait is not None:
-                on_wait()
-            time.sleep(min(self.poll_s, left))
+            return batch
+
+        def timed_out() -> BufferTimeout:
+            return BufferTimeout(self._waiting_message(n, available, timeout, trainer_version, max_staleness))
+
+        return poll_until(take, what=f"{n} experiences", timeout_s=timeout, interval_s=self.poll_s, stop=stop, timeout_error=timed_out, between=on_wait)
 
     def poll(self) -> int:
         """Look for newly committed files now (`read_batch` does before each try); returns how many

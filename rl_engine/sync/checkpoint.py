@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from rl_engine import storage
-from rl_engine.board import Board, Stopped, StopSignal, WaitTimeout
+from rl_engine.board import Board, StopSignal, WaitTimeout, poll_until
 from rl_engine.pruning import Kind, pointer_target, prune
 from rl_engine.rollout.engine import EngineDiedError
 from rl_engine.sync.base import SyncError, loaded_key, post_loaded, wait_loaded
@@ -231,14 +231,13 @@ class CheckpointReceiver:
     def prepare(self, version: int, stop: StopSignal | None = None) -> None:
         """Wait until `version` is committed (the trainer announces a version before its write ends)."""
         marker = storage.join(CHECKPOINTS.dir(self.root, version), COMMIT)
-        deadline = time.monotonic() + self.timeout_s
-        while not self.fs.exists(marker):
-            if stop is not None and stop.is_set():
-                raise Stopped(f"stopped while waiting for checkpoint version {version} to be committed")
-            if time.monotonic() > deadline:
-                raise WaitTimeout(f"waited {self.timeout_s:.0f} s for checkpoint version {version} to be committed under {self.root}/checkpoints (synchronizer.wait_timeout_s)")
-            time.sleep(storage.poll_interval(self.fs))
-            self.fs.invalidate_cache()
+        what = f"checkpoint version {version} to be committed"
+
+        def timed_out() -> WaitTimeout:
+            return WaitTimeout(f"waited {self.timeout_s:.0f} s for {what} under {self.root}/checkpoints (synchronizer.wait_timeout_s)")
+
+        interval = storage.poll_interval(self.fs)
+        poll_until(lambda: self.fs.exists(marker), what=what, timeout_s=self.timeout_s, interval_s=interval, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
 
     def committed_versions(self) -> list[int]:
         """Every version with a commit marker, ascending."""

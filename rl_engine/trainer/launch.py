@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     machines (trainer.nodes > 1), started on that machine once the run exists."""
     import argparse
 
+    from rl_engine.board import poll_until
     from rl_engine.errors import UserError
     from rl_engine.run.context import CONFIG_FILE, open_run
     from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options
@@ -148,12 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     options = parse_storage_options(a.storage_options)
     fs, root = open_storage(a.run_url, options)
-    deadline = time.monotonic() + a.wait_s
-    while not fs.exists(join(root, CONFIG_FILE)):
-        if time.monotonic() > deadline:
-            raise UserError(f"{a.run_url}: no run there after {a.wait_s:.0f} s (no config.yaml); start the run first (`rft run`), then its trainer nodes")
-        time.sleep(1.0)
-        fs.invalidate_cache()
+
+    def no_run() -> UserError:
+        return UserError(f"{a.run_url}: no run there after {a.wait_s:.0f} s (no config.yaml); start the run first (`rft run`), then its trainer nodes")
+
+    poll_until(lambda: fs.exists(join(root, CONFIG_FILE)), what="the run's config.yaml", timeout_s=a.wait_s, interval_s=1.0, timeout_error=no_run, between=fs.invalidate_cache)
     t = open_run(a.run_url, options).cfg.trainer
     if not 0 < a.node_rank < t.nodes:
         raise UserError(f"--node-rank {a.node_rank}: the run's trainer spans trainer.nodes = {t.nodes} machines; give 1 .. {t.nodes - 1} (node 0 is the trainer role's)")

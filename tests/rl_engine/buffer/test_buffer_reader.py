@@ -190,7 +190,7 @@ def test_blocks_until_enough_is_committed(tmp_path, monkeypatch):
     import threading
     import time as real_time
 
-    import rl_engine.buffer.reader as reader_mod
+    import rl_engine.board as poll_mod  # read_batch waits in rl_engine.board.poll_until
 
     run = str(tmp_path)
     w = BufferWriter(run, {}, 0)
@@ -205,7 +205,7 @@ def test_blocks_until_enough_is_committed(tmp_path, monkeypatch):
             waiting.set()
             real_time.sleep(s)
 
-    monkeypatch.setattr(reader_mod, "time", _Time)
+    monkeypatch.setattr(poll_mod, "time", _Time)
     writer = threading.Thread(target=lambda: (waiting.wait(30), w.write(2, make_batch(4, explorer_step=2))))
     writer.start()
     batch = BufferReader(run, {}, BufferConfig(poll_interval_s=0.01)).read_batch(8, timeout_s=60)
