@@ -19,9 +19,9 @@ Floors, bottom up: a module imports only from its own floor or below, and nothin
 circle (tests/test_layering.py reads this list and checks every import, lazy ones included; a
 name stands for a module or a whole package):
 
-    0  errors conformance schedule tiny_model model_dir run.failpoints run.owner_watch run.reaper
+    0  errors conformance schedule tiny_model run.failpoints run.owner_watch run.reaper
     1  config experience
-    2  storage
+    2  storage model_dir
     3  board pruning run.lease run.timeline rewards algorithms
     4  buffer rollout
     5  run.storage_checks run.context

@@ -180,24 +180,8 @@ def check_model_paths(model: ModelConfig) -> None:
     """model.path is a model directory (with a config.json) and model.tokenizer_path, if given, a directory:
     the cheap local check `rft validate` makes too (the config's validators never touch the filesystem)."""
     for field, given in (("path", model.path), ("tokenizer_path", model.tokenizer_path)):
-        if given is None:
-            continue
-        d = Path(given).expanduser()
-        if d.is_file():
-            problem = (
-                f"{given!r} is a file, not a directory; point model.{field} at the directory that holds the model's config.json, "
-                f"*.safetensors and tokenizer files (this file's directory is {str(d.parent)!r})"
-            )
-        elif not d.is_dir():
-            problem = (
-                f"model directory {given!r} does not exist; build one with `rft make-tiny-model {given}` "
-                f"(or `rft warmstart`) or point model.{field} at a local Hugging Face model directory"
-            )
-        elif field == "path" and not (d / "config.json").is_file():  # a tokenizer directory needs only the tokenizer's files (check_tokenizer)
-            problem = f"{given!r} has no config.json; model.path must be a Hugging Face model directory"
-        else:
-            continue
-        raise ConfigError(f"model.{field} = {given!r}: {problem}")
+        if given is not None:  # a tokenizer directory needs only the tokenizer's files (check_tokenizer)
+            require_model_dir(given, f"model.{field}", config=field == "path")
 
 
 def check_model_dir(path: str, what: str = "model.path") -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
