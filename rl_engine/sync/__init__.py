@@ -1,8 +1,9 @@
 """Weight sync from the trainer to the explorers' live engines: `collective` and `checkpoint`.
 
-Entry points (see base.py): `build_weight_sender(cfg)`, `build_weight_receiver(cfg, explorer_id)`.
+Entry points (factory.py): `build_weight_sender(cfg)`, `build_weight_receiver(cfg, explorer_id)`.
 """
 
-from rl_engine.sync.base import WeightReceiver, WeightSender, build_weight_receiver, build_weight_sender
+from rl_engine.sync.base import WeightReceiver, WeightSender
+from rl_engine.sync.factory import build_weight_receiver, build_weight_sender
 
 __all__ = ["WeightReceiver", "WeightSender", "build_weight_receiver", "build_weight_sender"]

@@ -1,4 +1,4 @@
-"""The weight-sync interface (one Protocol per side) and its explicit factories.
+"""The weight-sync interface (one Protocol per side); its explicit factories are in factory.py.
 
 `synchronizer.sync_method` picks the method: `collective` (broadcast over a process group,
 `collective.py`) or `checkpoint` (committed checkpoints on the run's storage, `checkpoint.py`).
@@ -16,7 +16,7 @@ board key of a sync is defined in this package; callers never branch on the meth
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
@@ -94,42 +94,6 @@ def wait_loaded(board: Board, num_explorers: int, version: int, timeout_s: float
     """Block until every explorer acknowledged `version` or newer."""
     for i in range(num_explorers):
         board.wait(loaded_key(i), lambda m: m["version"] >= version, what=f"explorer {i} to load version {version}", timeout_s=timeout_s, stop=stop)
-
-
-def wire_dtype(cfg: RFTConfig) -> torch.dtype:
-    """Floating parameters travel and are stored in the engine's dtype (model.dtype)."""
-    return getattr(torch, cfg.model.dtype)
-
-
-def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None) -> WeightSender:
-    """Trainer-side sync of `cfg.synchronizer.sync_method`, meeting the receivers on the run's `board`;
-    checkpoint needs a resolved cfg (run URL). `pinned` returns the model URL a lineage points at
-    (`rl_engine.run.retention.lineage_model`): a version it names is never pruned."""
-    s = cfg.synchronizer
-    if s.sync_method == "collective":
-        from rl_engine.sync.collective import CollectiveSender
-
-        return CollectiveSender(s.collective, board, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg), s.wait_timeout_s)
-    if s.sync_method == "checkpoint":
-        from rl_engine.sync.checkpoint import CheckpointSender
-
-        opts = cfg.buffer.storage.fs_options()
-        return CheckpointSender(cfg.run_url, opts, cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s, keep_last=s.keep_last_checkpoints, pinned=pinned)
-    raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
-
-
-def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) -> WeightReceiver:
-    """Explorer-side sync of `cfg.synchronizer.sync_method` for explorer `explorer_id`, on the run's `board`."""
-    s = cfg.synchronizer
-    if s.sync_method == "collective":
-        from rl_engine.sync.collective import CollectiveReceiver
-
-        return CollectiveReceiver(s.collective, board, explorer_id, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, s.wait_timeout_s)
-    if s.sync_method == "checkpoint":
-        from rl_engine.sync.checkpoint import CheckpointReceiver
-
-        return CheckpointReceiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
-    raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
 
 
 def check_devices(cfg: RFTConfig, gpus: int) -> None:

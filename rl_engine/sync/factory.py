@@ -1,0 +1,46 @@
+"""Which weight sync a run uses: the factories behind `synchronizer.sync_method` (with
+base.check_devices, the only code that branches on the method).
+
+    sender = build_weight_sender(cfg, board)                 # the trainer's side
+    receiver = build_weight_receiver(cfg, board, explorer_id)  # an explorer's side
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rl_engine.board import Board
+from rl_engine.config import RFTConfig
+from rl_engine.sync.base import WeightReceiver, WeightSender
+from rl_engine.sync.checkpoint import CheckpointReceiver, CheckpointSender
+from rl_engine.sync.collective import CollectiveReceiver, CollectiveSender
+
+
+def wire_dtype(cfg: RFTConfig) -> torch.dtype:
+    """Floating parameters travel and are stored in the engine's dtype (model.dtype)."""
+    return getattr(torch, cfg.model.dtype)
+
+
+def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None) -> WeightSender:
+    """Trainer-side sync of `cfg.synchronizer.sync_method`, meeting the receivers on the run's `board`;
+    checkpoint needs a resolved cfg (run URL). `pinned` returns the model URL a lineage points at
+    (`rl_engine.run.retention.lineage_model`): a version it names is never pruned."""
+    s = cfg.synchronizer
+    if s.sync_method == "collective":
+        return CollectiveSender(s.collective, board, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg), s.wait_timeout_s)
+    if s.sync_method == "checkpoint":
+        opts = cfg.buffer.storage.fs_options()
+        return CheckpointSender(cfg.run_url, opts, cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s, keep_last=s.keep_last_checkpoints, pinned=pinned)
+    raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
+
+
+def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) -> WeightReceiver:
+    """Explorer-side sync of `cfg.synchronizer.sync_method` for explorer `explorer_id`, on the run's `board`."""
+    s = cfg.synchronizer
+    if s.sync_method == "collective":
+        return CollectiveReceiver(s.collective, board, explorer_id, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, s.wait_timeout_s)
+    if s.sync_method == "checkpoint":
+        return CheckpointReceiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
+    raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
