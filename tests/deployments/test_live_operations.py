@@ -83,7 +83,9 @@ def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deploy
 
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO, env=prefect_live.env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    runs = {"cli": flow_run_id_from_cli(res.stdout), "rest": json.loads(res.stdout.rstrip().splitlines()[-1])["id"]}
+    created = json.loads(res.stdout.rstrip().splitlines()[-1])  # the REST call's answer: the flow run, or why not
+    assert "id" in created, res.stdout[-3000:]
+    runs = {"cli": flow_run_id_from_cli(res.stdout), "rest": created["id"]}
     t0 = time.monotonic()
     for how, run_id in runs.items():
         wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=600, worker=rft_worker)
