@@ -79,7 +79,7 @@ class RunDriver:
             run = start_run(cfg)
             at = ResumePoint(0, {i: 1 for i in range(run.cfg.explorer.count)})
         else:
-            run = open_run(stored.url, cfg.buffer.storage.fs_options())
+            run = stored  # opened by check(), with the same storage options
             Board(run.url, run.storage_options).clear()  # the crashed attempt's markers must not be seen
             at = resume_point(run, latest_state_step(run) or 0)
             self.log(f"resuming {run.url}: trainer from version {at.trainer_version}, explorers from steps {at.first_steps}")

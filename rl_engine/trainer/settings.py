@@ -14,10 +14,15 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rl_engine.config import AlgorithmConfig
+from rl_engine.config import AlgorithmConfig, ModelConfig, TrainerConfig
 
 if TYPE_CHECKING:
     from rl_engine.config import RFTConfig
+
+
+def _default(model: type[BaseModel], field: str) -> object:
+    """The config's default of `field`: warm start and bench.train leave these out, a run sets them all."""
+    return model.model_fields[field].default
 
 
 class TrainerSettings(BaseModel):
@@ -27,17 +32,17 @@ class TrainerSettings(BaseModel):
 
     model_path: str = Field(description="Local Hugging Face model directory (config.json, weights) the policy starts from.")
     tokenizer_path: str | None = Field(default=None, description="Tokenizer directory; null: model_path.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(default="float32", description="Parameter dtype of the model (and of the KL reference).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(default=_default(ModelConfig, "dtype"), description="Parameter dtype of the model (and of the KL reference).")
     seed: int = Field(ge=0, description="torch seed set before the model is built.")
     train_batch_size: int = Field(ge=1, description="Experiences per step over all ranks (one optimizer update).")
     micro_batch_size: int = Field(ge=1, description="Experiences per forward/backward pass on one rank; gradient accumulation makes up the rest.")
     lr: float = Field(gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
-    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
-    weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
-    warmup_steps: int = Field(default=0, ge=0, description="Linear LR warmup over this many steps; 0: full lr from step 1.")
-    grad_clip: float = Field(default=1.0, gt=0.0, description="Gradient norm clip.")
-    zero_stage: Literal[0, 1, 2, 3] = Field(default=0, description="DeepSpeed ZeRO stage.")
-    num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads of this process; null keeps torch's default.")
+    betas: tuple[float, float] = Field(default=_default(TrainerConfig, "betas"), description="AdamW betas.")
+    weight_decay: float = Field(default=_default(TrainerConfig, "weight_decay"), ge=0.0, description="AdamW weight decay.")
+    warmup_steps: int = Field(default=_default(TrainerConfig, "warmup_steps"), ge=0, description="Linear LR warmup over this many steps; 0: full lr from step 1.")
+    grad_clip: float = Field(default=_default(TrainerConfig, "grad_clip"), gt=0.0, description="Gradient norm clip.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(default=_default(TrainerConfig, "zero_stage"), description="DeepSpeed ZeRO stage.")
+    num_threads: int | None = Field(default=_default(TrainerConfig, "num_threads"), ge=1, description="torch intra-op threads of this process; null keeps torch's default.")
     temperature: float = Field(
         default=1.0, gt=0.0, description="Logits are divided by this before logprobs and entropy: the explorer's sampling temperature (1.0 when it samples greedily)."
     )
