@@ -81,10 +81,17 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from cli.run import demo
     from rl_engine.run.reaper import start_reaper
 
     start_reaper()
+    if a.model == "smollm2":
+        from cli.demo_real import demo_real
+
+        return demo_real(a.root, a.overrides, a.heldout)
+    if a.overrides or a.heldout is not None:
+        raise UserError("rft demo: --set and --heldout go with --model smollm2 (the tiny demo runs configs/demo.yaml as it is)")
+    from cli.run import demo
+
     return demo(a.root)
 
 
@@ -128,8 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", metavar="RUN", help="resume the named run from its last trainer checkpoint and buffer cursor")
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("demo", help="build the demo model and tasks if missing, then run configs/demo.yaml")
+    p = sub.add_parser("demo", help="build the demo model and tasks if missing, then run configs/demo.yaml (--model smollm2: the real model, configs/smollm2.yaml)")
     p.add_argument("--root", default="runs", help="where models, data and runs go (default ./runs)")
+    p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="tiny: the warm-started 0.3M toy (default); smollm2: SmolLM2-135M-Instruct, scored on held-out problems before and after")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="with --model smollm2: override a field of configs/smollm2.yaml (repeatable)")
+    p.add_argument("--heldout", type=int, default=None, metavar="N", help="with --model smollm2: score on the first N held-out problems (default all 320)")
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("make-tiny-model", help="write a small random Qwen2 model + byte-level tokenizer (HF layout)")

@@ -27,14 +27,14 @@ from rl_engine.config.buffer import BufferConfig, StorageConfig
 from rl_engine.config.explorer import EngineConfig, ExplorerConfig, PartialRolloutConfig, SamplingConfig
 from rl_engine.config.loading import apply_overrides, load_config, migrate_file, parse_override, parse_yaml, read_yaml, to_yaml, validate_config
 from rl_engine.config.migrate import migrate
-from rl_engine.config.model import ArithmeticReward, CountdownReward, ModelConfig, PythonReward, RewardConfig, TasksetConfig
+from rl_engine.config.model import ArithmeticReward, CountdownReward, FinalAnswerReward, ModelConfig, PythonReward, RewardConfig, TasksetConfig
 from rl_engine.config.placement import DeploymentsPlacement, LocalPlacement, PlacementConfig
 from rl_engine.config.root import MAX_SEED, LineageConfig, MonitorConfig, RFTConfig
 from rl_engine.config.synchronizer import DECOUPLED_MODES, RENDEZVOUS_MODES, CollectiveConfig, DecoupledSync, Mode, RendezvousSync, SynchronizerConfig
 from rl_engine.config.trainer import TrainerConfig
 
 __all__ = [
-    "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward",
+    "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward", "FinalAnswerReward",
     "DecoupledSync", "DeploymentsPlacement", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement", "Mode", "ModelConfig", "MonitorConfig",
     "PartialRolloutConfig", "PlacementConfig", "PythonReward", "RFTConfig", "RendezvousSync", "RewardConfig", "SamplingConfig", "StorageConfig", "SynchronizerConfig",
     "TasksetConfig", "TrainerConfig", "_Model", "apply_overrides", "config_warnings", "load_config", "migrate", "migrate_file", "parse_override", "parse_yaml", "read_yaml",

@@ -36,6 +36,14 @@ class CountdownReward(_Model):
     close_weight: float = Field(default=0.5, ge=0.0, description="Weight of the progress term: the fraction of the answer's numbers right from the start, over the longer of answer and response.")
 
 
+class FinalAnswerReward(_Model):
+    """Reward of the chat model's word-arithmetic task: the last number of a response the model ended itself, exactly."""
+
+    type: Literal["final_answer"] = Field(description="Reward variant selector.")
+    correct_weight: float = Field(default=1.0, description="Reward when the response ended with a stop and its last number is the answer.")
+    format_weight: float = Field(default=0.1, ge=0.0, description="Reward when the response ended with a stop and holds a number at all.")
+
+
 class PythonReward(_Model):
     """A user reward function `module:function(prompt, response, task) -> float | dict[str, float]`."""
 
@@ -47,8 +55,8 @@ class PythonReward(_Model):
     )
 
 
-RewardConfig = Annotated[Union[ArithmeticReward, CountdownReward, PythonReward], Field(discriminator="type")]
-_REWARD_TAGS = ("arithmetic", "countdown", "python")
+RewardConfig = Annotated[Union[ArithmeticReward, CountdownReward, FinalAnswerReward, PythonReward], Field(discriminator="type")]
+_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "python")
 
 
 class TasksetConfig(_Model):

@@ -4,6 +4,7 @@ The rest of the arguments are the chosen task's own (`--task countdown --help` l
 
     rft make-tasks runs/data/arith-train.jsonl --n 2000 --seed 0
     rft make-tasks runs/data/countdown-train.jsonl --task countdown --n 2000 --seed 0
+    rft make-tasks runs/data/words-train.jsonl --task word-arithmetic   # the real model's task (--split heldout)
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-TASKS = {"arithmetic": "rl_engine.rewards.arithmetic", "countdown": "rl_engine.rewards.countdown"}
+TASKS = {"arithmetic": "rl_engine.rewards.arithmetic", "countdown": "rl_engine.rewards.countdown", "word-arithmetic": "rl_engine.rewards.word_arithmetic"}
 
 
 def main(argv: list[str] | None = None) -> int:

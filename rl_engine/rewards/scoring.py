@@ -29,6 +29,7 @@ from rl_engine.errors import UserError
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn
 from rl_engine.rewards.countdown import CountdownRewardFn
 from rl_engine.rewards.tasks import Task
+from rl_engine.rewards.word_arithmetic import FinalAnswerRewardFn
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGES = 5
@@ -139,11 +140,13 @@ def _import_function(spec: str) -> Callable[..., Any]:
 
 
 def build_reward(cfg: Any) -> RewardFn:
-    """The reward callable of a RewardConfig (ArithmeticReward | CountdownReward | PythonReward)."""
+    """The reward callable of a RewardConfig (ArithmeticReward | CountdownReward | FinalAnswerReward | PythonReward)."""
     if cfg.type == "arithmetic":
         return ArithmeticRewardFn(correct_weight=cfg.correct_weight, format_weight=cfg.format_weight)
     if cfg.type == "countdown":
         return CountdownRewardFn(correct_weight=cfg.correct_weight, close_weight=cfg.close_weight)
+    if cfg.type == "final_answer":
+        return FinalAnswerRewardFn(correct_weight=cfg.correct_weight, format_weight=cfg.format_weight)
     if cfg.type == "python":
         return PythonRewardFn(cfg.function, _import_function(cfg.function), cfg.kwargs, cfg.timeout_s)
     raise ValueError(f"unknown reward type {cfg.type!r}")

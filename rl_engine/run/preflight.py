@@ -46,7 +46,7 @@ from rl_engine.storage import join
 MAX_LISTED = 5  # rows / fields named in one message
 # The built-in rewards score a response against the task's answer (rl_engine.rewards); a user's
 # reward may not use it, so its rows are not checked for one.
-REWARDS_NEEDING_ANSWER = ("arithmetic", "countdown")
+REWARDS_NEEDING_ANSWER = ("arithmetic", "countdown", "final_answer")
 
 
 def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> RFTConfig:

