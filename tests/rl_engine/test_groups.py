@@ -43,7 +43,7 @@ def reward(prompt: str, response: str, task: Task, finish_reason: str) -> dict[s
     return {"correct": float(len(response)), "format": 0.5}
 
 
-CFG = SimpleNamespace(taskset=SimpleNamespace(template="Q: {prompt}"), algorithm=SimpleNamespace(repeat_times=3), explorer=SimpleNamespace(sampling=SamplingConfig()), seed=1)
+CFG = SimpleNamespace(taskset=SimpleNamespace(template="Q: {prompt}"), model=SimpleNamespace(max_model_len=512), algorithm=SimpleNamespace(repeat_times=3), explorer=SimpleNamespace(sampling=SamplingConfig()), seed=1)
 
 
 def _tasks(*names: str) -> list[Task]:
