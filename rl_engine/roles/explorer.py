@@ -34,8 +34,8 @@ from rl_engine.board import TRAINER_KEY, Board, StopSignal, role_name
 from rl_engine.experience import ExperienceBatch
 from rl_engine.run.failpoints import failpoint
 from rl_engine.run.lease import Fence
-from rl_engine.rewards import TaskIterator, build_reward, format_prompt, load_taskset
-from rl_engine.roles.groups import Group, group_id, one_step_generation, score_groups
+from rl_engine.rewards import TaskIterator, build_reward, load_taskset
+from rl_engine.roles.groups import Group, encode_task, group_id, one_step_generation, score_groups
 from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.run.context import RunContext
@@ -110,9 +110,8 @@ def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any
     (`rl_engine.roles.groups`). A sample whose reward raised is left out (counted in the returned
     reward metrics); the rest of its group stays. Every token is tagged with the engine's weight version.
     """
-    tok = engine.tokenizer
-    texts = [format_prompt(tok, cfg.taskset.template, t.prompt) for t in tasks]
-    prompts = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    encoded = [encode_task(engine.tokenizer, cfg.taskset.template, t, cfg.model.max_model_len) for t in tasks]
+    texts, prompts = [text for text, _ in encoded], [ids for _, ids in encoded]
     # A distinct seed per (explorer, step) keeps runs reproducible without repeating samples.
     outs = engine.generate(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + 1009 * explorer_id + step)
     drawn = (step - 1) * len(tasks)  # draws of the steps before: one batch each

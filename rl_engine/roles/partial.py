@@ -49,8 +49,8 @@ from rl_engine.buffer.continuations import UNFINISHED
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
 from rl_engine.errors import UserError
 from rl_engine.experience import ExperienceBatch
-from rl_engine.rewards import Task, TaskIterator, format_prompt
-from rl_engine.roles.groups import Generation, Group, experience_row, group_id, score_groups
+from rl_engine.rewards import Task, TaskIterator
+from rl_engine.roles.groups import Generation, Group, encode_task, experience_row, group_id, score_groups
 
 
 # --------------------------------------------------------------------------- ending a segment
@@ -218,8 +218,7 @@ class PartialRollouts:
     def _start_group(self) -> Group:
         task = self.tasks.next_task()
         self.draws += 1
-        text = format_prompt(self.tok, self.s.template, task.prompt)
-        ids = self.tok(text, add_special_tokens=False).input_ids
+        text, ids = encode_task(self.tok, self.s.template, task, self.s.max_model_len)
         now = time.time()
         members = [Generation(uuid.uuid4().hex, list(ids), now) for _ in range(self.s.repeat_times)]
         return Group(group_id(self.s.explorer_id, self.draws, task.task_id), task, text, members)

@@ -387,6 +387,24 @@ class VLLMRolloutEngine:
             for p, sp, out in zip(prompts, params, outputs)
         ]
 
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """Checks and benchmarks: the engine's logprob of every token of each sequence given the
+        tokens before it (vLLM's prompt logprobs, log_softmax of the raw logits: temperature 1),
+        from the second token on; result[i] has len(sequences[i]) - 1 values. Scores a fixed
+        response under the weights the engine holds now (no sampling)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        self._check_prompts(sequences, 1)
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        with self._lock:
+            outputs = self._call("prompt_logprobs", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False))
+        out = []
+        for seq, o in zip(sequences, outputs):
+            lps = o.prompt_logprobs  # [None, {token: Logprob, ...}, ...]
+            out.append([float(lps[j][tok].logprob) for j, tok in enumerate(seq) if j > 0])
+        return out
+
     # ---- weight sync hooks
 
     def rpc(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:

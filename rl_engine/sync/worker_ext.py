@@ -190,6 +190,31 @@ class RFTWorkerExtension:
 
         return {"reload": reload_s, "pack": own_s("<built-in method torch._ops._C.create_onednn_mm_handler>"), "copy": own_s("<method 'copy_' of 'torch._C.TensorBase' objects>")}
 
+    def rft_weight_probe(self, names: list[str], rows: list[int]) -> dict[str, Any]:
+        """Test and debugging probe: what this worker's model holds, by vLLM parameter name.
+
+        For each name in `names`: its shape, float64 sum, and the `rows` of its first dimension
+        (float32, as nested lists: RPC results travel as plain data). `tied` says whether `lm_head.weight` is the very tensor of
+        `model.embed_tokens.weight` (vLLM ties them for tie_word_embeddings), `lm_head_equal`
+        whether their values are equal (None where the model has no such pair).
+        """
+        model = self.model_runner.get_model()
+        params = dict(model.named_parameters(remove_duplicate=False))
+        out: dict[str, Any] = {}
+        with torch.no_grad():
+            for name in names:
+                p = params.get(name)
+                if p is None:
+                    raise KeyError(f"no parameter {name!r} in the vLLM model; it has {sorted(params)[:8]}...")
+                out[name] = {"shape": tuple(p.shape), "sum": float(p.double().sum()), "rows": p[list(rows)].float().cpu().tolist()}
+            head, embed = params.get("lm_head.weight"), params.get("model.embed_tokens.weight")
+            if head is None or embed is None:
+                out["tied"] = out["lm_head_equal"] = None
+            else:
+                out["tied"] = head is embed or (head.data_ptr() == embed.data_ptr() and head.shape == embed.shape)
+                out["lm_head_equal"] = head.shape == embed.shape and bool(torch.equal(head, embed))
+        return out
+
     def rft_version(self) -> int:
         """Version of the weights this worker holds (0 until a sync)."""
         return getattr(self, "_rft_version", 0)

@@ -43,7 +43,7 @@ def reward(prompt: str, response: str, task: Task, finish_reason: str) -> dict[s
     return {"correct": float(len(response)), "format": 0.5}
 
 
-CFG = SimpleNamespace(taskset=SimpleNamespace(template="Q: {prompt}"), algorithm=SimpleNamespace(repeat_times=3), explorer=SimpleNamespace(sampling=SamplingConfig()), seed=1)
+CFG = SimpleNamespace(taskset=SimpleNamespace(template="Q: {prompt}"), model=SimpleNamespace(max_model_len=512), algorithm=SimpleNamespace(repeat_times=3), explorer=SimpleNamespace(sampling=SamplingConfig()), seed=1)
 
 
 def _tasks(*names: str) -> list[Task]:
@@ -103,3 +103,20 @@ def test_a_plain_rollout_is_a_one_segment_generation(tokens):
 def test_group_id_format():
     assert group_id(3, 12, "task-a") == "3-d12-task-a"
     assert group_id(3, 12, "task-a").split("-", 2)[2] == "task-a"  # readers take the task id as the rest
+
+
+def test_a_too_long_prompt_is_refused_before_the_engine_naming_its_task():
+    """The explorer tokenizes each task once (roles.groups.encode_task): a prompt that fills
+    model.max_model_len names the task row and the config field, and no engine call is made."""
+    import pytest
+
+    from rl_engine.errors import UserError
+
+    class NoEngine(FixedEngine):
+        def generate(self, *a, **k):
+            raise AssertionError("the engine must not be called")
+
+    cfg = SimpleNamespace(**{**vars(CFG), "model": SimpleNamespace(max_model_len=40)})
+    tasks = _tasks("short.jsonl#1") + [Task(task_id="tasks.jsonl#2", prompt="x" * 100, answer="1")]
+    with pytest.raises(UserError, match=r"task 'tasks.jsonl#2': its prompt is \d+ tokens .* model.max_model_len = 40; .*raise model.max_model_len"):
+        generate_experiences(NoEngine(), tasks, reward, cfg, explorer_id=0, step=1)
