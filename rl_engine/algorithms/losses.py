@@ -13,11 +13,13 @@ accumulation gives the same update as one big batch).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 Aggregation = Literal["token-mean", "seq-mean"]
 
@@ -39,6 +41,143 @@ def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
     logp = F.log_softmax(logits[:, :-1].float() / temperature, dim=-1)  # [B, L-1, V]
     ent = -(logp.exp() * logp).sum(-1)  # [B, L-1]
     return F.pad(ent, (1, 0))  # [B, L]
+
+
+def chunked_token_logprobs(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, input_ids: Tensor, temperature: float = 1.0, chunk_tokens: int = 512, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """(logprobs [B, L], entropy [B, L]) of `token_logprobs` / `token_entropy` on the logits
+    hidden @ weight.T + bias, without ever holding those logits whole.
+
+    hidden [B, L, H] (the decoder's final hidden states, what the output projection reads),
+    weight [V, H] and bias [V] or None (the output projection), input_ids [B, L] long.
+    Why: [B, L, V] float32 logits over a large vocabulary (49k: 300 MB at B=16, L=96), with
+    their temperature copy, log-softmax and what autograd keeps for backward, dominate a small
+    model's training memory. Here positions go `chunk_tokens` at a time through a custom
+    autograd function that keeps, per position, only the logsumexp; backward recomputes each
+    chunk's logits. Extra memory is O(chunk_tokens x V) plus one [V, H] gradient buffer.
+    logprobs carry the gradient (to hidden, weight and bias); entropy has none (a metric).
+    mask [B, L] (optional): only positions with mask > 0 are computed, the others hold 0
+    (prompt tokens: they are not trained, and skipping them saves their share of the compute).
+    """
+    b_idx, pos = _predicted_positions(input_ids, mask)  # [N], [N]: token (b, pos) is predicted from position pos-1
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, b_idx * hidden.shape[1] + pos - 1)  # [N, H]
+    logp, ent = _ChunkedLinearLogprobs.apply(h, weight, bias, input_ids[b_idx, pos], float(temperature), int(chunk_tokens))  # [N], [N]
+    return _place(logp, b_idx, pos, input_ids.shape), _place(ent, b_idx, pos, input_ids.shape)
+
+
+def chunked_head_logprobs(
+    hidden: Tensor, head: Callable[[Tensor], Tensor], input_ids: Tensor, temperature: float = 1.0, chunk_tokens: int = 512, mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """`chunked_token_logprobs` with the output projection given as a module (or any callable
+    [n, H] -> [n, V]) instead of its weight; each chunk under `torch.utils.checkpoint`.
+
+    Why a second form: a module whose weight is not a plain tensor (DeepSpeed ZeRO-3 partitions
+    it and gathers it only inside the module's own forward) must be called, not read. Calling
+    it per chunk under checkpoint keeps memory O(chunk_tokens x V) as well: backward re-runs the
+    chunk (the module's hooks gather its weight again), at the cost of recomputing the chunk's
+    entropy too, which the custom function of `chunked_token_logprobs` avoids.
+    """
+    b_idx, pos = _predicted_positions(input_ids, mask)  # [N], [N]
+    h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, b_idx * hidden.shape[1] + pos - 1)  # [N, H]
+    targets = input_ids[b_idx, pos]  # [N]
+
+    def chunk(h_c: Tensor, t_c: Tensor) -> tuple[Tensor, Tensor]:
+        z = head(h_c).float() / temperature  # [c, V]
+        picked = z.gather(-1, t_c.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)  # [c]
+        with torch.no_grad():
+            return picked, _entropy_rows(z.detach())  # [c], [c]
+
+    recompute = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", lambda: [])()))
+    parts = []
+    for s in range(0, h.shape[0], chunk_tokens):
+        args = (h[s : s + chunk_tokens], targets[s : s + chunk_tokens])
+        parts.append(checkpoint(chunk, *args, use_reentrant=False) if recompute else chunk(*args))
+    logp = torch.cat([p[0] for p in parts]) if parts else h.new_zeros(0, dtype=torch.float32)  # [N]
+    ent = torch.cat([p[1] for p in parts]) if parts else h.new_zeros(0, dtype=torch.float32)  # [N]
+    return _place(logp, b_idx, pos, input_ids.shape), _place(ent, b_idx, pos, input_ids.shape)
+
+
+def _predicted_positions(input_ids: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(row [N], position [N]) of the tokens that get a logprob: positions 1.. (where mask > 0)."""
+    keep = torch.ones_like(input_ids[:, 1:], dtype=torch.bool) if mask is None else mask[:, 1:] > 0  # [B, L-1]
+    b_idx, j = keep.nonzero(as_tuple=True)  # [N], [N]
+    return b_idx, j + 1
+
+
+def _place(values: Tensor, b_idx: Tensor, pos: Tensor, shape: torch.Size) -> Tensor:
+    """[B, L] float32 zeros holding values [N] at (b_idx, pos); differentiable in `values`."""
+    return values.new_zeros(shape, dtype=torch.float32).index_put((b_idx, pos), values)
+
+
+def _entropy_rows(z: Tensor) -> Tensor:
+    """Entropy [n] of softmax(z), z [n, V] float32 (the computation of `token_entropy`)."""
+    logp = F.log_softmax(z, dim=-1)  # [n, V]
+    return -(logp.exp() * logp).sum(-1)
+
+
+def _chunk_logits(h: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """Float32 logits [c, V] / temperature of one chunk h [c, H]."""
+    z = F.linear(h, weight, bias).float()  # [c, V]
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+class _ChunkedLinearLogprobs(torch.autograd.Function):
+    """logprob [N] of targets [N] (and entropy [N], no gradient) under
+    softmax((h @ weight.T + bias) / temperature), chunk_tokens rows at a time.
+
+    Saves h, weight, bias, targets and the per-row logsumexp; backward recomputes each chunk's
+    logits: d logprob / d z = onehot(target) - softmax(z), then through the linear map.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, chunk_tokens: int):  # type: ignore[override]
+        n = h.shape[0]
+        logp = h.new_empty(n, dtype=torch.float32)  # [N]
+        ent = h.new_empty(n, dtype=torch.float32)  # [N]
+        lse = h.new_empty(n, dtype=torch.float32)  # [N]
+        for s in range(0, n, chunk_tokens):
+            e = min(s + chunk_tokens, n)
+            z = _chunk_logits(h[s:e], weight, bias, temperature)  # [c, V]
+            lse[s:e] = torch.logsumexp(z, dim=-1)
+            z.sub_(lse[s:e].unsqueeze(-1))  # [c, V]: log-softmax, in place (one [c, V] tensor, not two)
+            logp[s:e] = z.gather(-1, targets[s:e].unsqueeze(-1)).squeeze(-1)
+            ent[s:e] = -(z.exp() * z).sum(-1)
+        ctx.save_for_backward(h, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk_tokens = temperature, chunk_tokens
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp: Tensor, g_ent: Tensor):  # type: ignore[override]
+        h, weight, bias, targets, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        t, chunk = ctx.temperature, ctx.chunk_tokens
+        g_h = torch.empty_like(h) if need_h else None  # [N, H]
+        g_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H], float32 sums
+        g_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b and bias is not None else None  # [V]
+        for s in range(0, h.shape[0], chunk):
+            e = min(s + chunk, h.shape[0])
+            g = g_logp[s:e].float().unsqueeze(-1)  # [c, 1]
+            p = _chunk_logits(h[s:e], weight, bias, t).sub_(lse[s:e].unsqueeze(-1)).exp_()  # [c, V]: softmax
+            gz = p.mul_(-g).scatter_add_(-1, targets[s:e].unsqueeze(-1), g)  # [c, V]: g * (onehot - softmax)
+            gz = gz.div_(t).to(h.dtype)  # [c, V]: gradient of the logits before / temperature
+            if g_h is not None:
+                g_h[s:e] = gz @ weight.to(h.dtype)
+            if g_w is not None and gz.dtype == torch.float32:
+                g_w.addmm_(gz.t(), h[s:e])  # [V, H], no temporary
+            elif g_w is not None:
+                g_w.add_(gz.t() @ h[s:e])  # [V, H]: a half-precision product, summed in float32
+            if g_b is not None:
+                g_b.add_(gz.sum(0))
+        return (
+            g_h,
+            None if g_w is None else g_w.to(weight.dtype),
+            None if g_b is None else g_b.to(bias.dtype),
+            None,
+            None,
+            None,
+        )
 
 
 def aggregate(values: Tensor, mask: Tensor, mode: Aggregation = "token-mean", num_tokens: float | None = None, num_seqs: float | None = None) -> Tensor:
