@@ -20,7 +20,8 @@ model `rft fetch-model` converts and the word-arithmetic tasks. Reported:
   step (AdamW, the same GRPO loss, the same micro-batches, full logits) on the same batch of the
   run's own experiences, timed here one after the other (median of 3 after a warm-up).
 
---quick (CI size): 3 trainer steps, 32 held-out problems; its scores say nothing about learning.
+--quick: 3 trainer steps, 32 held-out problems; --smoke (CI): 1 step, 4 held-out problems, gaps on
+2 prompts, one timed step each; their scores say nothing about learning.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import threading
 import time
 from typing import Any
@@ -100,7 +100,7 @@ def run_batch(run_url: str, rows: int, pad_id: int) -> dict[str, Any]:
     return ExperienceBatch.from_table(table).to_tensors(pad_id)
 
 
-def reference_step_ratio(cfg: Any, run_url: str, repeats: int = 3) -> dict[str, float]:
+def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, float]:
     """Median step time of the DeepSpeed trainer and of a plain torch step on the same batch."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -147,13 +147,16 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int = 3) -> dict[str, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="CI size: 3 trainer steps, 32 held-out problems")
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="3 trainer steps, 32 held-out problems")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: 1 step, 4 held-out problems, the smallest of everything")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps (default 30; 3 with --quick)")
     ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320; 32 with --quick)")
-    ap.add_argument("--root", default=None, help="where the model, tasks and run go (default: a temporary directory; the model is fetched there)")
+    ap.add_argument("--root", default="runs", help="where the model, tasks and run go (default ./runs, as `make demo-real`: the model is fetched once)")
     a = ap.parse_args()
-    steps = a.steps or (3 if a.quick else 30)
-    heldout_n = a.heldout or (32 if a.quick else None)
+    steps = a.steps or (1 if a.smoke else 3 if a.quick else 30)
+    heldout_n = a.heldout or (4 if a.smoke else 32 if a.quick else None)
+    gap_prompts, repeats = (2, 1) if a.smoke else (8, 3)
 
     from prefect.testing.utilities import prefect_test_harness
 
@@ -163,7 +166,7 @@ def main() -> None:
     from harness.real_model import logprob_gap
     from rl_engine.run.preflight import preflight
 
-    root = a.root or tempfile.mkdtemp(prefix="bench-real-")
+    root = a.root
     started = time.time()
     with PeakRss() as rss:
         cfg, heldout = real_config(root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}"])
@@ -173,8 +176,8 @@ def main() -> None:
             summary = run_config(cfg)
         after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_n)
         figures = run_figures(summary)
-        step = reference_step_ratio(cfg, summary["run"])
-        gaps = {dtype: logprob_gap(cfg.model.path, dtype) for dtype in ("float32", "bfloat16")}
+        step = reference_step_ratio(cfg, summary["run"], repeats)
+        gaps = {dtype: logprob_gap(cfg.model.path, dtype, n_prompts=gap_prompts) for dtype in ("float32", "bfloat16")}
     rows = [
         {"model": "before", "greedy_exact": before["greedy_exact"], "t1_exact": before["t1_exact"], "greedy_tokens": before["greedy_response_tokens"]},
         {"model": "after", "greedy_exact": after["greedy_exact"], "t1_exact": after["t1_exact"], "greedy_tokens": after["greedy_response_tokens"]},

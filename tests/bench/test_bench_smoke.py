@@ -237,3 +237,27 @@ def test_faults(tmp_path):
     assert r["kills"] == r["kill_trials"] and r["lost"] == r["kill_lost"] and r["orphans"] == r["kill_survivors"]
     for k in ("lost", "duplicated", "outage_lost", "outage_duplicated", "outage_not_whole", "repeat_late", "lease_double_wins", "retention_wrongly_deleted"):
         assert r[k] == 0, f"{k} = {r[k]}"
+
+
+def test_real(smollm2_dir, tmp_path):
+    """The real model's benchmark end to end at its smallest; the logprob gaps must be what
+    tests/rl_engine/sync/test_real_model.py holds them to (fp32 tight, bf16 loose)."""
+    root = tmp_path / "runs"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)  # fetched once per session
+    r = run_bench("real", "--smoke", "--root", str(root), timeout_s=540, tmp_path=tmp_path)
+    has_keys(r, "steps", "heldout_tasks", "held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1", "s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "logprob_gap_fp32", "logprob_gap_bf16", "peak_rss_gb", "train_step_over_reference")
+    assert r["steps"] == 1 and r["heldout_tasks"] == 4
+    for k in ("held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1"):
+        fraction(r[k])
+    for k in ("s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "peak_rss_gb", "train_step_over_reference"):
+        positive(r[k])
+    assert 0 < r["logprob_gap_fp32"] < 1e-4 and r["logprob_gap_fp32"] < r["logprob_gap_bf16"] < 0.15
+
+
+def test_logits_memory(tiny_model_dir, tmp_path):
+    r = run_bench("logits_memory", "--model", tiny_model_dir, "--batch", "4", "--length", "24", "--prompt", "8", "--chunk", "16", "--repeats", "1", timeout_s=300, tmp_path=tmp_path)
+    has_keys(r, "full_peak_mb", "chunked_peak_mb", "full_step_s", "chunked_step_s", "peak_saving_mb", "logits_mb", "max_logprob_diff")
+    for k in ("full_step_s", "chunked_step_s", "logits_mb"):
+        positive(r[k])
+    assert r["max_logprob_diff"] < 1e-5

@@ -71,6 +71,7 @@ def test_make_targets_the_readme_shows_run_the_commands_it_says():
     assert '-m pytest -m "not slow"' in dry("test-fast")
     assert "-m pytest -k buffer" in dry("test", "PYTEST_ARGS=-k buffer")
     assert "rft demo" in dry("demo")
+    assert "rft demo --model smollm2" in dry("demo-real")
     assert "-m bench.modes --quick --synthetic" in dry("bench")
 
 

@@ -66,3 +66,11 @@ def test_bad_names_and_dtypes_are_refused(tmp_path):
         fetch_model("llama-70b", str(tmp_path / "x"))
     with pytest.raises(UserError, match="--dtype 'int8'"):
         fetch_model("smollm2-135m", str(tmp_path / "x"), dtype="int8")
+
+
+def test_rft_fetch_model_prints_the_directory(smollm2_dir, capsys):
+    """`rft fetch-model smollm2-135m DIR` (README) on a directory already converted: prints it, changes nothing."""
+    from cli.main import main
+
+    assert main(["fetch-model", "smollm2-135m", smollm2_dir]) == 0
+    assert capsys.readouterr().out.strip() == smollm2_dir
