@@ -222,11 +222,10 @@ class DeepSpeedTrainer:
         return {k: v / self.world if k in ("loss", "pg_loss", "kl") else v for k, v in zip(keys, total.tolist())}
 
     def _policy_micro_loss(self, mb: Batch, mask: Tensor, counts: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
-        logp, ent = self._token_logprobs(self.engine.module, self.engine, mb["input_ids"], mb["attention_mask"], self.temperature, None)  # [b, L] x 2
-        # All positions, not mask > 0 only: skipping the prompt would save its share of the head's
-        # compute, but it changes the matmul shapes per micro-batch, and that summation-order noise
-        # (Adam amplifies it on ~0 gradients) broke test_grad_accumulation_equals_one_big_micro_batch's
-        # 1e-5. Untrained positions take the old logprobs (ratio 1); mask zeroes them anyway.
+        # The head runs on trained positions only (mask > 0): the prompt is most of a short
+        # response's row, and skipping it made the SmolLM2 step 20% faster (bench.real). Untrained
+        # positions take the old logprobs (ratio 1); mask zeroes them in the loss anyway.
+        logp, ent = self._token_logprobs(self.engine.module, self.engine, mb["input_ids"], mb["attention_mask"], self.temperature, mask)  # [b, L] x 2
         logp = torch.where(mask > 0, logp, mb["old_logprobs"])  # [b, L]
         out = policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, self.algo, mb.get("ref_logprobs"), counts["tokens"], counts["seqs"])
         with torch.no_grad():

@@ -88,9 +88,11 @@ def test_grad_accumulation_equals_one_big_micro_batch(tiny_model_dir, loss_agg):
     for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "grad_norm"):
         assert m2[key] == pytest.approx(m4[key], rel=1e-5, abs=1e-7), key
     # Adam divides by sqrt(v): where a gradient entry is ~0, fp32 summation-order noise moves
-    # the update by a visible fraction of lr (1e-3); 1e-5 = 1% of one update step.
+    # the update by a visible fraction of lr (1e-3). The head runs on each micro-batch's trained
+    # positions only, so the two splits multiply differently shaped matrices: up to 1.9e-5 seen,
+    # on 1 of 8192 entries; 3e-5 = 3% of one update step (a wrong gradient moves whole rows by ~lr).
     for name in w4:
-        torch.testing.assert_close(w2[name], w4[name], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(w2[name], w4[name], rtol=1e-5, atol=3e-5)
 
 
 def test_recompute_old_logprobs_and_version_gap_mask(tiny_model_dir):
