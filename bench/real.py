@@ -20,8 +20,8 @@ model `rft fetch-model` converts and the word-arithmetic tasks. Reported:
   step (AdamW, the same GRPO loss, the same micro-batches, full logits) on the same batch of the
   run's own experiences, timed here one after the other (median of 3 after a warm-up).
 
---quick: 3 trainer steps, 32 held-out problems; --smoke (CI): 1 step, 4 held-out problems, gaps on
-2 prompts, one timed step each; their scores say nothing about learning.
+--quick: 3 trainer steps, 32 held-out problems; --smoke (CI): 1 step of 2 tasks x 4 rollouts of up to
+16 tokens, 4 held-out problems, gaps on 2 prompts, one timed step each; their scores say nothing about learning.
 """
 
 from __future__ import annotations
@@ -169,7 +169,8 @@ def main() -> None:
     root = a.root
     started = time.time()
     with PeakRss() as rss:
-        cfg, heldout = real_config(root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}"])
+        shrink = ["explorer.batch_size=2", "algorithm.repeat_times=4", "trainer.micro_batch_size=8", "explorer.sampling.max_tokens=16"] if a.smoke else []
+        cfg, heldout = real_config(root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink])
         cfg = preflight(cfg)
         before = held_out(cfg, cfg.model.path, heldout, heldout_n)
         with prefect_test_harness(server_startup_timeout=120):

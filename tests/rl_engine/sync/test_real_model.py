@@ -1,7 +1,7 @@
 """The real model (SmolLM2-135M-Instruct: Llama, BPE, chat template, eos = pad = <|im_end|> = 2,
 tied embeddings) through what the 0.3M toy model could hide: a real trainer update synced into a
 live vLLM engine (collective and checkpoint), tied lm_head after a sync, the vLLM-vs-trainer
-logprob gap in float32 and bfloat16, eos/pad handling in the rows, and the too-long-prompt error.
+logprob gap in float32 (bfloat16: bench.real, whose smoke test bounds it), eos/pad handling in the rows, and the too-long-prompt error.
 
 One engine and one trainer for the module (a real engine start costs ~40 s on two CPU cores).
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.real_model import QUESTIONS, chat_prompts, experience_rows, gaps, logprob_gap, real_config, real_trainer_settings
+from harness.real_model import QUESTIONS, chat_prompts, experience_rows, gaps, real_config, real_trainer_settings
 from rl_engine.board import Board
 from rl_engine.config import SamplingConfig
 from rl_engine.errors import UserError
@@ -28,7 +28,6 @@ from tests.rl_engine.sync.helpers import run_concurrently
 # over 220 sampled response tokens at the base weights; the bound leaves ~15x margin.
 LOGPROB_TOL = 1e-3
 FP32_MEAN_GAP = 1e-4  # bound on the mean gap of sampled responses in float32 (measured 9.1e-6)
-BF16_MEAN_GAP = 0.15  # bfloat16 both sides: measured mean 0.049, max 0.22 over 209 tokens (8 prompts x 32 tokens): rounding, not a bug
 SAMPLING = SamplingConfig(max_tokens=24, temperature=1.0)
 FIXED_RESPONSE = "The answer is 4, and that is all."
 PROBE_ROWS = [0, 1, 2, 1000, 49151]  # embedding rows compared (eos/pad is 2)
@@ -213,10 +212,3 @@ def test_checkpoint_sync_of_a_trainer_update(real_engine, real_trainer, smollm2_
     build_weight_sender(cfg, board).send(real_trainer.named_weights(), v)
     assert build_weight_receiver(cfg, board).receive(real_engine, v) == v == real_engine.version
     check_synced(real_engine, real_trainer, before, before_rows)
-
-
-@pytest.mark.slow
-def test_bf16_logprob_gap(smollm2_dir):
-    g = logprob_gap(smollm2_dir, "bfloat16")
-    print(f"bfloat16 gap: {g}")
-    assert g["tokens"] > 50 and g["mean"] < BF16_MEAN_GAP
