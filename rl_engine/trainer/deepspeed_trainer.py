@@ -32,33 +32,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rl_engine.algorithms import (
-    chunked_head_logprobs,
-    chunked_token_logprobs,
-    grpo_advantages,
-    policy_loss,
-    sft_loss,
-    token_entropy,
-    token_logprobs,
-    version_mask,
-)
+from rl_engine.algorithms import grpo_advantages, policy_loss, sft_loss, version_mask
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
+from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS, head_logprobs, plain_lm_head
 from rl_engine.trainer.settings import TrainerSettings
 
 Batch = dict[str, Tensor]
 # (micro-batch, its trained-token mask [b, L], whole-batch token/sequence counts) -> (loss, metric sums)
 MicroLoss = Callable[[Batch, Tensor, dict[str, float]], tuple[Tensor, dict[str, float]]]
-# Positions per chunk of the output projection (`chunked_token_logprobs`): with a 49k vocabulary,
-# 512 x 49152 float32 = 100 MB per [chunk, V] tensor, instead of [b, L, V] ones.
-LOGITS_CHUNK_TOKENS = 512
-# Architectures whose logits are exactly lm_head(final hidden state), the decoder's (`model`)
-# last_hidden_state: the chunked head reproduces them. Others (Gemma's final logit softcap,
-# Cohere's logit_scale, ...) transform the logits after lm_head, so the chunked head would be
-# wrong for them: they keep the full-logits path (`_plain_lm_head`).
-PLAIN_HEAD_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 class DeepSpeedTrainer:
@@ -93,7 +77,7 @@ class DeepSpeedTrainer:
         self.local_batch_size = self.micro_batch_size * int(self.engine.gradient_accumulation_steps())
         self.reference = _load_reference(model_dir, s.dtype, self.device) if self.algo.kl is not None else None
         # None: full [b, L, V] logits (models not known to be lm_head(hidden); tests compare the two)
-        self.logits_chunk_tokens: int | None = LOGITS_CHUNK_TOKENS if _plain_lm_head(self.engine.module) else None
+        self.logits_chunk_tokens: int | None = LOGITS_CHUNK_TOKENS if plain_lm_head(self.engine.module) else None
 
     # ---------------------------------------------------------------- setup
 
@@ -269,27 +253,9 @@ class DeepSpeedTrainer:
     def _token_logprobs(
         self, model: torch.nn.Module, forward: Callable[..., Any], ids: Tensor, am: Tensor, temperature: float, mask: Tensor | None, entropy: bool = True
     ) -> tuple[Tensor, Tensor]:
-        """(logprobs [b, L] with grad, entropy [b, L] without) of ids under `model`, which `forward`
-        runs (the DeepSpeed engine for the policy: its forward, hooks included, stays in the path).
-
-        Chunked path: the whole model runs with no logits (`logits_to_keep` an empty index), a hook
-        takes the decoder's last hidden state, and the output projection goes through it
-        `logits_chunk_tokens` positions at a time, only where mask > 0 (0 elsewhere); under ZeRO-3
-        the head module itself is called per chunk, since its partitioned weight is only whole
-        inside its own forward. Full path (`logits_chunk_tokens` None): the [b, L, V] logits,
-        logprobs at every position; entropy zeros when `entropy` is False.
-        """
-        if self.logits_chunk_tokens is None:
-            logits = forward(input_ids=ids, attention_mask=am).logits  # [b, L, V]
-            logp = token_logprobs(logits, ids, temperature)  # [b, L]
-            with torch.no_grad():
-                ent = token_entropy(logits.detach(), temperature) if entropy else torch.zeros_like(logp)  # [b, L]
-            return logp, ent
-        hidden = _final_hidden(model, forward, ids, am)  # [b, L, H]
-        head = model.get_output_embeddings()
-        if hasattr(head.weight, "ds_id"):  # ZeRO-3
-            return chunked_head_logprobs(hidden, head, ids, temperature, self.logits_chunk_tokens, mask)
-        return chunked_token_logprobs(hidden, head.weight, head.bias, ids, temperature, self.logits_chunk_tokens, mask)
+        """(logprobs [b, L] with grad, entropy [b, L] without) of ids under `model` run by `forward`
+        (rl_engine.trainer.head: chunked output head, or full logits when `logits_chunk_tokens` is None)."""
+        return head_logprobs(model, forward, ids, am, temperature, self.logits_chunk_tokens, mask, entropy)
 
     # ---------------------------------------------------------------- weights and state
 
@@ -399,35 +365,6 @@ def _load_reference(model_dir: str, dtype: str, device: str) -> torch.nn.Module:
     ref = _load_model(model_dir, dtype).to(device).eval()
     ref.requires_grad_(False)
     return ref
-
-
-def _plain_lm_head(model: torch.nn.Module) -> bool:
-    """True when `model`'s logits are its output embedding (a Linear) applied to its decoder's
-    last hidden state and nothing else (see PLAIN_HEAD_MODEL_TYPES): the chunked head is exact."""
-    cfg = getattr(model, "config", None)
-    return (
-        getattr(cfg, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
-        and getattr(cfg, "final_logit_softcapping", None) is None
-        and getattr(cfg, "logit_scale", None) is None
-        and isinstance(model.get_output_embeddings(), torch.nn.Linear)
-    )
-
-
-def _final_hidden(model: torch.nn.Module, forward: Callable[..., Any], ids: Tensor, am: Tensor) -> Tensor:
-    """The decoder's last hidden state [b, L, H] (after the final norm: what lm_head reads), from
-    a forward of the whole model that computes no logits (`logits_to_keep` = no position).
-
-    The whole model rather than its decoder alone: under ZeRO-3 DeepSpeed's forward pre-hook on
-    the root module starts each step's parameter-fetch trace; calling `model.model` directly
-    would skip it.
-    """
-    got: list[Tensor] = []
-    hook = model.get_decoder().register_forward_hook(lambda _m, _a, out: got.append(out[0] if isinstance(out, tuple) else out.last_hidden_state))
-    try:
-        forward(input_ids=ids, attention_mask=am, logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device))
-    finally:
-        hook.remove()
-    return got[-1]
 
 
 def _zero_managed_any(module: torch.nn.Module) -> bool:

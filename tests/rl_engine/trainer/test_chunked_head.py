@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rl_engine.trainer import build_trainer, trainer_settings
-from rl_engine.trainer.deepspeed_trainer import LOGITS_CHUNK_TOKENS
+from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS
 from trainer_helpers import grpo_case, make_batch, make_cfg
 
 pytestmark = pytest.mark.slow
@@ -51,12 +51,12 @@ def test_chunked_head_step_equals_full_logits_step(tiny_model_dir, zero_stage):
 def test_models_with_a_logit_transform_keep_full_logits(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rl_engine.trainer.deepspeed_trainer import _plain_lm_head
+    from rl_engine.trainer.head import plain_lm_head
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    assert _plain_lm_head(model)
+    assert plain_lm_head(model)
     model.config.final_logit_softcapping = 30.0  # Gemma-2's: logits = 30 tanh(lm_head(h) / 30)
-    assert not _plain_lm_head(model)
+    assert not plain_lm_head(model)
     model.config.final_logit_softcapping = None
     model.config.model_type = "gemma"
-    assert not _plain_lm_head(model)
+    assert not plain_lm_head(model)
