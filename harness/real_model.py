@@ -20,8 +20,8 @@ import torch
 
 from rl_engine.config import RFTConfig, SamplingConfig
 from rl_engine.experience import ExperienceBatch
-from rl_engine.rewards import Task
-from rl_engine.roles.groups import Group, encode_task, experience_row, one_step_generation
+from rl_engine.rewards import Task, encode_task
+from rl_engine.roles.groups import Group, experience_row, one_step_generation
 
 QUESTIONS = [
     "What is 2+2?",

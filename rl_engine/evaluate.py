@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from rl_engine.config import RFTConfig, SamplingConfig
-from rl_engine.rewards import RewardFn, Task, build_reward, format_prompt, load_taskset, score_rollouts
+from rl_engine.rewards import RewardFn, Task, build_reward, encode_task, load_taskset, score_rollouts
 
 EXACT_COMPONENT = {"arithmetic": "correct", "countdown": "correct", "final_answer": "final_answer"}
 
@@ -33,14 +33,13 @@ def _exact(reward_type: str, total: float | None, parts: dict[str, float]) -> bo
 
 
 def evaluate_engine(
-    engine: Any, tasks: list[Task], reward_fn: RewardFn, reward_type: str, template: str | None, max_tokens: int, seed: int = 0, t1_samples: int = 1
+    engine: Any, tasks: list[Task], reward_fn: RewardFn, reward_type: str, template: str | None, max_tokens: int, max_model_len: int, seed: int = 0, t1_samples: int = 1
 ) -> dict[str, float]:
     """Exact-match rate and mean reward of `tasks` on a live engine: one greedy sample each, and
     `t1_samples` at temperature 1 (their mean), plus mean response tokens and the time taken."""
     started = time.perf_counter()
-    tok = engine.tokenizer
-    texts = [format_prompt(tok, template, t.prompt) for t in tasks]
-    prompts = [tok(t, add_special_tokens=False).input_ids for t in texts]
+    encoded = [encode_task(engine.tokenizer, template, t, max_model_len) for t in tasks]
+    texts, prompts = [text for text, _ in encoded], [ids for _, ids in encoded]
     out: dict[str, float] = {"tasks": float(len(tasks))}
     for name, temperature, n in (("greedy", 0.0, 1), ("t1", 1.0, t1_samples)):
         groups = engine.generate(prompts, n, SamplingConfig(temperature=temperature, max_tokens=max_tokens), seed=seed)
@@ -63,7 +62,7 @@ def evaluate_model(cfg: RFTConfig, model_dir: str, tasks: list[Task], t1_samples
     engine = build_rollout_engine(cfg.model_copy(update={"model": m}))
     try:
         budget = cfg.explorer.partial.max_response_tokens if cfg.explorer.partial.enabled else cfg.explorer.sampling.max_tokens
-        return evaluate_engine(engine, tasks, build_reward(cfg.taskset.reward), cfg.taskset.reward.type, cfg.taskset.template, budget, cfg.seed, t1_samples)
+        return evaluate_engine(engine, tasks, build_reward(cfg.taskset.reward), cfg.taskset.reward.type, cfg.taskset.template, budget, cfg.model.max_model_len, cfg.seed, t1_samples)
     finally:
         engine.close()
 

@@ -4,7 +4,7 @@ countdown.py for the long-tail task of partial rollouts)."""
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn, make_arithmetic_tasks, write_arithmetic_taskset
 from rl_engine.rewards.countdown import CountdownRewardFn, make_countdown_tasks, write_countdown_taskset
 from rl_engine.rewards.scoring import PythonRewardFn, RewardError, RewardFn, RolloutSample, ScoreResult, build_reward, score_rollouts
-from rl_engine.rewards.tasks import Task, TaskIterator, format_prompt, load_taskset, write_taskset
+from rl_engine.rewards.tasks import Task, TaskIterator, encode_task, format_prompt, load_taskset, write_taskset
 
 __all__ = [
     "ArithmeticRewardFn",
@@ -17,6 +17,7 @@ __all__ = [
     "Task",
     "TaskIterator",
     "build_reward",
+    "encode_task",
     "format_prompt",
     "load_taskset",
     "make_arithmetic_tasks",

@@ -6,6 +6,7 @@ seeded epochs that a resumed run continues exactly, and turn a prompt into model
     batch = it.next_batch()
     saved = it.state_dict()            # JSON-able; TaskIterator(...).load_state_dict(saved) resumes
     text = format_prompt(tokenizer, cfg.taskset.template, batch[0].prompt)
+    text, ids = encode_task(tokenizer, cfg.taskset.template, batch[0], cfg.model.max_model_len)
 """
 
 from __future__ import annotations
@@ -259,3 +260,24 @@ def format_prompt(tokenizer: Any, template: str | None, prompt: str) -> str:
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
     return prompt
+
+
+def encode_task(tokenizer: Any, template: str | None, task: Task, max_model_len: int) -> tuple[str, list[int]]:
+    """(text, token ids) of `task`'s prompt as an engine gets it (plain and partial rollouts, held-out evaluation).
+
+    The text is `format_prompt`'s (taskset.template, else the tokenizer's chat template, applied
+    once), and it already holds every special token the template writes: it is tokenized without
+    adding special tokens, so no second BOS or <|im_start|> sneaks in. A prompt that leaves no
+    room for a response within model.max_model_len is refused here, naming the task, before any
+    engine call (the engine's own check can only say "prompt i").
+    """
+    text = format_prompt(tokenizer, template, task.prompt)
+    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
+    if not ids:
+        raise UserError(f"task {task.task_id!r}: its prompt is empty (no tokens after formatting); give that row a prompt or drop it")
+    if len(ids) >= max_model_len:
+        raise UserError(
+            f"task {task.task_id!r}: its prompt is {len(ids)} tokens (template included), which leaves no room for a response within "
+            f"model.max_model_len = {max_model_len}; shorten that task's prompt (or drop its row from the task set), or raise model.max_model_len"
+        )
+    return text, ids

@@ -34,8 +34,8 @@ from rl_engine.board import TRAINER_KEY, Board, StopSignal, role_name
 from rl_engine.experience import ExperienceBatch
 from rl_engine.run.failpoints import failpoint
 from rl_engine.run.lease import Fence
-from rl_engine.rewards import TaskIterator, build_reward, load_taskset
-from rl_engine.roles.groups import Group, encode_task, group_id, one_step_generation, score_groups
+from rl_engine.rewards import TaskIterator, build_reward, encode_task, load_taskset
+from rl_engine.roles.groups import Group, group_id, one_step_generation, score_groups
 from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.run.context import RunContext

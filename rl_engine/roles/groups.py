@@ -24,30 +24,7 @@ from typing import Any, Sequence
 
 from rl_engine.buffer.continuations import UNFINISHED
 from rl_engine.experience import Experience, ExperienceBatch, version_runs
-from rl_engine.errors import UserError
-from rl_engine.rewards import RolloutSample, ScoreResult, Task, format_prompt, score_rollouts
-
-
-def encode_task(tokenizer: Any, template: str | None, task: Task, max_model_len: int) -> tuple[str, list[int]]:
-    """(text, token ids) of `task`'s prompt as the engine gets it (plain and partial rollouts).
-
-    The text is `format_prompt`'s (taskset.template, else the tokenizer's chat template, applied
-    once), and it already holds every special token the template writes: it is tokenized without
-    adding special tokens, so no second BOS or <|im_start|> sneaks in. A prompt that leaves no
-    room for a response within model.max_model_len is refused here, naming the task, before any
-    engine call (the engine's own check can only say "prompt i").
-    """
-    text = format_prompt(tokenizer, template, task.prompt)
-    ids = list(tokenizer(text, add_special_tokens=False).input_ids)
-    if not ids:
-        raise UserError(f"task {task.task_id!r}: its prompt is empty (no tokens after formatting); give that row a prompt or drop it")
-    if len(ids) >= max_model_len:
-        raise UserError(
-            f"task {task.task_id!r}: its prompt is {len(ids)} tokens (template included), which leaves no room for a response within "
-            f"model.max_model_len = {max_model_len}; shorten that task's prompt (or drop its row from the task set), or raise model.max_model_len"
-        )
-    return text, ids
-
+from rl_engine.rewards import RolloutSample, ScoreResult, Task, score_rollouts
 
 
 def group_id(explorer_id: int, draw: int, task_id: str) -> str:

@@ -49,8 +49,8 @@ from rl_engine.buffer.continuations import UNFINISHED
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
 from rl_engine.errors import UserError
 from rl_engine.experience import ExperienceBatch
-from rl_engine.rewards import Task, TaskIterator
-from rl_engine.roles.groups import Generation, Group, encode_task, experience_row, group_id, score_groups
+from rl_engine.rewards import Task, TaskIterator, encode_task
+from rl_engine.roles.groups import Generation, Group, experience_row, group_id, score_groups
 
 
 # --------------------------------------------------------------------------- ending a segment

@@ -50,7 +50,7 @@ def test_exact_match_greedy_and_at_temperature_one():
         sampled={"Q 1+1?": ("2", "stop"), "Q 2+2?": ("5", "stop"), "Q 3+3?": ("x", "stop"), "Q 4+4?": ("8", "repeat")},
     )
     reward = build_reward(FinalAnswerReward(type="final_answer"))
-    out = evaluate_engine(engine, tasks, reward, "final_answer", "Q {prompt}", max_tokens=7, seed=3, t1_samples=2)
+    out = evaluate_engine(engine, tasks, reward, "final_answer", "Q {prompt}", max_tokens=7, max_model_len=64, seed=3, t1_samples=2)
     assert engine.calls == [(0.0, 1, 7), (1.0, 2, 7)]
     assert out["tasks"] == 4
     assert out["greedy_exact"] == 0.5  # a (last number), b; c was cut by the budget, d is wrong
@@ -67,5 +67,5 @@ def test_a_user_reward_counts_as_exact_at_a_total_of_one():
     tasks = [Task("a", "x", "y"), Task("b", "z", "w")]
     engine = ScriptedEngine(greedy={"x": ("y", "stop"), "z": ("q", "stop")}, sampled={"x": ("y", "stop"), "z": ("w", "stop")})
     reward = build_reward(PythonReward(type="python", function="tests.rl_engine.test_evaluate:reward_half"))
-    out = evaluate_engine(engine, tasks, reward, "python", "{prompt}", max_tokens=4)
+    out = evaluate_engine(engine, tasks, reward, "python", "{prompt}", max_tokens=4, max_model_len=64)
     assert (out["greedy_exact"], out["t1_exact"]) == (0.5, 0.0)

@@ -106,7 +106,7 @@ def test_group_id_format():
 
 
 def test_a_too_long_prompt_is_refused_before_the_engine_naming_its_task():
-    """The explorer tokenizes each task once (roles.groups.encode_task): a prompt that fills
+    """The explorer tokenizes each task once (rewards.encode_task): a prompt that fills
     model.max_model_len names the task row and the config field, and no engine call is made."""
     import pytest
 

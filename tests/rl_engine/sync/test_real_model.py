@@ -17,8 +17,7 @@ from harness.real_model import QUESTIONS, chat_prompts, experience_rows, gaps, r
 from rl_engine.board import Board
 from rl_engine.config import SamplingConfig
 from rl_engine.errors import UserError
-from rl_engine.rewards import Task, format_prompt
-from rl_engine.roles.groups import encode_task
+from rl_engine.rewards import Task, encode_task, format_prompt
 from rl_engine.rollout.engine import Rollout
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from rl_engine.trainer.dist import free_port
