@@ -105,7 +105,7 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, floa
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_engine.algorithms import grpo_advantages, policy_loss, token_logprobs
+    from rl_engine.algorithms import group_advantages, policy_loss, token_logprobs
     from rl_engine.trainer import build_trainer
     from rl_engine.trainer.settings import trainer_settings
 
@@ -126,7 +126,7 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, floa
 
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, betas=cfg.trainer.betas, weight_decay=cfg.trainer.weight_decay)
-    adv = grpo_advantages(batch["rewards"], batch["group_index"], cfg.algorithm.std_normalize)  # [B]
+    adv = group_advantages(batch["rewards"], batch["group_index"], cfg.algorithm.advantage.type, cfg.algorithm.advantage.std)  # [B]
     mask = batch["loss_mask"]  # [B, L]
     tokens, micro = float(mask.sum()), cfg.trainer.micro_batch_size
 

@@ -108,7 +108,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"reward:     {summary['reward_first']:.3f} (first quarter) -> {summary['reward_last']:.3f} (last quarter)")
     print(f"staleness:  max {summary['max_staleness_seen']}")
     if x := summary.get("experiences"):
-        print(f"experiences: {x['generated']} generated, {x['trained']} trained, {x['dropped_stale']} dropped as stale, {x['untrained']} left untrained")
+        filtered = f", {x['filtered']} filtered (zero-variance groups)" if x.get("filtered") else ""
+        print(f"experiences: {x['generated']} generated, {x['trained']} trained{filtered}, {x['dropped_stale']} dropped as stale, {x['untrained']} left untrained")
     if util:
         print(f"start-up:   {util.get('startup_s', 0.0):.1f} s until every engine was up (busy below is after it)")
     for lane, u in (util.get("lanes") or {}).items():

@@ -221,6 +221,8 @@ class ExperienceBatch:
           rewards           [B]    float
           group_index       [B]    long   dense group index (first appearance order)
           response_start    [B]    long   position of the first response token (= prompt length)
+          response_len      [B]    long   response tokens
+          truncated         [B]    long   1 where the token budget cut the response (finish reason length or truncated)
         """
         import torch
 
@@ -253,6 +255,8 @@ class ExperienceBatch:
             "rewards": torch.from_numpy(self.column("reward").astype(np.float32)),
             "group_index": torch.from_numpy(self.group_index()),
             "response_start": torch.from_numpy(p_len.astype(np.int64)),
+            "response_len": torch.from_numpy(r_len.astype(np.int64)),
+            "truncated": torch.from_numpy(pc.is_in(t.column("finish_reason"), value_set=pa.array(["length", "truncated"])).to_numpy(zero_copy_only=False).astype(np.int64)),
         }
 
 

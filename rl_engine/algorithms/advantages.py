@@ -1,39 +1,81 @@
-"""GRPO group-relative advantages: one scalar per experience, from its reward and its group.
+"""Advantages (one scalar per experience, from its reward and its group) and the reward-side knobs
+that come before them: overlong shaping and dynamic sampling's zero-variance filter.
 
-An experience's advantage is its reward minus the mean reward of its group (the rollouts of the
-same task), divided by the group's standard deviation unless `std_normalize` is off (Dr.GRPO).
-The trainer broadcasts the scalar to every response token of the experience.
+An estimator is a baseline and a scale. Baselines: the group's mean (grpo, dr_grpo), the mean of
+the group's other members (rloo), the batch's mean (reinforce_pp). Scales (`std`): the group's
+std, the whole batch's std (of the centred rewards), or none. The trainer broadcasts each scalar
+to every response token of its experience.
 
-    adv = grpo_advantages(torch.tensor([1., 0., 1., 1.]), torch.tensor([0, 0, 1, 1]))
+    adv = group_advantages(torch.tensor([1., 0., 1., 1.]), torch.tensor([0, 0, 1, 1]), "grpo", "group")
     # group 0: mean .5, std .7071 -> [.7071, -.7071]; group 1: std 0 -> [0, 0]
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 from torch import Tensor
 
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+StdLevel = Literal["group", "batch", "none"]
 
-def grpo_advantages(rewards: Tensor, group_index: Tensor, std_normalize: bool = True, eps: float = 1e-6) -> Tensor:
-    """Advantages [B] of rewards [B] float within groups given by group_index [B] long.
 
-    Group ids may be any integers (not necessarily 0..G-1). The std is the unbiased sample std
-    (as in TRL and verl). Edge cases, which must not produce NaN or blow up:
-    - a group of size 1 has no peer to compare with: its advantage is 0;
-    - a group whose rewards are all equal (std 0) gets 0 for every member: no signal, no noise.
+def group_advantages(rewards: Tensor, group_index: Tensor, estimator: Estimator = "grpo", std: StdLevel = "group", eps: float = 1e-6) -> Tensor:
+    """Advantages [B] float32 of rewards [B] within groups given by group_index [B] long.
+
+    Group ids may be any integers. Stds are unbiased sample stds (as in TRL and verl). Edge cases,
+    which must not produce NaN or blow up:
+    - group baselines: a group of size 1 has no peer to compare with: its advantage is 0;
+    - std "group": a group whose rewards are all equal (std 0) gets 0 for every member (with a
+      group baseline its centred rewards are 0 anyway; with the batch baseline there is no scale);
+    - std "batch": a batch whose centred rewards are all equal gets 0.
     """
     if rewards.dim() != 1 or group_index.shape != rewards.shape:
         raise ValueError(f"rewards {tuple(rewards.shape)} and group_index {tuple(group_index.shape)} must both be [B]")
-    rewards = rewards.to(torch.float64)  # float64: means of large rewards stay exact enough
+    r = rewards.to(torch.float64)  # float64: means of large rewards stay exact enough
     _, inverse, counts = torch.unique(group_index, return_inverse=True, return_counts=True)  # inverse [B], counts [G]
-    num_groups = counts.numel()
-    sums = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, rewards)  # [G]
-    means = sums / counts  # [G]
-    centred = rewards - means[inverse]  # [B]
-    if not std_normalize:
+    sums = torch.zeros(counts.numel(), dtype=torch.float64).index_add_(0, inverse, r)  # [G]
+    n = counts[inverse].to(torch.float64)  # [B]: size of each experience's group
+    if estimator in ("grpo", "dr_grpo"):
+        centred = r - (sums / counts)[inverse]  # [B]
+    elif estimator == "rloo":
+        # r_i - (S - r_i) / (n - 1) = n / (n - 1) * (r_i - mean): the other members' mean
+        centred = torch.where(n > 1, r - (sums[inverse] - r) / (n - 1).clamp(min=1), torch.zeros_like(r))  # [B]
+    elif estimator == "reinforce_pp":
+        centred = r - r.mean()  # [B]
+    else:
+        raise ValueError(f"unknown advantage estimator {estimator!r}; use grpo, dr_grpo, rloo or reinforce_pp")
+    if std == "none":
         return centred.to(torch.float32)
-    sq = torch.zeros(num_groups, dtype=torch.float64).index_add_(0, inverse, centred**2)  # [G]
-    # Unbiased variance; groups of one get variance 0 (their centred reward is 0 anyway).
-    var = sq / (counts - 1).clamp(min=1)  # [G]
-    std = var.sqrt()[inverse]  # [B]
-    return (centred / (std + eps)).to(torch.float32)
+    if std == "batch":
+        s = centred.std() if centred.numel() > 1 else centred.new_zeros(())
+        return (centred / (s + eps) if s > 0 else torch.zeros_like(centred)).to(torch.float32)
+    if std != "group":
+        raise ValueError(f"unknown std level {std!r}; use group, batch or none")
+    means = (sums / counts)[inverse]  # [B]
+    sq = torch.zeros(counts.numel(), dtype=torch.float64).index_add_(0, inverse, (r - means) ** 2)  # [G]
+    group_std = (sq / (counts - 1).clamp(min=1)).sqrt()[inverse]  # [B]; groups of one: 0
+    return torch.where(group_std > 0, centred / (group_std + eps), torch.zeros_like(centred)).to(torch.float32)
+
+
+def informative_rows(rewards: Tensor, group_index: Tensor) -> Tensor:
+    """[B] bool: True for members of groups whose rewards are not all equal (dynamic sampling keeps
+    these). A group of one is never informative: it has nothing to be compared with."""
+    _, inverse = torch.unique(group_index, return_inverse=True)  # [B]
+    g = int(inverse.max()) + 1 if inverse.numel() else 0
+    r = rewards.to(torch.float64)
+    lo = torch.full((g,), float("inf"), dtype=torch.float64).scatter_reduce(0, inverse, r, "amin")  # [G]
+    hi = torch.full((g,), float("-inf"), dtype=torch.float64).scatter_reduce(0, inverse, r, "amax")  # [G]
+    return (hi > lo)[inverse]
+
+
+def overlong_penalty(response_len: Tensor, max_tokens: int, buffer_tokens: int, penalty: float = 1.0) -> Tensor:
+    """DAPO's soft overlong punishment [B] float32 (<= 0, added to the reward) of response lengths [B].
+
+    0 up to max_tokens - buffer_tokens, then falling linearly to -penalty at max_tokens (and below
+    it further, never: a response cannot be longer than its budget).
+    """
+    start = max_tokens - buffer_tokens
+    over = (response_len.to(torch.float32) - start).clamp(min=0.0, max=float(buffer_tokens))  # [B]
+    return -penalty * over / max(buffer_tokens, 1)

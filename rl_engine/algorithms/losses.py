@@ -1,4 +1,4 @@
-"""Per-token policy quantities and losses: logprobs, entropy, PPO-clip, KL, SFT, aggregation.
+"""Per-token policy quantities and losses: logprobs, entropy, PPO-clip, GSPO, CISPO, Kimi, off-policy weights, KL, SFT, aggregation.
 
 Every [B, L] tensor here is aligned to token positions of prompt+response, the layout of
 `ExperienceBatch.to_tensors`: value [b, i] belongs to token input_ids[b, i] predicted from
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-Aggregation = Literal["token-mean", "seq-mean"]
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
 
 
 def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
@@ -180,39 +180,106 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         )
 
 
-def aggregate(values: Tensor, mask: Tensor, mode: Aggregation = "token-mean", num_tokens: float | None = None, num_seqs: float | None = None) -> Tensor:
+def aggregate(
+    values: Tensor, mask: Tensor, mode: Aggregation = "token-mean", num_tokens: float | None = None, num_seqs: float | None = None, token_sum_divisor: float = 1.0
+) -> Tensor:
     """Scalar from per-token values [B, L] over mask [B, L].
 
-    token-mean: sum(values * mask) / num_tokens (default: mask.sum()), every token weighs the same.
-    seq-mean: each sequence's token mean, summed and divided by num_seqs (default: the number of
-    sequences with at least one token), every sequence weighs the same.
+    token-mean: sum(values * mask) / num_tokens (default: mask.sum()); every token weighs the same.
+    seq-mean-token-mean: each sequence's token mean, summed, / num_seqs (default: sequences with
+    at least one token); every sequence weighs the same.
+    seq-mean-token-sum: each sequence's token sum / token_sum_divisor, summed, / num_seqs (Dr.GRPO:
+    a constant divisor, so a token's weight does not depend on its response's length).
     Pass the whole batch's counts when `values` is one micro-batch of it.
     """
     mask = mask.to(values.dtype)
     if mode == "token-mean":
         denom = mask.sum().clamp(min=1.0) if num_tokens is None else max(float(num_tokens), 1.0)
         return (values * mask).sum() / denom
-    if mode == "seq-mean":
-        per_seq_tokens = mask.sum(-1)  # [B]
-        per_seq = (values * mask).sum(-1) / per_seq_tokens.clamp(min=1.0)  # [B]
-        denom = (per_seq_tokens > 0).sum().clamp(min=1).to(values.dtype) if num_seqs is None else max(float(num_seqs), 1.0)
-        return per_seq.sum() / denom
-    raise ValueError(f"unknown loss aggregation {mode!r}; use 'token-mean' or 'seq-mean'")
+    if mode not in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        raise ValueError(f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+    per_seq_tokens = mask.sum(-1)  # [B]
+    per_seq = (values * mask).sum(-1)  # [B]
+    per_seq = per_seq / per_seq_tokens.clamp(min=1.0) if mode == "seq-mean-token-mean" else per_seq / token_sum_divisor
+    denom = (per_seq_tokens > 0).sum().clamp(min=1).to(values.dtype) if num_seqs is None else max(float(num_seqs), 1.0)
+    return per_seq.sum() / denom
 
 
-def ppo_clip_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float) -> tuple[Tensor, Tensor]:
-    """PPO-clip loss per token and where the clip is active.
+def clipped_objective(ratio: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float) -> tuple[Tensor, Tensor]:
+    """PPO's pessimistic objective per token: (loss [B, L], clipped [B, L] bool).
 
-    logprobs, old_logprobs [B, L] (current policy, and the policy that the ratio divides by);
-    advantages [B] (one per sequence) or [B, L]. Returns (loss [B, L], clipped [B, L] bool):
-    loss = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high)) with r = exp(logprobs - old).
-    `clipped` marks tokens whose gradient the clip removed (the second term is the larger).
+    ratio [B, L] (carries the gradient), advantages [B] or [B, L]:
+    loss = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high)); `clipped` marks tokens whose
+    gradient the clip removed (the clipped term is the larger).
     """
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, L]
-    ratio = torch.exp(logprobs - old_logprobs)  # [B, L]
     unclipped = -adv * ratio  # [B, L]
     clipped_obj = -adv * ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)  # [B, L]
     return torch.maximum(unclipped, clipped_obj), clipped_obj > unclipped
+
+
+def ppo_clip_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float) -> tuple[Tensor, Tensor]:
+    """Token-level PPO-clip: `clipped_objective` of r = exp(logprobs - old_logprobs) [B, L]."""
+    return clipped_objective(torch.exp(logprobs - old_logprobs), advantages, clip_eps_low, clip_eps_high)
+
+
+def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps_low: float, clip_eps_high: float) -> tuple[Tensor, Tensor]:
+    """GSPO (GSPO-token form): every token of a sequence takes the sequence's ratio
+    s = exp(mean over its masked tokens of (logprobs - old_logprobs)), clipped as a whole.
+
+    Per token the ratio is sg(s) * pi_t / sg(pi_t): its value is s, its gradient s * grad log pi_t,
+    so with seq-mean-token-mean aggregation the gradient is GSPO's s * A * mean_t grad log pi_t.
+    logprobs, old_logprobs, mask [B, L]; advantages [B]. Returns (loss [B, L], clipped [B, L]).
+    """
+    m = mask.to(logprobs.dtype)
+    seq_log_ratio = ((logprobs - old_logprobs) * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # [B]
+    ratio = torch.exp(seq_log_ratio.detach().unsqueeze(-1) + logprobs - logprobs.detach())  # [B, L], value s per row
+    return clipped_objective(ratio, advantages, clip_eps_low, clip_eps_high)
+
+
+def cispo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float | None, clip_eps_high: float) -> tuple[Tensor, Tensor]:
+    """CISPO: loss = -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi per token [B, L], and
+    where the weight was clipped [B, L] bool. Unlike PPO-clip, no token loses its gradient: the
+    clip only bounds the weight. clip_eps_low None: no lower bound."""
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, L]
+    r = torch.exp(logprobs - old_logprobs).detach()  # [B, L]
+    w = r.clamp(min=0.0 if clip_eps_low is None else 1.0 - clip_eps_low, max=1.0 + clip_eps_high)  # [B, L]
+    return -w * adv * logprobs, w != r
+
+
+def kimi_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, tau: float) -> Tensor:
+    """Kimi k1.5's objective per token [B, L]: -A * log pi + tau / 2 * (log pi - log pi_old)^2.
+
+    The first term is the policy gradient with the mean-reward baseline (use dr_grpo advantages);
+    the second, zero and flat at pi = pi_old, pulls pi back towards pi_old as it moves away.
+    """
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, L]
+    return -adv * logprobs + 0.5 * tau * (logprobs - old_logprobs) ** 2
+
+
+def offpolicy_weights(
+    proximal: Tensor, behavior: Tensor, mask: Tensor, level: Literal["token", "sequence"], action: Literal["clamp", "mask"], low: float, high: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Off-policy correction of tokens sampled by vLLM (behavior) and trained against the trainer's
+    proximal policy: (weight [B, L], keep [B, L] float, outside [B, L] bool), no gradient.
+
+    w = pi_proximal / pi_behavior per token, or per sequence the geometric mean over its masked
+    tokens (exp of the mean log ratio), broadcast to its tokens. `outside`: w not in [low, high]
+    (on masked tokens only). clamp: weight = clip(w, low, high), keep = 1 (truncated IS);
+    mask: weight = w inside, keep = 0 outside (icepop; per sequence: a sequence mask).
+    proximal, behavior, mask [B, L].
+    """
+    m = mask.to(torch.float32)
+    log_w = (proximal - behavior).float().detach() * m  # [B, L]
+    if level == "sequence":
+        log_w = ((log_w.sum(-1) / m.sum(-1).clamp(min=1.0)).unsqueeze(-1)).expand_as(log_w)  # [B, L]
+    w = torch.exp(log_w)  # [B, L]
+    outside = ((w < low) | (w > high)) & (m > 0)  # [B, L]
+    if action == "clamp":
+        return w.clamp(low, high), torch.ones_like(m), outside
+    if action == "mask":
+        return torch.where(outside, torch.zeros_like(w), w), (~outside).to(torch.float32), outside
+    raise ValueError(f"unknown correction action {action!r}; use clamp or mask")
 
 
 def kl_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: Literal["k1", "k3"] = "k3") -> Tensor:

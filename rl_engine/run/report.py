@@ -105,21 +105,25 @@ def _mean(xs: list[float]) -> float | None:
 
 def experience_accounting(fs: Any, root: str, trainer_metrics: list[dict[str, Any]]) -> dict[str, Any]:
     """Where the generated experiences went: committed to the buffer (`generated`), trained,
-    dropped as stale by the trainer's reader, skipped as corrupt, or still `untrained` (in the
-    buffer when the run ended). `wasted_fraction` = share of generated never trained. Generations
+    read by the trainer but left out of the loss as zero-variance groups (`filtered`, dynamic
+    sampling), dropped as stale by the trainer's reader, skipped as corrupt, or still `untrained`
+    (in the buffer when the run ended). `wasted_fraction` = share of generated never trained. Generations
     still pending as continuations are not counted: they were never committed. The reader's
     counters travel with its cursor, so a resumed run counts from its start."""
     from rl_engine.buffer.stats import commit_records
 
     generated = sum(int(rec.get("num_rows") or 0) for _, rec in commit_records(fs, root))
     counters = trainer_metrics[-1].get("buffer", {}) if trainer_metrics else {}
-    trained, dropped, corrupt = (int(counters.get(k, 0)) for k in ("consumed", "dropped_stale", "skipped_corrupt_rows"))
+    consumed, dropped, corrupt = (int(counters.get(k, 0)) for k in ("consumed", "dropped_stale", "skipped_corrupt_rows"))
+    filtered = int(sum(m.get("filtered_experiences", 0) for m in trainer_metrics))
+    trained = consumed - filtered
     return {
         "generated": generated,
         "trained": trained,
+        "filtered": filtered,
         "dropped_stale": dropped,
         "skipped_corrupt": corrupt,
-        "untrained": max(0, generated - trained - dropped - corrupt),
+        "untrained": max(0, generated - consumed - dropped - corrupt),
         "wasted_fraction": round((generated - trained) / generated, 4) if generated else 0.0,
     }
 

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rl_engine.algorithms import grpo_advantages, policy_loss, sft_loss, version_mask
+from rl_engine.algorithms import policy_loss, prepare_batch_rows, row_metrics, sft_loss, token_sum_divisor, version_mask
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
 from rl_engine.trainer import checkpoint as ckpt
@@ -54,6 +54,8 @@ class DeepSpeedTrainer:
 
         self.settings = s = settings
         self.algo = s.algorithm
+        self.max_response_tokens = s.max_response_tokens
+        self.token_sum_divisor = float(token_sum_divisor(s.algorithm, s.max_response_tokens))
         self.temperature = s.temperature
         self.version = 0
         if s.num_threads:
@@ -116,19 +118,26 @@ class DeepSpeedTrainer:
     # ---------------------------------------------------------------- steps
 
     def train_step(self, batch: Batch) -> dict[str, float]:
-        """One GRPO update on this rank's share of a trainer batch; returns its metrics.
+        """One policy update on this rank's share of a trainer batch; returns its metrics.
 
         Metrics: loss, pg_loss, kl (to the reference; when algorithm.kl is set), approx_kl (k3,
-        current vs old logprobs), entropy, clip_frac, grad_norm (before clipping), lr, tokens
-        (trained), masked_stale_tokens, logprob_diff (mean |current - behavior|, the
-        trainer/explorer mismatch), version (after the step).
+        current vs proximal logprobs), entropy, clip_frac (tokens whose gradient the loss's clip
+        removed or bounded), grad_norm (before clipping), lr, tokens (trained),
+        masked_stale_tokens, logprob_diff (mean |current - behavior|, the trainer/explorer
+        mismatch), version (after the step); with an off-policy correction offpolicy_clamped_frac,
+        offpolicy_masked_frac, is_weight_mean; filtered_experiences (dynamic sampling),
+        truncated_masked, overlong_penalty when those knobs are on.
         """
         b = self._to_device(batch, required=("input_ids", "attention_mask", "loss_mask", "behavior_logprobs", "versions", "rewards", "group_index"))
+        extra: dict[str, float] = {}
+        if "advantages" not in b:  # one rank: the whole batch is here (TrainerRanks prepares it for several)
+            prep = prepare_batch_rows(b, self.algo, self.max_response_tokens)
+            b["advantages"], b["trained_rows"] = prep.advantages.to(self.device), prep.trained_rows.to(self.device)  # [B] x 2
+            extra = row_metrics(prep, self.algo)
         stale = version_mask(b["versions"], self.version, self.algo.max_version_gap)  # [B, L]
-        b["mask"] = b["loss_mask"] * stale  # [B, L]
-        if "advantages" not in b:
-            b["advantages"] = grpo_advantages(b["rewards"].float().cpu(), b["group_index"].cpu(), self.algo.std_normalize).to(self.device)  # [B]
-        if self.algo.old_logprobs == "recompute":
+        rows = b["trained_rows"].unsqueeze(-1) if "trained_rows" in b else 1.0  # [B, 1]
+        b["mask"] = b["loss_mask"] * stale * rows  # [B, L]
+        if self.algo.proximal == "recompute":
             b["old_logprobs"] = self.compute_logprobs(b).to(self.device)  # [B, L], before the update
         else:
             b["old_logprobs"] = b["behavior_logprobs"].float()
@@ -136,7 +145,7 @@ class DeepSpeedTrainer:
             b["ref_logprobs"] = self._reference_logprobs(b)  # [B, L]
         metrics = self._run_step(b, self._policy_micro_loss)
         metrics["masked_stale_tokens"] = float((b["loss_mask"] * (1 - stale)).sum())
-        return metrics
+        return {**metrics, **extra}
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One supervised update: mean negative log-likelihood of the `loss_mask` tokens."""
@@ -177,8 +186,9 @@ class DeepSpeedTrainer:
             if k in sums:
                 out[k] = sums.pop(k)
         out.update({k: v / tokens for k, v in sums.items()})  # per-token means of the token sums
-        if "clipped" in out:
-            out["clip_frac"] = out.pop("clipped")
+        for k in ("clipped", "offpolicy_clamped", "offpolicy_masked", "is_weight"):  # token sums -> per-token means
+            if k in out:
+                out[{"clipped": "clip_frac", "is_weight": "is_weight_mean"}.get(k, k + "_frac")] = out.pop(k)
         return out
 
     def _batch_counts(self, mask: Tensor) -> dict[str, float]:
@@ -211,13 +221,16 @@ class DeepSpeedTrainer:
         # positions take the old logprobs (ratio 1); mask zeroes them in the loss anyway.
         logp, ent = self._token_logprobs(self.engine.module, self.engine, mb["input_ids"], mb["attention_mask"], self.temperature, mask)  # [b, L] x 2
         logp = torch.where(mask > 0, logp, mb["old_logprobs"])  # [b, L]
-        out = policy_loss(logp, mb["old_logprobs"], mb["advantages"], mask, self.algo, mb.get("ref_logprobs"), counts["tokens"], counts["seqs"])
+        out = policy_loss(
+            logp, mb["old_logprobs"], mb["advantages"], mask, self.algo, mb["behavior_logprobs"].float(), mb.get("ref_logprobs"), counts["tokens"], counts["seqs"], self.token_sum_divisor
+        )
         with torch.no_grad():
             log_ratio = mb["old_logprobs"] - logp.detach()  # [b, L]
             parts = {
                 "pg_loss": float(out.pg_loss),
                 "entropy": float((ent * mask).sum()),
                 "clipped": float(out.clipped_tokens),
+                **({"offpolicy_clamped": float(out.clamped_tokens), "offpolicy_masked": float(out.masked_tokens), "is_weight": float(out.weight_sum)} if self.algo.correction else {}),
                 "approx_kl": float(((log_ratio.exp() - 1 - log_ratio) * mask).sum()),
                 "logprob_diff": float(((logp.detach() - mb["behavior_logprobs"]).abs() * mask).sum()),
             }

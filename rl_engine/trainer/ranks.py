@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rl_engine.algorithms import grpo_advantages
+from rl_engine.algorithms import prepare_batch_rows, row_metrics
 
 Batch = dict[str, Tensor]
 
@@ -96,11 +96,13 @@ class LeaderTrainer:
         return out
 
     def train_step(self, batch: Batch) -> dict[str, float]:
-        if "advantages" not in batch:  # whole groups: the same as each rank computing its own
-            algo = self.local.algo
-            batch = {**batch, "advantages": grpo_advantages(batch["rewards"].float().cpu(), batch["group_index"].cpu(), algo.std_normalize)}
+        extra: dict[str, float] = {}
+        if "advantages" not in batch:  # on the whole batch: batch baselines and stds see every row
+            prep = prepare_batch_rows(batch, self.local.algo, self.local.max_response_tokens)
+            batch = {**batch, "advantages": prep.advantages, "trained_rows": prep.trained_rows}
+            extra = row_metrics(prep, self.local.algo)
         self._send("train", tensors=batch)
-        return self._done(self.local.train_step(share(batch, 0, self.world)))
+        return {**self._done(self.local.train_step(share(batch, 0, self.world))), **extra}
 
     def sft_step(self, batch: Batch) -> dict[str, float]:
         self._send("sft", tensors=batch)

@@ -46,6 +46,9 @@ class TrainerSettings(BaseModel):
     temperature: float = Field(
         default=1.0, gt=0.0, description="Logits are divided by this before logprobs and entropy: the explorer's sampling temperature (1.0 when it samples greedily)."
     )
+    max_response_tokens: int | None = Field(
+        default=None, ge=1, description="The explorer's response token budget (overlong shaping and Dr.GRPO's divisor read it); null: no RL run."
+    )
     algorithm: AlgorithmConfig = Field(
         default_factory=AlgorithmConfig, description="The RL loss and advantages (train_step); SFT (sft_step) uses none of it."
     )
@@ -71,5 +74,6 @@ def trainer_settings(cfg: "RFTConfig") -> TrainerSettings:
         zero_stage=t.zero_stage,
         num_threads=t.num_threads,
         temperature=temperature if temperature > 0 else 1.0,  # greedy sampling: the logprobs of the unscaled policy
+        max_response_tokens=cfg.explorer.partial.max_response_tokens if cfg.explorer.partial.enabled else cfg.explorer.sampling.max_tokens,
         algorithm=cfg.algorithm,
     )

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 def stored_experiences(run_url: str) -> list[dict]:
     """Every experience row in the run's buffer, read with plain pyarrow (no project code)."""
     table = ds.dataset(f"{run_url}/buffer", format="ipc", partitioning="hive", exclude_invalid_files=True).to_table()
-    return table.select(["experience_id", "explorer_id", "explorer_step", "versions", "group_id"]).to_pylist()
+    return table.select(["experience_id", "explorer_id", "explorer_step", "versions", "group_id", "reward"]).to_pylist()
 
 
 def versions_by_step(rows: list[dict]) -> dict[tuple[int, int], set[int]]:
@@ -101,9 +101,12 @@ def test_fully_async_never_waits_without_bound(method, prefect_server, tiny_mode
 def test_fully_async_max_staleness_is_admission_control(prefect_server, tiny_model_dir, task_file, tmp_path):
     # η = 0: batch b is trained by version b - 1, so the explorer may start it only once it holds
     # that version: it must wait for the trainer every step, and nothing it makes is ever too stale.
-    cfg = validate_config(
-        small_config(tiny_model_dir, task_file, str(tmp_path), mode="fully_async", sync_method="checkpoint", sync_interval=1, max_staleness=0, total_steps=6)
-    )
+    # Dynamic sampling is on (it must not disturb the schedule): the accounting below checks that
+    # every experience of a zero-variance group was consumed and counted as filtered, the rest trained.
+    data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="fully_async", sync_method="checkpoint", sync_interval=1, max_staleness=0, total_steps=6)
+    data["algorithm"]["dynamic_sampling"] = True
+    data["taskset"]["reward"] = {"type": "python", "function": "harness.rewards:response_length_parity"}  # the tiny model earns no arithmetic reward
+    cfg = validate_config(data)
     summary = run_config(cfg)
     assert summary["max_staleness_seen"] == 0
     metrics = [json.loads(p.read_text()) for p in sorted(Path(summary["run"], "metrics", "role=trainer").glob("step=*.json"))]
@@ -115,11 +118,16 @@ def test_fully_async_max_staleness_is_admission_control(prefect_server, tiny_mod
     rows = stored_experiences(summary["run"])
     for (_, e), versions in versions_by_step(rows).items():
         assert versions == {e - 1}, f"explorer step {e}: {versions}"
-    # The run's accounting: the explorer made exactly the 6 batches the trainer's 6 steps train
-    # (none past the end), and nothing was dropped.
+    # The run's accounting: the explorer made exactly the 6 batches the trainer's 6 steps consumed
+    # (none past the end), nothing was dropped, and the filtered ones are exactly the members of
+    # groups whose rewards are all equal (counted from the stored rows, not from the trainer).
     x, batch = summary["experiences"], cfg.resolved().trainer.train_batch_size
-    assert x == {"generated": len(rows), "trained": 6 * batch, "dropped_stale": 0, "skipped_corrupt": 0, "untrained": 0, "wasted_fraction": 0.0}
-    assert len(rows) == 6 * batch
+    groups = defaultdict(set)
+    for r in rows:
+        groups[r["group_id"]].add(r["reward"])
+    flat = sum(1 for r in rows if len(groups[r["group_id"]]) == 1)
+    assert x == {"generated": len(rows), "trained": 6 * batch - flat, "filtered": flat, "dropped_stale": 0, "skipped_corrupt": 0, "untrained": 0, "wasted_fraction": round(flat / len(rows), 4)}
+    assert len(rows) == 6 * batch and 0 < flat < len(rows), f"{flat} of {len(rows)} rows in zero-variance groups: the test needs both kinds"
 
 
 def test_fully_async_backlog_cap_without_a_staleness_bound(prefect_server, tiny_model_dir, task_file, tmp_path):

@@ -361,6 +361,29 @@ def test_migrate_notes_each_change_and_leaves_its_input_alone():
     assert migrate({"synchronizer": {"mode": "fully_async", "sync_offset": 3}}) == ({"synchronizer": {"mode": "fully_async", "sync_offset": 3}}, [])
 
 
+def test_the_flat_grpo_fields_migrate_into_the_algorithm_knobs():
+    old = {"type": "grpo", "repeat_times": 2, "std_normalize": False, "clip_eps_low": 0.1, "clip_eps_high": 0.3, "old_logprobs": "recompute", "loss_agg": "seq-mean"}
+    new, notes = migrate({"algorithm": old})
+    assert new["algorithm"] == {
+        "repeat_times": 2,
+        "advantage": {"type": "grpo", "std": "none"},
+        "loss": {"type": "ppo_clip", "clip_eps_low": 0.1, "clip_eps_high": 0.3},
+        "proximal": "recompute",
+        "aggregation": "seq-mean-token-mean",
+    }
+    assert len(notes) == 5 and notes[0].startswith("algorithm.type: grpo removed")
+    algo = RFTConfig.model_validate({"model": {"path": "m"}, "taskset": {"path": "t.jsonl"}, "algorithm": old}).algorithm  # the run's own validation migrates too
+    assert (algo.preset, algo.advantage.std, algo.loss.clip_eps_high, algo.proximal, algo.aggregation) == ("grpo", "none", 0.3, "recompute", "seq-mean-token-mean")
+
+
+def test_rft_validate_print_shows_what_a_preset_expanded_to(tmp_path, tiny_model_dir, capsys):
+    p = write(tmp_path, merge(base(tiny_model_dir), {"algorithm": {"preset": "dapo", "repeat_times": 4, "loss": {"clip_eps_high": 0.3}}}))
+    assert rft(["validate", str(p), "--print"]) == 0
+    algo = yaml.safe_load(capsys.readouterr().out)["algorithm"]
+    assert algo["preset"] == "dapo" and algo["dynamic_sampling"] is True and algo["overlong"]["buffer_fraction"] == 0.25
+    assert algo["loss"] == {"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.3}  # the config's knob over the preset's 0.28
+
+
 def test_rft_config_migrate_rewrites_a_file_that_then_loads_without_migration(tmp_path, tiny_model_dir, capsys):
     before = load_config(write(tmp_path, merge(base(tiny_model_dir), OLD_ASYNC), "ref.yaml"))
     p = tmp_path / "old.yaml"

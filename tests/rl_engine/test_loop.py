@@ -47,7 +47,7 @@ def test_grpo_steps_raise_the_expected_reward(warm_model, tmp_path):
             "seed": 42,
             "model": {"path": model_dir, "max_model_len": 128},
             "taskset": {"path": tasks},
-            "algorithm": {"repeat_times": 8, "clip_eps_high": 0.28},
+            "algorithm": {"repeat_times": 8, "loss": {"type": "ppo_clip", "clip_eps_high": 0.28}},
             "explorer": {"batch_size": 8, "sampling": {"temperature": 1.0, "max_tokens": 8}, "engine": {"kv_cache_space_gib": 0.25, "num_threads": 1}},
             "buffer": {"storage": {"url": str(tmp_path / "runs")}},
             "trainer": {"micro_batch_size": 32, "lr": 5e-5, "warmup_steps": 3, "num_threads": 1},

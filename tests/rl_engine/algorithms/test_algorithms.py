@@ -12,7 +12,7 @@ import torch
 
 from rl_engine.algorithms import (
     aggregate,
-    grpo_advantages,
+    group_advantages,
     kl_token,
     policy_loss,
     ppo_clip_token_loss,
@@ -33,28 +33,28 @@ def close(a, b, tol=1e-5):
 # ----------------------------------------------------------------------------- advantages
 
 
-def test_grpo_advantages_mean_std():
+def test_group_advantages_mean_std():
     # group 7: rewards 1, 0 -> mean .5, unbiased std sqrt((.25 + .25) / 1) = .70711 -> +-.70711
     # group 3: rewards 0, 1, 2 -> mean 1, std sqrt((1 + 0 + 1) / 2) = 1 -> -1, 0, 1
-    adv = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0]), torch.tensor([7, 7, 3, 3, 3]))
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0]), torch.tensor([7, 7, 3, 3, 3]))
     close(adv, [0.70711, -0.70711, -1.0, 0.0, 1.0])
 
 
-def test_grpo_advantages_no_std():
-    adv = grpo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0]), torch.tensor([7, 7, 3, 3, 3]), std_normalize=False)
+def test_group_advantages_no_std():
+    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0]), torch.tensor([7, 7, 3, 3, 3]), "dr_grpo", "none")
     close(adv, [0.5, -0.5, -1.0, 0.0, 1.0])
 
 
-def test_grpo_advantages_degenerate_groups():
+def test_group_advantages_degenerate_groups():
     # group 0: all equal (std 0) -> 0, not NaN/inf; group 1: a single member -> 0
-    adv = grpo_advantages(torch.tensor([0.3, 0.3, 0.3, 5.0]), torch.tensor([0, 0, 0, 1]))
+    adv = group_advantages(torch.tensor([0.3, 0.3, 0.3, 5.0]), torch.tensor([0, 0, 0, 1]))
     assert torch.isfinite(adv).all()
     close(adv, [0.0, 0.0, 0.0, 0.0])
 
 
-def test_grpo_advantages_shape_check():
+def test_group_advantages_shape_check():
     with pytest.raises(ValueError, match="must both be"):
-        grpo_advantages(torch.zeros(3), torch.zeros(2, dtype=torch.long))
+        group_advantages(torch.zeros(3), torch.zeros(2, dtype=torch.long))
 
 
 # ----------------------------------------------------------------------------- logprobs, entropy
@@ -90,11 +90,11 @@ def test_aggregate_token_mean():
 
 def test_aggregate_seq_mean():
     # row means 2 and 4; the row with no tokens does not count -> (2 + 4) / 2
-    close(aggregate(VALUES, MASK, "seq-mean"), 3.0)
-    close(aggregate(VALUES, MASK, "seq-mean", num_seqs=4), 6 / 4)
+    close(aggregate(VALUES, MASK, "seq-mean-token-mean"), 3.0)
+    close(aggregate(VALUES, MASK, "seq-mean-token-mean", num_seqs=4), 6 / 4)
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean"])
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_aggregate_micro_batches_sum_to_whole(mode):
     whole = aggregate(VALUES, MASK, mode)
     n_tok, n_seq = MASK.sum().item(), 2
@@ -104,7 +104,7 @@ def test_aggregate_micro_batches_sum_to_whole(mode):
 
 def test_aggregate_empty_mask_is_zero_not_nan():
     close(aggregate(VALUES, torch.zeros_like(MASK), "token-mean"), 0.0)
-    close(aggregate(VALUES, torch.zeros_like(MASK), "seq-mean"), 0.0)
+    close(aggregate(VALUES, torch.zeros_like(MASK), "seq-mean-token-mean"), 0.0)
 
 
 def test_aggregate_unknown_mode():
@@ -164,7 +164,7 @@ def test_sft_loss():
 
 
 def test_policy_loss_with_kl_token_mean():
-    cfg = AlgorithmConfig(clip_eps_low=0.2, clip_eps_high=0.2, kl=KLConfig(coef=0.1, estimator="k1"))
+    cfg = AlgorithmConfig(loss={"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.2}, kl=KLConfig(coef=0.1, estimator="k1"))
     new = torch.tensor([[0.0, LN(0.5), LN(0.5)], [0.0, LN(0.25), 0.0]])
     old = torch.tensor([[0.0, LN(0.5), LN(0.25)], [0.0, LN(0.25), 0.0]])
     ref = torch.tensor([[0.0, LN(0.25), LN(0.25)], [0.0, LN(0.25), 0.0]])
@@ -179,7 +179,7 @@ def test_policy_loss_with_kl_token_mean():
 
 
 def test_policy_loss_seq_mean_no_kl():
-    cfg = AlgorithmConfig(loss_agg="seq-mean")
+    cfg = AlgorithmConfig(aggregation="seq-mean-token-mean")
     new = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
     out = policy_loss(new, new, torch.tensor([1.0, 3.0]), mask, cfg)

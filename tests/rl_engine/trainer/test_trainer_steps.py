@@ -69,11 +69,11 @@ def test_sft_step_hand_computed_and_lowers_loss(shared_trainer):
     assert m2["loss"] < m1["loss"]
 
 
-@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean"])
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
 def test_grad_accumulation_equals_one_big_micro_batch(tiny_model_dir, loss_agg):
     # Response lengths (5, 3 | 2, 1): the two micro-batches hold 8 and 3 tokens, so normalising
     # each micro-batch by its own count would give a different update than one batch of 4.
-    algo = {"loss_agg": loss_agg, "kl": {"coef": 0.1, "estimator": "k3"}}
+    algo = {"aggregation": loss_agg, "kl": {"coef": 0.1, "estimator": "k3"}}
     results = []
     for micro in (2, 4):
         tr = build_trainer(trainer_settings(make_cfg(tiny_model_dir, algorithm=algo, trainer={"micro_batch_size": micro})))
@@ -96,7 +96,7 @@ def test_grad_accumulation_equals_one_big_micro_batch(tiny_model_dir, loss_agg):
 
 
 def test_recompute_old_logprobs_and_version_gap_mask(tiny_model_dir):
-    cfg = make_cfg(tiny_model_dir, algorithm={"old_logprobs": "recompute", "max_version_gap": 0})
+    cfg = make_cfg(tiny_model_dir, algorithm={"proximal": "recompute", "max_version_gap": 0})
     tr = build_trainer(trainer_settings(cfg))
     batch = make_batch()  # behavior logprobs all 0: far from the policy's, ignored by "recompute"
     m1 = tr.train_step(batch)
@@ -126,3 +126,29 @@ def test_compute_logprobs_uses_sampling_temperature(tiny_model_dir):
 def test_wrong_batch_rows(shared_trainer):
     with pytest.raises(ValueError, match="train batch has 2 rows; this rank trains 4"):
         shared_trainer.train_step(make_batch(rows=2, response_lens=(2, 2)))
+
+
+def test_decoupled_ppo_dynamic_sampling_and_correction_counts(tiny_model_dir):
+    # One trainer, the knobs the run-level code adds around the loss:
+    # dynamic sampling: rewards (1, 0 | 1, 1): group 1 has no variance, so only rows 0-1 are trained
+    # and the token-mean divides by their 8 tokens: -(A*5 - A*3) / 8.
+    # correction (token, clamp, [0.5, 2]) of proximal (recomputed = current) vs behavior: behavior
+    # is the policy's own minus 1 on the first 2 response tokens of row 0 (w = e > 2: clamped to 2)
+    # and plus 1 on row 1's first token (w = 1/e < .5: clamped to .5); the ratio to the proximal
+    # policy is 1, so every token's loss is -A and the weights scale it:
+    # row 0: -A (2 + 2 + 1 + 1 + 1) = -7A; row 1: +A (.5 + 1 + 1) = 2.5A -> (-7A + 2.5A) / 8.
+    cfg = make_cfg(
+        tiny_model_dir,
+        algorithm={"proximal": "recompute", "dynamic_sampling": True, "correction": {"level": "token", "action": "clamp", "low": 0.5, "high": 2.0}},
+    )
+    tr = build_trainer(trainer_settings(cfg))
+    batch = make_batch(tr)
+    batch["rewards"] = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    start = 4  # prompt_len: the first response token
+    batch["behavior_logprobs"][0, start : start + 2] -= 1.0
+    batch["behavior_logprobs"][1, start] += 1.0
+    m = tr.train_step(batch)
+    assert m["filtered_experiences"] == 2 and m["tokens"] == 8
+    assert m["loss"] == pytest.approx((-7 * A + 2.5 * A) / 8, abs=1e-5)
+    assert m["offpolicy_clamped_frac"] == pytest.approx(3 / 8) and m["offpolicy_masked_frac"] == 0.0
+    assert m["is_weight_mean"] == pytest.approx((2 + 2 + 1 + 1 + 1 + 0.5 + 1 + 1) / 8, abs=1e-6)

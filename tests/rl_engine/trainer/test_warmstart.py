@@ -54,10 +54,10 @@ def test_sft_settings_are_those_of_the_rl_config_warm_start_used_to_fake(tiny_mo
         }
     )
     new = sft_settings(tiny_model_dir, 64, 1e-3, 20, seed=3, threads=2)
-    assert new.model_dump(exclude={"algorithm"}) == trainer_settings(old).model_dump(exclude={"algorithm"})
+    assert new.model_dump(exclude={"algorithm", "max_response_tokens"}) == trainer_settings(old).model_dump(exclude={"algorithm", "max_response_tokens"})  # RL-only fields
     assert new.algorithm.kl is None  # no reference model, as before
     old_eval = RFTConfig.model_validate({"model": {"path": tiny_model_dir}, "taskset": {"path": "unused.jsonl"}, "trainer": {"micro_batch_size": 16}})
-    assert sft_settings(tiny_model_dir, 16, 1e-5, 0, seed=42).model_dump(exclude={"algorithm"}) == trainer_settings(old_eval).model_dump(exclude={"algorithm"})
+    assert sft_settings(tiny_model_dir, 16, 1e-5, 0, seed=42).model_dump(exclude={"algorithm", "max_response_tokens"}) == trainer_settings(old_eval).model_dump(exclude={"algorithm", "max_response_tokens"})
 
 
 @pytest.mark.slow  # a DeepSpeed trainer on CPU: ~10 s on idle cores

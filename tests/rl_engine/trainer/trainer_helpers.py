@@ -56,7 +56,7 @@ def make_batch(trainer=None, seed: int = 0, rows: int = 4, prompt_len: int = 4, 
 def grpo_case():
     """(algorithm section, batch builder) of a GRPO step where every loss term and metric is
     non-trivial: KL on, ratios > 1 (some clipped), groups of unequal token counts (8 and 3)."""
-    algo = {"loss_agg": "token-mean", "kl": {"coef": 0.1, "estimator": "k3"}}
+    algo = {"aggregation": "token-mean", "kl": {"coef": 0.1, "estimator": "k3"}}
 
     def build(trainer) -> dict[str, torch.Tensor]:
         batch = make_batch(trainer, response_lens=(5, 3, 2, 1))
