@@ -376,12 +376,16 @@ def test_the_flat_grpo_fields_migrate_into_the_algorithm_knobs():
     assert (algo.preset, algo.advantage.std, algo.loss.clip_eps_high, algo.proximal, algo.aggregation) == ("grpo", "none", 0.3, "recompute", "seq-mean-token-mean")
 
 
-def test_rft_validate_print_shows_what_a_preset_expanded_to(tmp_path, tiny_model_dir, capsys):
-    p = write(tmp_path, merge(base(tiny_model_dir), {"algorithm": {"preset": "dapo", "repeat_times": 4, "loss": {"clip_eps_high": 0.3}}}))
-    assert rft(["validate", str(p), "--print"]) == 0
+def test_rft_validate_print_shows_what_a_preset_expanded_to(tiny_model_dir, capsys):
+    """The README's `rft validate configs/synchronous.yaml --set algorithm.preset=... --print` lines."""
+    path, model = str(REPO / "configs" / "synchronous.yaml"), f"model.path={tiny_model_dir}"
+    assert rft(["validate", path, "--set", model, "--set", "algorithm.preset=dapo", "--print"]) == 0
     algo = yaml.safe_load(capsys.readouterr().out)["algorithm"]
     assert algo["preset"] == "dapo" and algo["dynamic_sampling"] is True and algo["overlong"]["buffer_fraction"] == 0.25
-    assert algo["loss"] == {"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.3}  # the config's knob over the preset's 0.28
+    assert algo["loss"] == {"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.28}  # the file's loss, laid over the preset's
+    assert rft(["validate", path, "--set", model, "--set", "algorithm.preset=gspo", "--set", "algorithm.loss={type: gspo}", "--print"]) == 0
+    algo = yaml.safe_load(capsys.readouterr().out)["algorithm"]
+    assert algo["loss"] == {"type": "gspo", "clip_eps_low": 3e-4, "clip_eps_high": 4e-4} and algo["aggregation"] == "seq-mean-token-mean"
 
 
 def test_rft_config_migrate_rewrites_a_file_that_then_loads_without_migration(tmp_path, tiny_model_dir, capsys):
