@@ -19,6 +19,8 @@ from rl_engine.storage import join, read_json, write_bytes_atomic, write_json
 from rl_engine.run.timeline import load_spans, render_gantt, summary_markdown, utilization
 
 TABLE_KEYS = ("step", "version", "reward_mean", "reward_std", "loss", "kl", "entropy", "clip_frac", "grad_norm", "staleness_max", "wait_experience_s", "train_s")
+# Columns of the algorithm knobs that report them (a correction, dynamic sampling), shown when a step has them.
+KNOB_KEYS = ("offpolicy_clamped_frac", "offpolicy_masked_frac", "is_weight_mean", "filtered_experiences")
 
 
 METRICS_DIR = "metrics"
@@ -154,7 +156,8 @@ def build_report(run: RunContext) -> Report:
         "experiences": experience_accounting(fs, root, trainer_metrics),
         "utilization": util,
     }
-    table = [{k: m.get(k) for k in TABLE_KEYS} for m in trainer_metrics]
+    keys = TABLE_KEYS + tuple(k for k in KNOB_KEYS if any(k in m for m in trainer_metrics))
+    table = [{k: m.get(k) for k in keys} for m in trainer_metrics]
     markdown = f"# Run `{run.cfg.name}`\n\nmode `{run.cfg.synchronizer.mode}`, files in `{run.url}`\n\n"
     markdown += f"reward (first quarter -> last quarter of trainer steps): {summary['reward_first']} -> {summary['reward_last']}\n\n"
     if util:

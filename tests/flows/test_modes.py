@@ -128,6 +128,10 @@ def test_fully_async_max_staleness_is_admission_control(prefect_server, tiny_mod
     flat = sum(1 for r in rows if len(groups[r["group_id"]]) == 1)
     assert x == {"generated": len(rows), "trained": 6 * batch - flat, "filtered": flat, "dropped_stale": 0, "skipped_corrupt": 0, "untrained": 0, "wasted_fraction": round(flat / len(rows), 4)}
     assert len(rows) == 6 * batch and 0 < flat < len(rows), f"{flat} of {len(rows)} rows in zero-variance groups: the test needs both kinds"
+    from prefect.artifacts import Artifact
+
+    table = json.loads(Artifact.get("fully-async-metrics").data)  # the run's metrics table shows what was filtered, step by step
+    assert sum(r["filtered_experiences"] for r in table) == flat
 
 
 def test_fully_async_backlog_cap_without_a_staleness_bound(prefect_server, tiny_model_dir, task_file, tmp_path):
