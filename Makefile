@@ -45,6 +45,7 @@ bench: setup
 	$(PY) -m bench.partial --quick
 	$(PY) -m bench.ops --quick
 	$(PY) -m bench.learning --quick
+	$(PY) -m bench.algorithms --quick
 	$(PY) -m bench.train --quick
 
 # Regenerate the constraints file from the current environment.

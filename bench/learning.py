@@ -19,7 +19,8 @@ start-up is reported apart, as `startup_s`, since a warm engine skips it), train
 fractions over that window, the experiences generated / trained / dropped as stale / left untrained
 (`wasted_fraction` = generated but never trained), and the final reward on a held-out evaluation: the
 trained policy's expected exact-answer rate at temperature 1 over all 441 problems (exact, no sampling
-noise: `rl_engine.warmstart.evaluate_dir`, as `make demo` prints). Over seeds: mean and spread
+noise: `rl_engine.warmstart.evaluate_dir`, as `make demo` prints); the rows also carry the
+algorithm's per-step trainer metrics that bench.algorithms compares presets by. Over seeds: mean and spread
 (max - min). `speedup_vs_sync` = synchronous wall / mode wall at equal steps; `reward_within_spread`
 says whether the mode's mean final reward lies within synchronous' seed range widened by the mode's
 own spread (the "same quality" check). The PNG draws each mode's batch reward against wall-clock
@@ -33,8 +34,10 @@ import argparse
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from statistics import mean
+from typing import Iterator
 
 if __name__ == "__main__":
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -44,10 +47,19 @@ if __name__ == "__main__":
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MODES = ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
 SMOKE_WARMSTART_STEPS = 10
+# Trainer metrics of the algorithm (per-step means in each row): PPO clip, and the decoupled correction's
+# clamped / masked importance weights (proximal policy vs the explorer's behavior logprobs).
+ALGORITHM_METRICS = ("clip_frac", "offpolicy_clamped_frac", "offpolicy_masked_frac")
 
 
-def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int) -> dict:
-    """One real flow run of configs/<mode>.yaml; its wall time, busy fractions, accounting and final reward."""
+def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int, algorithm: dict | None = None) -> dict:
+    """One real flow run of configs/<mode>.yaml; its wall time, busy fractions, accounting and final reward.
+
+    `algorithm` is merged into the config's `algorithm` section; with a `preset` in it, the shipped
+    knobs other than repeat_times are dropped first, since explicit knobs override a preset's.
+    Besides the per-step means of the algorithm metrics (trainer metrics; 0.0 where a step has none)
+    the row says the run's own staleness bound (`staleness_bound`, from its stored config).
+    """
     import yaml
 
     from bench.modes import busy_fraction
@@ -64,6 +76,9 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int)
     data["buffer"] = {"storage": {"url": root}}
     data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
     data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
+    if algorithm:
+        shipped = {"repeat_times": data["algorithm"]["repeat_times"]} if "preset" in algorithm else data["algorithm"]
+        data["algorithm"] = {**shipped, **algorithm}
     summary = run_config(validate_config(data))
     spans = load_spans(summary["run"])
     t0 = startup_end(spans)  # the last engine up: the training proper starts here
@@ -71,7 +86,8 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int)
     t1 = train[-1].end
     window = [s for s in spans if s.start >= t0 and s.end <= t1]
     explorers = sorted({s.component for s in spans if s.component.startswith("explorer-")})
-    trainer_metrics, _ = load_metrics(open_run(summary["run"]))
+    run = open_run(summary["run"])
+    trainer_metrics, _ = load_metrics(run)
     ends = {s.step: s.end for s in train}
     x = summary["experiences"]
     final = evaluate_dir(f"{summary['run']}/model")
@@ -92,8 +108,43 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int)
         "max_staleness": summary["max_staleness_seen"],
         "final_reward": final["expected_exact_t1"],
         "final_greedy": final["greedy_exact"],
+        "staleness_bound": getattr(run.cfg.synchronizer, "max_staleness", None),
+        **{k: mean(m.get(k, 0.0) for m in trainer_metrics) for k in ALGORITHM_METRICS},
+        "filtered_experiences": float(sum(m.get("filtered_experiences", 0.0) for m in trainer_metrics)),
         "curve": [(ends[m["step"]] - t0, m["reward_mean"]) for m in trainer_metrics if m["step"] in ends],
     }
+
+
+def demo_workload(prefix: str, model: str | None, smoke: bool) -> tuple[str, str, str, dict]:
+    """The demo task, set up once for many runs: (root, model, tasks, start). A fresh temporary
+    root; the arithmetic warm start built there unless `model` names one (10 SFT steps when
+    `smoke`); the task file; the start model's held-out evaluation."""
+    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.warmstart import evaluate_dir
+    from rl_engine.warmstart import main as warmstart
+
+    root = tempfile.mkdtemp(prefix=prefix)
+    if model is None:
+        model = f"{root}/tiny-arith-sft"
+        warmstart([model] + (["--steps", str(SMOKE_WARMSTART_STEPS)] if smoke else []))
+    start = evaluate_dir(model)
+    tasks = f"{root}/arith-train.jsonl"
+    write_arithmetic_taskset(tasks, n=2000, seed=1)
+    return root, model, tasks, start
+
+
+@contextmanager
+def shared_engines() -> Iterator[None]:
+    """The runs inside share warm engines (start-up is not what is compared) and one Prefect test
+    server; the engines are closed at the end."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    from rl_engine.roles.explorer import ENGINES
+
+    os.environ["RFT_KEEP_ENGINES"] = "1"
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+    ENGINES.close_all()  # their shutdown logs would follow the JSON line
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
@@ -122,24 +173,25 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def within_spread(rewards: list[float], reference: list[float]) -> bool:
+    """The "same quality" check: the mean of `rewards` (over seeds) lies within the range of
+    `reference` widened on both sides by the spread (max - min) of `rewards` itself."""
+    slack = max(rewards) - min(rewards)
+    return min(reference) - slack <= mean(rewards) <= max(reference) + slack
+
+
 def summarize(rows: list[dict]) -> dict:
     """The JSON line: per mode means and spreads over seeds, speedups against synchronous."""
     by = {m: [r for r in rows if r["mode"] == m] for m in MODES}
     wall = {m: mean(r["wall_s"] for r in rs) for m, rs in by.items()}
     reward = {m: [r["final_reward"] for r in rs] for m, rs in by.items()}
-    sync_lo, sync_hi = min(reward["synchronous"]), max(reward["synchronous"])
-
-    def within(m: str) -> bool:
-        slack = max(reward[m]) - min(reward[m])
-        return sync_lo - slack <= mean(reward[m]) <= sync_hi + slack
-
     return {
         "seeds": sorted({r["seed"] for r in rows}),
         "wall_s": {m: round(w, 2) for m, w in wall.items()},
         "speedup_vs_sync": {m: round(wall["synchronous"] / w, 3) for m, w in wall.items()},
         "final_reward": {m: round(mean(v), 4) for m, v in reward.items()},
         "final_reward_spread": {m: round(max(v) - min(v), 4) for m, v in reward.items()},
-        "reward_within_spread": {m: within(m) for m in MODES},
+        "reward_within_spread": {m: within_spread(reward[m], reward["synchronous"]) for m in MODES},
         "wasted_fraction": {m: round(mean(r["wasted_fraction"] for r in rs), 4) for m, rs in by.items()},
         "trainer_busy": {m: round(mean(r["trainer_busy"] for r in rs), 3) for m, rs in by.items()},
         "explorer_busy": {m: round(mean(r["explorer_busy"] for r in rs), 3) for m, rs in by.items()},
@@ -159,29 +211,15 @@ def main() -> None:
     steps = a.steps or (3 if a.smoke else 12 if a.quick else 60)
     seeds = [int(s) for s in (a.seeds or ("0" if a.smoke else "0,1" if a.quick else "0,1,2")).split(",")]
 
-    from prefect.testing.utilities import prefect_test_harness
-
     from bench._report import emit_json, print_table
-    from rl_engine.roles.explorer import ENGINES
-    from rl_engine.rewards import write_arithmetic_taskset
-    from rl_engine.warmstart import evaluate_dir
-    from rl_engine.warmstart import main as warmstart
 
-    root = tempfile.mkdtemp(prefix="bench-learning-")
-    model = a.model or f"{root}/tiny-arith-sft"
-    if a.model is None:
-        warmstart([model] + (["--steps", str(SMOKE_WARMSTART_STEPS)] if a.smoke else []))
-    start = evaluate_dir(model)
-    tasks = f"{root}/arith-train.jsonl"
-    write_arithmetic_taskset(tasks, n=2000, seed=1)
-    os.environ["RFT_KEEP_ENGINES"] = "1"  # modes and seeds share warm engines: start-up is not what is compared
+    root, model, tasks, start = demo_workload("bench-learning-", a.model, a.smoke)
     rows = []
     started = time.time()
-    with prefect_test_harness(server_startup_timeout=120):
+    with shared_engines():
         for seed in seeds:
             for mode in MODES:
                 rows.append(run_one(mode, model, tasks, f"{root}/runs", steps, seed))
-    ENGINES.close_all()  # their shutdown logs would follow the JSON line
     title = f"bench.learning: demo task, tiny arithmetic warm start, {steps} trainer steps, seeds {seeds}"
     print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows], title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})")
     plot(rows, a.png, title)

@@ -204,6 +204,32 @@ def test_learning(tmp_path):
         per(r, k, MODES, fraction)
 
 
+def test_algorithms(tmp_path):
+    png = tmp_path / "algorithms.png"
+    r = run_bench("algorithms", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path)
+    has_keys(r, "steps", "seeds", "reward_start", "png", "bench_s", "presets", "stale4_plain_vs_sync", "stale4_corrected_vs_sync", "corrected_within_sync_spread")
+    assert r["steps"] == 2 and r["seeds"] == [0] and png.stat().st_size > 0
+    fraction(r["reward_start"])
+    positive(r["bench_s"])
+    assert set(r["presets"]) == {"grpo", "decoupled_ppo"}, r["presets"]
+    for preset in r["presets"]:
+        assert set(r["presets"][preset]) == {"synchronous", "fully_async"}, r["presets"][preset]
+        for mode, s in r["presets"][preset].items():
+            for k in ("reward_final", "clipped_fraction", "clamped_fraction", "masked_fraction"):
+                fraction(s[k])
+            assert s["reward_spread"] == 0  # one seed
+            positive(s["wall_s"])
+            number(s["reward_per_s"])
+            non_negative(s["filtered_experiences"])
+            count(s["max_staleness"])
+            assert s["max_staleness"] <= (4 if mode == "fully_async" else 0), (preset, mode, s)
+            if preset == "grpo":
+                assert s["clamped_fraction"] == s["masked_fraction"] == 0, (mode, s)  # no off-policy correction
+    positive(r["stale4_plain_vs_sync"])
+    positive(r["stale4_corrected_vs_sync"])
+    boolean(r["corrected_within_sync_spread"])
+
+
 def test_ops(tmp_path):
     r = run_bench("ops", "--smoke", timeout_s=540, tmp_path=tmp_path)
     parts = ("api_call_s", "worker_pickup_s", "process_spawn_s", "flow_import_s", "run_setup_s", "engine_start_s", "to_rollout_s")
