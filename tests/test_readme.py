@@ -32,10 +32,12 @@ EXERCISED: dict[str, list[str]] = {
         "tests/flows/test_kill_resume.py::test_kill_anywhere_then_resume_exactly_once",  # --resume
         "tests/flows/test_placement_deployments.py::test_readme_command_runs_every_role_on_the_worker",  # --set placement.type=deployments
         "tests/flows/test_modes.py::test_every_shipped_config_runs_a_smoke_flow",  # configs/*.yaml
+        "tests/bench/test_bench_smoke.py::test_algorithms",  # fully_async with algorithm.preset=decoupled_ppo, as bench.algorithms runs it
     ],
     "rft validate": [
         "tests/rl_engine/test_config.py::test_every_shipped_config_validates",
         "tests/rl_engine/test_config.py::test_validate_print_writes_the_resolved_config",
+        "tests/rl_engine/test_config.py::test_rft_validate_print_shows_what_a_preset_expanded_to",  # --set algorithm.preset=...
         "tests/rl_engine/test_config.py::test_cli_schema_is_json",
     ],
     "rft config": [
@@ -54,7 +56,7 @@ EXERCISED: dict[str, list[str]] = {
     "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],
     "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],
     "python -m torch.distributed.run": ["tests/flows/test_trainer_ranks.py::test_a_killed_trainer_rank_fails_the_run_naming_it"],  # what the trainer role starts
-    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "ops", "train", "faults", "real", "logits_memory")},
+    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "ops", "train", "faults", "real", "logits_memory", "algorithms")},
     "python -m bench.modes": ["tests/bench/test_bench_smoke.py::test_modes_synthetic"],
 }
 NOT_COMMANDS = ("export ",)  # environment for the commands around them

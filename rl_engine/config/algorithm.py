@@ -150,7 +150,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "loss": {"type": "ppo_clip"},
         "aggregation": "token-mean",
         "proximal": "recompute",
-        "correction": {"level": "token", "action": "clamp", "low": 0.0, "high": 5.0},
+        "correction": {"level": "token", "action": "clamp", "low": 0.0, "high": 2.0},
     },
 }
 Preset = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "kimi", "decoupled_ppo"]

@@ -415,7 +415,7 @@ def test_presets_expand(preset, adv, std, loss, agg, div, extra):
     assert c.proximal == extra.get("proximal", "behavior")
     assert c.overlong.buffer_fraction == (0.25 if preset == "dapo" else None)
     corr = None if c.correction is None else (c.correction.level, c.correction.action, c.correction.low, c.correction.high)
-    assert corr == (("token", "clamp", 0.0, 5.0) if preset == "decoupled_ppo" else None)
+    assert corr == (("token", "clamp", 0.0, 2.0) if preset == "decoupled_ppo" else None)
     assert c.kl is None
 
 
