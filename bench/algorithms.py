@@ -39,8 +39,8 @@ and 0.12 / 0.14 in 200 (seed 0, synchronous / fully async): little more past 120
 synchronous), 9.2 s (grpo fully async), 16.8 / 11.6 s (decoupled_ppo: its trainer recomputes the
 logprobs), 16.6 / 13.8 s (dapo); a run in all (flow, report, held-out evaluation) 11-21 s, ~33 s a
 preset and seed for both modes, plus ~16 s of engine start-up per seed (the engines are keyed by the
-run's seed). The full size (8 presets x 2 modes x 3 seeds = 48 runs) thus takes ~15 min plus the
-warm start (~1 min); --quick ~3 min; --smoke ~1 min.
+run's seed). The full size (8 presets x 2 modes x 3 seeds = 48 runs) took 679 s on the quiet
+machine (2026-11-27) plus the warm start (~1 min); --quick ~3 min; --smoke ~1 min.
 """
 
 from __future__ import annotations
