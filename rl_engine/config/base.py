@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 from rl_engine.errors import UserError
@@ -15,3 +17,39 @@ class _Model(BaseModel):
 
 class ConfigError(UserError, ValueError):
     """A config that cannot be used; `str()` is the full user-facing message, one problem per line."""
+
+
+_SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "session_token", "fsspec_s3_key"}
+_SECRET_SUFFIXES = ("_secret", "_token", "_password", "_api_key", "_secret_access_key", "_credentials")
+
+
+def is_secret_name(key: Any) -> bool:
+    """Whether a key names a credential (`secret`, `AWS_SECRET_ACCESS_KEY`, `HF_TOKEN`, ...)."""
+    name = str(key).lower()
+    return name in _SECRET_KEYS or name.endswith(_SECRET_SUFFIXES)
+
+
+def redact(value: Any, key: Any = None) -> Any:
+    """`value` with every value under a credential's key replaced by '<redacted>' (for messages:
+    an error about a secret must not print it)."""
+    if key is not None and is_secret_name(key):
+        return "<redacted>"
+    if isinstance(value, dict):
+        return {k: redact(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+def find_secret(options: Any, prefix: str = "") -> str | None:
+    """Dotted path of the first key in a nested dict that names a credential (`key`, `secret`,
+    `AWS_SECRET_ACCESS_KEY`, `HF_TOKEN`, `WANDB_API_KEY`, ...), or None. Config sections that are
+    saved with a run (storage options, job variables) refuse such keys."""
+    if isinstance(options, dict):
+        for k, v in options.items():
+            if is_secret_name(k):
+                return f"{prefix}{k}"
+            found = find_secret(v, f"{prefix}{k}.")
+            if found:
+                return found
+    return None

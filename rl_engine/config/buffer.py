@@ -6,21 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rl_engine.config.base import _Model
-
-_SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "session_token"}
-
-
-def _find_secret(options: Any, prefix: str = "") -> str | None:
-    if isinstance(options, dict):
-        for k, v in options.items():
-            if str(k).lower() in _SECRET_KEYS:
-                return f"{prefix}{k}"
-            found = _find_secret(v, f"{prefix}{k}.")
-            if found:
-                return found
-    return None
-
+from rl_engine.config.base import _Model, find_secret
 
 class StorageConfig(_Model):
     """Where a run's files live: any fsspec URL. Credentials never go here."""
@@ -40,7 +26,7 @@ class StorageConfig(_Model):
     @field_validator("options")
     @classmethod
     def _no_secrets(cls, v: dict[str, Any]) -> dict[str, Any]:
-        found = _find_secret(v)
+        found = find_secret(v)
         if found:
             raise ValueError(
                 f"storage options must not hold credentials ({found!r}); they would be saved with the run. "

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from rl_engine.config.base import ConfigError
+from rl_engine.config.base import ConfigError, redact
 from rl_engine.config.migrate import migrate
 from rl_engine.config.model import _REWARD_TAGS
 from rl_engine.config.root import RFTConfig
@@ -48,7 +48,7 @@ def _problem(e: Any, mode: Any) -> str:
         msg = "must be a finite number (not NaN or infinity); give a number within the field's bounds (`rft validate --schema`)"
     if not loc or msg.startswith(f"{loc}.") or msg.startswith(f"{loc} "):
         return msg  # a section's own check names its fields (and the section's whole input says nothing more)
-    return f"{loc} = {e.get('input')!r}: {msg}"
+    return f"{loc} = {redact(e.get('input'), parts[-1] if parts else None)!r}: {msg}"  # a refused credential is not echoed
 
 
 _UNION_TAGS = {("reward", tag) for tag in _REWARD_TAGS} | {("synchronizer", tag) for tag in SYNC_TAGS}

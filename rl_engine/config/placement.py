@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, field_validator
 
-from rl_engine.config.base import _Model
+from rl_engine.config.base import _Model, find_secret
 
 
 class LocalPlacement(_Model):
@@ -37,6 +37,13 @@ class DeploymentsPlacement(_Model):
         for key in v:
             if key not in ("trainer", "explorer") and not (key.startswith("explorer-") and key[9:].isdigit()):
                 raise ValueError(f"job_variables key {key!r}: use `trainer`, `explorer` or `explorer-<i>`")
+        found = find_secret(v)
+        if found:
+            raise ValueError(
+                f"job_variables.{found}: credentials must not be in the config: it is saved with the run (config.yaml) and shown as the flow run's "
+                "parameters in the Prefect UI. Give them to the worker instead: set them in the environment of every worker that runs a role "
+                "(`AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... prefect worker start ...`), and keep only non-secret variables here"
+            )
         return v
 
 

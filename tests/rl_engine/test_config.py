@@ -160,6 +160,10 @@ BAD = [
     ({"taskset": {"reward": {"type": "python", "function": "not a path"}}}, ["taskset.reward.function", "'not a path'"]),
     ({"taskset": {"reward": {"type": "nope"}}}, ["taskset.reward", "arithmetic", "python"]),
     ({"buffer": {"storage": {"options": {"key": "AKIA..."}}}}, ["buffer.storage.options", "credentials", "AWS_ACCESS_KEY_ID"]),
+    (
+        {"placement": {"type": "deployments", "job_variables": {"trainer": {"env": {"AWS_SECRET_ACCESS_KEY": "wJalr..."}}}}},
+        ["job_variables.trainer.env.AWS_SECRET_ACCESS_KEY", "credentials must not be in the config", "environment of every worker"],
+    ),
     ({"explorer": {"partial": {"enabled": True, "segment_max_tokens": 64, "max_response_tokens": 32}}}, ["segment_max_tokens = 64", "max_response_tokens = 32"]),
     ({"explorer": {"batch_size": 4, "partial": {"enabled": True, "max_groups_in_flight": 3}}}, ["max_groups_in_flight = 3", "explorer.batch_size = 4"]),
     ({"explorer": {"partial": {"enabled": True, "max_response_tokens": 600}}}, ["explorer.partial.max_response_tokens = 600", "model.max_model_len"]),
@@ -192,6 +196,33 @@ def test_bad_config_names_file_field_value_and_rule(bad, expected, tmp_path, tin
     assert rft(["validate", str(p)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err and expected[0] in err
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"buffer": {"storage": {"options": {"secret": "s3cr3t-VALUE"}}}},
+        {"buffer": {"storage": {"secret": "s3cr3t-VALUE"}}},  # an unknown key is named, its value not shown
+        {"placement": {"type": "deployments", "job_variables": {"explorer-1": {"env": {"HF_TOKEN": "s3cr3t-VALUE", "CUDA_VISIBLE_DEVICES": "1"}}}}},
+    ],
+    ids=["storage-options", "unknown-key", "job-variables"],
+)
+def test_a_refused_credential_is_never_echoed(bad, tmp_path, tiny_model_dir, capsys):
+    p = write(tmp_path, merge(base(tiny_model_dir), bad), "bad.yaml")
+    with pytest.raises(ConfigError) as ei:
+        load_config(p)
+    assert "s3cr3t-VALUE" not in str(ei.value) and "<redacted>" in str(ei.value)
+    assert rft(["validate", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "s3cr3t-VALUE" not in err
+    assert "credentials" in err or "unknown key" in err
+
+
+def test_job_variables_without_credentials_pass():
+    from rl_engine.config.placement import DeploymentsPlacement
+
+    jv = {"explorer-1": {"env": {"CUDA_VISIBLE_DEVICES": "1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_DEFAULT_REGION": "us-east-1"}}}
+    assert DeploymentsPlacement(type="deployments", job_variables=jv).job_variables == jv
 
 
 def test_missing_required_sections_are_named(tmp_path):
