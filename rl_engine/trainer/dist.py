@@ -13,6 +13,7 @@ import glob
 import logging
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 
@@ -58,11 +59,32 @@ def accelerator_device() -> str:
     return name if name == "cpu" else f"{name}:{int(os.environ.get('LOCAL_RANK', '0'))}"
 
 
+VENV_EXTENSIONS = "torch_extensions"  # the folder inside a virtualenv that its builds go to
+
+
 def extensions_root() -> str:
-    """Where torch JIT-builds C++ extensions (DeepSpeed's CPU ops): TORCH_EXTENSIONS_DIR or its default."""
+    """Where torch JIT-builds C++ extensions (DeepSpeed's CPU ops): TORCH_EXTENSIONS_DIR when set;
+    else, in a writable virtualenv, `<venv>/torch_extensions`; else torch's default.
+
+    Why per virtualenv: torch's default (~/.cache/torch_extensions) is shared by every virtualenv
+    of the user, and a build's files hold its virtualenv's paths, so two checkouts' runs in turn
+    rebuild DeepSpeed's op (25-63 s) at every switch (issue 28: 14 rebuilds in 100 minutes).
+    """
     from torch.utils.cpp_extension import get_default_build_root
 
-    return os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    if os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return os.environ["TORCH_EXTENSIONS_DIR"]
+    if sys.prefix != sys.base_prefix and os.access(sys.prefix, os.W_OK):
+        return os.path.join(sys.prefix, VENV_EXTENSIONS)
+    return get_default_build_root()
+
+
+def use_extensions_root() -> str:
+    """Make torch build extensions in `extensions_root()` (sets TORCH_EXTENSIONS_DIR, which torch
+    reads at each build; children inherit it); returns the folder."""
+    root = extensions_root()
+    os.environ["TORCH_EXTENSIONS_DIR"] = root
+    return root
 
 
 def preload_deepspeed_ops() -> None:
@@ -73,6 +95,7 @@ def preload_deepspeed_ops() -> None:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
+    use_extensions_root()  # before any build: DeepSpeed's op builders read it through torch
     builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
     if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
         return  # GPU accelerators: no such op
@@ -84,8 +107,8 @@ def preload_deepspeed_ops() -> None:
 def op_build_guard(root: str | None = None, stale_after_s: float = 30.0) -> Iterator[None]:
     """Hold this while JIT-loading a torch extension (DeepSpeed's ops).
 
-    torch guards each extension build with a plain lock file (`<root>/<py>_<dev>/<op>/lock`,
-    FileBaton) that every loading process takes, even when ninja finds nothing to rebuild, and
+    torch guards each extension build with a plain lock file (`<root>/<op>/lock` under
+    TORCH_EXTENSIONS_DIR, `<root>/<py>_<dev>/<op>/lock` under its default root; a FileBaton) that every loading process takes, even when ninja finds nothing to rebuild, and
     waits for forever while it exists. A process killed while holding it leaves it behind, and
     every later trainer hangs at start-up. Our trainers take an flock here first (the kernel
     releases it when its holder dies), so while we hold it no trainer of ours is building: a lock
@@ -97,7 +120,7 @@ def op_build_guard(root: str | None = None, stale_after_s: float = 30.0) -> Iter
     with open(os.path.join(root, ".rft-build.flock"), "a") as guard:
         fcntl.flock(guard, fcntl.LOCK_EX)  # released on close, or by the kernel if we die
         try:
-            for lock in glob.glob(os.path.join(root, "*", "*", "lock")):
+            for lock in glob.glob(os.path.join(root, "*", "lock")) + glob.glob(os.path.join(root, "*", "*", "lock")):
                 _clear_if_stale(lock, stale_after_s)
             yield
         finally:

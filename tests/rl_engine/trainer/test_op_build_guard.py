@@ -8,11 +8,14 @@ import sys
 import threading
 import time
 
+import pytest
+
 from rl_engine.trainer.dist import op_build_guard
 
 
-def make_lock(root, age_s: float = 0.0) -> str:
-    d = root / "py311_cpu" / "deepspeed_shm_comm"
+def make_lock(root, age_s: float = 0.0, layout: str = "default-root") -> str:
+    # torch's default root has a <py>_<device> level; a TORCH_EXTENSIONS_DIR (ours per virtualenv) has none
+    d = root / "py311_cpu" / "deepspeed_shm_comm" if layout == "default-root" else root / "deepspeed_shm_comm"
     d.mkdir(parents=True, exist_ok=True)
     lock = d / "lock"
     lock.touch()
@@ -20,8 +23,9 @@ def make_lock(root, age_s: float = 0.0) -> str:
     return str(lock)
 
 
-def test_a_stale_lock_is_removed(tmp_path):
-    lock = make_lock(tmp_path, age_s=3600)
+@pytest.mark.parametrize("layout", ["default-root", "extensions-dir"])
+def test_a_stale_lock_is_removed(tmp_path, layout):
+    lock = make_lock(tmp_path, age_s=3600, layout=layout)
     started = time.monotonic()
     with op_build_guard(str(tmp_path), stale_after_s=30):
         assert not os.path.exists(lock)
@@ -63,3 +67,41 @@ def test_the_guard_is_exclusive_across_processes_and_freed_when_its_holder_dies(
     finally:
         holder.kill()
         holder.wait(10)
+
+
+def test_extensions_are_built_per_virtualenv_unless_the_user_chose_a_folder(tmp_path, monkeypatch):
+    # Issue 28: torch's default folder is shared by every virtualenv, and a build made by one holds
+    # its paths, so two checkouts' runs in turn rebuilt DeepSpeed's op at every switch.
+    from torch.utils.cpp_extension import get_default_build_root
+
+    from rl_engine.trainer.dist import extensions_root, use_extensions_root
+
+    venv_a, venv_b = tmp_path / "a", tmp_path / "b"
+    venv_a.mkdir(), venv_b.mkdir()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", "")  # recorded first: teardown restores what the session had
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    monkeypatch.setattr(sys, "prefix", str(venv_a))
+    assert extensions_root() == str(venv_a / "torch_extensions")
+    monkeypatch.setattr(sys, "prefix", str(venv_b))
+    assert use_extensions_root() == str(venv_b / "torch_extensions") == os.environ["TORCH_EXTENSIONS_DIR"]  # what torch, and children, read
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
+    assert use_extensions_root() == str(tmp_path / "mine")  # the user's choice wins
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    venv_b.chmod(0o500)  # a read-only virtualenv (an image's): torch's default
+    try:
+        if not os.access(venv_b, os.W_OK):  # root can write anyway
+            assert extensions_root() == get_default_build_root()
+    finally:
+        venv_b.chmod(0o700)
+    monkeypatch.setattr(sys, "prefix", "/usr")  # no virtualenv
+    assert extensions_root() == get_default_build_root()
+
+
+def test_the_trainer_built_its_op_in_the_extensions_folder(shared_trainer):
+    import glob
+
+    from rl_engine.trainer.dist import extensions_root
+
+    root = extensions_root()  # <venv>/torch_extensions here, unless TORCH_EXTENSIONS_DIR was set
+    assert glob.glob(f"{root}/deepspeed_shm_comm/*.so") + glob.glob(f"{root}/*/deepspeed_shm_comm/*.so"), f"no built op under {root}"
