@@ -73,6 +73,8 @@ def _batch(rows: int, length: int, pad_id: int) -> dict[str, torch.Tensor]:
         "rewards": torch.rand(rows, generator=g),
         "group_index": torch.arange(rows) // 4,
         "response_start": torch.full((rows,), 16, dtype=torch.long),
+        "response_len": lengths,
+        "truncated": torch.zeros(rows, dtype=torch.long),
     }
 
 

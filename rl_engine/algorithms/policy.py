@@ -1,6 +1,6 @@
 """The policy objective of one (micro-)batch, as `AlgorithmConfig`'s knobs combine it.
 
-    loss = aggregate(w * token_loss(pi, pi_proximal, A), mask * keep) + kl.coef * aggregate(KL)
+    loss = aggregate(w * token_loss(pi, pi_proximal, A), mask) + kl.coef * aggregate(keep * KL, mask)
 
 token_loss: ppo_clip | gspo | cispo | kimi against the proximal policy (vLLM's behavior logprobs,
 or the trainer's own recomputed before the update); w and keep: the off-policy correction of
@@ -61,8 +61,10 @@ def policy_loss(
             raise ValueError("algorithm.correction is set but no behavior logprobs were given")
         c = cfg.correction
         weight, keep, outside = offpolicy_weights(proximal, behavior, m, c.level, c.action, c.low, c.high)
-        hits = (outside.float() * m).sum()
-        clamped, masked = (hits, masked) if c.action == "clamp" else (clamped, hits)
+        if c.action == "clamp":
+            clamped = (outside.float() * m).sum()
+        else:
+            masked = (outside.float() * m).sum()
     token_loss, clipped = _token_loss(logprobs, proximal, advantages, m, cfg)  # [B, L] x 2
     # Aggregated over m, not m * keep: a masked token weighs 0 but stays in every normaliser,
     # whether the counts are passed in or taken from this mask.

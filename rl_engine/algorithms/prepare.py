@@ -67,15 +67,8 @@ def prepare_rows(
 
 
 def prepare_batch_rows(batch: dict[str, Tensor], cfg: AlgorithmConfig, max_response_tokens: int | None) -> PreparedRows:
-    """`prepare_rows` of a trainer batch (`ExperienceBatch.to_tensors`' keys). A batch built
-    without `response_len` / `truncated` counts its loss-mask tokens and has no truncated rows."""
-    response_len = batch.get("response_len")
-    if response_len is None:
-        response_len = (batch["loss_mask"] > 0).sum(-1)  # [B]
-    truncated = batch.get("truncated")
-    if truncated is None:
-        truncated = torch.zeros_like(batch["rewards"], dtype=torch.long)  # [B]
-    return prepare_rows(batch["rewards"], batch["group_index"], response_len, truncated, cfg, max_response_tokens)
+    """`prepare_rows` of a trainer batch (`ExperienceBatch.to_tensors`' keys)."""
+    return prepare_rows(batch["rewards"], batch["group_index"], batch["response_len"], batch["truncated"], cfg, max_response_tokens)
 
 
 def row_metrics(prep: PreparedRows, cfg: AlgorithmConfig) -> dict[str, float]:

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from rl_engine.config.base import _Model, find_secret
 
+
 class StorageConfig(_Model):
     """Where a run's files live: any fsspec URL. Credentials never go here."""
 

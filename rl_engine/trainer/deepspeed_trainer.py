@@ -128,15 +128,14 @@ class DeepSpeedTrainer:
         offpolicy_masked_frac, is_weight_mean; filtered_experiences (dynamic sampling),
         truncated_masked, overlong_penalty when those knobs are on.
         """
-        b = self._to_device(batch, required=("input_ids", "attention_mask", "loss_mask", "behavior_logprobs", "versions", "rewards", "group_index"))
+        b = self._to_device(batch, required=("input_ids", "attention_mask", "loss_mask", "behavior_logprobs", "versions", "rewards", "group_index", "response_len", "truncated"))
         extra: dict[str, float] = {}
-        if "advantages" not in b:  # one rank: the whole batch is here (TrainerRanks prepares it for several)
+        if "advantages" not in b:  # one rank: the whole batch is here (TrainerRanks prepares both for several)
             prep = prepare_batch_rows(b, self.algo, self.max_response_tokens)
             b["advantages"], b["trained_rows"] = prep.advantages.to(self.device), prep.trained_rows.to(self.device)  # [B] x 2
             extra = row_metrics(prep, self.algo)
         stale = version_mask(b["versions"], self.version, self.algo.max_version_gap)  # [B, L]
-        rows = b["trained_rows"].unsqueeze(-1) if "trained_rows" in b else 1.0  # [B, 1]
-        b["mask"] = b["loss_mask"] * stale * rows  # [B, L]
+        b["mask"] = b["loss_mask"] * stale * b["trained_rows"].unsqueeze(-1)  # [B, L]
         if self.algo.proximal == "recompute":
             b["old_logprobs"] = self.compute_logprobs(b).to(self.device)  # [B, L], before the update
         else:

@@ -47,6 +47,8 @@ def make_batch(trainer=None, seed: int = 0, rows: int = 4, prompt_len: int = 4, 
         "rewards": torch.tensor([1.0, 0.0, 1.0, 0.0])[:rows],
         "group_index": torch.tensor([0, 0, 1, 1])[:rows],
         "response_start": torch.full((rows,), prompt_len, dtype=torch.long),
+        "response_len": torch.tensor(response_lens[:rows], dtype=torch.long),
+        "truncated": torch.zeros(rows, dtype=torch.long),
     }
     if trainer is not None:
         batch["behavior_logprobs"] = trainer.compute_logprobs(batch).cpu() * lm
