@@ -11,7 +11,7 @@ Field paths are part of the interface (`synchronizer.sync_interval`, ...): they 
 messages, in `--set` overrides and in the Prefect UI form of every flow.
 
 One module per component (model.py: model and task set, algorithm.py, explorer.py, buffer.py,
-trainer.py, synchronizer.py: a union on `mode`, placement.py), root.py composes them into
+trainer.py, synchronizer.py: a union on `mode`, placement.py, workflow.py: episodes and user code), root.py composes them into
 `RFTConfig`, loading.py reads files and formats errors, migrate.py rewrites an older version's
 shape before validation (so old files and runs' stored configs keep loading), advice.py holds the
 warnings `rft validate` prints. Every name is importable from `rl_engine.config`. Nothing here
@@ -32,11 +32,12 @@ from rl_engine.config.placement import DeploymentsPlacement, LocalPlacement, Pla
 from rl_engine.config.root import MAX_SEED, LineageConfig, MonitorConfig, RFTConfig
 from rl_engine.config.synchronizer import DECOUPLED_MODES, RENDEZVOUS_MODES, CollectiveConfig, DecoupledSync, Mode, RendezvousSync, SynchronizerConfig
 from rl_engine.config.trainer import TrainerConfig
+from rl_engine.config.workflow import CalculatorWorkflow, GuessNumberWorkflow, PythonWorkflow, SingleTurnWorkflow, UserCodeConfig, WorkflowConfig
 
 __all__ = [
     "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward", "FinalAnswerReward",
     "DecoupledSync", "DeploymentsPlacement", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement", "Mode", "ModelConfig", "MonitorConfig",
     "PartialRolloutConfig", "PlacementConfig", "PythonReward", "RFTConfig", "RendezvousSync", "RewardConfig", "SamplingConfig", "StorageConfig", "SynchronizerConfig",
-    "TasksetConfig", "TrainerConfig", "_Model", "apply_overrides", "config_warnings", "load_config", "migrate", "migrate_file", "parse_override", "parse_yaml", "read_yaml",
+    "TasksetConfig", "TrainerConfig", "CalculatorWorkflow", "GuessNumberWorkflow", "PythonWorkflow", "SingleTurnWorkflow", "UserCodeConfig", "WorkflowConfig", "_Model", "apply_overrides", "config_warnings", "load_config", "migrate", "migrate_file", "parse_override", "parse_yaml", "read_yaml",
     "step_volume", "to_yaml", "validate_config",
 ]

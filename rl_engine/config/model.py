@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field
 
 from rl_engine.config.base import _Model
+from rl_engine.config.workflow import SingleTurnWorkflow, UserCodeConfig, WorkflowConfig
 
 
 class ModelConfig(_Model):
@@ -51,7 +52,7 @@ class PythonReward(_Model):
     function: str = Field(description="Import path `package.module:function` of the reward callable.", pattern=r"^[\w.]+:\w+$")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
     timeout_s: float = Field(
-        default=60.0, gt=0.0, description="Longest one call may take; a call still running then fails the explorer step (and the run) naming the function."
+        default=60.0, gt=0.0, description="Longest one call may take; its worker process is then killed and replaced, and the sample scored as `taskset.user_code.failed_reward` says."
     )
 
 
@@ -71,3 +72,7 @@ class TasksetConfig(_Model):
     )
     shuffle: bool = Field(default=True, description="Shuffle task order each epoch (seeded by `seed`).")
     reward: RewardConfig = Field(default_factory=lambda: ArithmeticReward(type="arithmetic"), description="Reward function variant.")
+    workflow: WorkflowConfig = Field(
+        default_factory=lambda: SingleTurnWorkflow(type="single_turn"), description="What one episode of a task is: single_turn (prompt -> response), calculator, guess_number or a python workflow."
+    )
+    user_code: UserCodeConfig = Field(default_factory=UserCodeConfig, description="Worker processes, timeouts and failure handling of user code (python rewards, workflow tool calls).")

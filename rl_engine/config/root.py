@@ -131,6 +131,12 @@ class RFTConfig(_Model):
             )
         if x.sampling.max_tokens >= self.model.max_model_len:
             raise ValueError(f"explorer.sampling.max_tokens = {x.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
+        if x.partial.enabled and self.taskset.workflow.type != "single_turn":
+            raise ValueError(
+                f"explorer.partial.enabled with taskset.workflow.type = {self.taskset.workflow.type!r}: partial rollouts continue single-turn generations only "
+                "(a multi-turn episode's state lives in its workflow's Python objects between model calls, which a continuation cannot store); "
+                "disable explorer.partial or use taskset.workflow.type: single_turn"
+            )
         if x.partial.enabled and x.partial.max_response_tokens >= self.model.max_model_len:
             raise ValueError(f"explorer.partial.max_response_tokens = {x.partial.max_response_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
         return self
