@@ -324,30 +324,8 @@ class VLLMRolloutEngine:
         self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
     ) -> list[Any]:
         """The per-request vLLM SamplingParams `generate` uses (distinct seeds per prompt)."""
-        from vllm import SamplingParams
-        from vllm.sampling_params import RepetitionDetectionParams
-
         budgets = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * len(prompts)
-        detect = RepetitionDetectionParams(max_pattern_size=repeat[0], min_pattern_size=1, min_count=repeat[1]) if repeat else None
-        return [
-            SamplingParams(
-                n=n,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=max(sampling.top_k, 0),  # vLLM: 0 disables top-k
-                max_tokens=budget,
-                stop=list(sampling.stop) or None,
-                logprobs=0,  # only the sampled token's logprob
-                # Per token, vLLM's front end would build a dict per logprob and detokenize
-                # incrementally: flat lists instead, and text decoded once from the ids
-                # (`generate`) unless stop strings need vLLM's incremental text.
-                flat_logprobs=True,
-                detokenize=bool(sampling.stop),
-                seed=s,
-                repetition_detection=detect,
-            )
-            for s, budget in zip(request_seeds(seed, len(prompts), n), budgets)
-        ]
+        return [_sampling_params(sampling, n, s, budget, repeat) for s, budget in zip(request_seeds(seed, len(prompts), n), budgets)]
 
     def _check_prompts(self, prompts: list[list[int]], n: int) -> None:
         if n < 1:
@@ -386,6 +364,24 @@ class VLLMRolloutEngine:
             [_to_rollout(list(p), c, version, None if sp.detokenize else self._tokenizer) for c in sorted(out.outputs, key=lambda c: c.index)]
             for p, sp, out in zip(prompts, params, outputs)
         ]
+
+    def generate_each(self, requests: Sequence[tuple[list[int], SamplingConfig, int]]) -> list[Rollout]:
+        """One sample per (prompt ids, sampling, seed) request, in one batched vLLM call.
+
+        Each request has its own settings and seed, so a request's sample does not depend on
+        which others share the call (multi-turn episodes batch whatever turns are ready)."""
+        from vllm.inputs import TokensPrompt
+
+        prompts = [list(p) for p, _, _ in requests]
+        self._check_prompts(prompts, 1)
+        if not prompts:
+            return []
+        params = [_sampling_params(sampling, 1, seed, sampling.max_tokens, None) for _, sampling, seed in requests]
+        with self._lock:
+            self._check_alive()
+            version = self._version
+            outputs = self._call("generate", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False))
+        return [_to_rollout(p, out.outputs[0], version, None if sp.detokenize else self._tokenizer) for p, sp, out in zip(prompts, params, outputs)]
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Checks and benchmarks: the engine's logprob of every token of each sequence given the
@@ -522,6 +518,30 @@ class VLLMRolloutEngine:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _sampling_params(sampling: SamplingConfig, n: int, seed: int, max_tokens: int, repeat: tuple[int, int] | None) -> Any:
+    """vLLM SamplingParams of one request: n samples seeded seed, seed + 1, ... (vLLM's rule)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RepetitionDetectionParams
+
+    detect = RepetitionDetectionParams(max_pattern_size=repeat[0], min_pattern_size=1, min_count=repeat[1]) if repeat else None
+    return SamplingParams(
+        n=n,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=max(sampling.top_k, 0),  # vLLM: 0 disables top-k
+        max_tokens=max_tokens,
+        stop=list(sampling.stop) or None,
+        logprobs=0,  # only the sampled token's logprob
+        # Per token, vLLM's front end would build a dict per logprob and detokenize
+        # incrementally: flat lists instead, and text decoded once from the ids
+        # (`generate`) unless stop strings need vLLM's incremental text.
+        flat_logprobs=True,
+        detokenize=bool(sampling.stop),
+        seed=seed,
+        repetition_detection=detect,
+    )
 
 
 def _sampled_logprobs(ids: list[int], lp: Any) -> list[float]:

@@ -1,0 +1,329 @@
+"""Multi-turn episodes: a workflow runs one episode of one task on the explorer's engine, token in / token out.
+
+A workflow is a plain function `(task, episode, **kwargs) -> reward | None`. It asks the model
+for turns (`episode.generate`: the ids so far in, the new ids and their behavior logprobs out),
+and appends what the environment or a tool says (`append_text`, `append_ids`, or a chat message
+rendered by the template, `append_message`). The ids are the truth: nothing is re-tokenised, so
+the trainer sees exactly the ids the policy sampled plus the environment's, and the loss mask is
+1 on the policy's tokens and 0 on the environment's.
+
+    def guess(task, episode, max_turns=4):
+        for _ in range(max_turns):
+            turn = episode.generate(max_tokens=3, stop=["\\n"])
+            if turn.text.strip() == task.answer:
+                return 1.0
+            episode.append_text(" higher\\n" if ... else " lower\\n")
+        return 0.0
+
+It returns the reward (a float, or a dict of named components summed), or None to have
+`taskset.reward` score the last turn's text. Tool and environment code that may hang or crash
+goes through `episode.call(fn, *args)`, which runs it in the explorer's user-code pool with
+`taskset.user_code.tool_timeout_s` (`rl_engine.rewards.isolation`). An episode that runs out of
+context ends there (finish reason `truncated`); the workflow does not need to check.
+
+`run_episodes` runs all episodes of an explorer step at once, one thread each. Their model calls
+are batched: the engine is called when every running episode waits for the model (or has ended,
+or has spent `episode_timeout_s` in its own code since the model last answered: it fails). Every
+turn has its own seed, from the step's seed, the episode and the turn number, so an episode's
+samples do not depend on which others shared a call. A workflow that raises fails its episode
+only (returned as the error, the task named); an engine that dies fails the step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from rl_engine.errors import UserError
+
+_WAIT_S = 1.0  # how often a waiting episode thread wakes to see whether the step gave up on it
+
+
+class ContextFull(Exception):
+    """The episode has no room left in model.max_model_len; it ends as `truncated`."""
+
+
+class EpisodeAbandoned(Exception):
+    """The step stopped waiting for this episode (it timed out, or the engine failed)."""
+
+
+@dataclass
+class Turn:
+    """One model turn: the sampled ids, their behavior logprobs, the text, how it ended."""
+
+    ids: list[int]
+    logprobs: list[float]
+    text: str
+    finish_reason: str  # stop | length | repeat
+
+
+@dataclass
+class EpisodeResult:
+    """One finished episode (or its error): what becomes one experience row."""
+
+    index: int  # position in run_episodes' jobs
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)  # policy and environment tokens, in order
+    logprobs: list[float] = field(default_factory=list)  # behavior logprob per token; 0.0 on environment tokens
+    loss_mask: list[int] = field(default_factory=list)  # 1 = the policy sampled it (trained), 0 = the environment's
+    versions: list[int] = field(default_factory=list)  # weight version per token (the environment's: the version it answered)
+    turns: int = 0  # model turns
+    finish_reason: str = "stop"
+    last_text: str = ""  # text of the last model turn (what taskset.reward scores when the workflow returns None)
+    reward: Any = None  # the workflow's return value
+    error: str | None = None  # why it failed (the workflow raised, or timed out)
+
+
+class _Batcher:
+    """Collects the episodes' model calls and makes one engine call when every running episode waits."""
+
+    def __init__(self, engine: Any, keys: Sequence[int], timeout_s: float):
+        self.engine, self.timeout_s = engine, timeout_s
+        self._cv = threading.Condition()
+        self._running: dict[int, float] = {k: time.monotonic() for k in keys}  # key -> when its own code got control
+        self._pending: dict[int, tuple[list[int], Any, int]] = {}
+        self._answers: dict[int, Any] = {}
+        self.timed_out: set[int] = set()
+        self._failed: BaseException | None = None
+
+    def ask(self, key: int, ids: list[int], sampling: Any, seed: int) -> Any:
+        """From an episode's thread: one sample of `ids`; waits until the step's next engine call."""
+        with self._cv:
+            if key not in self._running:
+                raise EpisodeAbandoned(f"episode {key} timed out or the step failed")
+            self._pending[key] = (ids, sampling, seed)
+            self._cv.notify_all()
+            while key not in self._answers:
+                if self._failed is not None or key not in self._running:
+                    raise EpisodeAbandoned(f"episode {key}: the step stopped waiting for it")
+                self._cv.wait(_WAIT_S)
+            self._running[key] = time.monotonic()
+            return self._answers.pop(key)
+
+    def done(self, key: int) -> None:
+        with self._cv:
+            self._running.pop(key, None)
+            self._cv.notify_all()
+
+    def serve(self) -> None:
+        """From the step's thread: engine calls until every episode has ended or timed out."""
+        while True:
+            with self._cv:
+                while self._running and set(self._running) != set(self._pending):
+                    now = time.monotonic()
+                    busy = {k: t for k, t in self._running.items() if k not in self._pending}
+                    late = [k for k, t in busy.items() if now - t > self.timeout_s]
+                    for k in late:  # its own code ran too long: stop waiting for it
+                        self._running.pop(k)
+                        self.timed_out.add(k)
+                    if not late:
+                        self._cv.wait(min(_WAIT_S, max(0.01, min(busy.values()) + self.timeout_s - now)))
+                if not self._running:
+                    return
+                batch, self._pending = self._pending, {}
+            keys = sorted(batch)
+            try:
+                outs = self.engine.generate_each([batch[k] for k in keys])
+            except BaseException as e:
+                with self._cv:
+                    self._failed = e
+                    self._cv.notify_all()
+                raise
+            with self._cv:
+                self._answers.update(zip(keys, outs))
+                self._cv.notify_all()
+
+
+class Episode:
+    """The handle a workflow drives: one episode's token sequence, grown turn by turn."""
+
+    def __init__(self, result: EpisodeResult, prompt_text: str, batcher: _Batcher, sampling: Any, seed: int, max_model_len: int, tokenizer: Any, pool: Any, tool_timeout_s: float, model: str):
+        self._r, self._batcher, self._sampling, self._seed = result, batcher, sampling, seed
+        self.prompt_text, self.tokenizer, self.model = prompt_text, tokenizer, model
+        self._max_model_len, self._pool, self._tool_timeout_s = max_model_len, pool, tool_timeout_s
+        self._version = -1
+        self.messages: list[dict[str, str]] = []  # the chat so far, for append_message
+
+    # ---- what the workflow reads
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return list(self._r.prompt_ids)
+
+    @property
+    def ids(self) -> list[int]:
+        """Prompt and response ids so far."""
+        return self._r.prompt_ids + self._r.response_ids
+
+    @property
+    def turns(self) -> int:
+        return self._r.turns
+
+    @property
+    def last_text(self) -> str:
+        return self._r.last_text
+
+    @property
+    def room(self) -> int:
+        """Tokens left in model.max_model_len."""
+        return self._max_model_len - len(self._r.prompt_ids) - len(self._r.response_ids)
+
+    # ---- model turns
+
+    def generate(self, max_tokens: int | None = None, stop: Sequence[str] | None = None) -> Turn:
+        """One model turn from the ids so far; its tokens are trained (mask 1). `max_tokens` and
+        `stop` override explorer.sampling's for this turn; the turn is capped by the room left."""
+        if self.room < 1:
+            raise ContextFull()
+        budget = min(max_tokens or self._sampling.max_tokens, self.room)
+        sampling = self._sampling.model_copy(update={"max_tokens": budget, **({"stop": list(stop)} if stop is not None else {})})
+        seed = _turn_seed(self._seed, self._r.turns)
+        out = self._batcher.ask(self._r.index, self.ids, sampling, seed)
+        r = self._r
+        r.response_ids += out.response_ids
+        r.logprobs += out.logprobs
+        r.loss_mask += [1] * len(out.response_ids)
+        r.versions += [out.version] * len(out.response_ids)
+        r.turns += 1
+        r.finish_reason, r.last_text, self._version = out.finish_reason, out.text, out.version
+        if out.finish_reason == "length" and self.room < 1:
+            raise ContextFull()
+        return Turn(list(out.response_ids), list(out.logprobs), out.text, out.finish_reason)
+
+    # ---- the environment's tokens (masked)
+
+    def append_ids(self, ids: Sequence[int]) -> None:
+        """Append environment token ids (not trained: mask 0). Past the context, the episode ends
+        there as `truncated`, with what fitted."""
+        ids = [int(i) for i in ids]
+        fits = ids[: max(self.room, 0)]
+        r = self._r
+        r.response_ids += fits
+        r.logprobs += [0.0] * len(fits)
+        r.loss_mask += [0] * len(fits)
+        r.versions += [self._version] * len(fits)
+        if len(fits) < len(ids):
+            raise ContextFull()
+
+    def append_text(self, text: str) -> list[int]:
+        """Append what the environment says as plain text (tokenised alone, no special tokens added)."""
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.append_ids(ids)
+        return ids
+
+    def append_message(self, role: str, content: str) -> list[int]:
+        """Append a chat message rendered by the model's chat template, only what is new; the
+        template must be append-only (`rl_engine.rollout.chat`). `messages` must hold the
+        conversation so far (the first user message, the model's replies as `last_text`)."""
+        from rl_engine.rollout.chat import chat_turn_ids
+
+        new = {"role": role, "content": content}
+        ids = chat_turn_ids(self.tokenizer, self.messages, self.ids, [new], self.model, self._r.turns)
+        self.append_ids(ids)
+        self.messages.append(new)
+        return ids
+
+    # ---- tools
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` in a worker process of the user-code pool, bounded by
+        taskset.user_code.tool_timeout_s (fn must be importable: a module-level function)."""
+        if self._pool is None:
+            return fn(*args, **kwargs)
+        return self._pool.call(fn, *args, timeout_s=self._tool_timeout_s, **kwargs)
+
+
+def _turn_seed(episode_seed: int, turn: int) -> int:
+    digest = hashlib.blake2b(f"{episode_seed}/{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (1 << 40)
+
+
+@dataclass
+class EpisodeJob:
+    """One episode to run: the task, its rendered prompt, its seed."""
+
+    task: Any
+    prompt_text: str
+    prompt_ids: list[int]
+    seed: int
+
+
+def run_episodes(
+    engine: Any,
+    workflow: Callable[..., Any],
+    jobs: Sequence[EpisodeJob],
+    sampling: Any,
+    max_model_len: int,
+    episode_timeout_s: float,
+    pool: Any = None,
+    tool_timeout_s: float = 30.0,
+    model: str = "",
+) -> list[EpisodeResult]:
+    """Run every job's episode concurrently (model calls batched); results in job order.
+
+    A failed episode has `error` set (the workflow raised, or its own code ran past
+    `episode_timeout_s` between model calls); an engine failure raises."""
+    results = [EpisodeResult(i, list(j.prompt_ids)) for i, j in enumerate(jobs)]
+    batcher = _Batcher(engine, range(len(jobs)), episode_timeout_s)
+
+    def play(i: int) -> None:
+        r, job = results[i], jobs[i]
+        episode = Episode(r, job.prompt_text, batcher, sampling, job.seed, max_model_len, engine.tokenizer, pool, tool_timeout_s, model)
+        try:
+            r.reward = workflow(job.task, episode)
+        except ContextFull:
+            r.finish_reason = "truncated"
+        except EpisodeAbandoned:
+            pass  # the step records why
+        except Exception as e:  # noqa: BLE001 - a workflow's failure is its episode's, not the step's
+            r.error = f"{type(e).__name__}: {e}"
+        finally:
+            batcher.done(i)
+
+    threads = [threading.Thread(target=play, args=(i,), name=f"episode-{i}", daemon=True) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    batcher.serve()
+    for i in batcher.timed_out:
+        results[i].error = f"TimeoutError: the workflow's own code ran longer than taskset.user_code.episode_timeout_s = {episode_timeout_s:g} s between model calls"
+    for t in threads:
+        t.join(_WAIT_S)  # they have ended or been abandoned; a stuck one is left behind (daemon)
+    return results
+
+
+def import_workflow(spec: str) -> Callable[..., Any]:
+    """The function `package.module:function` of taskset.workflow.function."""
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - ImportError, or the module failing at import
+        raise UserError(f"taskset.workflow.function = {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); is it installed or on PYTHONPATH?") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise UserError(f"taskset.workflow.function = {spec!r}: module {module_name!r} has no function {attr!r}")
+    return fn
+
+
+def build_workflow(cfg: Any) -> Callable[..., Any] | None:
+    """The workflow of a WorkflowConfig as `fn(task, episode)`; None for single_turn (the explorer's
+    plain batched path)."""
+    import functools
+
+    if cfg.type == "single_turn":
+        return None
+    if cfg.type == "calculator":
+        from rl_engine.rollout.calculator import calculator_workflow
+
+        return functools.partial(calculator_workflow, max_calls=cfg.max_calls)
+    if cfg.type == "guess_number":
+        from rl_engine.rollout.guess_number import guess_number_workflow
+
+        return functools.partial(guess_number_workflow, max_turns=cfg.max_turns)
+    if cfg.type == "python":
+        return functools.partial(import_workflow(cfg.function), **cfg.kwargs)
+    raise ValueError(f"unknown workflow type {cfg.type!r}")
