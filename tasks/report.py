@@ -40,6 +40,8 @@ def log_step(role: str, m: dict[str, Any]) -> dict[str, Any]:
             f"explore {m['explorer_id']}:e={m['explorer_step']:>4} v{m['version']} reward={m['reward_mean']:.3f} "
             f"len={m['response_len_mean']:.1f} tok/s={m['tokens'] / max(m['rollout_s'], 1e-9):.0f}"
         )
+        if "turns_mean" in m:  # a multi-turn workflow
+            line += f" turns={m['turns_mean']:.2f} env_tokens={m['env_token_frac']:.2f} workflow_errors={m['workflow_errors']}"
     get_run_logger().info(line)
     return m
 

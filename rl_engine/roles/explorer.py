@@ -35,9 +35,11 @@ from rl_engine.experience import ExperienceBatch
 from rl_engine.run.failpoints import failpoint
 from rl_engine.run.lease import Fence
 from rl_engine.rewards import TaskIterator, build_reward, encode_task, load_taskset
+from rl_engine.roles.episodes import explore_episodes
 from rl_engine.roles.groups import Group, group_id, one_step_generation, score_groups
 from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
+from rl_engine.rollout.workflow import build_workflow
 from rl_engine.run.context import RunContext
 from rl_engine.schedule import admission_wait, batch_number, batches_needed
 from rl_engine.sync import build_weight_receiver
@@ -47,6 +49,10 @@ from rl_engine.run.timeline import STARTUP, TimelineRecorder
 def _trainer_state(trainer: dict[str, Any]) -> tuple[int, int, int]:
     """What an explorer waiting at admission control waits to change on the trainer's board entry."""
     return trainer.get("version", 0), trainer.get("published", -1), trainer.get("lost_rows", 0)
+
+
+# The explorer step's metrics of a multi-turn workflow (rl_engine.roles.episodes).
+WORKFLOW_METRICS = ("episodes", "turns_mean", "env_token_frac", "workflow_errors")
 
 
 def warm_up(engine: Any, sampling: Any) -> None:
@@ -101,7 +107,17 @@ class EnginePool:
 ENGINES = EnginePool()
 
 
-def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any, explorer_id: int, step: int) -> tuple[ExperienceBatch, dict[str, Any]]:
+def build_user_code_pool(taskset: Any, name: str) -> Any:
+    """The explorer's pool of worker processes for user code (python rewards, workflows' tool
+    calls); None when the task set runs none (built-in rewards run in the explorer's thread)."""
+    from rl_engine.rewards.isolation import UserCodePool
+
+    if taskset.reward.type != "python" and taskset.workflow.type == "single_turn":
+        return None
+    return UserCodePool(taskset.user_code.workers, name)
+
+
+def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any, explorer_id: int, step: int, pool: Any = None) -> tuple[ExperienceBatch, dict[str, Any]]:
     """`repeat_times` rollouts of each task with the engine's current weights, scored, as experiences.
 
     Step `step`'s `tasks` are the step-th batch of the explorer's task stream (a resumed explorer
@@ -119,13 +135,16 @@ def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any
         Group(group_id(explorer_id, drawn + i + 1, task.task_id), task, text, [one_step_generation(uuid.uuid4().hex, step, r) for r in rollouts])
         for i, (task, text, rollouts) in enumerate(zip(tasks, texts, outs))
     ]
-    batch, scores = score_groups([(g, m, r.text) for g, rollouts in zip(groups, outs) for m, r in zip(g.members, rollouts)], reward_fn, explorer_id, step)
+    flat = [(g, m, r.text) for g, rollouts in zip(groups, outs) for m, r in zip(g.members, rollouts)]
+    batch, scores = score_groups(flat, reward_fn, explorer_id, step, pool=pool, failed_reward=cfg.taskset.user_code.failed_reward)
     return batch, scores.metrics
 
 
 def partial_settings(cfg: Any, explorer_id: int) -> PartialSettings:
     x = cfg.explorer
-    return PartialSettings(x.partial, x.sampling, x.batch_size, cfg.algorithm.repeat_times, cfg.model.max_model_len, cfg.taskset.template, cfg.seed, explorer_id)
+    return PartialSettings(
+        x.partial, x.sampling, x.batch_size, cfg.algorithm.repeat_times, cfg.model.max_model_len, cfg.taskset.template, cfg.seed, explorer_id, cfg.taskset.user_code.failed_reward
+    )
 
 
 class Explorer:
@@ -146,12 +165,14 @@ class Explorer:
         # Each explorer walks its own seeded order, so several explorers do not repeat each other in lockstep.
         self.tasks = TaskIterator(tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle)
         self.reward_fn = build_reward(cfg.taskset.reward)
+        self.workflow = build_workflow(cfg.taskset.workflow)  # None: single-turn rollouts
+        self.pool = build_user_code_pool(cfg.taskset, self.name)
         self.fence = fence or Fence(run.url, run.storage_options, None)
         self.writer = BufferWriter(run.url, run.storage_options, explorer_id, before_commit=self.fence.check)
         self.partial: PartialRollouts | None = None
         if cfg.explorer.partial.enabled:  # it restores the task stream's position with its continuations
             store = ContinuationStore(run.url, run.storage_options, explorer_id)
-            self.partial = PartialRollouts(self.engine, store, self.tasks, self.reward_fn, partial_settings(cfg, explorer_id), first_step)
+            self.partial = PartialRollouts(self.engine, store, self.tasks, self.reward_fn, partial_settings(cfg, explorer_id), first_step, self.pool)
         else:
             self.tasks.advance(first_step - 1)  # step e draws the e-th batch of the stream, also after a resume
 
@@ -163,8 +184,11 @@ class Explorer:
         """Explorer step e: rollout -> reward -> buffer; returns its metrics."""
         v, started = self.engine.version, time.time()
         with self.timeline.span("rollout", step=e, version=v) as span:
-            if self.partial is None:
-                batch, reward_metrics = generate_experiences(self.engine, self.tasks.next_batch(), self.reward_fn, self.cfg, self.explorer_id, e)
+            if self.workflow is not None:
+                batch, reward_metrics = explore_episodes(self.engine, self.tasks.next_batch(), self.workflow, self.reward_fn, self.cfg, self.explorer_id, e, self.pool)
+                span.turns = round(reward_metrics["turns_mean"], 3)
+            elif self.partial is None:
+                batch, reward_metrics = generate_experiences(self.engine, self.tasks.next_batch(), self.reward_fn, self.cfg, self.explorer_id, e, self.pool)
             else:
                 batch, reward_metrics = self.partial.generate(e)
                 span.cut, span.resumed = reward_metrics.get("cut_generations"), reward_metrics.get("resumed_generations")
@@ -191,6 +215,7 @@ class Explorer:
             "rollout_s": time.time() - started,
             "reward_errors": reward_metrics.get("reward/errors", reward_metrics.get("reward_errors", 0)),
             **({"partial": self._partial_metrics(reward_metrics)} if self.partial is not None else {}),
+            **({k: reward_metrics[k] for k in WORKFLOW_METRICS} if self.workflow is not None else {}),
         }
 
     def _partial_metrics(self, m: dict[str, Any]) -> dict[str, Any]:
@@ -253,5 +278,7 @@ class Explorer:
 
     def close(self) -> None:
         self.timeline.flush()
+        if self.pool is not None:
+            self.pool.close()
         self.receiver.close()
         ENGINES.release(self.run, self.explorer_id, self.engine)

@@ -44,6 +44,7 @@ class Generation:
     versions: list[int] = dataclasses.field(default_factory=list)
     segments: list[dict[str, int]] = dataclasses.field(default_factory=list)
     finish_reason: str | None = None  # None while cut (to be continued)
+    loss_mask: list[int] | None = None  # None: every token trained; a workflow's episode masks the environment's tokens
 
     def extend(self, step: int, version: int, ids: Sequence[int], logprobs: Sequence[float]) -> int:
         """Append one segment; returns where it starts."""
@@ -105,7 +106,7 @@ def experience_row(g: Group, m: Generation, explorer_id: int, step: int, reward:
         response_ids=m.response_ids,
         logprobs=m.logprobs,
         versions=m.versions,
-        loss_mask=[1] * len(m.response_ids),
+        loss_mask=list(m.loss_mask) if m.loss_mask is not None else [1] * len(m.response_ids),
         reward=float(reward),
         reward_components=comps,
         finish_reason=m.finish_reason or UNFINISHED,
@@ -119,13 +120,15 @@ def experience_row(g: Group, m: Generation, explorer_id: int, step: int, reward:
 
 
 def score_groups(
-    flat: list[tuple[Group, Generation, str]], reward_fn: Any, explorer_id: int, step: int, repeat_penalty: float = 0.0
+    flat: list[tuple[Group, Generation, str]], reward_fn: Any, explorer_id: int, step: int, repeat_penalty: float = 0.0, pool: Any = None, failed_reward: float | None = None
 ) -> tuple[ExperienceBatch, ScoreResult]:
     """Score finished (group, member, response text) triples into step `step`'s rows.
 
     A sample whose reward raised is left out (counted in the scores' metrics); the rest of its
-    group stays. A `repeat` finish gets `repeat_penalty` added (and named) when it is non-zero."""
-    scores = score_rollouts(reward_fn, [RolloutSample(g.prompt_text, text, g.task, m.finish_reason) for g, m, text in flat])
+    group stays. A `repeat` finish gets `repeat_penalty` added (and named) when it is non-zero.
+    Python rewards run in `pool` (a timed-out or crashed call scores `failed_reward`, or is left
+    out when that is None)."""
+    scores = score_rollouts(reward_fn, [RolloutSample(g.prompt_text, text, g.task, m.finish_reason) for g, m, text in flat], pool=pool, failed_reward=failed_reward)
     now = time.time()
     rows = []
     for (g, m, text), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok):

@@ -27,7 +27,7 @@ step was committed (retire it), an outbox for the step it starts at was not (wri
 step's batch, without generating). So a group is written exactly once, and a pending one is
 never lost or continued twice. The task stream's position is saved in the same write.
 
-    partial = PartialRollouts(engine, store, tasks, reward_fn, settings, first_step=e0)
+    partial = PartialRollouts(engine, store, tasks, reward_fn, settings, first_step=e0, pool=pool)
     batch, metrics = partial.generate(e)     # step e's batch: outbox if recovered, else segments
     partial.stage(e, batch); writer.write(e, batch); partial.committed(e)
 
@@ -106,6 +106,7 @@ class PartialSettings:
     template: str | None
     seed: int
     explorer_id: int
+    failed_reward: float | None = None  # taskset.user_code.failed_reward
 
     @property
     def max_groups_in_flight(self) -> int:
@@ -118,8 +119,8 @@ class PartialSettings:
 class PartialRollouts:
     """Segments, continuations and the step's batch of one explorer (see the module docstring)."""
 
-    def __init__(self, engine: Any, store: ContinuationStore, tasks: TaskIterator, reward_fn: Any, settings: PartialSettings, first_step: int):
-        self.engine, self.store, self.tasks, self.reward_fn, self.s = engine, store, tasks, reward_fn, settings
+    def __init__(self, engine: Any, store: ContinuationStore, tasks: TaskIterator, reward_fn: Any, settings: PartialSettings, first_step: int, pool: Any = None):
+        self.engine, self.store, self.tasks, self.reward_fn, self.s, self.pool = engine, store, tasks, reward_fn, settings, pool
         self.tok = engine.tokenizer
         self.by_id = {t.task_id: t for t in tasks.tasks}
         self.groups: list[Group] = []  # held, oldest first
@@ -280,7 +281,7 @@ class PartialRollouts:
     def _experiences(self, groups: list[Group], e: int) -> tuple[ExperienceBatch, dict[str, Any]]:
         """Score finished groups (a repeat gets `repeat_penalty` added) into step e's rows."""
         flat = [(g, m, response_text(self.tok, m.response_ids, self.s.sampling.stop)) for g in groups for m in g.members]
-        batch, scores = score_groups(flat, self.reward_fn, self.s.explorer_id, e, self.s.partial.repeat_penalty)
+        batch, scores = score_groups(flat, self.reward_fn, self.s.explorer_id, e, self.s.partial.repeat_penalty, self.pool, self.s.failed_reward)
         reasons = [m.finish_reason for _, m, _ in flat]
         mix = {f"finish/{r}": reasons.count(r) for r in sorted(set(reasons))}
         return batch, {**mix, "reward_errors": scores.metrics.get("reward/errors", 0)}

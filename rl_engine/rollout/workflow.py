@@ -102,7 +102,6 @@ class _Batcher:
                 if self._failed is not None or key not in self._running:
                     raise EpisodeAbandoned(f"episode {key}: the step stopped waiting for it")
                 self._cv.wait(_WAIT_S)
-            self._running[key] = time.monotonic()
             return self._answers.pop(key)
 
     def done(self, key: int) -> None:
@@ -136,6 +135,9 @@ class _Batcher:
                 raise
             with self._cv:
                 self._answers.update(zip(keys, outs))
+                now = time.monotonic()
+                for k in keys:  # their own code has control again from now on
+                    self._running[k] = now
                 self._cv.notify_all()
 
 
@@ -146,7 +148,7 @@ class Episode:
         self._r, self._batcher, self._sampling, self._seed = result, batcher, sampling, seed
         self.prompt_text, self.tokenizer, self.model = prompt_text, tokenizer, model
         self._max_model_len, self._pool, self._tool_timeout_s = max_model_len, pool, tool_timeout_s
-        self._version = -1
+        self._version = batcher.engine.version  # what environment tokens before the first turn carry
         self.messages: list[dict[str, str]] = []  # the chat so far, for append_message
 
     # ---- what the workflow reads

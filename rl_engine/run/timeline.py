@@ -61,6 +61,7 @@ class Span:
     method: str | None = None  # sync only: collective | checkpoint
     cut: int | None = None  # rollout under partial rollouts: generations cut (to be continued) in this step
     resumed: int | None = None  # rollout under partial rollouts: generations continued from earlier steps
+    turns: float | None = None  # rollout of a multi-turn workflow: model turns per episode (mean)
 
     @property
     def duration(self) -> float:
@@ -296,6 +297,8 @@ def _style_key(s: Span) -> str:
 def _label(s: Span) -> str:
     if s.kind == "sync":
         return f"v{s.version}" if s.version is not None else ""
+    if s.kind == "rollout" and s.step is not None and s.turns is not None:
+        return f"{s.step}·{s.turns:.1f}t"  # the step and its turns per episode
     if s.kind in ("rollout", "train", "write") and s.step is not None:
         return str(s.step)
     return ""
