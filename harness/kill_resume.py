@@ -53,9 +53,18 @@ def run_env(root: Path) -> dict[str, str]:
     return {**env, "PREFECT_HOME": str(root / "prefect-home"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
 
 
-def trial_config(model: str, tasks: str, root: Path, mode: str, name: str) -> str:
+# A trial's multi-turn workflow instead of partial rollouts (they exclude each other): a game whose
+# every missed guess gets the environment's feedback, so episodes span several engine calls.
+WORKFLOW = {"type": "guess_number", "max_turns": 2}
+
+
+def trial_config(model: str, tasks: str, root: Path, mode: str, name: str, workflow: bool = False) -> str:
     sync = dict(MODES[mode])
     data = partial_config(model, tasks, str(root), name=name, total_steps=TOTAL_STEPS, checkpoint_interval=2, **sync)
+    if workflow:
+        del data["explorer"]["partial"]
+        data["taskset"]["workflow"] = dict(WORKFLOW)
+        data["explorer"]["sampling"]["max_tokens"] = 3
     data["synchronizer"]["collective"].pop("port")  # a free one per start: the killed run's may linger in TIME_WAIT
     data["monitor"]["artifacts"] = False
     return write_config(root / f"{name}.yaml", data)
@@ -156,12 +165,13 @@ def trainer_lineage(run_url: str) -> list[dict]:
     return [by_step[t] for t in sorted(by_step)]
 
 
-def kill_trial(model: str, tasks: str, root: Path, mode: str, scope: str, point: str, rng: random.Random) -> dict[str, Any]:
+def kill_trial(model: str, tasks: str, root: Path, mode: str, scope: str, point: str, rng: random.Random, workflow: bool = False) -> dict[str, Any]:
     """One trial: start, kill at `point`, check what survives, resume to the end. Returns what
-    the test asserts on (bench.faults counts the same)."""
-    name = f"kill-{mode.replace('_', '-')}-{scope}"
+    the test asserts on (bench.faults counts the same). `workflow`: multi-turn episodes
+    (`WORKFLOW`) instead of partial rollouts."""
+    name = f"kill-{mode.replace('_', '-')}-{scope}{'-workflow' if workflow else ''}"
     run_dir, log = root / name, root / f"{name}.log"
-    config, env = trial_config(model, tasks, root, mode, name), run_env(root)
+    config, env = trial_config(model, tasks, root, mode, name, workflow), run_env(root)
     started = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen([RFT, "run", config], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

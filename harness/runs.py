@@ -48,13 +48,19 @@ def write_config(path: Path, data: dict) -> str:
     return str(path)
 
 
-def stored_rows(run_url: str) -> list[dict]:
-    """Every stored experience row, read with plain json and pyarrow (no project code): the data
-    files commit records name. A writer killed between its data file and its record leaves that
-    file behind, never committed (nothing reads it; the step is written again on resume)."""
+def stored_table(run_url: str):
+    """Every stored experience row as one Arrow table, read with plain json and pyarrow (no project
+    code): the data files commit records name. A writer killed between its data file and its
+    record leaves that file behind, never committed (nothing reads it; the step is written again
+    on resume). None when nothing is committed."""
     records = [json.loads(p.read_text()) for p in Path(run_url, "buffer", "_commits").glob("*/*.json")]
     files = [str(Path(run_url, "buffer", r["path"])) for r in records]
-    if not files:
+    return ds.dataset(files, format="ipc").to_table() if files else None
+
+
+def stored_rows(run_url: str) -> list[dict]:
+    """The columns of `stored_table` the kill-and-resume checks read, as dicts."""
+    table = stored_table(run_url)
+    if table is None:
         return []
-    table = ds.dataset(files, format="ipc").to_table()
-    return table.select(["experience_id", "explorer_id", "explorer_step", "group_id", "segments", "finish_reason"]).to_pylist()
+    return table.select(["experience_id", "explorer_id", "explorer_step", "group_id", "segments", "finish_reason", "loss_mask"]).to_pylist()

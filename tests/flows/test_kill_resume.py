@@ -1,7 +1,7 @@
 """Kill a run anywhere, resume it exactly once (issue 13 item 2), as a user meets it.
 
 `rft run CONFIG` (the real CLI, its own process group, its own ephemeral Prefect server) with
-partial rollouts on, SIGKILLed at a seeded random point (mid-rollout, right after a trainer
+partial rollouts on (one case: a multi-turn workflow instead), SIGKILLed at a seeded random point (mid-rollout, right after a trainer
 checkpoint, mid-continuation-save, mid-weight-sync), either the whole process group or only the main process;
 then no process of the killed run may survive (vLLM engine cores and workers, the resource
 tracker, the ephemeral Prefect server: the tree is collected just before the kill), and
@@ -31,9 +31,11 @@ from harness.kill_resume import EARLY, GONE_TIMEOUT_S, POINTS, TOTAL_STEPS, kill
 pytestmark = pytest.mark.slow
 
 # CI's reduced matrix: every mode killed once, both scopes, both sync methods (fully async syncs by
-# checkpoint, the others collectively); bench.faults runs the full one (5 kills per mode, and 10
-# multi-explorer kills, half of them before the first trainer state).
+# checkpoint, the others collectively), one-step off-policy with a multi-turn workflow instead of
+# partial rollouts; bench.faults runs the full one (5 kills per mode, and 10 multi-explorer kills,
+# half of them before the first trainer state).
 CASES = [("synchronous", "group"), ("one_step_off_policy", "main"), ("fully_async", "group"), ("multi_explorer", "group")]
+WORKFLOW_CASES = {("one_step_off_policy", "main")}
 
 
 def kill_points(seed: int) -> dict[tuple[str, str], str]:
@@ -41,7 +43,10 @@ def kill_points(seed: int) -> dict[tuple[str, str], str]:
     starts at version 0, which once left the run stuck: issue 27), the others seeded random
     points, a different three of the four each seed."""
     rest = [c for c in CASES if c[0] != "multi_explorer"]
-    return {**dict(zip(rest, random.Random(seed).sample(POINTS, k=len(rest)))), ("multi_explorer", "group"): EARLY}
+    points = dict(zip(rest, random.Random(seed).sample(POINTS, k=len(rest))))
+    for case in WORKFLOW_CASES:  # no continuations without partial rollouts: kill mid-rollout instead
+        points[case] = "rollout" if points[case] == "continuation" else points[case]
+    return {**points, ("multi_explorer", "group"): EARLY}
 
 
 SEED = int(os.environ.get("RFT_KILL_SEED", "13"))
@@ -51,7 +56,7 @@ SEED = int(os.environ.get("RFT_KILL_SEED", "13"))
 @pytest.mark.parametrize("mode,scope", CASES)
 def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, task_file, tmp_path):
     point = kill_points(SEED)[(mode, scope)]
-    trial = kill_trial(tiny_model_dir, task_file, tmp_path, mode, scope, point, random.Random(f"{SEED}-{mode}-{scope}"))
+    trial = kill_trial(tiny_model_dir, task_file, tmp_path, mode, scope, point, random.Random(f"{SEED}-{mode}-{scope}"), workflow=(mode, scope) in WORKFLOW_CASES)
     print(
         f"\n{mode} killed ({scope}) at {point} after {trial['killed_after_s']:.0f} s (trial {trial['total_s']:.0f} s): checkpoint {trial['saved']}, "
         f"{len(trial['before'])} experiences stored, {len(trial['held'])} groups pending; tree {trial['tree']}"
@@ -65,6 +70,8 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
     assert not trial["uncommitted"]  # a data file the kill left without its record is gone too
     rows = trial["rows"]
     assert set(Counter(r["group_id"] for r in rows).values()) == {2}  # every group whole, once
+    if (mode, scope) in WORKFLOW_CASES:  # episodes with the environment's tokens masked
+        assert any(0 in r["loss_mask"] for r in rows)
     # Every continuation pending at the kill was written once, or is still pending.
     written = {r["group_id"] for r in rows}
     assert not trial["continuations_lost"], trial["continuations_lost"]

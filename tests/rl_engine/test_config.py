@@ -478,3 +478,17 @@ def test_the_model_directory_is_checked_by_preflight_and_rft_validate_not_by_val
     with pytest.raises(ConfigError, match=r"has no config\.json; model\.path must be a Hugging Face model directory"):
         check_model_paths(validate_config(merge(base(tiny_model_dir), {"model": {"path": str(tmp_path)}})).model)
     check_model_paths(validate_config(base(tiny_model_dir)).model)  # a model directory passes
+
+
+def test_workflow_config_variants_and_partial_refusal(tiny_model_dir):
+    data = base(tiny_model_dir)
+    assert validate_config(data).taskset.workflow.type == "single_turn"  # the default: prompt -> one response
+    data["taskset"]["workflow"] = {"type": "python", "function": "my_env.game:play", "kwargs": {"level": 2}}
+    assert validate_config(data).taskset.workflow.kwargs == {"level": 2}
+    data["taskset"]["workflow"] = {"type": "calculator", "max_calls": 40}
+    with pytest.raises(ConfigError, match="taskset.workflow.calculator.max_calls"):
+        validate_config(data)
+    data["taskset"]["workflow"] = {"type": "guess_number"}
+    data["explorer"] = {"partial": {"enabled": True, "max_response_tokens": 64, "segment_max_tokens": 8}}
+    with pytest.raises(ConfigError, match=r"explorer.partial.enabled with taskset.workflow.type = 'guess_number'.*a continuation cannot store"):
+        validate_config(data)
