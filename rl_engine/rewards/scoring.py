@@ -3,14 +3,28 @@
 A reward is any callable `(prompt, response, task, finish_reason) -> float | dict[str, float]`;
 a dict gives named components whose sum is the reward. `score_rollouts` calls it on every
 sample: a reward that raises (or returns something that is not a finite number) marks only that
-sample as failed, counted in the metrics with its message, and the run goes on without it. Two
-failures stop the step at once instead, as a `RewardError` (a UserError) naming the reward: a
-reward that failed on every sample of the call (it is broken, not unlucky, and a step with
-nothing scored cannot train), and a user reward still running after its
-`taskset.reward.timeout_s`.
+sample as failed, counted in the metrics (reward/errors) with its message, and the run goes on
+without it.
+
+A user (`type: python`) reward given a `UserCodePool` (isolation.py) runs in its worker processes,
+all samples submitted at once: a call still running after `taskset.reward.timeout_s` has its
+worker killed and replaced (reward/timeouts), a call whose worker died (segfault, os._exit, OOM
+kill) is a crash (reward/crashes). Such a sample is scored `failed_reward`
+(`taskset.user_code.failed_reward`), as the one component `{"failed": failed_reward}`, or, when
+that is None, left out like a sample whose reward raised. Without a pool, a user reward runs in
+the caller's thread (tests, `rft` tools): a timeout is counted the same way, but its thread is
+abandoned, still running (Python cannot kill a thread), and a crash takes the process down.
+Built-in rewards always run in the caller's thread: they are trusted and take microseconds.
+
+The step fails, as a `RewardError` (a UserError) naming the reward, only when nothing could be
+scored: a reward that raised on every sample (it is broken, not unlucky, and a step with nothing
+scored cannot train), or, with `failed_reward` None, one that timed out or crashed on every
+sample it did not raise on. With a `failed_reward`, timed-out and crashed samples are scored, so
+they never fail the step.
 
     reward_fn = build_reward(cfg.taskset.reward)
-    result = score_rollouts(reward_fn, [RolloutSample(prompt, response, task, "stop"), ...])
+    pool = UserCodePool(cfg.taskset.user_code.workers, name="explorer-0")   # one per explorer
+    result = score_rollouts(reward_fn, [RolloutSample(prompt, response, task, "stop"), ...], pool, failed_reward)
     result.rewards, result.components, result.ok, result.metrics
 """
 
@@ -28,6 +42,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Protocol
 from rl_engine.errors import UserError
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn
 from rl_engine.rewards.countdown import CountdownRewardFn
+from rl_engine.rewards.isolation import UserCodeCrashed, UserCodePool, UserCodeTimeout
 from rl_engine.rewards.tasks import Task
 from rl_engine.rewards.word_arithmetic import FinalAnswerRewardFn
 
@@ -59,10 +74,12 @@ class PythonRewardFn:
     """A user function `module:function` with its configured kwargs bound.
 
     Functions that take `finish_reason` (or **kwargs) get it; three-argument functions
-    `(prompt, response, task)` are called without it. With `timeout_s`, each call runs in a
-    daemon thread and one still running after `timeout_s` raises RewardError; the stuck thread is
-    abandoned (Python cannot kill it), which is harmless because the step, and so the run, fails.
-    A call stuck in C code that holds the GIL (a catastrophic regex) cannot be timed out this way.
+    `(prompt, response, task)` are called without it. Called directly (in the caller's thread)
+    with `timeout_s`, each call runs in a daemon thread and one still running after `timeout_s`
+    raises UserCodeTimeout, which `score_rollouts` counts as a timed-out sample; the stuck thread
+    is abandoned, still running (Python cannot kill it), and a call stuck in C code that holds the
+    GIL cannot be timed out this way at all. Give `score_rollouts` a UserCodePool to run it in
+    worker processes instead, where a stuck call is killed (`call_in_worker`).
     """
 
     def __init__(self, spec: str, fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float | None = None):
@@ -70,7 +87,7 @@ class PythonRewardFn:
         self.pass_finish_reason = _check_signature(spec, fn, self.kwargs)
 
     def __call__(self, prompt: str, response: str, task: Task, finish_reason: str) -> float | dict[str, float]:
-        kwargs = {"finish_reason": finish_reason, **self.kwargs} if self.pass_finish_reason else self.kwargs
+        kwargs = _call_kwargs(self.kwargs, self.pass_finish_reason, finish_reason)
         if self.timeout_s is None:
             return self.fn(prompt, response, task, **kwargs)
         box: dict[str, Any] = {}
@@ -86,16 +103,31 @@ class PythonRewardFn:
 
         threading.Thread(target=call, name=f"reward-{self.spec}", daemon=True).start()
         if not done.wait(self.timeout_s):
-            raise RewardError(
-                f"taskset.reward.function = {self.spec!r} did not return within taskset.reward.timeout_s = {self.timeout_s:g} s "
-                f"(task {getattr(task, 'task_id', '?')!r}); make it return faster (no network waits or unbounded loops) or raise taskset.reward.timeout_s"
-            )
+            raise UserCodeTimeout(f"{self.spec} ran past its timeout of {self.timeout_s:g} s (in-thread: the call is abandoned, still running)")
         if "error" in box:
             raise box["error"]
         return box["value"]
 
     def __repr__(self) -> str:
         return f"PythonRewardFn({self.spec!r}, kwargs={self.kwargs!r})"
+
+
+def _call_kwargs(kwargs: dict[str, Any], pass_finish_reason: bool, finish_reason: str) -> dict[str, Any]:
+    return {"finish_reason": finish_reason, **kwargs} if pass_finish_reason else kwargs
+
+
+_WORKER_FUNCTIONS: dict[str, Callable[..., Any]] = {}  # per worker process: spec -> imported function
+
+
+def call_in_worker(
+    spec: str, kwargs: dict[str, Any], pass_finish_reason: bool, prompt: str, response: str, task: Task, finish_reason: str
+) -> tuple[float, dict[str, float]]:
+    """Runs in a UserCodePool worker: import `spec` (once per worker), call it as PythonRewardFn
+    does, and return (reward, components), so only plain floats cross back."""
+    fn = _WORKER_FUNCTIONS.get(spec)
+    if fn is None:
+        fn = _WORKER_FUNCTIONS[spec] = _import_function(spec)
+    return _as_reward(fn(prompt, response, task, **_call_kwargs(kwargs, pass_finish_reason, finish_reason)))
 
 
 def _check_signature(spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
@@ -193,37 +225,96 @@ def _as_reward(value: Any) -> tuple[float, dict[str, float]]:
     return total, comps
 
 
-def score_rollouts(reward_fn: RewardFn, items: Iterable[Any]) -> ScoreResult:
-    """Score each (prompt, response, task, finish_reason) sample; failures are isolated per sample,
-    except a reward that fails on every sample or times out: RewardError (see the module docstring)."""
-    rewards: list[float | None] = []
-    components: list[dict[str, float]] = []
-    errors: list[str | None] = []
-    first_task = None
-    for item in items:
-        prompt, response, task, finish_reason = item
-        try:
-            total, comps = _as_reward(reward_fn(prompt, response, task, finish_reason))
-        except RewardError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a reward failing on some samples must not kill the run
-            msg = f"{type(e).__name__}: {e}"
-            log.warning("reward failed on task %s: %s", getattr(task, "task_id", "?"), msg)
-            total, comps = None, {}
-            if first_task is None:
-                first_task = task
-        else:
-            msg = None
-        rewards.append(total)
-        components.append(comps)
-        errors.append(msg)
-    if errors and all(e is not None for e in errors):
-        raise RewardError(
-            f"the reward {_describe(reward_fn)} failed on all {len(errors)} samples of this step, e.g. on task "
-            f"{getattr(first_task, 'task_id', '?')!r}: {errors[0]}; fix the reward: it must return a finite float or a dict of "
-            "str -> float for every response (a sample it fails on now and then is left out and counted as reward/errors)"
+DEFAULT_TIMEOUT_S = 60.0  # a pooled PythonRewardFn built without one (the config's default)
+_FAILURE_KINDS = {UserCodeTimeout: "timeouts", UserCodeCrashed: "crashes"}  # exception -> metric; anything else: "errors"
+_FAILURE_WORDS = {"errors": "raised", "timeouts": "timed out", "crashes": "crashed its worker"}
+
+
+def score_rollouts(reward_fn: RewardFn, items: Iterable[Any], pool: UserCodePool | None = None, failed_reward: float | None = None) -> ScoreResult:
+    """Score each (prompt, response, task, finish_reason) sample, in input order; failures are
+    isolated per sample, timed-out and crashed calls scored `failed_reward` or left out (see the
+    module docstring). A PythonRewardFn runs in `pool` when one is given."""
+    samples = [tuple(item) for item in items]
+    if pool is not None and isinstance(reward_fn, PythonRewardFn):
+        outcomes = _outcomes_in_pool(reward_fn, samples, pool)
+    else:
+        outcomes = [_outcome(lambda s=s: _as_reward(reward_fn(*s))) for s in samples]
+    tally = _Tally()
+    for (_, _, task, _), outcome in zip(samples, outcomes):
+        tally.add(reward_fn, task, outcome, failed_reward)
+    tally.check(reward_fn)
+    return ScoreResult(tally.rewards, tally.components, tally.errors, _metrics(tally))
+
+
+def _outcome(call: Callable[[], tuple[float, dict[str, float]]]) -> tuple[float, dict[str, float]] | Exception:
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - a reward failing on some samples must not kill the run
+        return e
+
+
+def _outcomes_in_pool(reward_fn: PythonRewardFn, samples: list[tuple], pool: UserCodePool) -> list[Any]:
+    """Every sample submitted at once (they run `pool.workers` at a time), each waited for in turn."""
+    timeout_s = reward_fn.timeout_s or DEFAULT_TIMEOUT_S
+    args = (reward_fn.spec, reward_fn.kwargs, reward_fn.pass_finish_reason)
+    label = f"taskset.reward.function = {reward_fn.spec!r}"
+    calls = [pool.submit(call_in_worker, *args, *s, timeout_s=timeout_s, label=label) for s in samples]
+    return [_outcome(lambda c=c: pool.wait(c)) for c in calls]
+
+
+@dataclass
+class _Tally:
+    """Per-sample results and failure counts, built one sample at a time."""
+
+    rewards: list[float | None] = field(default_factory=list)
+    components: list[dict[str, float]] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)  # every failure's, for reward/error_messages
+    counts: dict[str, int] = field(default_factory=lambda: {"errors": 0, "timeouts": 0, "crashes": 0})
+    first: tuple[Any, str] | None = None  # (task, message) of the first failure
+
+    def add(self, reward_fn: Any, task: Any, outcome: Any, failed_reward: float | None) -> None:
+        if not isinstance(outcome, Exception):
+            self._append(*outcome, None)
+            return
+        kind = next((k for cls, k in _FAILURE_KINDS.items() if isinstance(outcome, cls)), "errors")
+        msg = f"{type(outcome).__name__}: {outcome}"
+        self.counts[kind] += 1
+        self.messages.append(msg)
+        self.first = self.first or (task, msg)
+        scored = kind != "errors" and failed_reward is not None
+        log.warning(
+            "reward %s %s on task %s: %s%s", _describe(reward_fn), _FAILURE_WORDS[kind], getattr(task, "task_id", "?"), msg,
+            f" (scored {failed_reward:g})" if scored else " (sample left out)",
         )
-    return ScoreResult(rewards, components, errors, _metrics(rewards, components, errors))
+        if scored:
+            self._append(float(failed_reward), {"failed": float(failed_reward)}, None)
+        else:
+            self._append(None, {}, msg)
+
+    def _append(self, reward: float | None, comps: dict[str, float], error: str | None) -> None:
+        self.rewards.append(reward)
+        self.components.append(comps)
+        self.errors.append(error)
+
+    def check(self, reward_fn: Any) -> None:
+        """RewardError when nothing was scored (see the module docstring)."""
+        if not self.errors or any(e is None for e in self.errors):
+            return
+        task, msg = self.first
+        tid, n = getattr(task, "task_id", "?"), len(self.errors)
+        if self.counts["errors"] == n:
+            raise RewardError(
+                f"the reward {_describe(reward_fn)} failed on all {n} samples of this step, e.g. on task {tid!r}: {msg}; fix the reward: "
+                "it must return a finite float or a dict of str -> float for every response (a sample it fails on now and then is left out and counted as reward/errors)"
+            )
+        timeout_s = getattr(reward_fn, "timeout_s", None) or DEFAULT_TIMEOUT_S
+        raise RewardError(
+            f"{_describe(reward_fn)} did not return within taskset.reward.timeout_s = {timeout_s:g} s (task {tid!r}), or its worker died: "
+            f"none of the {n} samples of this step was scored ({self.counts['timeouts']} timed out, {self.counts['crashes']} crashed their worker, "
+            f"{self.counts['errors']} raised; first: {msg}); make it return faster (no network waits or unbounded loops) or raise taskset.reward.timeout_s, "
+            "or set taskset.user_code.failed_reward to score such samples instead of leaving them out"
+        )
 
 
 def _describe(reward_fn: Any) -> str:
@@ -231,18 +322,17 @@ def _describe(reward_fn: Any) -> str:
     return f"taskset.reward.function = {spec!r}" if spec else type(reward_fn).__name__
 
 
-def _metrics(rewards: list[float | None], components: list[dict[str, float]], errors: list[str | None]) -> dict[str, Any]:
-    scored = [r for r in rewards if r is not None]
+def _metrics(tally: _Tally) -> dict[str, Any]:
+    scored = [r for r in tally.rewards if r is not None]
     out: dict[str, Any] = {
         "reward/count": len(scored),
-        "reward/errors": len(rewards) - len(scored),
+        **{f"reward/{kind}": n for kind, n in tally.counts.items()},
         "reward/mean": math.fsum(scored) / len(scored) if scored else float("nan"),
     }
-    names = sorted({k for c in components for k in c})
+    names = sorted({k for c in tally.components for k in c})
     for name in names:
-        vals = [c.get(name, 0.0) for c, r in zip(components, rewards) if r is not None]
+        vals = [c.get(name, 0.0) for c, r in zip(tally.components, tally.rewards) if r is not None]
         out[f"reward/{name}/mean"] = math.fsum(vals) / len(vals)
     # Distinct messages only: one broken reward usually fails every sample the same way.
-    unique = list(dict.fromkeys(e for e in errors if e is not None))
-    out["reward/error_messages"] = unique[:MAX_ERROR_MESSAGES]
+    out["reward/error_messages"] = list(dict.fromkeys(tally.messages))[:MAX_ERROR_MESSAGES]
     return out
