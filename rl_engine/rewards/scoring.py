@@ -37,7 +37,7 @@ import math
 import numbers
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple, Protocol
+from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from rl_engine.errors import UserError
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn
@@ -230,15 +230,23 @@ _FAILURE_KINDS = {UserCodeTimeout: "timeouts", UserCodeCrashed: "crashes"}  # ex
 _FAILURE_WORDS = {"errors": "raised", "timeouts": "timed out", "crashes": "crashed its worker"}
 
 
-def score_rollouts(reward_fn: RewardFn, items: Iterable[Any], pool: UserCodePool | None = None, failed_reward: float | None = None) -> ScoreResult:
+def score_rollouts(
+    reward_fn: RewardFn, items: Iterable[Any], pool: UserCodePool | None = None, failed_reward: float | None = None, given: Sequence[Any] | None = None
+) -> ScoreResult:
     """Score each (prompt, response, task, finish_reason) sample, in input order; failures are
     isolated per sample, timed-out and crashed calls scored `failed_reward` or left out (see the
-    module docstring). A PythonRewardFn runs in `pool` when one is given."""
+    module docstring). A PythonRewardFn runs in `pool` when one is given. `given[i]`, when not
+    None, is sample i's reward already (a workflow's return value), checked like a reward's."""
     samples = [tuple(item) for item in items]
+    given = list(given) if given is not None else [None] * len(samples)
+    ask = [i for i, g in enumerate(given) if g is None]
+    outcomes: list[Any] = [None if g is None else _outcome(lambda g=g: _as_reward(g)) for g in given]
     if pool is not None and isinstance(reward_fn, PythonRewardFn):
-        outcomes = _outcomes_in_pool(reward_fn, samples, pool)
+        asked = _outcomes_in_pool(reward_fn, [samples[i] for i in ask], pool)
     else:
-        outcomes = [_outcome(lambda s=s: _as_reward(reward_fn(*s))) for s in samples]
+        asked = [_outcome(lambda s=samples[i]: _as_reward(reward_fn(*s))) for i in ask]
+    for i, outcome in zip(ask, asked):
+        outcomes[i] = outcome
     tally = _Tally()
     for (_, _, task, _), outcome in zip(samples, outcomes):
         tally.add(reward_fn, task, outcome, failed_reward)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import time
 import uuid
 from typing import Any
@@ -24,7 +23,6 @@ from typing import Any
 from rl_engine.errors import UserError
 from rl_engine.experience import ExperienceBatch, version_runs
 from rl_engine.rewards import RolloutSample, encode_task, score_rollouts
-from rl_engine.rewards.scoring import _as_reward, _metrics
 from rl_engine.roles.groups import Generation, Group, experience_row, group_id
 from rl_engine.rollout.workflow import EpisodeJob, EpisodeResult, run_episodes
 
@@ -83,30 +81,17 @@ def score_episodes(
     flat: list[tuple[Group, Generation, EpisodeResult]], reward_fn: Any, tokenizer: Any, explorer_id: int, step: int, pool: Any = None, failed_reward: float | None = None
 ) -> tuple[ExperienceBatch, dict[str, Any]]:
     """Rows of finished episodes: the workflow's reward where it returned one, else taskset.reward on
-    the last turn's text; a sample whose reward failed is left out (counted in the metrics)."""
-    rewards: list[float | None] = [None] * len(flat)
-    comps: list[dict[str, float]] = [{} for _ in flat]
-    errors: list[str | None] = [None] * len(flat)
-    for j, (_, _, r) in enumerate(flat):
-        if r.reward is not None:
-            try:
-                rewards[j], comps[j] = _as_reward(r.reward)
-            except ValueError as e:
-                errors[j] = f"the workflow's return value: {e}"
-    ask = [j for j, (_, _, r) in enumerate(flat) if r.reward is None]
-    extra: dict[str, Any] = {}
-    if ask:
-        scored = score_rollouts(reward_fn, [RolloutSample(flat[j][0].prompt_text, flat[j][2].last_text, flat[j][0].task, flat[j][2].finish_reason) for j in ask])
-        for j, v, c, e in zip(ask, scored.rewards, scored.components, scored.errors):
-            rewards[j], comps[j], errors[j] = v, c, e
-        extra = {k: v for k, v in scored.metrics.items() if k in ("reward/timeouts", "reward/crashes")}
+    the last turn's text; a sample whose reward failed is left out (counted in the metrics). The
+    row's response text is the whole episode, the environment's text included."""
+    samples = [RolloutSample(g.prompt_text, r.last_text, g.task, r.finish_reason) for g, _, r in flat]
+    scores = score_rollouts(reward_fn, samples, pool, failed_reward, given=[r.reward for _, _, r in flat])
     now = time.time()
     rows = [
-        experience_row(g, m, explorer_id, step, reward, c, tokenizer.decode(r.response_ids, skip_special_tokens=False), now)
-        for (g, m, r), reward, c in zip(flat, rewards, comps)
-        if reward is not None and math.isfinite(reward)
+        experience_row(g, m, explorer_id, step, reward, comps, tokenizer.decode(r.response_ids, skip_special_tokens=False), now)
+        for (g, m, r), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok)
+        if ok
     ]
-    return ExperienceBatch.from_experiences(rows), {**_metrics(rewards, comps, errors), **extra}
+    return ExperienceBatch.from_experiences(rows), scores.metrics
 
 
 def _describe(wf: Any) -> str:

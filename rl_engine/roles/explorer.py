@@ -214,12 +214,14 @@ class Explorer:
             "tokens": int(lengths.sum()),
             "rollout_s": time.time() - started,
             "reward_errors": reward_metrics.get("reward/errors", reward_metrics.get("reward_errors", 0)),
+            "reward_timeouts": reward_metrics.get("reward/timeouts", 0),
+            "reward_crashes": reward_metrics.get("reward/crashes", 0),
             **({"partial": self._partial_metrics(reward_metrics)} if self.partial is not None else {}),
             **({k: reward_metrics[k] for k in WORKFLOW_METRICS} if self.workflow is not None else {}),
         }
 
     def _partial_metrics(self, m: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in m.items() if k != "reward_errors"}
+        out = {k: v for k, v in m.items() if not k.startswith("reward/")}
         if "continuations" in out:  # who they belong to, and whether to mirror them as an artifact
             out["continuations"] = {**out["continuations"], "run": self.cfg.name, "publish": self.cfg.monitor.artifacts}
         return out

@@ -284,7 +284,7 @@ class PartialRollouts:
         batch, scores = score_groups(flat, self.reward_fn, self.s.explorer_id, e, self.s.partial.repeat_penalty, self.pool, self.s.failed_reward)
         reasons = [m.finish_reason for _, m, _ in flat]
         mix = {f"finish/{r}": reasons.count(r) for r in sorted(set(reasons))}
-        return batch, {**mix, "reward_errors": scores.metrics.get("reward/errors", 0)}
+        return batch, {**mix, **{k: v for k, v in scores.metrics.items() if k in ("reward/errors", "reward/timeouts", "reward/crashes")}}
 
     # ---- staging and committing
 

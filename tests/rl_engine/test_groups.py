@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rl_engine.config import SamplingConfig
+from rl_engine.config import SamplingConfig, UserCodeConfig
 from rl_engine.rewards import Task, TaskIterator
 from rl_engine.roles.explorer import generate_experiences
 from rl_engine.roles.groups import Generation, group_id, one_step_generation
@@ -43,7 +43,7 @@ def reward(prompt: str, response: str, task: Task, finish_reason: str) -> dict[s
     return {"correct": float(len(response)), "format": 0.5}
 
 
-CFG = SimpleNamespace(taskset=SimpleNamespace(template="Q: {prompt}"), model=SimpleNamespace(max_model_len=512), algorithm=SimpleNamespace(repeat_times=3), explorer=SimpleNamespace(sampling=SamplingConfig()), seed=1)
+CFG = SimpleNamespace(taskset=SimpleNamespace(template="Q: {prompt}", user_code=UserCodeConfig()), model=SimpleNamespace(max_model_len=512), algorithm=SimpleNamespace(repeat_times=3), explorer=SimpleNamespace(sampling=SamplingConfig()), seed=1)
 
 
 def _tasks(*names: str) -> list[Task]:
