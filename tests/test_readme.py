@@ -24,8 +24,16 @@ EXERCISED: dict[str, list[str]] = {
     "make demo-real": ["tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again", "tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
     "rft demo": ["tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again"],  # --model smollm2 (`make demo` runs the other)
     "rft fetch-model": ["tests/rl_engine/test_fetch_model.py::test_rft_fetch_model_prints_the_directory"],  # `make test` depends on it
-    "rft warmstart": ["tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_warmstart_countdown", "tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary"],
-    "rft make-tasks": ["tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_make_tasks_picks_the_task", "tests/rl_engine/rewards/test_rewards_arithmetic.py::test_cli_main_writes_the_file"],
+    "rft warmstart": [
+        "tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_warmstart_countdown",
+        "tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary",
+        "tests/rl_engine/rollout/test_calculator.py::test_warm_start_writes_a_model",  # --task calculator
+    ],
+    "rft make-tasks": [
+        "tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_make_tasks_picks_the_task",
+        "tests/rl_engine/rewards/test_rewards_arithmetic.py::test_cli_main_writes_the_file",
+        "tests/rl_engine/rollout/test_calculator.py::test_make_tasks_cli",  # --task calculator
+    ],
     "rft make-tiny-model": ["tests/rl_engine/test_tiny_model.py::test_deterministic_per_seed"],
     "rft run": [
         "tests/flows/test_cli_progress.py::test_rft_run_prints_progress_and_logs_engines_to_the_run",
@@ -56,7 +64,7 @@ EXERCISED: dict[str, list[str]] = {
     "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],
     "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],
     "python -m torch.distributed.run": ["tests/flows/test_trainer_ranks.py::test_a_killed_trainer_rank_fails_the_run_naming_it"],  # what the trainer role starts
-    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "ops", "train", "faults", "real", "logits_memory", "algorithms")},
+    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "ops", "train", "faults", "real", "logits_memory", "algorithms", "workflows")},
     "python -m bench.modes": ["tests/bench/test_bench_smoke.py::test_modes_synthetic"],
 }
 NOT_COMMANDS = ("export ",)  # environment for the commands around them

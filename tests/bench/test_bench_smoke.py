@@ -288,3 +288,15 @@ def test_logits_memory(tiny_model_dir, tmp_path):
     for k in ("full_step_s", "chunked_step_s", "logits_mb"):
         positive(r[k])
     assert r["max_logprob_diff"] < 1e-5
+
+
+def test_workflows(tmp_path):
+    r = run_bench("workflows", "--smoke", timeout_s=540, tmp_path=tmp_path)
+    has_keys(r, "steps", "episodes_per_s", "turns_per_episode", "masked_token_frac", "reward_first_quarter", "reward_last_quarter", "heldout_success_before", "heldout_success_after", "masked_grad_max")
+    assert r["steps"] == 2 and r["workflow_errors"] == 0
+    positive(r["episodes_per_s"])
+    assert 1 <= r["turns_per_episode"] <= 3  # max_calls 2: at most two tool calls and the answer
+    for k in ("masked_token_frac", "reward_first_quarter", "reward_last_quarter", "heldout_success_before", "heldout_success_after", "tool_use_before", "tool_use_after"):
+        fraction(r[k])
+    assert r["grad_rows"] > 0, "the smoke warm start calls the tool sometimes: stored rows with environment tokens"
+    assert r["masked_grad_max"] == 0.0 and r["trained_grad_max"] > 0  # the mask, not a dead loss

@@ -329,3 +329,10 @@ def test_load_spans_tolerates_new_keys_and_names_a_bad_file(tmp_path):
     (d / "part-2.jsonl").write_text('{"component": "trainer"}\n')
     with pytest.raises(ValueError, match=r"part-2.jsonl: line 1: not a timeline span"):
         load_spans(str(tmp_path / "run"))
+
+
+def test_a_workflow_rollout_is_labelled_with_its_turns():
+    from rl_engine.run.timeline import Span, _label
+
+    assert _label(Span("explorer-0", "rollout", 0.0, 1.0, step=3, version=2, turns=1.5)) == "3·1.5t"
+    assert _label(Span("explorer-0", "rollout", 0.0, 1.0, step=3, version=2)) == "3"
