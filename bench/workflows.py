@@ -41,26 +41,29 @@ CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator.yaml"
 SIZES = {"full": {"steps": 60, "heldout": 400, "warmstart": None}, "quick": {"steps": 20, "heldout": 200, "warmstart": None}, "smoke": {"steps": 2, "heldout": 16, "warmstart": 60}}
 
 
-def heldout_success(model: str, tasks: list, seed: int = 0) -> dict[str, float]:
-    """Success (exact answer) and tool use of one calculator episode per held-out task, at temperature 1."""
+def eval_engine(model: str):
+    """(engine, cfg): a rollout engine on `model` with configs/calculator.yaml's settings."""
     import yaml
 
     from rl_engine.config import validate_config
-    from rl_engine.rollout.calculator import calculator_workflow
     from rl_engine.rollout.engine import build_rollout_engine
-    from rl_engine.rollout.workflow import EpisodeJob, run_episodes
 
     data = yaml.safe_load(CONFIG.read_text())
     data["model"]["path"] = model
     data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
     cfg = validate_config(data)
-    engine = build_rollout_engine(cfg)
-    try:
-        tok = engine.tokenizer
-        jobs = [EpisodeJob(t, t.prompt, tok.encode(t.prompt, add_special_tokens=False), seed * 1_000_003 + i) for i, t in enumerate(tasks)]
-        res = run_episodes(engine, lambda task, ep: calculator_workflow(task, ep, cfg.taskset.workflow.max_calls), jobs, cfg.explorer.sampling, cfg.model.max_model_len, 60.0)
-    finally:
-        engine.close()
+    return build_rollout_engine(cfg), cfg
+
+
+def heldout_success(engine, cfg, tasks: list, seed: int = 0) -> dict[str, float]:
+    """Success (exact answer) and tool use of one calculator episode per held-out task, at
+    temperature 1, with the weights the engine holds."""
+    from rl_engine.rollout.calculator import calculator_workflow
+    from rl_engine.rollout.workflow import EpisodeJob, run_episodes
+
+    tok = engine.tokenizer
+    jobs = [EpisodeJob(t, t.prompt, tok.encode(t.prompt, add_special_tokens=False), seed * 1_000_003 + i) for i, t in enumerate(tasks)]
+    res = run_episodes(engine, lambda task, ep: calculator_workflow(task, ep, cfg.taskset.workflow.max_calls), jobs, cfg.explorer.sampling, cfg.model.max_model_len, 60.0)
     return {
         "success": mean(float(r.error is None and r.last_text.strip() == t.answer) for r, t in zip(res, tasks)),
         "tool_use": mean(float(r.turns > 1) for r in res),
@@ -117,7 +120,6 @@ def main() -> None:
     from bench.learning import shared_engines
     from cli.run import run_config
     from rl_engine.config import validate_config
-    from rl_engine.rewards import load_taskset
     from rl_engine.rewards.tasks import Task
     from rl_engine.rollout.calculator import make_calculator_tasks, write_calculator_taskset
     from rl_engine.run.context import open_run
@@ -133,18 +135,24 @@ def main() -> None:
     write_calculator_taskset(train, 4000, seed=1)
     heldout = [Task(r["id"], r["question"], r["answer"], r) for r in make_calculator_tasks(n_heldout, seed=0, split="heldout")]
 
-    before = heldout_success(model, heldout)
-    data = yaml.safe_load(CONFIG.read_text())
-    data.update(name="bench-workflows")
-    data["model"]["path"], data["taskset"]["path"] = model, train
-    data["buffer"] = {"storage": {"url": root}}
-    data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
-    data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
-    started = time.time()
-    with shared_engines():
-        summary = run_config(validate_config(data))
-    wall = time.time() - started
-    after = heldout_success(f"{summary['run']}/model", heldout)
+    engine, eval_cfg = eval_engine(model)  # one engine for both evaluations: the trained weights are loaded into it
+    try:
+        before = heldout_success(engine, eval_cfg, heldout)
+        data = yaml.safe_load(CONFIG.read_text())
+        data.update(name="bench-workflows")
+        data["model"]["path"], data["taskset"]["path"] = model, train
+        data["buffer"] = {"storage": {"url": root}}
+        data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
+        data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
+        started = time.time()
+        with shared_engines():
+            summary = run_config(validate_config(data))
+        wall = time.time() - started
+        engine.rpc("rft_load_checkpoint", f"{summary['run']}/model", steps)
+        engine.mark_synced(steps)
+        after = heldout_success(engine, eval_cfg, heldout)
+    finally:
+        engine.close()
     trainer, explorer = load_metrics(open_run(summary["run"]))
     grad = masked_grad(summary["run"])
     rewards = [m["reward_mean"] for m in sorted(trainer, key=lambda m: m["step"])]
