@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rl_engine.config.base import _Model
 
@@ -40,12 +40,13 @@ class GuessNumberWorkflow(_Model):
 
 
 class PythonWorkflow(_Model):
-    """A user workflow `package.module:function(task, episode, **kwargs) -> reward | None`
+    """A user workflow `package.module:function(task, episode, **kwargs) -> reward | None`, or a
+    class built with the kwargs whose `run(task, episode)` (or `__call__`) runs one episode
     (see `rl_engine.rollout.workflow`)."""
 
     type: Literal["python"] = Field(description="Workflow variant selector.")
-    function: str = Field(description="Import path `package.module:function` of the workflow.", pattern=r"^[\w.]+:\w+$")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+    function: str = Field(description="Import path `package.module:name` of the workflow function or class.", pattern=r"^[\w.]+:\w+$")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function (or the class).")
 
 
 WorkflowConfig = Annotated[Union[SingleTurnWorkflow, CalculatorWorkflow, GuessNumberWorkflow, PythonWorkflow], Field(discriminator="type")]
@@ -61,6 +62,14 @@ class UserCodeConfig(_Model):
         description="Reward of a sample whose reward call timed out or whose worker died; null leaves the sample out of training. Counted either way (reward/timeouts, reward/crashes).",
     )
     episode_timeout_s: float = Field(default=300.0, gt=0.0, description="Longest one episode's own code may run between model calls; the episode then fails (see on_episode_error).")
-    on_episode_error: Literal["drop", "fail"] = Field(
-        default="drop", description="An episode whose workflow raised or timed out: `drop` leaves it out (counted as workflow_errors, its task named in the log), `fail` fails the run."
+    on_episode_error: Literal["drop", "score", "fail"] = Field(
+        default="drop",
+        description="An episode whose workflow raised or timed out (counted as workflow_errors, its task named in the log): `drop` leaves it out, "
+        "`score` trains on it as far as it got with reward `failed_reward`, `fail` fails the run.",
     )
+
+    @model_validator(mode="after")
+    def _score_needs_a_reward(self) -> "UserCodeConfig":
+        if self.on_episode_error == "score" and self.failed_reward is None:
+            raise ValueError("taskset.user_code.on_episode_error = score needs taskset.user_code.failed_reward: the reward a failed episode is trained with")
+        return self

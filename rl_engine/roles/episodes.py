@@ -6,8 +6,10 @@ every mode hold unchanged. A row's response is the whole episode after the promp
 tokens (loss mask 1) and the environment's (loss mask 0, behavior logprob 0), each tagged with
 the engine's weight version. Its reward is the workflow's return value, or, when that is None,
 `taskset.reward` on the last model turn's text (in the user-code pool for python rewards). An
-episode whose workflow raised or timed out is left out (counted, its task named in the log) or
-fails the run, as `taskset.user_code.on_episode_error` says.
+episode whose workflow raised or timed out is left out (counted, its task named in the log),
+is trained as far as it got with `taskset.user_code.failed_reward`, or fails the run, as
+`taskset.user_code.on_episode_error` says. When a chat template rendered the prompt, the episode
+starts with that chat (`episode.messages`: the task's prompt as the user's message).
 
     batch, metrics = explore_episodes(engine, tasks, workflow, reward_fn, cfg, explorer_id, step, pool)
 """
@@ -44,13 +46,22 @@ def explore_episodes(engine: Any, tasks: list[Any], workflow: Any, reward_fn: An
     uc, n = cfg.taskset.user_code, cfg.algorithm.repeat_times
     encoded = [encode_task(engine.tokenizer, cfg.taskset.template, t, cfg.model.max_model_len) for t in tasks]
     step_seed = cfg.seed * 100_003 + 1009 * explorer_id + step  # as single-turn rollouts seed their step
-    jobs = [EpisodeJob(t, text, ids, _episode_seed(step_seed, i, k)) for i, (t, (text, ids)) in enumerate(zip(tasks, encoded)) for k in range(n)]
+    chat = cfg.taskset.template is None and bool(getattr(engine.tokenizer, "chat_template", None))  # format_prompt's rule
+    jobs = [
+        EpisodeJob(t, text, ids, _episode_seed(step_seed, i, k), [{"role": "user", "content": t.prompt}] if chat else None)
+        for i, (t, (text, ids)) in enumerate(zip(tasks, encoded))
+        for k in range(n)
+    ]
     started = time.time()
     results = run_episodes(engine, workflow, jobs, cfg.explorer.sampling, cfg.model.max_model_len, uc.episode_timeout_s, pool, uc.tool_timeout_s, cfg.model.path)
     failed = [r for r in results if r.error is not None]
     for r in failed:
         log.warning("explorer %d step %d: the episode of task %r failed: %s", explorer_id, step, jobs[r.index].task.task_id, r.error)
-    if failed and (uc.on_episode_error == "fail" or len(failed) == len(results)):
+    if failed and uc.on_episode_error == "score":  # trained as far as it got, with the failure's reward
+        for r in failed:
+            if 1 in r.loss_mask:  # one without a model token has nothing to train
+                r.reward, r.error = {"failed": uc.failed_reward}, None
+    elif failed and (uc.on_episode_error == "fail" or len(failed) == len(results)):
         r = failed[0]
         why = "taskset.user_code.on_episode_error is fail" if uc.on_episode_error == "fail" else f"it failed on all {len(results)} episodes of the step"
         raise UserError(

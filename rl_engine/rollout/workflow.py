@@ -31,6 +31,7 @@ only (returned as the error, the task named); an engine that dies fails the step
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import threading
@@ -144,12 +145,14 @@ class _Batcher:
 class Episode:
     """The handle a workflow drives: one episode's token sequence, grown turn by turn."""
 
-    def __init__(self, result: EpisodeResult, prompt_text: str, batcher: _Batcher, sampling: Any, seed: int, max_model_len: int, tokenizer: Any, pool: Any, tool_timeout_s: float, model: str):
-        self._r, self._batcher, self._sampling, self._seed = result, batcher, sampling, seed
-        self.prompt_text, self.tokenizer, self.model = prompt_text, tokenizer, model
+    def __init__(self, result: EpisodeResult, job: EpisodeJob, batcher: _Batcher, sampling: Any, max_model_len: int, tokenizer: Any, pool: Any, tool_timeout_s: float, model: str):
+        self._r, self._batcher, self._sampling, self._seed = result, batcher, sampling, job.seed
+        self.prompt_text, self.tokenizer, self.model = job.prompt_text, tokenizer, model
         self._max_model_len, self._pool, self._tool_timeout_s = max_model_len, pool, tool_timeout_s
         self._version = batcher.engine.version  # what environment tokens before the first turn carry
-        self.messages: list[dict[str, str]] = []  # the chat so far, for append_message
+        # The chat so far as the template sees it (model turns as their sampled text); None when no
+        # chat template rendered the prompt.
+        self.messages: list[dict[str, str]] | None = None if job.messages is None else [dict(m) for m in job.messages]
 
     # ---- what the workflow reads
 
@@ -193,6 +196,8 @@ class Episode:
         r.versions += [out.version] * len(out.response_ids)
         r.turns += 1
         r.finish_reason, r.last_text, self._version = out.finish_reason, out.text, out.version
+        if self.messages is not None:
+            self.messages.append({"role": "assistant", "content": self.tokenizer.decode(out.response_ids, skip_special_tokens=True)})
         if out.finish_reason == "length" and self.room < 1:
             raise ContextFull()
         return Turn(list(out.response_ids), list(out.logprobs), out.text, out.finish_reason)
@@ -219,11 +224,16 @@ class Episode:
         return ids
 
     def append_message(self, role: str, content: str) -> list[int]:
-        """Append a chat message rendered by the model's chat template, only what is new; the
-        template must be append-only (`rl_engine.rollout.chat`). `messages` must hold the
-        conversation so far (the first user message, the model's replies as `last_text`)."""
+        """Append a chat message (e.g. the tool's or the user's reply) rendered by the model's chat
+        template, only what is new; the template must be append-only (`rl_engine.rollout.chat`).
+        The model's turns join `messages` as they are sampled."""
         from rl_engine.rollout.chat import chat_turn_ids
 
+        if self.messages is None:
+            raise UserError(
+                f"episode.append_message: the prompt was not rendered by a chat template (taskset.template is set, or model {self.model!r} has none); "
+                "append the environment's text with episode.append_text instead"
+            )
         new = {"role": role, "content": content}
         ids = chat_turn_ids(self.tokenizer, self.messages, self.ids, [new], self.model, self._r.turns)
         self.append_ids(ids)
@@ -253,6 +263,7 @@ class EpisodeJob:
     prompt_text: str
     prompt_ids: list[int]
     seed: int
+    messages: list[dict[str, str]] | None = None  # the chat the prompt renders, when a chat template rendered it
 
 
 def run_episodes(
@@ -275,7 +286,7 @@ def run_episodes(
 
     def play(i: int) -> None:
         r, job = results[i], jobs[i]
-        episode = Episode(r, job.prompt_text, batcher, sampling, job.seed, max_model_len, engine.tokenizer, pool, tool_timeout_s, model)
+        episode = Episode(r, job, batcher, sampling, max_model_len, engine.tokenizer, pool, tool_timeout_s, model)
         try:
             r.reward = workflow(job.task, episode)
         except ContextFull:
@@ -292,23 +303,40 @@ def run_episodes(
         t.start()
     batcher.serve()
     for i in batcher.timed_out:
+        # A copy: the abandoned thread may still append to the episode it holds.
+        r = results[i]
+        results[i] = dataclasses.replace(r, response_ids=list(r.response_ids), logprobs=list(r.logprobs), loss_mask=list(r.loss_mask), versions=list(r.versions))
         results[i].error = f"TimeoutError: the workflow's own code ran longer than taskset.user_code.episode_timeout_s = {episode_timeout_s:g} s between model calls"
     for t in threads:
         t.join(_WAIT_S)  # they have ended or been abandoned; a stuck one is left behind (daemon)
     return results
 
 
-def import_workflow(spec: str) -> Callable[..., Any]:
-    """The function `package.module:function` of taskset.workflow.function."""
+def import_workflow(spec: str, kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """The workflow `package.module:name` of taskset.workflow.function as `fn(task, episode)`: a
+    function (called with `kwargs` too), or a class, built once with `kwargs`, whose instances
+    run an episode with `run(task, episode)` or `__call__(task, episode)`."""
+    import functools
+    import inspect
+
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - ImportError, or the module failing at import
         raise UserError(f"taskset.workflow.function = {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); is it installed or on PYTHONPATH?") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise UserError(f"taskset.workflow.function = {spec!r}: module {module_name!r} has no function {attr!r}")
-    return fn
+    obj = getattr(module, attr, None)
+    if inspect.isclass(obj):
+        try:
+            instance = obj(**kwargs)
+        except TypeError as e:
+            raise UserError(f"taskset.workflow.function = {spec!r}: cannot build the class with taskset.workflow.kwargs {sorted(kwargs)} ({e})") from None
+        run = getattr(instance, "run", None) or (instance if callable(instance) else None)
+        if run is None:
+            raise UserError(f"taskset.workflow.function = {spec!r}: the class has neither run(task, episode) nor __call__(task, episode)")
+        return run
+    if not callable(obj):
+        raise UserError(f"taskset.workflow.function = {spec!r}: module {module_name!r} has no function or class {attr!r}")
+    return functools.partial(obj, **kwargs)
 
 
 def build_workflow(cfg: Any) -> Callable[..., Any] | None:
@@ -327,5 +355,5 @@ def build_workflow(cfg: Any) -> Callable[..., Any] | None:
 
         return functools.partial(guess_number_workflow, max_turns=cfg.max_turns)
     if cfg.type == "python":
-        return functools.partial(import_workflow(cfg.function), **cfg.kwargs)
+        return import_workflow(cfg.function, cfg.kwargs)
     raise ValueError(f"unknown workflow type {cfg.type!r}")

@@ -135,42 +135,160 @@ def test_an_engine_failure_fails_the_step():
 
 
 def calc_like(task, episode):
-    """A tool-using shape on an untrained model: a turn, the environment's answer, a last turn."""
-    first = episode.generate(max_tokens=6, stop=["7"])
-    episode.append_text(f"[{len(first.ids)}]=")
+    """A tool-using shape on an untrained model: a turn, the tool's answer (computed in the
+    user-code pool), a last turn."""
+    from rl_engine.rollout.calculator import calc
+
+    episode.generate(max_tokens=6, stop=["7"])
+    episode.append_text("=" + episode.call(calc, "3*4") + "\n")
     episode.generate(max_tokens=5)
     return None
 
 
+def recording(workflow, appended: dict):
+    """`workflow` with every text the environment appends recorded per task."""
+
+    def run(task, episode):
+        plain = episode.append_text
+
+        def append_text(text):
+            appended.setdefault(task.task_id, []).append(text)
+            return plain(text)
+
+        episode.append_text = append_text
+        return workflow(task, episode)
+
+    return run
+
+
 @pytest.mark.slow
-def test_token_in_token_out_on_vllm(engine, tiny_model_dir):
-    """The ids the trainer sees are the sampled ids plus the environment's, the mask covers exactly
-    the environment's tokens, and the trainer's logprobs of the sampled tokens equal vLLM's."""
+@pytest.mark.parametrize("example", ["tool_call", "guess_number"])
+def test_token_in_token_out_on_vllm(example, engine, tiny_model_dir):
+    """For each example, the ids the trainer sees are exactly the ids sampled plus the
+    environment's, the mask covers exactly the environment's tokens, and the trainer's logprobs
+    of the sampled tokens equal vLLM's (the sync tests' tolerance)."""
     from transformers import AutoModelForCausalLM
 
+    from rl_engine.rewards.isolation import UserCodePool
+    from rl_engine.rollout.guess_number import guess_number_workflow
+
     tok = engine.tokenizer
-    prompt = tok.encode("12+7=", add_special_tokens=False)
-    res = run_episodes(engine, calc_like, [EpisodeJob(Task(f"t{i}", "12+7=", "19"), "12+7=", prompt, seed=i) for i in range(6)], SAMPLING, 128, 30)
-    task = Task("t", "12+7=", "19")
-    g = Group("g", task, "12+7=", [episode_generation(1, r) for r in res])
+    appended: dict = {}
+    workflow = recording(calc_like if example == "tool_call" else lambda t, ep: guess_number_workflow(t, ep, max_turns=3), appended)
+    prompt = tok.encode("guess 1..15\n", add_special_tokens=False)
+    jobs_ = [EpisodeJob(Task(f"t{i}", "guess 1..15\n", "11"), "guess 1..15\n", prompt, seed=i) for i in range(6)]
+    with UserCodePool(1, "test") as pool:
+        res = run_episodes(engine, workflow, jobs_, SAMPLING, 128, 30, pool=pool)
+    g = Group("g", jobs_[0].task, "q", [episode_generation(1, r) for r in res])
     batch = ExperienceBatch.from_experiences([experience_row(g, m, 0, 1, 0.0, {}, "", 0.0) for m in g.members])
     t = batch.to_tensors(pad_id=tok.pad_token_id)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
     with torch.no_grad():
         logp = torch.log_softmax(model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits[:, :-1].float(), -1)  # [B, L-1, V]
     logp = logp.gather(-1, t["input_ids"][:, 1:, None])[..., 0]  # [B, L-1]: logprob of token i+1
-    for b, r in enumerate(res):
-        assert r.error is None and r.turns == 2
+    assert sum(len(v) for v in appended.values()) > 0, "the environment spoke in some episode"
+    for b, (r, job) in enumerate(zip(res, jobs_)):
+        assert r.error is None and r.turns >= 1
         n = len(r.prompt_ids) + len(r.response_ids)
-        assert t["input_ids"][b, :n].tolist() == r.prompt_ids + r.response_ids
-        first_len = r.loss_mask.index(0)
-        env = tok.encode(f"[{first_len}]=", add_special_tokens=False)
-        assert r.response_ids[first_len : first_len + len(env)] == env
-        mask = t["loss_mask"][b, len(r.prompt_ids) : n].tolist()
-        assert mask == [1.0] * first_len + [0.0] * len(env) + [1.0] * (len(r.response_ids) - first_len - len(env))
-        trained = t["loss_mask"][b, 1:n] > 0  # positions 1..n-1 whose token is the policy's
+        assert t["input_ids"][b, :n].tolist() == r.prompt_ids + r.response_ids  # what the trainer sees
+        env_ids = [i for i, m in zip(r.response_ids, r.loss_mask) if m == 0]
+        assert env_ids == [i for text in appended.get(job.task.task_id, []) for i in tok.encode(text, add_special_tokens=False)]
+        assert t["loss_mask"][b, len(r.prompt_ids) : n].tolist() == [float(m) for m in r.loss_mask]
+        assert sum(r.loss_mask) > 0 and all(lp == 0.0 for lp, m in zip(r.logprobs, r.loss_mask) if m == 0)
+        trained = t["loss_mask"][b, 1:n] > 0  # positions 1..n-1 whose token the policy sampled
         gap = (logp[b, : n - 1][trained] - t["behavior_logprobs"][b, 1:n][trained]).abs().max().item()
         assert gap < 1e-3, gap
+
+
+# --------------------------------------------------------------------------- chat turns, class workflows, failed episodes
+
+CHATML = (
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+TURN_COUNTER = "{{ '<|im_start|>system\\nTurn ' + (messages | length) | string + '<|im_end|>\\n' }}" + CHATML
+
+
+def chat_jobs(eng, n: int) -> list[EpisodeJob]:
+    from rl_engine.rollout.chat import chat_prompt_ids
+
+    messages = [{"role": "user", "content": "q"}]
+    return [EpisodeJob(Task(f"t{i}", "q", "a"), "q", chat_prompt_ids(eng.tokenizer, messages, "tiny-chat"), 100 + i, messages) for i in range(n)]
+
+
+def chat_engine(template: str) -> ScriptedEngine:
+    eng = ScriptedEngine()
+    eng.tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    eng.tokenizer.chat_template = template
+    return eng
+
+
+def test_chat_turns_render_only_whats_new_and_equal_the_whole_rendering():
+    from rl_engine.config import PythonWorkflow
+    from rl_engine.rollout.workflow import build_workflow
+
+    eng = chat_engine(CHATML)
+    game = build_workflow(PythonWorkflow(type="python", function="tests.rl_engine.rollout.user_workflows:Game", kwargs={"turns": 2}))  # a class
+    res = run_episodes(eng, game, chat_jobs(eng, 2), SAMPLING, 128, 5, model="tiny-chat")
+    tok = eng.tokenizer
+    for r in res:
+        assert r.error is None and r.reward == {"played": 2.0} and r.turns == 2
+        sampled = [r.response_ids[i] for i, m in enumerate(r.loss_mask) if m]  # [turn 1 (2 ids), turn 2 (2 ids)]
+        chat = [{"role": "user", "content": "q"}]
+        for k in range(2):
+            chat += [{"role": "assistant", "content": tok.decode(sampled[2 * k : 2 * k + 2])}, {"role": "user", "content": "again"}]
+        whole = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+        assert r.prompt_ids + r.response_ids == whole  # token in / token out: nothing re-tokenised, nothing lost
+        assert r.loss_mask[:2] == [1, 1] and r.loss_mask[2] == 0  # the environment's part begins after the sampled ids
+
+
+def test_a_template_that_is_not_append_only_fails_the_episode_naming_model_and_turn():
+    eng = chat_engine(TURN_COUNTER)
+    from tests.rl_engine.rollout.user_workflows import Game
+
+    res = run_episodes(eng, Game(turns=2).run, chat_jobs(eng, 1), SAMPLING, 128, 5, model="runs/models/tiny-chat")
+    assert "TemplateNotAppendOnly" in res[0].error and "runs/models/tiny-chat" in res[0].error and "turn 1" in res[0].error, res[0].error
+
+
+def test_append_message_without_a_chat_prompt_says_to_use_append_text():
+    from tests.rl_engine.rollout.user_workflows import Game
+
+    res = run_episodes(ScriptedEngine(), Game(turns=1).run, jobs(1), SAMPLING, 64, 5, model="m")
+    assert "not rendered by a chat template" in res[0].error and "append_text" in res[0].error
+
+
+@pytest.mark.parametrize("on_error", ["drop", "score", "fail"])
+def test_a_failed_episode_is_dropped_scored_or_fails_the_run(on_error, tiny_model_dir):
+    from rl_engine.config import validate_config
+    from rl_engine.errors import UserError
+    from rl_engine.rewards import build_reward
+    from rl_engine.roles.episodes import explore_episodes
+
+    user_code = {"on_episode_error": on_error, **({"failed_reward": -0.5} if on_error == "score" else {})}
+    cfg = validate_config(
+        {
+            "model": {"path": tiny_model_dir, "max_model_len": 64},
+            "taskset": {"path": "t.jsonl", "workflow": {"type": "python", "function": "tests.rl_engine.rollout.user_workflows:breaks_on_odd_tasks"}, "user_code": user_code},
+            "algorithm": {"repeat_times": 2},
+            "explorer": {"sampling": {"max_tokens": 4}},
+        }
+    )
+    from rl_engine.rollout.workflow import build_workflow
+
+    tasks = [Task(f"t-{i}", "1+2=", "3") for i in range(4)]
+    args = (ScriptedEngine(), tasks, build_workflow(cfg.taskset.workflow), build_reward(cfg.taskset.reward), cfg, 0, 1)
+    if on_error == "fail":
+        with pytest.raises(UserError, match=r"failed on task 't-1': ValueError: the environment cannot handle t-1 \(taskset.user_code.on_episode_error is fail\)"):
+            explore_episodes(*args)
+        return
+    batch, metrics = explore_episodes(*args)
+    rows = batch.experiences()
+    assert metrics["workflow_errors"] == 4 and metrics["episodes"] == (4 if on_error == "drop" else 8)
+    assert sorted({r.task_id for r in rows}) == (["t-0", "t-2"] if on_error == "drop" else ["t-0", "t-1", "t-2", "t-3"])
+    for r in rows:
+        assert r.reward == (1.0 if r.task_id in ("t-0", "t-2") else -0.5)
+        assert r.loss_mask == [1] * len(r.response_ids)
+    assert len({r.group_id for r in rows}) == len(rows) // 2  # groups of repeat_times episodes
 
 
 def test_the_readme_workflow_and_its_config(tiny_model_dir):
