@@ -2,15 +2,15 @@
 
 Where things live:
 
-    roles/       the role loops: explorer, trainer role, partial rollouts, entry points, the plain loop
+    roles/       the role loops: explorer, trainer role, partial rollouts, workflow episodes, entry points, the plain loop
     run/         a run's lifecycle on storage: context, lease, preflight, lineage, retention, report, timeline
     board.py     the control board (JSON markers under <run>/control/) and its key schema
     buffer/      experiences as Arrow files: writer, reader, cursor, continuation store, stats
-    rollout/     the vLLM rollout engine
+    rollout/     the vLLM rollout engine, multi-turn workflows (the episode handle, chat turns) and the built-in ones
     sync/        weight sync, trainer to explorers: collective broadcast and checkpoints (both sides, and their retention)
     trainer/     the DeepSpeed trainer, its checkpoints and ranks
     algorithms/  advantages and losses
-    rewards/     task sets and reward functions
+    rewards/     task sets, reward functions, the user-code pool they run in
     config.py    one pydantic model per component; schedule.py the sync schedules; storage.py fsspec
     pruning.py   keep-last pruning of a run's numbered directories (trainer states, sync checkpoints)
     model_dir.py the one check that a path is a local Hugging Face model directory
@@ -26,7 +26,7 @@ name stands for a module or a whole package):
     2  storage model_dir
     3  board pruning run.lease run.timeline rewards algorithms
     4  buffer rollout
-    5  run.storage_checks run.context evaluate
+    5  run.storage_checks run.context evaluate rewards.make_tasks
     6  trainer sync
     7  run.state run.retention run.lineage run.preflight run.report warmstart
     8  roles run.driver

@@ -8,29 +8,38 @@ The rest of the arguments are the chosen task's own (`--task countdown --help` l
     rft make-tasks runs/data/calc-train.jsonl --task calculator          # multi-turn: the calculator tool (--split heldout)
     rft make-tasks runs/data/guess-train.jsonl --task guess_number      # multi-turn: a guessing game
 
-The multi-turn tasks live beside their workflows (rl_engine/rollout/, a floor above this one):
-they are named here as module paths and imported only when chosen.
+The multi-turn tasks live beside their workflows (rl_engine/rollout/), so this module sits on a
+floor above them (rl_engine/__init__.py), and imports the chosen task's module only.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+from types import ModuleType
 
-TASKS = {
-    "arithmetic": "rl_engine.rewards.arithmetic",
-    "countdown": "rl_engine.rewards.countdown",
-    "word-arithmetic": "rl_engine.rewards.word_arithmetic",
-    "calculator": "rl_engine.rollout.calculator",
-    "guess_number": "rl_engine.rollout.guess_number",
-}
+TASKS = ("arithmetic", "countdown", "word-arithmetic", "calculator", "guess_number")
+
+
+def task_module(task: str) -> ModuleType:
+    """The module whose `main` writes `task`'s task set (imported only when chosen)."""
+    if task == "arithmetic":
+        from rl_engine.rewards import arithmetic as m
+    elif task == "countdown":
+        from rl_engine.rewards import countdown as m
+    elif task == "word-arithmetic":
+        from rl_engine.rewards import word_arithmetic as m
+    elif task == "calculator":
+        from rl_engine.rollout import calculator as m
+    else:
+        from rl_engine.rollout import guess_number as m
+    return m
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rft make-tasks", add_help=False)
     ap.add_argument("--task", choices=sorted(TASKS), default="arithmetic")
     a, rest = ap.parse_known_args(argv)
-    return int(importlib.import_module(TASKS[a.task]).main(rest) or 0)
+    return int(task_module(a.task).main(rest) or 0)
 
 
 if __name__ == "__main__":
