@@ -222,6 +222,17 @@ def _build_reward(function: str, source: str | None = None, **kwargs: Any) -> Ca
     return build
 
 
+def _build_workflow(function: str, source: str | None = None, **kwargs: Any) -> Callable[[Env], Callable[[], Any]]:
+    def build(env: Env) -> Callable[[], Any]:
+        from rl_engine.config import PythonWorkflow
+        from rl_engine.rollout.workflow import build_workflow
+
+        spec = function.replace("MOD", env.module(source)) if source else function
+        return lambda: build_workflow(PythonWorkflow(type="python", function=spec, kwargs=kwargs))
+
+    return build
+
+
 def started_run(env: Env, *overrides: str) -> tuple[Any, str]:
     """A run as `rft run` leaves it after two trainer steps: its config, a buffer of two explorer
     steps and a committed trainer state (the tiny model's weights)."""
@@ -540,6 +551,13 @@ CASES: list[Case] = [
     Case("reward returns NaN on every sample", "reward", _reward(NAN), r"failed on all 4 samples.*not finite", r"fix the reward", "fixed"),
     Case("reward returns a string on every sample", "reward", _reward(STRING), r"failed on all 4 samples.*returned str 'high'", r"fix the reward", "fixed"),
     Case("reward never returns", "reward", _reward(NEVER_RETURNS, timeout_s=0.3), r"did not return within taskset\.reward\.timeout_s = 0\.3 s \(task 't0'\)", r"make it return faster.*or raise taskset\.reward\.timeout_s", "fixed"),
+    # ---- workflow
+    Case("workflow does not import", "workflow", _build_workflow("no_such_workflows_xyz:play"), r"taskset\.workflow\.function = 'no_such_workflows_xyz:play': cannot import module", r"installed or on PYTHONPATH"),
+    Case("workflow name not in its module", "workflow", _build_workflow("MOD:play", "def other(task, episode):\n    return 0.0\n"), r"has no function or class 'play'", r""),
+    Case("workflow class with wrong kwargs", "workflow", _build_workflow("MOD:Game", "class Game:\n    def __init__(self, turns):\n        self.turns = turns\n    def run(self, task, episode):\n        return 0.0\n", level=2), r"cannot build the class with taskset\.workflow\.kwargs \['level'\]", r""),
+    Case("workflow not importable, at preflight", "workflow", _preflight("taskset.workflow={type: python, function: 'no_such_workflows_xyz:play'}"), r"cannot import module", r"installed or on PYTHONPATH", "fixed"),
+    Case("workflow with partial rollouts", "workflow", _validate("taskset.workflow={type: calculator}", "explorer.partial.enabled=true"), r"explorer\.partial\.enabled with taskset\.workflow\.type = 'calculator'", r"disable explorer\.partial or use taskset\.workflow\.type: single_turn"),
+    Case("failed episodes scored without a reward", "workflow", _validate("taskset.user_code.on_episode_error=score"), r"on_episode_error = score needs taskset\.user_code\.failed_reward", r""),
     # ---- storage
     Case("storage not writable", "storage", _preflight(setup=_unwritable_dir), r"buffer\.storage\.url = .*cannot write there", r"point buffer\.storage\.url at a directory or bucket you can write to", "fixed"),
     Case("storage under a file", "storage", _preflight(setup=_under_a_file), r"a-file/runs'?: cannot write there", r"point buffer\.storage\.url at", "fixed"),

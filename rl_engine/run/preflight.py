@@ -12,7 +12,8 @@ without a pad token used to fail the trainer while the explorer waited for it fo
   run's `buffer.storage.outage_timeout_s`), accepts the credentials, its bucket exists (rft never
   creates one), and a probe file can be written and removed;
 - on resume: the run's saved config.yaml reads, and the run is not complete already;
-- the reward imports and takes `(prompt, response, task[, finish_reason])`;
+- the reward imports and takes `(prompt, response, task[, finish_reason])`; a python workflow
+  imports (and a workflow class builds with its kwargs);
 - the task set: readable, not empty, every row with a string prompt (rows named by line), and
   with an answer where the reward needs one (the built-in rewards);
 - the model directory: model.path a directory holding a config.json (`check_model_paths`, which `rft validate`
@@ -64,6 +65,9 @@ def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the conf
     from rl_engine.rewards import build_reward, load_taskset
 
     build_reward(cfg.taskset.reward)
+    from rl_engine.rollout.workflow import build_workflow
+
+    build_workflow(cfg.taskset.workflow)
     reward = cfg.taskset.reward.type
     tasks = load_taskset(cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None)
     check_model_paths(cfg.model)

@@ -34,7 +34,7 @@ def test_bad_input_gets_a_clear_error(case: Case, env: Env):
 
 def test_the_table_covers_the_issue():
     areas = {c.area for c in CASES}
-    assert {"config", "sampling", "model", "taskset", "prompt", "reward", "storage", "resume", "buffer", "cli"} <= areas
+    assert {"config", "sampling", "model", "taskset", "prompt", "reward", "workflow", "storage", "resume", "buffer", "cli"} <= areas
     assert len(CASES) >= 30 and len({c.name for c in CASES}) == len(CASES)
 
 
