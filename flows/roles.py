@@ -17,6 +17,7 @@ from prefect.states import Cancelled
 from rl_engine.board import role_name
 from rl_engine.roles import entry as roles
 from tasks.continuations import explorer_step_done
+from tasks.evaluation import evaluation_done
 from tasks.report import trainer_step_done
 
 
@@ -30,7 +31,8 @@ def _outcome(role: str, run_url: str, result: roles.RoleResult) -> Any:
 @flow(name="rft-explorer", log_prints=True)
 def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None) -> Any:
     """Explorer `explorer_id` of the run at `run_url` (started by the run's mode flow)."""
-    return _outcome(role_name(explorer_id), run_url, roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done))
+    on_eval = evaluation_done(run_url, storage_options) if explorer_id == 0 else None
+    return _outcome(role_name(explorer_id), run_url, roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done, on_eval=on_eval))
 
 
 @flow(name="rft-trainer", log_prints=True)

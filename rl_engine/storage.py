@@ -19,15 +19,18 @@ an object is still all-or-nothing. Local disk: a full disk (ENOSPC, EDQUOT) is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import json
 import logging
 import os
 import random
+import shutil
+import tempfile
 import time
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import fsspec
 import yaml
@@ -285,3 +288,22 @@ def _resilient_s3_class() -> type:
             return err
 
     return ResilientS3FileSystem
+
+
+@contextlib.contextmanager
+def local_dir(url: str, storage_options: dict[str, Any] | None = None) -> Iterator[str]:
+    """A local path holding the directory at `url`: the directory itself on local disk, else a
+    temporary copy, removed on exit (vLLM's workers load weights from local files)."""
+    fs, root = open_storage(url, storage_options)
+    if is_local(fs):
+        yield root
+        return
+    tmp = tempfile.mkdtemp(prefix="rft-dir-")
+    try:
+        for path in fs.find(root):
+            dest = os.path.join(tmp, path[len(root.rstrip("/")) + 1 :])
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            fs.get_file(path, dest)
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -10,13 +10,15 @@ from prefect.cache_policies import NO_CACHE
 
 from rl_engine.roles import entry as roles
 from tasks.continuations import explorer_step_done
+from tasks.evaluation import evaluation_done
 from tasks.report import trainer_step_done
 
 
 @task(cache_policy=NO_CACHE, task_run_name="explorer-{explorer_id}")
 def explorer_task(run_url: str, explorer_id: int, storage_options: dict[str, Any] | None = None) -> int:
     """Explorer `explorer_id` of the run, in a thread of this flow run; returns its step count."""
-    return len(roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done).metrics)
+    on_eval = evaluation_done(run_url, storage_options) if explorer_id == 0 else None
+    return len(roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done, on_eval=on_eval).metrics)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="trainer")

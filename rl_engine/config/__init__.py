@@ -11,7 +11,7 @@ Field paths are part of the interface (`synchronizer.sync_interval`, ...): they 
 messages, in `--set` overrides and in the Prefect UI form of every flow.
 
 One module per component (model.py: model and task set, algorithm.py, explorer.py, buffer.py,
-trainer.py, synchronizer.py: a union on `mode`, placement.py, workflow.py: episodes and user code), root.py composes them into
+trainer.py, synchronizer.py: a union on `mode`, placement.py, workflow.py: episodes and user code, evaluation.py: held-out evaluation), root.py composes them into
 `RFTConfig`, loading.py reads files and formats errors, migrate.py rewrites an older version's
 shape before validation (so old files and runs' stored configs keep loading), advice.py holds the
 warnings `rft validate` prints. Every name is importable from `rl_engine.config`. Nothing here
@@ -24,6 +24,7 @@ from rl_engine.config.advice import config_warnings, step_volume
 from rl_engine.config.algorithm import AlgorithmConfig, KLConfig
 from rl_engine.config.base import ConfigError, _Model
 from rl_engine.config.buffer import BufferConfig, StorageConfig
+from rl_engine.config.evaluation import EvalConfig, EvalTasksetConfig, KeepBestConfig
 from rl_engine.config.explorer import EngineConfig, ExplorerConfig, PartialRolloutConfig, SamplingConfig
 from rl_engine.config.loading import apply_overrides, load_config, migrate_file, parse_override, parse_yaml, read_yaml, to_yaml, validate_config
 from rl_engine.config.migrate import migrate
@@ -36,7 +37,7 @@ from rl_engine.config.workflow import CalculatorWorkflow, GuessNumberWorkflow, P
 
 __all__ = [
     "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward", "FinalAnswerReward",
-    "DecoupledSync", "DeploymentsPlacement", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement", "Mode", "ModelConfig", "MonitorConfig",
+    "DecoupledSync", "DeploymentsPlacement", "EvalConfig", "EvalTasksetConfig", "KeepBestConfig", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement", "Mode", "ModelConfig", "MonitorConfig",
     "PartialRolloutConfig", "PlacementConfig", "PythonReward", "RFTConfig", "RendezvousSync", "RewardConfig", "SamplingConfig", "StorageConfig", "SynchronizerConfig",
     "TasksetConfig", "TrainerConfig", "CalculatorWorkflow", "GuessNumberWorkflow", "PythonWorkflow", "SingleTurnWorkflow", "UserCodeConfig", "WorkflowConfig", "_Model", "apply_overrides", "config_warnings", "load_config", "migrate", "migrate_file", "parse_override", "parse_yaml", "read_yaml",
     "step_volume", "to_yaml", "validate_config",

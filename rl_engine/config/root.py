@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from rl_engine.config.algorithm import AlgorithmConfig
 from rl_engine.config.base import _Model
 from rl_engine.config.buffer import BufferConfig
+from rl_engine.config.evaluation import EvalConfig
 from rl_engine.config.explorer import ExplorerConfig
 from rl_engine.config.migrate import migrate
 from rl_engine.config.model import ModelConfig, TasksetConfig
@@ -43,6 +44,9 @@ class LineageConfig(_Model):
     lock_ttl_s: float = Field(
         default=60.0, gt=0.0, description="The lock's lease: renewed every ttl/3 by its holder, free again this long after a holder died."
     )
+    promote: Literal["last", "best"] = Field(
+        default="last", description="Which model of a completed run the next run starts from: its last (`model/`), or its best evaluated version (`best`: needs eval.keep_best)."
+    )
 
 
 # numpy's global seed is 0..2**32-1 (torch takes up to 2**64-1): vLLM seeds both with the engine's seed,
@@ -68,6 +72,7 @@ class RFTConfig(_Model):
     )
     placement: PlacementConfig = Field(default_factory=LocalPlacement, description="Where the roles run: `local` (tasks of one flow run) or `deployments` (a flow run each).")
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reporting.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training (none by default) and the best version kept.")
     lineage: LineageConfig = Field(default_factory=LineageConfig, description="Scheduled retraining: the lineage this run continues, if any.")
 
     @model_validator(mode="before")
@@ -118,6 +123,22 @@ class RFTConfig(_Model):
             raise ValueError(
                 f"trainer.train_batch_size = {rows} must be a multiple of trainer.micro_batch_size = {self.trainer.micro_batch_size} x trainer.num_ranks = {self.trainer.num_ranks} "
                 "(each rank trains an equal share in whole micro-batches); change micro_batch_size or num_ranks"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _promote_best_needs_one(self) -> "RFTConfig":
+        if self.lineage.promote == "best" and self.eval.keep_best is None:
+            raise ValueError("lineage.promote = best needs eval.keep_best (the metric that names the best version) and eval.tasksets")
+        return self
+
+    @model_validator(mode="after")
+    def _eval_fits_schedule(self) -> "RFTConfig":
+        n, s = self.eval.every_versions, self.synchronizer
+        if self.eval.enabled and n is not None and n % s.sync_interval:
+            raise ValueError(
+                f"eval.every_versions = {n}: explorers receive only versions that are multiples of synchronizer.sync_interval = {s.sync_interval}, "
+                f"and explorer 0 evaluates with exactly the version it holds; use a multiple of {s.sync_interval}"
             )
         return self
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 from rl_engine.config import RendezvousSync
 from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_name
+from rl_engine.roles.evaluation import Evaluator, OnEval, save_due_weights
 from rl_engine.roles.explorer import Explorer
 from rl_engine.run.lease import Fence, LeaseLost
 from rl_engine.roles.trainer import TrainerRole
@@ -123,18 +124,34 @@ class Role:
             self.stop.close("done")
 
 
-def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None) -> RoleResult:
-    """Explorer `explorer_id` of the run at `run_url`, until its schedule ends or the run stops."""
+def explorer_role(
+    run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None, on_eval: OnEval | None = None
+) -> RoleResult:
+    """Explorer `explorer_id` of the run at `run_url`, until its schedule ends or the run stops;
+    explorer 0 also runs the held-out evaluations (`rl_engine.roles.evaluation`), passing each
+    record to `on_eval`."""
     run = open_run(run_url, storage_options)
     role = Role(run, role_name(explorer_id), on_step)
     with role.running():
         explorer = Explorer(run, explorer_id, role.stop, first_step=role.at.first_steps[explorer_id], fence=role.fence)
+        evaluator = Evaluator(run, explorer, role.at.trainer_version, on_eval) if explorer_id == 0 and run.cfg.eval.enabled else None
         try:
             loop = _rendezvous_explorer if isinstance(run.cfg.synchronizer, RendezvousSync) else _decoupled_explorer
-            loop(run, explorer, role)
+            try:
+                loop(run, explorer, role, evaluator)
+            except Stopped:
+                if _stop_kind(role) != "finished":
+                    raise
+            if evaluator is not None and _stop_kind(role) in (None, "finished"):
+                evaluator.finish(run.cfg.synchronizer.wait_timeout_s, gone=lambda: _stop_kind(role) not in (None, "finished"))
         finally:
             explorer.close()
     return role.result()
+
+
+def _stop_kind(role: Role) -> str | None:
+    """The kind of the run's stop request (finished, cancelled, failed), or None while it runs on."""
+    return (role.board.get(STOP_KEY) or {}).get("kind") if role.stop.is_set() else None
 
 
 def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None) -> RoleResult:
@@ -187,12 +204,14 @@ def _catch_up(run: RunContext, at: ResumePoint) -> int:
     return resume_catch_up(s.sync_interval, s.sync_offset, at.trainer_version, at.first_steps[0])
 
 
-def _rendezvous_explorer(run: RunContext, explorer: Explorer, role: Role) -> None:
+def _rendezvous_explorer(run: RunContext, explorer: Explorer, role: Role, evaluator: Evaluator | None) -> None:
     at, total, stop = role.at, run.cfg.trainer.total_steps, role.stop
     syncs, first = _plan(run, at), at.first_steps[0]
     if at.resumed and first <= total:
         explorer.receive(_catch_up(run, at), stop)  # the version the schedule gives the first step
     for e in range(first, total + 1):
+        if evaluator is not None:
+            evaluator.after_install()  # before the rollout: the engine holds exactly the version it names
         if stop.is_set():
             break
         role.record(e, explorer.step(e))
@@ -200,11 +219,15 @@ def _rendezvous_explorer(run: RunContext, explorer: Explorer, role: Role) -> Non
             explorer.receive(syncs[e], stop)
 
 
-def _decoupled_explorer(run: RunContext, explorer: Explorer, role: Role) -> None:
+def _decoupled_explorer(run: RunContext, explorer: Explorer, role: Role, evaluator: Evaluator | None) -> None:
     at, stop = role.at, role.stop
     e = at.first_steps[explorer.explorer_id]
     while True:
+        if evaluator is not None:
+            evaluator.catch_up()  # due versions it jumped past, from their saved weights; newer ones are picked up next
         explorer.pick_up_newest(e, stop)  # also after stop: a broadcast in flight needs every explorer
+        if evaluator is not None:
+            evaluator.after_install()
         if stop.is_set():
             break
         role.record(e, explorer.step(e))
@@ -220,6 +243,7 @@ def _rendezvous_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> No
             trainer.publish(trainer.version, stop)
     while trainer.version < cfg.trainer.total_steps and not stop.is_set():
         role.record(trainer.version + 1, {**trainer.step(stop), "resumed_from": at.trainer_version})
+        save_due_weights(run, trainer, at.trainer_version)
         if trainer.version in sends:
             trainer.publish(trainer.version, stop)
         _save_due(trainer, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
@@ -233,6 +257,7 @@ def _decoupled_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> Non
         trainer.publish(trainer.version, stop, wait_for_explorers=False)
     while trainer.version < cfg.trainer.total_steps and not stop.is_set():
         role.record(trainer.version + 1, {**trainer.step(stop), "resumed_from": at.trainer_version})
+        save_due_weights(run, trainer, at.trainer_version)
         if decoupled_publish(trainer.version, cfg.synchronizer.sync_interval):
             trainer.publish(trainer.version, stop, wait_for_explorers=False)
         _save_due(trainer, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)

@@ -243,11 +243,17 @@ class LineageRun:
         return carry_continuations(open_run(self.previous["run"], self.storage_options), run)
 
     def end(self, run: RunContext, status: str) -> dict[str, Any]:
-        """Record the run in runs.jsonl; move `latest.json` to it only if it `completed`."""
+        """Record the run in runs.jsonl (with its best evaluated version, if it kept one); move
+        `latest.json` to it only if it `completed`: to its last model, or with
+        `lineage.promote: best` to its best version's."""
+        from rl_engine.run.report import read_best
+
+        best = read_best(run)
         entry = {
             "run": run.url,
             "base_model": run.cfg.model.path,
             "model": f"{run.url}/model",
+            **({"best": best} if best is not None else {}),
             "tasks": consumed_task_ids(run.url, self.storage_options),
             "status": status,
             "time": time.time(),
@@ -255,7 +261,8 @@ class LineageRun:
         self.lease.check()  # a run that lost the lineage's lock records nothing over its new holder's
         append_run(self.url, self.storage_options, entry)
         if status == "completed":
-            move_latest(self.url, self.storage_options, run.url, entry["model"])
+            promoted = best["model"] if run.cfg.lineage.promote == "best" and best is not None else entry["model"]
+            move_latest(self.url, self.storage_options, run.url, promoted)
         return entry
 
     def release(self) -> None:

@@ -1,4 +1,4 @@
-"""The end-of-run report: metrics table, reward curve, timeline Gantt chart and utilization.
+"""The end-of-run report: metrics table, reward curve, timeline Gantt chart and utilization, held-out evaluations.
 
 Every role records each step's metrics as it goes (`record_step`: one JSON file per step under
 `<run>/metrics/role=<role>/`, so roles in other processes or on other machines report through
@@ -24,6 +24,79 @@ KNOB_KEYS = ("offpolicy_clamped_frac", "offpolicy_masked_frac", "is_weight_mean"
 
 
 METRICS_DIR = "metrics"
+
+
+# --------------------------------------------------------------------------- held-out evaluations
+# Explorer 0 writes them (rl_engine.roles.evaluation): a record per evaluated version under
+# `<run>/metrics/role=eval/step=<v>.json`, and `<run>/eval/best.json` with `eval.keep_best`.
+
+EVAL_ROLE = "eval"  # the metrics role of the evaluation records
+EVAL_DIR = "eval"  # <run>/eval/: saved weights of due versions, best.json
+BEST = "best.json"
+_CURVE = ("pass@1",)  # the metric drawn per set (avg@n is pass@1's estimate too)
+
+
+
+def load_evaluations(run: RunContext) -> list[dict[str, Any]]:
+    """Every evaluation record of the run, by version."""
+    fs, root = run.fs()
+    fs.invalidate_cache()
+    paths = fs.glob(join(root, METRICS_DIR, f"role={EVAL_ROLE}", "step=*.json"))
+    return sorted((read_json(fs, p) for p in paths), key=lambda r: r["version"])
+
+
+def read_best(run: RunContext) -> dict[str, Any] | None:
+    """`<run>/eval/best.json` ({version, metric, value, model}), or None."""
+    fs, root = run.fs()
+    path = join(root, EVAL_DIR, BEST)
+    return read_json(fs, path) if fs.exists(path) else None
+
+
+def set_names(records: list[dict[str, Any]]) -> list[str]:
+    return sorted({k.split("/", 1)[0] for r in records for k in r if k.endswith("/tasks")})
+
+
+def eval_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (version, set): the set's metrics, rounded for people (4 significant digits)."""
+    rows = []
+    for r in records:
+        for name in set_names([r]):
+            metrics = {k.split("/", 1)[1]: v for k, v in r.items() if k.startswith(f"{name}/")}
+            rows.append({"version": r["version"], "set": name, **{k: float(f"{v:.4g}") for k, v in metrics.items()}, "seconds": round(r["seconds"], 2)})
+    return rows
+
+
+def eval_markdown(table: list[dict[str, Any]], best: dict[str, Any] | None) -> str:
+    """The evaluations as a Markdown table (version, set, avg@n, pass@k, lengths), and the best version."""
+    cols = list(dict.fromkeys(k for row in table for k in row if not k.startswith("finish/")))
+    lines = ["## Held-out evaluation", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in cols) + " |" for row in table]
+    if best is not None:
+        lines += ["", f"best: version {best['version']} ({best['metric']} = {best['value']:.4g}), model `{best['model']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def heldout_curve_png(records: list[dict[str, Any]]) -> bytes:
+    """Each set's pass@1 against the trainer version."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 3.2), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for name in set_names(records):
+        for metric in _CURVE:
+            pts = [(r["version"], r[f"{name}/{metric}"]) for r in records if f"{name}/{metric}" in r]
+            ax.plot([v for v, _ in pts], [y for _, y in pts], marker="o", label=f"{name} {metric}")
+    ax.set_xlabel("trainer version")
+    ax.set_ylabel("held-out score")
+    ax.set_title("held-out evaluation")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return buf.getvalue()
+
 
 
 def record_step(run: RunContext, role: str, step: int, metrics: dict[str, Any]) -> None:
@@ -65,7 +138,8 @@ def load_metrics(run: RunContext) -> tuple[list[dict[str, Any]], list[dict[str, 
     fs.invalidate_cache()
     trainer, explorer = [], []
     for path in sorted(fs.glob(join(root, METRICS_DIR, "role=*", "step=*.json"))):
-        (trainer if "/role=trainer/" in path else explorer).append(read_json(fs, path))
+        if "/role=trainer/" in path or "/role=explorer-" in path:  # not the evaluations' (load_evaluations)
+            (trainer if "/role=trainer/" in path else explorer).append(read_json(fs, path))
     return trainer, explorer
 
 
@@ -142,6 +216,9 @@ def build_report(run: RunContext) -> Report:
         images["timeline"] = render_gantt(spans, title=f"{run.cfg.name} ({run.cfg.synchronizer.mode})")
     if trainer_metrics or explorer_metrics:
         images["reward-curve"] = reward_curve_png(trainer_metrics, explorer_metrics)
+    evaluations = load_evaluations(run)
+    if evaluations:
+        images["heldout-curve"] = heldout_curve_png(evaluations)
     head = trainer_metrics[: max(1, len(trainer_metrics) // 4)]
     tail = trainer_metrics[-max(1, len(trainer_metrics) // 4) :]
     summary = {
@@ -155,6 +232,7 @@ def build_report(run: RunContext) -> Report:
         "max_staleness_seen": max((m["staleness_max"] for m in trainer_metrics), default=None),
         "experiences": experience_accounting(fs, root, trainer_metrics),
         "utilization": util,
+        **({"evaluations": eval_table(evaluations), "best": read_best(run)} if evaluations else {}),
     }
     keys = TABLE_KEYS + tuple(k for k in KNOB_KEYS if any(k in m for m in trainer_metrics))
     table = [{k: m.get(k) for k in keys} for m in trainer_metrics]
@@ -162,6 +240,8 @@ def build_report(run: RunContext) -> Report:
     markdown += f"reward (first quarter -> last quarter of trainer steps): {summary['reward_first']} -> {summary['reward_last']}\n\n"
     if util:
         markdown += summary_markdown(util)
+    if evaluations:
+        markdown += "\n" + eval_markdown(eval_table(evaluations), summary["best"])
     out = join(root, "report")
     write_json(fs, join(out, "summary.json"), summary)
     write_bytes_atomic(fs, join(out, "metrics.jsonl"), "".join(json.dumps(m, default=str) + "\n" for m in trainer_metrics + explorer_metrics).encode())

@@ -42,7 +42,7 @@ from typing import Any, Iterator
 from rl_engine.errors import UserError
 from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options, write_bytes_atomic
 
-KINDS = ("engine_start", "rollout", "train", "sync", "wait", "write")
+KINDS = ("engine_start", "rollout", "train", "sync", "wait", "write", "eval")
 STARTUP = "engine_start"
 SYNC_METHODS = ("collective", "checkpoint")
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -218,7 +218,7 @@ def utilization(spans: list[Span]) -> dict[str, Any]:
     wait spans, for sync.
     """
     if not spans:
-        return {"wall_s": 0.0, "startup_s": 0.0, "lanes": {}, "trainer_wait_for_experiences_s": 0.0, "explorer_wait_for_sync_s": 0.0}
+        return {"wall_s": 0.0, "startup_s": 0.0, "lanes": {}, "trainer_wait_for_experiences_s": 0.0, "explorer_wait_for_sync_s": 0.0, "eval_s": 0.0}
     t0, t1 = min(s.start for s in spans), max(s.end for s in spans)
     ready = startup_end(spans)
     window = t1 - ready
@@ -241,6 +241,7 @@ def utilization(spans: list[Span]) -> dict[str, Any]:
         "lanes": lanes,
         "trainer_wait_for_experiences_s": sum(v["wait_s"] for c, v in lanes.items() if c.startswith("trainer")),
         "explorer_wait_for_sync_s": sum(v["wait_s"] for c, v in lanes.items() if c.startswith("explorer")),
+        "eval_s": sum(v["kinds_s"].get("eval", 0.0) for v in lanes.values()),  # held-out evaluations (rl_engine.roles.evaluation)
     }
 
 
@@ -274,9 +275,10 @@ _STYLE = {
     "sync:checkpoint": ("sync (checkpoint)", "#59A14F", None),
     "sync": ("sync", "#9C755F", None),
     "write": ("buffer write", "#EDC948", None),
+    "eval": ("evaluation", "#E15759", None),
     "wait": ("waiting", "#E0E0E0", "///"),
 }
-_DARK = {"rollout", "train", "sync:collective", "sync:checkpoint", "sync"}
+_DARK = {"rollout", "train", "sync:collective", "sync:checkpoint", "sync", "eval"}
 LAST_STEPS = 5  # the Gantt chart's second panel: the last trainer steps
 
 
@@ -295,6 +297,8 @@ def _style_key(s: Span) -> str:
 
 
 def _label(s: Span) -> str:
+    if s.kind == "eval":
+        return f"eval v{s.version}"
     if s.kind == "sync":
         return f"v{s.version}" if s.version is not None else ""
     if s.kind == "rollout" and s.step is not None and s.turns is not None:

@@ -1,0 +1,125 @@
+"""`rft eval`: the held-out evaluation standalone, on a model directory or on every saved version of a run.
+
+    rft eval runs/models/tiny-arith-sft --config configs/demo.yaml --taskset runs/data/arith-heldout.jsonl --n 4
+    rft eval runs/my-run                                   # the run's eval.tasksets, every saved version
+    rft eval runs/my-run --taskset heldout.jsonl --png curve.png
+
+A run's saved versions: 0 (the model it started from), the weights kept under `<run>/eval/`
+(the best version with `eval.keep_best`), the weight checkpoints of checkpoint sync
+(`<run>/checkpoints/version=<v>/`, those retention kept) and the final model (`<run>/model/`).
+One engine, set up as the run's explorers (the run's config.yaml, or --config for a model
+directory), loads each version's weights in place and scores every set exactly as evaluation
+during training does (rl_engine.roles.evaluation.score_set: the same workflow, reward,
+samples and seeds). It prints a table per version and set, and a final JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rl_engine.errors import UserError
+from rl_engine.model_dir import is_model_dir
+from rl_engine.storage import join, local_dir, open_storage
+
+
+def saved_versions(run: Any) -> list[tuple[int, str]]:
+    """(version, weights directory URL) of every version of `run` whose weights are there, by version."""
+    from rl_engine.roles.evaluation import COMMITTED
+    from rl_engine.run.report import EVAL_DIR, load_metrics
+    from rl_engine.sync.checkpoint import COMMIT
+
+    fs, root = run.fs()
+    fs.invalidate_cache()
+    found: dict[int, str] = {0: run.cfg.model.path}
+    for marker in fs.glob(join(root, "checkpoints", "version=*", COMMIT)):
+        v = int(marker.split("version=")[1].split("/")[0])
+        found[v] = f"{run.url}/checkpoints/version={v}"
+    for marker in fs.glob(join(root, EVAL_DIR, "version=*", COMMITTED)):
+        v = int(marker.split("version=")[1].split("/")[0])
+        found[v] = f"{run.url}/{EVAL_DIR}/version={v}/model"
+    if fs.exists(join(root, "model", "config.json")):
+        trainer, _ = load_metrics(run)
+        found[max((m["version"] for m in trainer), default=run.cfg.trainer.total_steps)] = f"{run.url}/model"
+    return sorted(found.items())
+
+
+def evaluate_versions(cfg: Any, versions: list[tuple[int, str]], sets: list[Any], storage_options: dict[str, Any] | None = None, log: Any = print) -> list[dict[str, Any]]:
+    """Score every set at every (version, weights) with one engine built on the first version's
+    weights; a record per version, as evaluation during training writes them."""
+    import time
+
+    from rl_engine.rewards.isolation import UserCodePool
+    from rl_engine.roles.evaluation import eval_tasks, score_set
+    from rl_engine.rollout.engine import build_rollout_engine
+    from rl_engine.rollout.workflow import build_workflow
+
+    first = versions[0][1]
+    engine = build_rollout_engine(cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": first, "tokenizer_path": cfg.model.tokenizer_path or first})}))
+    workflow = build_workflow(cfg.taskset.workflow)
+    pool = UserCodePool(cfg.taskset.user_code.workers, "eval") if workflow is not None or cfg.taskset.reward.type == "python" else None
+    data = {s.name: eval_tasks(cfg, s, storage_options) for s in sets}
+    out = []
+    try:
+        for i, (v, url) in enumerate(versions):
+            if i > 0:
+                with local_dir(url, storage_options) as path:
+                    engine.rpc("rft_load_checkpoint", path, v)
+                engine.mark_synced(v)
+            started = time.time()
+            results = {s.name: score_set(engine, cfg, s, data[s.name], v, workflow, pool) for s in sets}
+            record = {"version": v, "weights": url, "seconds": time.time() - started, **{f"{k}/{m}": x for k, r in results.items() for m, x in r.items()}}
+            out.append(record)
+            for name, r in results.items():
+                headline = "  ".join(f"{m}={x:.4g}" for m, x in r.items() if m.startswith(("avg@", "pass@")) or m in ("reward_mean", "response_len_mean"))
+                log(f"v{v:<5} {name:<12} {headline}")
+    finally:
+        if pool is not None:
+            pool.close()
+        engine.close()
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rl_engine.config import EvalTasksetConfig, load_config
+    from rl_engine.run.context import open_run
+
+    ap = argparse.ArgumentParser(prog="rft eval", description="Held-out evaluation of a model directory, or of every saved version of a run.")
+    ap.add_argument("target", help="a Hugging Face model directory, or a run's directory or URL")
+    ap.add_argument("--config", help="for a model directory: the YAML config whose explorer settings, template, workflow and reward to use")
+    ap.add_argument("--taskset", action="append", default=[], metavar="PATH", help="held-out task file (repeatable); default: the config's eval.tasksets")
+    ap.add_argument("--n", type=int, default=4, help="samples per task with --taskset (default 4)")
+    ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature with --taskset (default 1.0)")
+    ap.add_argument("--max-tasks", type=int, default=None, help="score only the first N tasks of each --taskset")
+    ap.add_argument("--png", default=None, help="write the held-out curve (pass@1 by version) to this PNG")
+    a = ap.parse_args(argv)
+    if is_model_dir(a.target):
+        if a.config is None:
+            raise UserError(f"rft eval {a.target}: a model directory needs --config (the run config whose explorer settings, template and reward to use)")
+        cfg = load_config(a.config, [f"model.path={a.target}"])
+        versions, opts = [(0, a.target)], cfg.buffer.storage.fs_options()
+    else:
+        fs, root = open_storage(a.target)
+        if not fs.exists(join(root, "config.yaml")):
+            raise UserError(f"rft eval {a.target}: neither a model directory (no config.json) nor a run (no config.yaml); give a model directory with --config, or a run directory")
+        run = open_run(a.target)
+        cfg, versions, opts = run.cfg, saved_versions(run), run.storage_options
+    sets = [EvalTasksetConfig(name=f"set{i}" if len(a.taskset) > 1 else "heldout", path=p, n=a.n, temperature=a.temperature, max_tasks=a.max_tasks) for i, p in enumerate(a.taskset)]
+    sets = sets or cfg.eval.tasksets
+    if not sets:
+        raise UserError("rft eval: no task set to score: give --taskset PATH, or a config with eval.tasksets")
+    records = evaluate_versions(cfg, versions, sets, opts)
+    if a.png:
+        from rl_engine.run.report import heldout_curve_png
+
+        with open(a.png, "wb") as f:
+            f.write(heldout_curve_png(records))
+    print(json.dumps({"versions": records}))
+    return 0
+
+
+if __name__ == "__main__":
+    from rl_engine.errors import run_main
+
+    run_main(main)

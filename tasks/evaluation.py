@@ -1,0 +1,54 @@
+"""Held-out evaluations in Prefect: a task run per evaluation (explorer 0 ran it, rl_engine.roles.evaluation),
+publishing the run's evaluation table and held-out curve as artifacts beside the timeline."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Callable
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from rl_engine.run.context import open_run
+from rl_engine.run.report import eval_table, heldout_curve_png, load_evaluations
+
+
+def eval_line(record: dict[str, Any]) -> str:
+    """`eval v4: heldout pass@1=0.531 avg@4=0.531 len=3.1 (2.1 s)`: each set's headline numbers."""
+    sets = sorted({k.split("/", 1)[0] for k in record if k.endswith("/tasks")})
+    parts = []
+    for name in sets:
+        avg = next((k for k in record if k.startswith(f"{name}/avg@")), None)
+        parts.append(f"{name} pass@1={record[f'{name}/pass@1']:.3f} {avg.split('/', 1)[1]}={record[avg]:.3f} len={record[f'{name}/response_len_mean']:.1f}")
+    best = record.get("best")
+    tail = f"; best v{best['version']}" if best else ""
+    return f"eval v{record['version']}: {'  '.join(parts)} ({record['seconds']:.1f} s){tail}"
+
+
+@task(cache_policy=NO_CACHE, task_run_name="eval-v{version}")
+def publish_evaluation(run_url: str, storage_options: dict[str, Any] | None, version: int, keys: str) -> int:
+    """Version `version` was evaluated: the run's evaluation table and held-out curve as artifacts."""
+    run = open_run(run_url, storage_options)
+    records = load_evaluations(run)
+    if run.cfg.monitor.artifacts and records:
+        create_table_artifact(eval_table(records), key=f"{keys}-evaluations", description=f"Held-out evaluations of run {run.cfg.name} by trainer version")
+        png = base64.b64encode(heldout_curve_png(records)).decode()
+        create_markdown_artifact(f"![held-out curve of run {run.cfg.name}](data:image/png;base64,{png})", key=f"{keys}-heldout-curve", description=f"Held-out score by version, run {run.cfg.name}")
+    return len(records)
+
+
+def evaluation_done(run_url: str, storage_options: dict[str, Any] | None) -> Callable[[dict[str, Any]], Any]:
+    """Explorer 0's evaluation callback in Prefect: a log line, then the evaluation's task run."""
+    keys = artifact_prefix(open_run(run_url, storage_options).cfg.name)
+
+    def on_eval(record: dict[str, Any]) -> None:
+        get_run_logger().info(eval_line(record))
+        publish_evaluation(run_url, storage_options, record["version"], keys)
+
+    return on_eval
+
+
+def artifact_prefix(name: str | None) -> str:
+    """`rft-<run name>` as an artifact key (lowercase letters, digits and dashes): stable for a run and its resumes."""
+    return "".join(c if c.isalnum() else "-" for c in f"rft-{name}".lower()).strip("-")

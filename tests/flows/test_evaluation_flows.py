@@ -1,0 +1,93 @@
+"""Evaluation during training, as a real flow run: the versions the schedule names are evaluated with
+exactly those weights, recorded, drawn in the timeline and the Prefect UI, and the best one kept.
+
+Fully async with checkpoint sync: the explorer picks up whatever the trainer published last, so
+exactness is what is at stake. Each record holds the engine's logprobs of a fixed sequence
+(`probe`); recomputed here from the trainer's saved state of that version, they must agree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli.run import run_config
+from harness.runs import MODES, small_config
+from rl_engine.config import validate_config
+from rl_engine.run.context import open_run
+from rl_engine.run.report import load_evaluations, read_best
+from rl_engine.run.timeline import load_spans
+
+pytestmark = pytest.mark.slow
+
+
+def hf_probe_logprobs(model_dir: str, weights: str | None, ids: list[int]) -> torch.Tensor:
+    """Logprobs of ids[1:] given the prefix, by the HF model with `weights` (a safetensors file) loaded."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    if weights is not None:
+        missing, unexpected = model.load_state_dict(load_file(weights), strict=False)
+        assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
+        model.tie_weights()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()  # [L-1, V]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]  # [L-1]
+
+
+def state_weights(run_url: str, version: int) -> str:
+    """The weights of the trainer state saved at `version` (trainer.checkpoint_interval divides it)."""
+    (path,) = [p for p in Path(run_url, "trainer_state").glob("step=*/model.safetensors") if int(p.parent.name.split("=")[1]) == version]
+    return str(path)
+
+
+def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, tiny_model_dir, task_file, tmp_path):
+    data = small_config(tiny_model_dir, task_file, str(tmp_path), total_steps=4, checkpoint_interval=2, **MODES["fully_async"])
+    data["eval"] = {
+        "tasksets": [{"name": "heldout", "path": task_file, "n": 2, "max_tasks": 6}],
+        "every_versions": 2,
+        "keep_best": {"metric": "heldout/pass@1"},
+    }
+    data["lineage"] = {"name": "evals", "promote": "best"}
+    summary = run_config(validate_config(data))
+    run = open_run(summary["run"])
+    records = load_evaluations(run)
+
+    assert [r["version"] for r in records] == [0, 2, 4]  # at start, every 2 versions, at the end
+    for r in records:
+        assert r["heldout/tasks"] == 6 and 0.0 <= r["heldout/pass@1"] <= r["heldout/pass@2"] <= 1.0
+        assert r["heldout/avg@2"] == pytest.approx(r["heldout/pass@1"])  # one estimator, two names
+        state = None if r["version"] == 0 else state_weights(run.url, r["version"])
+        hf = hf_probe_logprobs(tiny_model_dir, state, r["probe"]["ids"])
+        gap = (hf - torch.tensor(r["probe"]["logprobs"])).abs().max().item()
+        assert gap < 1e-3, f"version {r['version']}: the engine evaluated other weights (logprob gap {gap})"
+
+    evals = [(s.version, s.component) for s in load_spans(run.url) if s.kind == "eval"]
+    assert evals == [(0, "explorer-0"), (2, "explorer-0"), (4, "explorer-0")]
+
+    best = read_best(run)
+    values = {r["version"]: r["heldout/pass@1"] for r in records}
+    assert best["version"] == max(values, key=lambda v: (values[v], -v)) and best["value"] == values[best["version"]]
+    kept = sorted(int(p.name.split("=")[1]) for p in Path(run.url, "eval").glob("version=*"))
+    assert kept == ([best["version"]] if best["version"] else [])  # every other saved version deleted once evaluated
+    if best["version"]:
+        assert Path(best["model"], "config.json").exists()
+    assert summary["best"] == best and [row["version"] for row in summary["evaluations"]] == [0, 2, 4]
+    latest = json.loads(Path(tmp_path, "lineages", "evals", "latest.json").read_text())
+    assert latest["model"] == best["model"]  # lineage.promote: best
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from tasks.evaluation import artifact_prefix
+
+    keys = [f"{artifact_prefix(run.cfg.name)}-{what}" for what in ("evaluations", "heldout-curve")]
+    with get_client(sync_client=True) as client:
+        arts = {a.key: a for a in sorted(client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys))), key=lambda a: a.created)}  # the latest of each key
+    assert set(arts) == set(keys)  # the evaluation table and the held-out curve, beside the timeline
+    table = arts[keys[0]].data
+    assert {row["version"] for row in (json.loads(table) if isinstance(table, str) else table)} == {0, 2, 4}
