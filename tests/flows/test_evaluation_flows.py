@@ -45,7 +45,7 @@ def state_weights(run_url: str, version: int) -> str:
     return str(path)
 
 
-def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, tiny_model_dir, task_file, tmp_path):
+def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, tiny_model_dir, task_file, tmp_path, capsys):
     data = small_config(tiny_model_dir, task_file, str(tmp_path), total_steps=4, checkpoint_interval=2, **MODES["fully_async"])
     data["eval"] = {
         "tasksets": [{"name": "heldout", "path": task_file, "n": 2, "max_tasks": 6}],
@@ -91,3 +91,15 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, t
     assert set(arts) == set(keys)  # the evaluation table and the held-out curve, beside the timeline
     table = arts[keys[0]].data
     assert {row["version"] for row in (json.loads(table) if isinstance(table, str) else table)} == {0, 2, 4}
+
+    # `rft eval RUN`: every saved version, scored as during training (same weights, samples and seeds).
+    from cli.main import main as rft
+
+    out = Path(tmp_path, "curve.png")
+    assert rft(["eval", run.url, "--png", str(out)]) == 0
+    redone = {r["version"]: r for r in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["versions"]}
+    assert {0, 4} | ({best["version"]} if best["version"] else set()) <= set(redone) and out.stat().st_size > 0
+    for v, r in redone.items():
+        if v in values:
+            during = next(x for x in records if x["version"] == v)
+            assert (r["heldout/pass@1"], r["heldout/response_len_mean"]) == (during["heldout/pass@1"], during["heldout/response_len_mean"]), v

@@ -69,3 +69,76 @@ def test_a_user_reward_counts_as_exact_at_a_total_of_one():
     reward = build_reward(PythonReward(type="python", function="tests.rl_engine.test_evaluate:reward_half"))
     out = evaluate_engine(engine, tasks, reward, "python", "{prompt}", max_tokens=4, max_model_len=64)
     assert (out["greedy_exact"], out["t1_exact"]) == (0.5, 0.0)
+
+
+# --------------------------------------------------------------------------- evaluation during training: the metrics
+
+
+def test_pass_at_k_hand_values():
+    from rl_engine.evaluate import pass_at_k
+
+    # n = 4 samples, c correct: pass@k = 1 - C(4-c, k) / C(4, k)
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 1) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)  # 1 - 3/4
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(4, 2, 2) == pytest.approx(5 / 6)  # 1 - C(2,2)/C(4,2) = 1 - 1/6
+    assert pass_at_k(4, 1, 4) == 1.0 and pass_at_k(4, 3, 2) == 1.0  # fewer wrong than k: always a hit
+    with pytest.raises(ValueError):
+        pass_at_k(4, 5, 1)
+
+
+def test_set_metrics_hand_values():
+    from rl_engine.evaluate import set_metrics
+
+    # Two tasks, n = 4: task a right 3 times of 4, task b once; task c (listed) had every reward fail.
+    samples = [("a", True, 1.1, 2, "stop")] * 3 + [("a", False, 0.1, 5, "length")] + [("b", True, 1.0, 3, "stop")] + [("b", False, 0.0, 3, "stop")] * 3
+    m = set_metrics(samples, 4, ["a", "b", "c"])
+    assert m["tasks"] == 3
+    assert m["avg@4"] == pytest.approx((3 + 1 + 0) / 12)
+    assert m["pass@1"] == pytest.approx((0.75 + 0.25 + 0) / 3)  # avg@n's twin
+    assert m["pass@2"] == pytest.approx((1.0 + 0.5 + 0) / 3)  # a: 1 - C(1,2)/C(4,2) = 1; b: 1 - C(3,2)/C(4,2) = 0.5
+    assert m["pass@4"] == pytest.approx(2 / 3)
+    assert m["reward_mean"] == pytest.approx((3 * 1.1 + 0.1 + 1.0) / 8)
+    assert m["response_len_mean"] == pytest.approx((3 * 2 + 5 + 3 * 4) / 8)
+    assert m["finish/stop"] == pytest.approx(7 / 8) and m["truncated_frac"] == pytest.approx(1 / 8)
+    assert sorted(k for k in m if k.startswith("pass@")) == ["pass@1", "pass@2", "pass@4"]
+
+
+def test_a_workflows_own_reward_counts_correct_at_one():
+    from rl_engine.evaluate import _exact
+
+    assert _exact("arithmetic", 1.1, {"correct": 1.0, "format": 0.1}) and not _exact("arithmetic", 0.1, {"correct": 0.0, "format": 0.1})
+    assert _exact("arithmetic", 1.1, {"hit": 1.0, "format": 0.1})  # guess_number's reward through an arithmetic-scored run
+    assert not _exact("arithmetic", 0.1, {"hit": 0.0, "format": 0.1})
+
+
+def test_due_versions():
+    from rl_engine.config import EvalConfig
+    from rl_engine.roles.evaluation import due_versions
+
+    cfg = EvalConfig(tasksets=[{"name": "h", "path": "h.jsonl"}], every_versions=4)
+    assert due_versions(cfg, 10) == [0, 4, 8, 10]
+    assert due_versions(cfg, 10, start=5) == [5, 8, 10]  # a resumed run starts at version 5
+    assert due_versions(cfg.model_copy(update={"at_start": False, "at_end": False}), 12) == [4, 8, 12]
+    assert due_versions(cfg.model_copy(update={"every_versions": None}), 7) == [0, 7]
+
+
+def test_eval_config_is_checked(tiny_model_dir):
+    from rl_engine.config import ConfigError, validate_config
+
+    base = {"model": {"path": tiny_model_dir}, "taskset": {"path": "t.jsonl"}}
+    sets = [{"name": "heldout", "path": "h.jsonl", "n": 4}]
+    with pytest.raises(ConfigError, match=r"eval.every_versions = 3: .*synchronizer.sync_interval = 2"):
+        validate_config({**base, "synchronizer": {"mode": "synchronous", "sync_interval": 2}, "eval": {"tasksets": sets, "every_versions": 3}})
+    with pytest.raises(ConfigError, match=r"no eval set named 'other'"):
+        validate_config({**base, "eval": {"tasksets": sets, "keep_best": {"metric": "other/pass@1"}}})
+    with pytest.raises(ConfigError, match=r"k must be <= n"):
+        validate_config({**base, "eval": {"tasksets": sets, "keep_best": {"metric": "heldout/pass@8"}}})
+    with pytest.raises(ConfigError, match=r"write `<set name>/<metric>`"):
+        validate_config({**base, "eval": {"tasksets": sets, "keep_best": {"metric": "heldout/accuracy"}}})
+    with pytest.raises(ConfigError, match=r"greedy samples are identical"):
+        validate_config({**base, "eval": {"tasksets": [{"name": "g", "path": "h.jsonl", "n": 2, "temperature": 0}]}})
+    with pytest.raises(ConfigError, match=r"lineage.promote = best needs eval.keep_best"):
+        validate_config({**base, "lineage": {"name": "x", "promote": "best"}})
+    ok = validate_config({**base, "eval": {"tasksets": sets, "every_versions": 5, "keep_best": {"metric": "heldout/pass@4", "mode": "max"}}})
+    assert ok.eval.enabled and ok.eval.keep_best.metric == "heldout/pass@4"
