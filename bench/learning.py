@@ -52,7 +52,7 @@ SMOKE_WARMSTART_STEPS = 10
 ALGORITHM_METRICS = ("clip_frac", "offpolicy_clamped_frac", "offpolicy_masked_frac")
 
 
-def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int, algorithm: dict | None = None) -> dict:
+def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int, algorithm: dict | None = None, evaluation: dict | None = None) -> dict:
     """One real flow run of configs/<mode>.yaml; its wall time, busy fractions, accounting and final reward.
 
     `algorithm` is merged into the config's `algorithm` section; with a `preset` in it, the shipped
@@ -79,6 +79,9 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int,
     if algorithm:
         shipped = {"repeat_times": data["algorithm"]["repeat_times"]} if "preset" in algorithm else data["algorithm"]
         data["algorithm"] = {**shipped, **algorithm}
+    if evaluation:
+        k = data["synchronizer"].get("sync_interval", 1)  # explorers hold every k-th version only (collective sync)
+        data["eval"] = {**evaluation, "every_versions": -(-evaluation["every_versions"] // k) * k}
     summary = run_config(validate_config(data))
     spans = load_spans(summary["run"])
     t0 = startup_end(spans)  # the last engine up: the training proper starts here
@@ -112,6 +115,26 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int,
         **{k: mean(m.get(k, 0.0) for m in trainer_metrics) for k in ALGORITHM_METRICS},
         "filtered_experiences": float(sum(m.get("filtered_experiences", 0.0) for m in trainer_metrics)),
         "curve": [(ends[m["step"]] - t0, m["reward_mean"]) for m in trainer_metrics if m["step"] in ends],
+        **(_evaluation_figures(run, spans, t0, t1) if evaluation else {}),
+    }
+
+
+def _evaluation_figures(run, spans: list, t0: float, t1: float) -> dict:
+    """What the run's held-out evaluations cost and found: `eval_s` (explorer 0's eval spans),
+    `eval_overhead_fraction` (their share of the training window's wall time: while it evaluates,
+    explorer 0 generates nothing), and the held-out pass@1 by version."""
+    from rl_engine.run.report import load_evaluations
+
+    evals = [s for s in spans if s.kind == "eval"]
+    inside = sum(min(s.end, t1) - max(s.start, t0) for s in evals if s.end > t0 and s.start < t1)
+    records = load_evaluations(run)
+    curve = [(r["version"], r["heldout/pass@1"]) for r in records]
+    return {
+        "eval_s": round(sum(s.duration for s in evals), 2),
+        "eval_overhead_fraction": round(inside / (t1 - t0), 4),
+        "evaluations": len(records),
+        "heldout_pass1_final": curve[-1][1] if curve else None,
+        "eval_curve": curve,
     }
 
 
@@ -133,6 +156,20 @@ def demo_workload(prefix: str, model: str | None, smoke: bool) -> tuple[str, str
     return root, model, tasks, start
 
 
+HELDOUT = {"tasks": 100, "n": 4}  # the evaluation's size: 100 problems x 4 samples at temperature 1
+
+
+def heldout_eval(root: str, every: int) -> dict:
+    """The `eval` section of the runs: a held-out file of the demo task (its own seed; the task
+    space is 441 problems, so train and held-out share problems: it measures the policy, not
+    generalisation), scored every `every` versions, at the start and the end."""
+    from rl_engine.rewards import write_arithmetic_taskset
+
+    path = f"{root}/arith-heldout.jsonl"
+    write_arithmetic_taskset(path, n=HELDOUT["tasks"], seed=99)
+    return {"tasksets": [{"name": "heldout", "path": path, "n": HELDOUT["n"]}], "every_versions": every}
+
+
 @contextmanager
 def shared_engines() -> Iterator[None]:
     """The runs inside share warm engines (start-up is not what is compared) and one Prefect test
@@ -148,13 +185,16 @@ def shared_engines() -> Iterator[None]:
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
-    """Batch reward against wall-clock seconds, one line per mode (the lowest seed of each)."""
+    """Batch reward against wall-clock seconds, one line per mode (the lowest seed of each); with
+    evaluations, the held-out pass@1 by trainer version beside it."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    evaluated = any(r.get("eval_curve") for r in rows)
+    fig, axes = plt.subplots(1, 2 if evaluated else 1, figsize=(12 if evaluated else 7, 4), dpi=110, squeeze=False)
+    ax = axes[0][0]
     for mode in MODES:
         mine = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["seed"])
         if mine:
@@ -162,11 +202,21 @@ def plot(rows: list[dict], path: str, title: str) -> None:
             w = 8  # a trailing mean over 8 steps: one batch's reward is noisy
             smooth = [mean(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))]
             ax.plot(xs, smooth, label=f"{mode} ({mine[0]['wall_s']:.0f} s)")
+            if evaluated and mine[0].get("eval_curve"):
+                vs, ps = zip(*mine[0]["eval_curve"])
+                axes[0][1].plot(vs, ps, marker="o", label=mode)
     ax.set_xlabel("wall-clock seconds since the engines were up")
     ax.set_ylabel("batch reward (trailing mean of 8 steps)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    if evaluated:
+        ax2 = axes[0][1]
+        ax2.set_xlabel("trainer version")
+        ax2.set_ylabel("held-out pass@1")
+        ax2.set_title("held-out evaluation (explorer 0, exactly that version)", fontsize=9)
+        ax2.grid(alpha=0.3)
+        ax2.legend(fontsize=8)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
@@ -195,6 +245,14 @@ def summarize(rows: list[dict]) -> dict:
         "wasted_fraction": {m: round(mean(r["wasted_fraction"] for r in rs), 4) for m, rs in by.items()},
         "trainer_busy": {m: round(mean(r["trainer_busy"] for r in rs), 3) for m, rs in by.items()},
         "explorer_busy": {m: round(mean(r["explorer_busy"] for r in rs), 3) for m, rs in by.items()},
+        **(
+            {
+                "eval_overhead_fraction": {m: round(mean(r["eval_overhead_fraction"] for r in rs), 4) for m, rs in by.items()},
+                "heldout_pass1_final": {m: round(mean(r["heldout_pass1_final"] for r in rs), 4) for m, rs in by.items()},
+            }
+            if all("eval_overhead_fraction" in r for r in rows)
+            else {}
+        ),
     }
 
 
@@ -207,6 +265,7 @@ def main() -> None:
     ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick; 0 with --smoke)")
     ap.add_argument("--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)")
     ap.add_argument("--png", default="runs/bench-learning.png", help="where to write the reward / wall-clock figure")
+    ap.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every N trainer versions (0: none; default 5)")
     a = ap.parse_args()
     steps = a.steps or (3 if a.smoke else 12 if a.quick else 60)
     seeds = [int(s) for s in (a.seeds or ("0" if a.smoke else "0,1" if a.quick else "0,1,2")).split(",")]
@@ -214,14 +273,15 @@ def main() -> None:
     from bench._report import emit_json, print_table
 
     root, model, tasks, start = demo_workload("bench-learning-", a.model, a.smoke)
+    evaluation = heldout_eval(root, a.eval_every) if a.eval_every else None
     rows = []
     started = time.time()
     with shared_engines():
         for seed in seeds:
             for mode in MODES:
-                rows.append(run_one(mode, model, tasks, f"{root}/runs", steps, seed))
+                rows.append(run_one(mode, model, tasks, f"{root}/runs", steps, seed, evaluation=evaluation))
     title = f"bench.learning: demo task, tiny arithmetic warm start, {steps} trainer steps, seeds {seeds}"
-    print_table([{k: v for k, v in r.items() if k != "curve"} for r in rows], title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})")
+    print_table([{k: v for k, v in r.items() if k not in ("curve", "eval_curve")} for r in rows], title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})")
     plot(rows, a.png, title)
     out = {"steps": steps, "reward_start": round(start["expected_exact_t1"], 4), "png": a.png, "bench_s": round(time.time() - started, 1), **summarize(rows)}
     emit_json(out)

@@ -135,10 +135,13 @@ class RFTConfig(_Model):
     @model_validator(mode="after")
     def _eval_fits_schedule(self) -> "RFTConfig":
         n, s = self.eval.every_versions, self.synchronizer
-        if self.eval.enabled and n is not None and n % s.sync_interval:
+        # With checkpoint sync a decoupled explorer 0 loads a due version it never held from the
+        # trainer's saved weights; otherwise it evaluates the versions it receives, every sync_interval-th.
+        exact_only = isinstance(s, RendezvousSync) or s.sync_method == "collective"
+        if self.eval.enabled and n is not None and n % s.sync_interval and exact_only:
             raise ValueError(
-                f"eval.every_versions = {n}: explorers receive only versions that are multiples of synchronizer.sync_interval = {s.sync_interval}, "
-                f"and explorer 0 evaluates with exactly the version it holds; use a multiple of {s.sync_interval}"
+                f"eval.every_versions = {n}: explorers receive only versions that are multiples of synchronizer.sync_interval = {s.sync_interval} "
+                f"(mode {s.mode}, sync_method {s.sync_method}), and explorer 0 evaluates with exactly the version it holds; use a multiple of {s.sync_interval}"
             )
         return self
 

@@ -189,7 +189,7 @@ def test_partial(tmp_path):
 def test_learning(tmp_path):
     png = tmp_path / "learning.png"
     r = run_bench("learning", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path)
-    has_keys(r, "steps", "seeds", "reward_start", "png", "bench_s", "wall_s", "speedup_vs_sync", "final_reward", "final_reward_spread", "reward_within_spread", "wasted_fraction", "trainer_busy", "explorer_busy")
+    has_keys(r, "steps", "seeds", "reward_start", "png", "bench_s", "wall_s", "speedup_vs_sync", "final_reward", "final_reward_spread", "reward_within_spread", "wasted_fraction", "trainer_busy", "explorer_busy", "eval_overhead_fraction", "heldout_pass1_final")
     assert r["steps"] == 3 and r["seeds"] == [0] and png.stat().st_size > 0
     fraction(r["reward_start"])
     positive(r["bench_s"])
@@ -200,8 +200,9 @@ def test_learning(tmp_path):
     per(r, "final_reward_spread", MODES, non_negative)
     assert set(r["final_reward_spread"].values()) == {0}  # one seed
     per(r, "reward_within_spread", MODES, boolean)
-    for k in ("wasted_fraction", "trainer_busy", "explorer_busy"):
+    for k in ("wasted_fraction", "trainer_busy", "explorer_busy", "eval_overhead_fraction", "heldout_pass1_final"):
         per(r, k, MODES, fraction)
+    assert all(v > 0 for v in r["eval_overhead_fraction"].values())  # evaluated at start and end: explorer 0's eval spans
 
 
 def test_algorithms(tmp_path):
