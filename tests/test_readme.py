@@ -54,6 +54,10 @@ EXERCISED: dict[str, list[str]] = {
     ],
     "rft trainer-node": ["tests/flows/test_trainer_ranks.py::test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0"],
     "rft buffer": ["tests/rl_engine/buffer/test_buffer_stats.py::test_stats_text_and_corrupt", "tests/rl_engine/buffer/test_buffer_stats.py::test_stats_json"],
+    "rft eval": [
+        "tests/flows/test_evaluation_flows.py::test_async_run_evaluates_exact_versions_and_keeps_the_best",  # a run
+        "tests/rl_engine/test_evaluate.py::test_rft_eval_a_model_directory",  # a model directory with --config
+    ],
     "rft timeline": ["tests/rl_engine/test_timeline.py::test_cli_main_on_run_dir"],
     "prefect server": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],  # its fixture starts `prefect server start` (harness/prefect_live.py)
     "prefect work-pool": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],

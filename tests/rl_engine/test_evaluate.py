@@ -142,3 +142,44 @@ def test_eval_config_is_checked(tiny_model_dir):
         validate_config({**base, "lineage": {"name": "x", "promote": "best"}})
     ok = validate_config({**base, "eval": {"tasksets": sets, "every_versions": 5, "keep_best": {"metric": "heldout/pass@4", "mode": "max"}}})
     assert ok.eval.enabled and ok.eval.keep_best.metric == "heldout/pass@4"
+
+
+@pytest.mark.slow
+def test_rft_eval_a_model_directory(tiny_model_dir, tmp_path, capsys):
+    """The README's `rft eval MODEL --config CONFIG --taskset FILE --n N`: one version (0), every metric."""
+    import json
+    from pathlib import Path
+
+    from cli.main import main as rft
+    from rl_engine.rewards import write_arithmetic_taskset
+
+    tasks = write_arithmetic_taskset(str(tmp_path / "heldout.jsonl"), n=6, seed=5)
+    config = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    assert rft(["eval", tiny_model_dir, "--config", str(config), "--taskset", tasks, "--n", "2", "--max-tasks", "4"]) == 0
+    (record,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["versions"]
+    assert record["version"] == 0 and record["weights"] == tiny_model_dir and record["heldout/tasks"] == 4
+    assert {"heldout/avg@2", "heldout/pass@1", "heldout/pass@2", "heldout/reward_mean", "heldout/response_len_mean"} <= set(record)
+
+
+def test_rft_eval_refuses_what_it_cannot_score(tiny_model_dir, tmp_path):
+    from rl_engine.errors import UserError
+    from rl_engine.roles.evaluate_run import main
+
+    with pytest.raises(UserError, match="a model directory needs --config"):
+        main([tiny_model_dir, "--taskset", "h.jsonl"])
+    with pytest.raises(UserError, match="neither a model directory .* nor a run"):
+        main([str(tmp_path), "--taskset", "h.jsonl"])
+
+
+def test_the_readme_eval_config_validates(tiny_model_dir):
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from rl_engine.config import validate_config
+
+    section = (Path(__file__).resolve().parents[2] / "README.md").read_text().split("## Evaluation during training", 1)[1]
+    shown = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    cfg = validate_config({"model": {"path": tiny_model_dir}, "taskset": {"path": "t.jsonl"}, **shown})
+    assert cfg.eval.every_versions == 5 and cfg.eval.keep_best.metric == "heldout/pass@1" and cfg.eval.tasksets[0].n == 4
