@@ -25,6 +25,7 @@ from rl_engine.errors import UserError, hide_user_error_tracebacks
 from rl_engine.roles.entry import roles_share_process
 from rl_engine.run.context import RunContext
 from rl_engine.run.driver import RunDriver
+from tasks.evaluation import start_evaluation
 from tasks.report import publish_report, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
 from tasks.run import check_run, record_run, start_attempt, sweep_buffer
@@ -209,6 +210,8 @@ def finish_run(driver: RunDriver, run: RunContext, keys: str, cancelled: bool = 
     sweep_buffer(driver)
     summary = publish_report(run, keys)
     record_run(driver, "cancelled" if cancelled else "completed")  # only a completed run moves the lineage's latest.json
+    if not cancelled and run.cfg.eval.after_run:
+        start_evaluation(run.cfg.eval.after_run, run.url, run.storage_options)
     if cancelled:
         return Cancelled(message=f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
     return summary

@@ -33,9 +33,29 @@ def publish_evaluation(run_url: str, storage_options: dict[str, Any] | None, ver
     records = load_evaluations(run)
     if run.cfg.monitor.artifacts and records:
         create_table_artifact(eval_table(records), key=f"{keys}-evaluations", description=f"Held-out evaluations of run {run.cfg.name} by trainer version")
-        png = base64.b64encode(heldout_curve_png(records)).decode()
-        create_markdown_artifact(f"![held-out curve of run {run.cfg.name}](data:image/png;base64,{png})", key=f"{keys}-heldout-curve", description=f"Held-out score by version, run {run.cfg.name}")
+        create_markdown_artifact(png_markdown(heldout_curve_png(records), f"held-out curve of run {run.cfg.name}"), key=f"{keys}-heldout-curve", description=f"Held-out score by version, run {run.cfg.name}")
     return len(records)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="start-evaluation")
+def start_evaluation(deployment: str, run_url: str, storage_options: dict[str, Any] | None) -> str | None:
+    """The run completed: start a flow run of `deployment` (eval.after_run, e.g. `rft-eval/default`)
+    on it, without waiting; its id, or None when it could not start (a warning: the run stays completed)."""
+    from prefect.deployments import run_deployment
+
+    log = get_run_logger()
+    try:
+        flow_run = run_deployment(deployment, parameters={"run_url": run_url, "storage_options": storage_options}, timeout=0, as_subflow=False)
+    except Exception as e:  # noqa: BLE001 - the run is done; a missing deployment must not fail it
+        log.warning("eval.after_run: could not start deployment %r for %s: %s: %s (deploy it: `prefect deploy --all`)", deployment, run_url, type(e).__name__, e)
+        return None
+    log.info("eval.after_run: started flow run %s of %s on %s", flow_run.name, deployment, run_url)
+    return str(flow_run.id)
+
+
+def png_markdown(png: bytes, what: str) -> str:
+    """A PNG as a Markdown artifact's body (an image artifact would print the whole data: URL under it)."""
+    return f"![{what}](data:image/png;base64,{base64.b64encode(png).decode()})"
 
 
 def evaluation_done(run_url: str, storage_options: dict[str, Any] | None) -> Callable[[dict[str, Any]], Any]:

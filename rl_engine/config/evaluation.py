@@ -54,6 +54,11 @@ class EvalConfig(_Model):
     at_start: bool = Field(default=True, description="Evaluate the initial policy (version 0, or the version a resumed run starts from).")
     at_end: bool = Field(default=True, description="Evaluate the final version (trainer.total_steps) too.")
     keep_best: KeepBestConfig | None = Field(default=None, description="Keep the best evaluated version's weights (never deleted by retention) and name it in the summary and the lineage.")
+    after_run: str | None = Field(
+        default=None,
+        pattern=r"^[^/]+/[^/]+$",
+        description="A Prefect deployment (`flow/deployment`, e.g. `rft-eval/default`) started with the run's URL when the run completes: every saved version scored after the fact; null: none.",
+    )
 
     @model_validator(mode="after")
     def _sets(self) -> "EvalConfig":

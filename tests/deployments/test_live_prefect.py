@@ -48,6 +48,7 @@ def test_deploy_all_from_repo_root(deployed):
         "multi-explorer/multi-explorer",
         "rft-explorer/default",
         "rft-trainer/default",
+        "rft-eval/default",
     }
     by_entry = {d["entrypoint"]: d for d in SPEC["deployments"]}
     for name, dep in deployed.items():

@@ -45,6 +45,7 @@ def test_one_deployment_per_mode_and_role():
         "multi-explorer/multi-explorer",
         "rft-explorer/default",
         "rft-trainer/default",
+        "rft-eval/default",
     }
 
 

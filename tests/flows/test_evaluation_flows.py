@@ -39,6 +39,20 @@ def hf_probe_logprobs(model_dir: str, weights: str | None, ids: list[int]) -> to
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]  # [L-1]
 
 
+def register_eval_deployment():
+    """prefect.yaml's `rft-eval/default` on the test server (a process pool no worker serves: the
+    flow run the completed run starts stays scheduled, which is what is checked)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+
+    from flows.evaluation import evaluate_run
+
+    with get_client(sync_client=True) as client:
+        if not any(p.name == "rft-cpu" for p in client.read_work_pools()):
+            client.create_work_pool(WorkPoolCreate(name="rft-cpu", type="process"))
+    return evaluate_run.to_deployment(name="default", work_pool_name="rft-cpu").apply()
+
+
 def state_weights(run_url: str, version: int) -> str:
     """The weights of the trainer state saved at `version` (trainer.checkpoint_interval divides it)."""
     (path,) = [p for p in Path(run_url, "trainer_state").glob("step=*/model.safetensors") if int(p.parent.name.split("=")[1]) == version]
@@ -52,7 +66,9 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, t
         "every_versions": 2,
         "keep_best": {"metric": "heldout/pass@1"},
     }
+    data["eval"]["after_run"] = "rft-eval/default"
     data["lineage"] = {"name": "evals", "promote": "best"}
+    deployment_id = register_eval_deployment()
     summary = run_config(validate_config(data))
     run = open_run(summary["run"])
     records = load_evaluations(run)
@@ -92,6 +108,13 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, t
     table = arts[keys[0]].data
     assert {row["version"] for row in (json.loads(table) if isinstance(table, str) else table)} == {0, 2, 4}
 
+    # eval.after_run: the completed run started the evaluation deployment on itself.
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    with get_client(sync_client=True) as client:
+        started = client.read_flow_runs(deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id])))
+    assert [r.parameters["run_url"] for r in started] == [run.url]
+
     # `rft eval RUN`: every saved version, scored as during training (same weights, samples and seeds).
     from cli.main import main as rft
 
@@ -103,3 +126,12 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, t
         if v in values:
             during = next(x for x in records if x["version"] == v)
             assert (r["heldout/pass@1"], r["heldout/response_len_mean"]) == (during["heldout/pass@1"], during["heldout/response_len_mean"]), v
+
+    # The rft-eval flow itself (what that deployment runs): the same scores, and its artifacts.
+    from flows.evaluation import evaluate_run
+
+    flowed = {r["version"]: r["heldout/pass@1"] for r in evaluate_run(run.url)}
+    assert flowed == {v: r["heldout/pass@1"] for v, r in redone.items()}
+    with get_client(sync_client=True) as client:
+        saved = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{artifact_prefix(run.cfg.name)}-saved-versions"])))
+    assert saved
