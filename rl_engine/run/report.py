@@ -121,7 +121,7 @@ def number(value: Any, digits: int = SIGNIFICANT_DIGITS) -> str:
     """A number as people read it: a float to `digits` significant digits (`0.5688`), None as `n/a`."""
     if value is None:
         return "n/a"
-    return f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+    return str(rounded(value, digits))  # 0.0 stays "0.0", 1.234e-05 stays short
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:

@@ -29,7 +29,7 @@ def test_rounded_keeps_four_significant_digits_of_every_float():
     assert rounded(0.5687500000000001) == 0.5688 and rounded(1.2345678e-05) == 1.235e-05 and rounded(12345.678) == 12350.0
     assert rounded({"a": [0.1 + 0.2, 3, True, "x", None], "b": (2 / 3,)}) == {"a": [0.3, 3, True, "x", None], "b": (0.6667,)}
     assert math.isnan(rounded(float("nan"))) and rounded(float("inf")) == float("inf")
-    assert (number(0.5687500000000001), number(None), number(7)) == ("0.5688", "n/a", "7")
+    assert (number(0.5687500000000001), number(0.0), number(1.2345678e-05), number(None), number(7)) == ("0.5688", "0.0", "1.235e-05", "n/a", "7")
 
 
 def test_summary_lines_say_run_steps_reward_experiences_staleness_report_and_model():
