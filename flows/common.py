@@ -214,6 +214,29 @@ def report_anyway(run: RunContext, keys: str) -> None:
         get_run_logger().warning("could not publish the report of %s: %s: %s", run.url, type(e).__name__, e)
 
 
+def end_cancelled(message: str) -> Any:
+    """What a flow returns to end as Cancelled: the Cancelled state, or, in the process a worker or
+    `serve` started for this flow run (`python -m prefect.engine`, PREFECT__FLOW_RUN_ID), the flow
+    run set Cancelled through the API and the process ended with Prefect's `Abort` signal. There
+    Prefect's engine would turn a returned Cancelled state into a CancelledRun exception at exit,
+    logging two tracebacks and exiting 1, for a run stopped on purpose; with `Abort` it logs one
+    info line and exits 0 (prefect/engine.py, handle_engine_signals)."""
+    import os
+
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import Abort
+
+    state, flow_run = Cancelled(message=message), get_run_context().flow_run
+    if os.environ.get("PREFECT__FLOW_RUN_ID") != str(flow_run.id):
+        return state  # in-process (`rft run`, a test): the caller gets the state
+    with get_client(sync_client=True) as client:
+        final = client.set_flow_run_state(flow_run.id, state, force=True).state
+    get_run_logger().info("%s: the flow run is Cancelled", message)
+    signal = Abort(message)
+    signal.state = final  # the engine's "Finished in state Cancelled(...)"
+    raise signal
+
+
 def finish_run(driver: RunDriver, run: RunContext, keys: str, cancelled: bool = False) -> Any:
     """Every role has stopped: sweep the buffer, publish the timeline, metrics, reward curve and
     model link, record the run in its lineage; the run's summary, or a Cancelled state."""
@@ -221,5 +244,5 @@ def finish_run(driver: RunDriver, run: RunContext, keys: str, cancelled: bool = 
     summary = publish_report(run, keys)
     record_run(driver, "cancelled" if cancelled else "completed")  # only a completed run moves the lineage's latest.json
     if cancelled:
-        return Cancelled(message=f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
+        return end_cancelled(f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
     return summary
