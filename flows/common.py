@@ -10,8 +10,9 @@ Every mode's flow takes the same parameters (`set`, `cfg`, `resume`), is named a
 from __future__ import annotations
 
 import contextlib
-import json
 import contextvars
+import json
+import os
 import threading
 from typing import Annotated, Any, Callable, Iterator
 
@@ -221,8 +222,6 @@ def end_cancelled(message: str) -> Any:
     Prefect's engine would turn a returned Cancelled state into a CancelledRun exception at exit,
     logging two tracebacks and exiting 1, for a run stopped on purpose; with `Abort` it logs one
     info line and exits 0 (prefect/engine.py, handle_engine_signals)."""
-    import os
-
     from prefect.client.orchestration import get_client
     from prefect.exceptions import Abort
 
