@@ -124,6 +124,10 @@ def number(value: Any, digits: int = SIGNIFICANT_DIGITS) -> str:
     return str(rounded(value, digits))  # 0.0 stays "0.0", 1.234e-05 stays short
 
 
+def _reward(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The run's summary (`build_report(...).summary`) as a few lines for people: what `rft run`
     prints at the end and the mode flow's last log line in Prefect."""
@@ -132,7 +136,7 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     lines = [
         f"run:        {run}  (mode {summary['mode']})",
         f"trained:    {summary['trainer_steps']} steps -> version {summary['final_version']}, {summary['explorer_steps']} explorer steps",
-        f"reward:     {number(summary['reward_first'])} (first quarter) -> {number(summary['reward_last'])} (last quarter)",
+        f"reward:     {_reward(summary['reward_first'])} (first quarter) -> {_reward(summary['reward_last'])} (last quarter)",
         f"staleness:  max {summary['max_staleness_seen']}",
     ]
     if x := summary.get("experiences"):

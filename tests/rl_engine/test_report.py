@@ -34,7 +34,7 @@ def test_rounded_keeps_four_significant_digits_of_every_float():
 
 def test_summary_lines_say_run_steps_reward_experiences_staleness_report_and_model():
     text = "\n".join(summary_lines(SUMMARY))
-    assert "4 steps -> version 4" in text and "0.5688 (first quarter) -> 0.5344 (last quarter)" in text
+    assert "4 steps -> version 4" in text and "0.569 (first quarter) -> 0.534 (last quarter)" in text
     assert "40 generated, 32 trained" in text and "staleness:  max 1" in text and "trainer      46%" in text
     assert "runs/synchronous-x/report/" in text and "model:      runs/synchronous-x/model" in text
     assert "0.5687500000000001" not in text and "{" not in text  # not a dict
