@@ -101,20 +101,10 @@ def check_prefect_api(timeout_s: float = 10.0) -> None:
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    util = summary.get("utilization") or {}
+    from rl_engine.run.report import summary_lines
+
     print()
-    print(f"run:        {summary['run']}  (mode {summary['mode']})")
-    print(f"trained:    {summary['trainer_steps']} steps -> version {summary['final_version']}, {summary['explorer_steps']} explorer steps")
-    print(f"reward:     {summary['reward_first']:.3f} (first quarter) -> {summary['reward_last']:.3f} (last quarter)")
-    print(f"staleness:  max {summary['max_staleness_seen']}")
-    if x := summary.get("experiences"):
-        filtered = f", {x['filtered']} filtered (zero-variance groups)" if x.get("filtered") else ""
-        print(f"experiences: {x['generated']} generated, {x['trained']} trained{filtered}, {x['dropped_stale']} dropped as stale, {x['untrained']} left untrained")
-    if util:
-        print(f"start-up:   {util.get('startup_s', 0.0):.1f} s until every engine was up (busy below is after it)")
-    for lane, u in (util.get("lanes") or {}).items():
-        print(f"busy:       {lane:<12} {u['busy_fraction']:.0%} (waiting {u['wait_s']:.1f} s)")
-    print(f"report:     {summary['run']}/report/ (timeline.png, reward-curve.png, summary.json)")
+    print("\n".join(summary_lines(summary)))
     if not os.environ.get("PREFECT_API_URL"):
         print("Prefect UI: this run used the ephemeral server; start `prefect server start`, export PREFECT_API_URL=http://127.0.0.1:4200/api and run again to follow it in the UI.")
 

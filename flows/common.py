@@ -3,7 +3,7 @@
 record-lineage), honouring cancellation and publishing the report also when cancelled.
 
 The schedule itself lives in the roles (rl_engine/roles/entry.py); a mode's flow only orchestrates.
-Every mode's flow takes the same parameters (`cfg`, `set`, `resume`), is named after its run
+Every mode's flow takes the same parameters (`set`, `cfg`, `resume`), is named after its run
 (`flow_run_label`), and returns the run's summary as its result, stored as JSON.
 """
 
@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
+import os
 import threading
-from typing import Any, Callable, Iterator
+from typing import Annotated, Any, Callable, Iterator
 
 from prefect import flow
 from prefect.context import get_run_context
 from prefect.logging import get_run_logger
 from prefect.states import Cancelled
+from pydantic import Field
 
 from rl_engine.board import STOP_KEY, Board, request_stop
 from rl_engine.config import RFTConfig, apply_overrides, validate_config
@@ -62,20 +65,29 @@ def flow_run_label(mode: str) -> Callable[[], str]:
     return label
 
 
+# The example of the `set` parameter in the run form (the schema's `examples`, and its description).
+SET_EXAMPLE = ["trainer.total_steps=50", "algorithm.preset=dapo"]
+
+# The `set` parameter's type: a mode flow takes it first, `fn(set=None, *, cfg, resume=None)`, so the
+# run form (Prefect orders parameters by their `position` in the signature) shows it above the
+# ten screens of `cfg`; `cfg` and `resume` are keyword-only (every caller names them).
+Overrides = Annotated[list[str] | None, Field(examples=[SET_EXAMPLE])]
+
 # The parameters' descriptions in the deployment's schema (the UI's run form); Prefect reads them
 # from the flow function's docstring (Google style), where `mode_flow` appends them.
-PARAMETERS_DOC = """
+PARAMETERS_DOC = f"""
 
     Args:
+        set: Dotted overrides applied on top of `cfg`, like `rft run --set`, e.g. {json.dumps(SET_EXAMPLE)}: only those fields of the deployment's config change. The usual way to change a run.
         cfg: The whole run config (RFTConfig); a deployment's run gets the deployment's values unless the run replaces all of it.
         resume: URL of a run to continue from its last trainer checkpoint, with the config stored in that run.
-        set: Dotted overrides applied on top of `cfg`, like `rft run --set`: e.g. ["trainer.total_steps=50"] changes only that field of the deployment's config.
 """
 
 
 def mode_flow(name: str, mode: str) -> Callable[[Callable[..., Any]], Any]:
-    """The Prefect flow of a mode, `fn(cfg, resume, set)`: named after its run (`flow_run_label`), its
-    result (the run's summary) stored as JSON, its parameters described in the run form."""
+    """The Prefect flow of a mode, `fn(set=None, *, cfg, resume=None)`: named after its run
+    (`flow_run_label`), its result (the run's summary) stored as JSON, its parameters described in
+    the run form, `set` first."""
 
     def decorate(fn: Callable[..., Any]) -> Any:
         fn.__doc__ = (fn.__doc__ or "").rstrip() + PARAMETERS_DOC
@@ -204,6 +216,27 @@ def report_anyway(run: RunContext, keys: str) -> None:
         get_run_logger().warning("could not publish the report of %s: %s: %s", run.url, type(e).__name__, e)
 
 
+def end_cancelled(message: str) -> Any:
+    """What a flow returns to end as Cancelled: the Cancelled state, or, in the process a worker or
+    `serve` started for this flow run (`python -m prefect.engine`, PREFECT__FLOW_RUN_ID), the flow
+    run set Cancelled through the API and the process ended with Prefect's `Abort` signal. There
+    Prefect's engine would turn a returned Cancelled state into a CancelledRun exception at exit,
+    logging two tracebacks and exiting 1, for a run stopped on purpose; with `Abort` it logs one
+    info line and exits 0 (prefect/engine.py, handle_engine_signals)."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import Abort
+
+    state, flow_run = Cancelled(message=message), get_run_context().flow_run
+    if os.environ.get("PREFECT__FLOW_RUN_ID") != str(flow_run.id):
+        return state  # in-process (`rft run`, a test): the caller gets the state
+    with get_client(sync_client=True) as client:
+        final = client.set_flow_run_state(flow_run.id, state, force=True).state
+    get_run_logger().info("%s: the flow run is Cancelled", message)
+    signal = Abort(message)
+    signal.state = final  # the engine's "Finished in state Cancelled(...)"
+    raise signal
+
+
 def finish_run(driver: RunDriver, run: RunContext, keys: str, cancelled: bool = False) -> Any:
     """Every role has stopped: sweep the buffer, publish the timeline, metrics, reward curve and
     model link, record the run in its lineage; the run's summary, or a Cancelled state."""
@@ -213,5 +246,5 @@ def finish_run(driver: RunDriver, run: RunContext, keys: str, cancelled: bool = 
     if not cancelled and run.cfg.eval.after_run:
         start_evaluation(run.cfg.eval.after_run, run.url, run.storage_options)
     if cancelled:
-        return Cancelled(message=f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
+        return end_cancelled(f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
     return summary

@@ -13,17 +13,17 @@ deployments (`placement`).
 
 from __future__ import annotations
 
-from flows.common import mode_flow, run_mode
+from flows.common import Overrides, mode_flow, run_mode
 from rl_engine.config import RFTConfig
 
 
 @mode_flow("fully-async", "fully_async")
-def fully_async(cfg: RFTConfig, resume: str | None = None, set: list[str] | None = None):
+def fully_async(set: Overrides = None, *, cfg: RFTConfig, resume: str | None = None):
     """Mode (c): one explorer and the trainer as independent loops."""
     return run_mode(cfg, resume, "fully_async", set)
 
 
 @mode_flow("multi-explorer", "multi_explorer")
-def multi_explorer(cfg: RFTConfig, resume: str | None = None, set: list[str] | None = None):
+def multi_explorer(set: Overrides = None, *, cfg: RFTConfig, resume: str | None = None):
     """Mode (d): explorer.count explorers and one trainer, one buffer."""
     return run_mode(cfg, resume, "multi_explorer", set)

@@ -11,17 +11,17 @@ flow runs of their own deployments (`placement`).
 
 from __future__ import annotations
 
-from flows.common import mode_flow, run_mode
+from flows.common import Overrides, mode_flow, run_mode
 from rl_engine.config import RFTConfig
 
 
 @mode_flow("synchronous", "synchronous")
-def synchronous(cfg: RFTConfig, resume: str | None = None, set: list[str] | None = None):
+def synchronous(set: Overrides = None, *, cfg: RFTConfig, resume: str | None = None):
     """Mode (a): rollout with v(t-1), train t, sync vt; generalised to any sync_interval."""
     return run_mode(cfg, resume, "synchronous", set)
 
 
 @mode_flow("one-step-off-policy", "one_step_off_policy")
-def one_step_off_policy(cfg: RFTConfig, resume: str | None = None, set: list[str] | None = None):
+def one_step_off_policy(set: Overrides = None, *, cfg: RFTConfig, resume: str | None = None):
     """Mode (b): the explorer runs sync_offset steps ahead, rollout e+1 overlaps train e."""
     return run_mode(cfg, resume, "one_step_off_policy", set)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
-from prefect.states import Cancelled
 
+from flows.common import end_cancelled
 from rl_engine.board import role_name
 from rl_engine.roles import entry as roles
 from tasks.continuations import explorer_step_done
@@ -22,9 +22,10 @@ from tasks.report import trainer_step_done
 
 
 def _outcome(role: str, run_url: str, result: roles.RoleResult) -> Any:
-    """Completed with a summary, or Cancelled when the run stopped the role before its schedule ended."""
+    """Completed with a summary, or Cancelled when the run stopped the role before its schedule ended
+    (cleanly, exit status 0, in the role's own process: `end_cancelled`)."""
     if result.stopped_by is not None:
-        return Cancelled(message=f"{role} stopped after {len(result.metrics)} steps: {result.stopped_by['reason']}")
+        return end_cancelled(f"{role} stopped after {len(result.metrics)} steps: {result.stopped_by['reason']}")
     return {"role": role, "run": run_url, "steps": len(result.metrics)}
 
 

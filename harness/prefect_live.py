@@ -356,3 +356,17 @@ def flow_run_id_from_cli(stdout: str) -> str:
     m = re.search(r"UUID:\s*([0-9a-f-]{36})", stdout)
     assert m, f"no flow run id in `prefect deployment run` output:\n{stdout}"
     return m.group(1)
+
+
+def assert_exited_cleanly(server: LiveServer, flow_run_id: str, timeout_s: float = 30.0) -> None:
+    """The process a worker ran the flow run in exited with status 0 and logged no traceback (a
+    run cancelled on purpose ends so: flows.common.end_cancelled). Reads the run's logs on the
+    server once the worker has logged how the process exited (`exited cleanly` or a status code)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = server.api("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200})
+        text = "\n".join(row["message"] for row in rows)
+        if "exited cleanly" in text or "exited with status code" in text or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert "Traceback" not in text and "CancelledRun" not in text and "exited cleanly" in text, f"flow run {flow_run_id}:\n{text[-3000:]}"

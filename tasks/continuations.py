@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect.artifacts import create_link_artifact, create_table_artifact
 
+from rl_engine.run.report import rounded
 from tasks.report import log_step
 
 
@@ -31,7 +32,7 @@ def publish_continuations(m: dict[str, Any]) -> None:
     key = continuations_key(cat["run"], m["explorer_id"])
     rows = cat["groups"] or [{"group": "", "task": "(none pending)", "finished": "", "segments": 0, "tokens": 0, "versions": [], "age_steps": 0}]
     create_table_artifact(
-        [{**r, "versions": ",".join(map(str, r["versions"]))} for r in rows],
+        [rounded({**r, "versions": ",".join(map(str, r["versions"]))}) for r in rows],
         key=key,
         description=f"Pending continuations of explorer {m['explorer_id']} of run {cat['run']} after explorer step {m['explorer_step']} ({len(cat['groups'])} groups). Manifest: {cat['manifest']}",
     )

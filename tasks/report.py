@@ -11,7 +11,6 @@ name is in each artifact's description.
 from __future__ import annotations
 
 import base64
-import json
 import logging
 from pathlib import Path
 from typing import Any, Callable
@@ -23,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from rl_engine.run.state import latest_state_step
-from rl_engine.run.report import build_report
+from rl_engine.run.report import build_report, rounded, summary_lines
 from rl_engine.run.context import RunContext, open_run
 
 
@@ -62,7 +61,7 @@ def start_progress(run: RunContext, keys: str) -> str:
     """The run's progress artifact (trainer steps done / trainer.total_steps, in %), at where the
     run starts (0, or the resumed trainer version); returns its id for the trainer to move."""
     total, done = run.cfg.trainer.total_steps, latest_state_step(run) or 0
-    return str(create_progress_artifact(100.0 * done / total, key=f"{keys}-progress", description=_progress_text(run.cfg.name, done, total)))
+    return str(create_progress_artifact(rounded(100.0 * done / total), key=f"{keys}-progress", description=_progress_text(run.cfg.name, done, total)))
 
 
 def _progress_text(name: str | None, step: int, total: int) -> str:
@@ -78,7 +77,7 @@ def trainer_step_done(run_url: str, storage_options: dict[str, Any] | None, prog
         log_step(role, m)
         if progress_id is not None:
             try:
-                update_progress_artifact(UUID(progress_id), min(100.0, 100.0 * m["step"] / total), description=_progress_text(cfg.name, m["step"], total))
+                update_progress_artifact(UUID(progress_id), rounded(min(100.0, 100.0 * m["step"] / total)), description=_progress_text(cfg.name, m["step"], total))
             except Exception as e:  # noqa: BLE001 - a monitoring hiccup never stops training
                 logging.getLogger(__name__).warning("progress artifact not updated at trainer step %s: %s", m["step"], e)
         return m
@@ -104,8 +103,7 @@ def publish_report(run: RunContext, keys: str) -> dict[str, Any]:
             image = f"![{what} of run {name}](data:image/png;base64,{base64.b64encode(png).decode()})"
             create_markdown_artifact(image, key=f"{keys}-{what}", description=f"{what} of run {name} ({run.url})")
         create_markdown_artifact(rep.markdown, key=f"{keys}-summary", description=f"Summary of run {name} ({run.url})")
-        if run.fs()[0].exists(run.path("model", "config.json")):
-            model = f"{run.url}/model"
+        if model := rep.summary.get("model"):
             create_link_artifact(_link(model), link_text=model, key=f"{keys}-model", description=f"Trained model of run {name}")
-    get_run_logger().info("run summary: %s", json.dumps(rep.summary))
+    get_run_logger().info("run summary:\n%s", "\n".join(summary_lines(rep.summary)))
     return rep.summary

@@ -63,7 +63,10 @@ EXERCISED: dict[str, list[str]] = {
     "prefect work-pool": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect worker": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect deploy": ["tests/deployments/test_live_prefect.py::test_deploy_all_from_repo_root"],
-    "prefect deployment": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],
+    "prefect deployment": [
+        "tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field",
+        "tests/deployments/test_live_prefect.py::test_readme_schedule_with_set_overrides",  # what `prefect deployment schedule create` cannot: the README's client snippet
+    ],
     "curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],  # the REST call, run from the README's text
     "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],
     "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],

@@ -34,7 +34,7 @@ class LineageConfig(_Model):
     name: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$",
-        description="Lineage of the run (state under <buffer.storage.url>/lineages/<name>/); null: a standalone run.",
+        description="Lineage of the run (state under `<buffer.storage.url>/lineages/<name>/`); null: a standalone run.",
     )
     start_from: Literal["latest", "base"] = Field(
         default="latest", description="Start from the model of the lineage's last successful run (`latest`), or from model.path (`base`); the first run always starts from model.path."

@@ -175,6 +175,62 @@ def reward_curve_png(trainer_metrics: list[dict], explorer_metrics: list[dict]) 
     return buf.getvalue()
 
 
+SIGNIFICANT_DIGITS = 4
+
+
+def rounded(value: Any, digits: int = SIGNIFICANT_DIGITS) -> Any:
+    """`value` with every float in it (dicts and lists walked) rounded to `digits` significant
+    digits, for what people read (artifacts, log lines): 0.5687500000000001 -> 0.5688, 1.234e-05
+    stays 1.234e-05; ints, bools, strings, None, nan and inf unchanged. Stored data keeps full precision."""
+    if isinstance(value, float):
+        return float(f"{value:.{digits}g}") if value == value and abs(value) != float("inf") else value
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(rounded(v, digits) for v in value)
+    return value
+
+
+def number(value: Any, digits: int = SIGNIFICANT_DIGITS) -> str:
+    """A number as people read it: a float to `digits` significant digits (`0.5688`), None as `n/a`."""
+    if value is None:
+        return "n/a"
+    return str(rounded(value, digits))  # 0.0 stays "0.0", 1.234e-05 stays short
+
+
+def _reward(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The run's summary (`build_report(...).summary`) as a few lines for people: what `rft run`
+    prints at the end and the mode flow's last log line in Prefect."""
+    util = summary.get("utilization") or {}
+    run = summary["run"]
+    lines = [
+        f"run:        {run}  (mode {summary['mode']})",
+        f"trained:    {summary['trainer_steps']} steps -> version {summary['final_version']}, {summary['explorer_steps']} explorer steps",
+        f"reward:     {_reward(summary['reward_first'])} (first quarter) -> {_reward(summary['reward_last'])} (last quarter)",
+        f"staleness:  max {summary['max_staleness_seen']}",
+    ]
+    if x := summary.get("experiences"):
+        filtered = f", {x['filtered']} filtered (zero-variance groups)" if x.get("filtered") else ""
+        lines.append(f"experiences: {x['generated']} generated, {x['trained']} trained{filtered}, {x['dropped_stale']} dropped as stale, {x['untrained']} left untrained")
+    if util:
+        lines.append(f"start-up:   {util.get('startup_s', 0.0):.1f} s until every engine was up (busy below is after it)")
+    for lane, u in (util.get("lanes") or {}).items():
+        lines.append(f"busy:       {lane:<12} {u['busy_fraction']:.0%} (waiting {u['wait_s']:.1f} s)")
+    for name in dict.fromkeys(r["set"] for r in summary.get("evaluations") or []):
+        mine = [r for r in summary["evaluations"] if r["set"] == name]
+        lines.append(f"held-out:   {name} pass@1 {mine[0]['pass@1']} (v{mine[0]['version']}) -> {mine[-1]['pass@1']} (v{mine[-1]['version']}), {len(mine)} evaluations")
+    lines.append(f"report:     {run}/report/ (timeline.png, reward-curve.png, summary.json)")
+    if summary.get("model"):
+        lines.append(f"model:      {summary['model']}")
+    if best := summary.get("best"):
+        lines.append(f"best:       version {best['version']} ({best['metric']} = {number(best['value'])}): {best['model']}")
+    return lines
+
+
 def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
@@ -232,12 +288,13 @@ def build_report(run: RunContext) -> Report:
         "max_staleness_seen": max((m["staleness_max"] for m in trainer_metrics), default=None),
         "experiences": experience_accounting(fs, root, trainer_metrics),
         "utilization": util,
+        "model": f"{run.url}/model" if fs.exists(join(root, "model", "config.json")) else None,
         **({"evaluations": eval_table(evaluations), "best": read_best(run)} if evaluations else {}),
     }
     keys = TABLE_KEYS + tuple(k for k in KNOB_KEYS if any(k in m for m in trainer_metrics))
-    table = [{k: m.get(k) for k in keys} for m in trainer_metrics]
+    table = [{k: rounded(m.get(k)) for k in keys} for m in trainer_metrics]
     markdown = f"# Run `{run.cfg.name}`\n\nmode `{run.cfg.synchronizer.mode}`, files in `{run.url}`\n\n"
-    markdown += f"reward (first quarter -> last quarter of trainer steps): {summary['reward_first']} -> {summary['reward_last']}\n\n"
+    markdown += f"reward (first quarter -> last quarter of trainer steps): {number(summary['reward_first'])} -> {number(summary['reward_last'])}\n\n"
     if util:
         markdown += summary_markdown(util)
     if evaluations:

@@ -28,7 +28,7 @@ import yaml
 from rl_engine.config import validate_config
 from harness.runs import small_config
 from tests.flows.conftest import flatten
-from harness.prefect_live import REPO, LiveServer, flow_run_id_from_cli, wait_flow_run
+from harness.prefect_live import REPO, LiveServer, assert_exited_cleanly, flow_run_id_from_cli, wait_flow_run
 
 pytestmark = pytest.mark.slow
 
@@ -176,6 +176,7 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
             p.kill()
     assert not alive, f"left running {gone_s:.0f} s after the cancel request: {[f'{p.pid} {p.name()}' for p in alive]}"
     print(f"cancel request -> Cancelled {cancelled_s:.1f} s, -> all {len(procs)} processes of the run gone {gone_s:.1f} s")
+    assert_exited_cleanly(prefect_live, run_id)
     arts = artifacts(prefect_live, run_id)
     assert {f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary")} <= set(arts), sorted(arts)
     assert 0 < arts[f"{KEYS}-progress"]["data"] < 100

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from flows.common import SET_EXAMPLE
 from harness.runs import small_config
 from harness.prefect_live import REPO, ensure_process_pool, flow_run_id_from_cli, kill_process_group, log_tail, wait_flow_run
 
@@ -66,6 +67,8 @@ def test_deploy_all_from_repo_root(deployed):
             set_ = dep["parameter_openapi_schema"]["properties"]["set"]
             assert {"type": "array", "items": {"type": "string"}} in set_["anyOf"] and "set" not in dep["parameters"], name
             assert set_["description"].startswith("Dotted overrides applied on top of `cfg`"), name
+            # ... first in the form (the UI orders by `position`), with an example.
+            assert set_["position"] == 0 and set_["examples"] == [SET_EXAMPLE], name
             assert_form_has_every_section(dep["parameter_openapi_schema"], name)
     for role, params in {"rft-explorer/default": {"run_url", "explorer_id"}, "rft-trainer/default": {"run_url"}}.items():
         schema = deployed[role]["parameter_openapi_schema"]
@@ -136,6 +139,60 @@ def test_schedule_creates_runs(prefect_live, deployed, tmp_path):
         assert prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [nightly["id"]]}}}) == []
     finally:
         prefect_live.api("DELETE", f"/deployments/{dep['id']}")
+
+
+def readme_schedule_snippet() -> str:
+    """The README's Python snippet that creates a schedule with `set` overrides."""
+    import re
+
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S) if "create_deployment_schedules" in b]
+    assert len(blocks) == 1, "README: one python block creating a deployment schedule"
+    return blocks[0]
+
+
+@pytest.mark.timeout(240)
+def test_readme_schedule_with_set_overrides(prefect_live, deployed):
+    """The README's snippet, run as written against the server, gives `synchronous/synchronous` a
+    nightly schedule whose runs carry its `set` and the deployment's `cfg` (the scheduler's
+    scheduled runs, read back; none runs before 02:00, and the test removes them)."""
+    import ast
+
+    snippet = readme_schedule_snippet()
+    call = next(n for n in ast.walk(ast.parse(snippet)) if isinstance(n, ast.keyword) and n.arg == "parameters")
+    overrides = ast.literal_eval(call.value)["set"]
+    dep = prefect_live.deployment("synchronous/synchronous")
+    before = {s["id"] for s in dep["schedules"]}
+    res = subprocess.run([sys.executable, "-c", snippet], cwd=REPO, env=prefect_live.env(), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-4000:]
+    mine: list[dict] = []
+    try:
+        mine = [s for s in prefect_live.deployment("synchronous/synchronous")["schedules"] if s["id"] not in before]
+        assert len(mine) == 1 and mine[0]["schedule"]["cron"] == "0 2 * * *" and mine[0]["active"], mine
+        assert mine[0]["parameters"] == {"set": overrides}
+        deadline = time.monotonic() + 150
+        while True:
+            runs = prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}, "state": {"type": {"any_": ["SCHEDULED"]}}}, "limit": 20})
+            scheduled = [r for r in runs if r["auto_scheduled"] and r["parameters"].get("set") == overrides]
+            if scheduled:
+                break
+            assert time.monotonic() < deadline, f"the scheduler made no run of the schedule in 150 s\n{prefect_live.log_tail()}"
+            time.sleep(2)
+        for r in scheduled:
+            assert r["parameters"] == {"cfg": dep["parameters"]["cfg"], "set": overrides}, r["parameters"]
+            assert r["expected_start_time"][11:16] == "02:00", r["expected_start_time"]
+        # What such a run's flow makes of them: the deployment's config with exactly those fields changed.
+        from flows.common import with_overrides
+        from rl_engine.config import RFTConfig
+
+        cfg = with_overrides(RFTConfig.model_validate(dep["parameters"]["cfg"]), overrides)
+        assert cfg.trainer.total_steps == 50 and cfg.lineage.name == "nightly-50"
+    finally:
+        for s in mine:
+            prefect_live.api("DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}", ok=(200, 204, 404))
+        runs = prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}, "state": {"type": {"any_": ["SCHEDULED"]}}}})
+        for r in runs:
+            if r["auto_scheduled"] and r["parameters"].get("set") == overrides:
+                prefect_live.api("DELETE", f"/flow_runs/{r['id']}", ok=(200, 204, 404))
 
 
 @pytest.mark.timeout(600)

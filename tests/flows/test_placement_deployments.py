@@ -27,7 +27,7 @@ from rl_engine.run.context import last_committed_steps, open_run
 from rl_engine.schedule import rendezvous_version
 from harness.runs import small_config
 from tests.flows.test_modes import stored_experiences, versions_by_step
-from harness.prefect_live import DEPLOY_ALL
+from harness.prefect_live import DEPLOY_ALL, assert_exited_cleanly
 
 pytestmark = pytest.mark.slow
 
@@ -227,4 +227,6 @@ def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_
     assert set(children) == {"trainer", "explorer-0", "explorer-1"}
     assert {c["state_type"] for c in children.values()} == {"CANCELLED"}, {r: (c["state_type"], c["state"]["message"]) for r, c in children.items()}
     assert_all_gone(procs)
+    for child in children.values():  # cancelled on purpose: no CancelledRun traceback, exit status 0 (flows.common.end_cancelled)
+        assert_exited_cleanly(on_live_server, child["id"])
     print(f"cancel -> mode flow ended in {took:.1f} s")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import glob
+import re
 import typing
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -123,6 +125,32 @@ def test_no_field_without_description():
 
     walk(RFTConfig)
     assert {RendezvousSync, DecoupledSync, CollectiveConfig, PythonReward, DeploymentsPlacement} <= seen  # the unions' members were walked too
+
+
+def bare_placeholders(text: str) -> list[str]:
+    """`<word>` outside backticks: the Prefect UI renders descriptions as markdown, where it is an HTML tag and vanishes."""
+    return re.findall(r"<[A-Za-z/!][^>]*>", re.sub(r"`[^`]*`", "", text))
+
+
+def descriptions(schema: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    """(where, text) of every `description` in a JSON schema."""
+    if isinstance(schema, dict):
+        for k, v in schema.items():
+            if k == "description" and isinstance(v, str):
+                yield path, v
+            else:
+                yield from descriptions(v, f"{path}.{k}")
+    elif isinstance(schema, list):
+        for i, v in enumerate(schema):
+            yield from descriptions(v, f"{path}[{i}]")
+
+
+def test_no_description_has_a_bare_placeholder():
+    found = list(descriptions(RFTConfig.model_json_schema()))
+    assert any("lineages/<name>/" in text for _, text in found)  # the one the UI lost: kept in backticks
+    bad = {where: text for where, text in found if bare_placeholders(text)}
+    assert not bad, f"write placeholders in backticks (`<name>`), the UI's markdown drops a bare <name>: {bad}"
+    assert bare_placeholders("under <storage>/x, `<kept>`") == ["<storage>"]
 
 
 # (overrides on a valid base, substrings the message must contain)
