@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import tempfile
 import threading
 import time
@@ -108,11 +109,13 @@ def _local_dir(run: RunContext, name: str) -> tuple[str, str | None]:
 
 
 def _upload(run: RunContext, local: str, target: str) -> None:
+    """Copy the temporary directory `local` to the run's `target`, then remove it."""
     fs, _ = run.fs()
     for dirpath, _, files in os.walk(local):
         for f in files:
             src = os.path.join(dirpath, f)
             fs.put_file(src, join(target, os.path.relpath(src, local).replace(os.sep, "/")))
+    shutil.rmtree(local, ignore_errors=True)
 
 
 # ---- the three trackers

@@ -145,3 +145,25 @@ def test_resumed_run_continues_the_same_tracker_runs(tmp_path, monkeypatch):
     for path in Path(run.url).rglob("*"):
         if path.is_file():
             assert FAKE_TOKEN.encode() not in path.read_bytes(), f"{path} holds a credential"
+
+
+def test_remote_run_copies_tracker_files_to_the_run_at_the_end(tmp_path):
+    """A run on non-local storage (memory:// here, as S3): TensorBoard and W&B write locally and
+    their files are copied under <run>/trackers/ when the feed stops."""
+    import fsspec
+
+    data = {"name": f"remote-{time.time_ns()}", "model": {"path": "m"}, "taskset": {"path": "t"}, "buffer": {"storage": {"url": "memory://trackers-test"}}}
+    data["monitor"] = {"trackers": ["tensorboard", {"type": "wandb", "mode": "offline"}]}
+    run = start_run(validate_config(data))
+    warnings: list[str] = []
+    with TrackerFeed(run, build_trackers(run.cfg.monitor, run, warn=lambda m, *a: warnings.append(m % a)), poll_s=0.1):
+        for v in (1, 2):
+            record_step(run, "trainer", v, trainer_step(v))
+    assert warnings == []
+    fs, root = run.fs()
+    local = tmp_path / "copy"
+    fs.get(f"{root}/trackers", str(local), recursive=True)
+    assert [s for s, _, _ in tensorboard_scalars(str(local / "tensorboard"))["trainer/reward_mean"]] == [1, 2]
+    rows = wandb_history(str(local / "wandb"), load_tracker_state(run, "wandb")["run_id"])
+    assert [json.loads(r["trainer/step"]) for r in rows if "trainer/step" in r] == [1, 2]
+    fsspec.filesystem("memory").rm(root, recursive=True)
