@@ -6,6 +6,7 @@ tracker runs."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -85,3 +86,32 @@ def test_run_with_all_trackers_then_resume_continues_them(prefect_server, mlflow
     updates = [rec.config.update for rec in wandb_records(str(next(attempts[0].glob("*.wandb")))) if rec.WhichOneof("record_type") == "config"]
     config = {item.key: item.value_json for update in updates for item in update}
     assert json.loads(config["trainer"])["total_steps"] == total
+
+
+def flow_run_warnings(name: str, timeout_s: float = 30.0) -> list[str]:
+    """The warnings (and worse) in the log of the flow run named `name`, as the Prefect API has them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId, LogFilterLevel
+
+    with get_client(sync_client=True) as client:
+        (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
+        deadline = time.monotonic() + timeout_s
+        while True:  # the log handler ships records in batches
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id]), level=LogFilterLevel(ge_=logging.WARNING)))
+            if logs or time.monotonic() > deadline:
+                return [log.message for log in logs]
+            time.sleep(0.5)
+
+
+def test_tracker_at_a_dead_server_warns_once_and_the_run_completes(prefect_server, tiny_model_dir, task_file, tmp_path):
+
+    from rl_engine.trainer.dist import free_port
+
+    data = small_config(tiny_model_dir, task_file, str(tmp_path), name="dead-tracker", mode="one_step_off_policy", sync_offset=1, total_steps=3)
+    data["monitor"]["trackers"] = [{"type": "mlflow", "tracking_uri": f"http://127.0.0.1:{free_port()}"}, "tensorboard"]  # nothing listens there
+    summary = run_config(validate_config(data))
+    assert summary["final_version"] == 3
+    warned = [m for m in flow_run_warnings("one_step_off_policy-dead-tracker") if "tracker" in m]
+    assert len(warned) == 1 and warned[0].startswith("tracker mlflow failed"), warned
+    assert load_tracker_state(open_run(summary["run"]), "mlflow") is None
+    assert {s for s, _, _ in tensorboard_scalars(str(Path(summary["run"], "trackers", "tensorboard")))["trainer/reward_mean"]} == {1, 2, 3}
