@@ -252,7 +252,12 @@ class Wandb:
         self.wb.config.update(cfg, allow_val_change=True)
 
     def close(self) -> None:
+        import wandb
+
         self.wb.finish()
+        # finish() may return before W&B's service has written the run's files (wandb 0.31,
+        # offline); teardown waits for that (it ends this process's W&B service: the next run starts another).
+        wandb.teardown()
         if self.upload_to is not None:
             _upload(self.run, self.dir, self.upload_to)
 
