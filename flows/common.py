@@ -29,7 +29,7 @@ from rl_engine.roles.entry import roles_share_process
 from rl_engine.run.context import RunContext
 from rl_engine.run.driver import RunDriver
 from tasks.evaluation import start_evaluation
-from tasks.report import publish_report, report_key_prefix, start_progress
+from tasks.report import follow_trackers, publish_report, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
 from tasks.run import check_run, record_run, start_attempt, sweep_buffer
 
@@ -164,13 +164,14 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
         keys = report_key_prefix(get_run_context().flow.name)
         progress_id = start_progress(run, keys) if run.cfg.monitor.artifacts else None
         cancel = Cancel()
-        try:
-            with watch_cancellation(run) as cancel:
-                run_roles(run, attempt, cancel, progress_id)
-        except BaseException:
-            end_anyway(driver, run, keys, "cancelled" if cancel.cancelled else "failed")
-            raise
-        return finish_run(driver, run, keys, cancelled=cancel.cancelled)
+        with follow_trackers(run):  # monitor.trackers, fed until the run ends, however it ends
+            try:
+                with watch_cancellation(run) as cancel:
+                    run_roles(run, attempt, cancel, progress_id)
+            except BaseException:
+                end_anyway(driver, run, keys, "cancelled" if cancel.cancelled else "failed")
+                raise
+            return finish_run(driver, run, keys, cancelled=cancel.cancelled)
 
 
 def flow_config(cfg: RFTConfig, resume: str | None, overrides: list[str] | None) -> RFTConfig:

@@ -3,7 +3,7 @@
 Where things live:
 
     roles/       the role loops: explorer, trainer role, partial rollouts, workflow episodes, entry points, the plain loop
-    run/         a run's lifecycle on storage: context, lease, preflight, lineage, retention, report, timeline
+    run/         a run's lifecycle on storage: context, lease, preflight, lineage, retention, report, timeline, experiment trackers
     board.py     the control board (JSON markers under <run>/control/) and its key schema
     buffer/      experiences as Arrow files: writer, reader, cursor, continuation store, stats
     rollout/     the vLLM rollout engine, multi-turn workflows (the episode handle, chat turns) and the built-in ones
@@ -28,7 +28,7 @@ name stands for a module or a whole package):
     4  buffer rollout
     5  run.storage_checks run.context evaluate rewards.make_tasks
     6  trainer sync
-    7  run.state run.retention run.lineage run.preflight run.report warmstart
+    7  run.state run.retention run.lineage run.preflight run.report run.trackers warmstart
     8  roles run.driver
 
 Above rl_engine: tasks/ (thin Prefect tasks) -> flows/ (orchestration only) -> deployments/ and

@@ -11,9 +11,11 @@ name is in each artifact's description.
 from __future__ import annotations
 
 import base64
+import contextlib
+import contextvars
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from uuid import UUID
 
 from prefect import task
@@ -24,6 +26,7 @@ from prefect.logging import get_run_logger
 from rl_engine.run.state import latest_state_step
 from rl_engine.run.report import build_report, rounded, summary_lines
 from rl_engine.run.context import RunContext, open_run
+from rl_engine.run.trackers import TrackerFeed, build_trackers
 
 
 def log_step(role: str, m: dict[str, Any]) -> dict[str, Any]:
@@ -83,6 +86,24 @@ def trainer_step_done(run_url: str, storage_options: dict[str, Any] | None, prog
         return m
 
     return on_step
+
+
+@contextlib.contextmanager
+def follow_trackers(run: RunContext) -> Iterator[None]:
+    """The run's experiment trackers (`monitor.trackers`) fed from this flow's process while the
+    roles run: the config at the start, every recorded step as it comes; drained and closed when
+    the block ends, however it ends. A tracker's failure is one warning in the flow run's log."""
+    if not run.cfg.monitor.trackers:
+        yield
+        return
+    logger = get_run_logger()
+    feed = TrackerFeed(run, build_trackers(run.cfg.monitor, run, warn=logger.warning), warn=logger.warning)
+    # In the flow's context: Prefect's logging settings are context variables, which threads do not inherit.
+    feed.start(run_in=contextvars.copy_context().run)
+    try:
+        yield
+    finally:
+        feed.stop()
 
 
 def _link(url: str) -> str:

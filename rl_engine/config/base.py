@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict
 
@@ -30,10 +31,15 @@ def is_secret_name(key: Any) -> bool:
 
 
 def redact(value: Any, key: Any = None) -> Any:
-    """`value` with every value under a credential's key replaced by '<redacted>' (for messages:
-    an error about a secret must not print it)."""
+    """`value` with every value under a credential's key replaced by '<redacted>', and the user
+    and password of a URL (`http://user:pw@host`) too (for messages: an error about a secret must
+    not print it)."""
     if key is not None and is_secret_name(key):
         return "<redacted>"
+    if isinstance(value, str) and "://" in value and "@" in value:
+        parts = urlsplit(value)
+        if parts.username is not None or parts.password is not None:
+            return urlunsplit(parts._replace(netloc="<redacted>@" + parts.netloc.rsplit("@", 1)[1]))
     if isinstance(value, dict):
         return {k: redact(v, k) for k, v in value.items()}
     if isinstance(value, list):

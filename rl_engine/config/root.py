@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -20,12 +21,67 @@ from rl_engine.config.synchronizer import DecoupledSync, RendezvousSync, Synchro
 from rl_engine.config.trainer import TrainerConfig
 
 
+class TensorBoardTracker(_Model):
+    """TensorBoard event files under `<run>/trackers/tensorboard/` (written locally, then copied there, for a remote run)."""
+
+    type: Literal["tensorboard"] = Field(description="`tensorboard`.")
+
+
+class MLflowTracker(_Model):
+    """An MLflow run, through MLflow's client; credentials come from MLflow's environment variables only."""
+
+    type: Literal["mlflow"] = Field(description="`mlflow`.")
+    tracking_uri: str | None = Field(
+        default=None,
+        description="Tracking URI (`http://127.0.0.1:5000`, a local `file:` or `sqlite:` store); null: MLFLOW_TRACKING_URI. No credentials in it: MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD.",
+    )
+    experiment: str = Field(default="rft", min_length=1, description="Experiment the run is logged under (created if missing).")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _no_credentials(cls, v: str | None) -> str | None:
+        if v is not None and (urlsplit(v).password is not None or urlsplit(v).username is not None):
+            raise ValueError("has credentials in it; they would be saved with the run's config: put them in MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead")
+        return v
+
+
+class WandbTracker(_Model):
+    """A Weights & Biases run; the API key comes from WANDB_API_KEY (or `wandb login`) only."""
+
+    type: Literal["wandb"] = Field(description="`wandb`.")
+    project: str = Field(default="rft", min_length=1, description="W&B project.")
+    entity: str | None = Field(default=None, description="W&B entity (team or user); null: the key's default.")
+    mode: Literal["offline", "online"] = Field(default="offline", description="`offline` writes the run's files only (`wandb sync` uploads them later); `online` sends it as it goes.")
+    dir: str | None = Field(default=None, description="Local directory of W&B's files; null: `<run>/trackers/wandb` for a local run, a temporary directory copied there at the end for a remote one.")
+
+
+TrackerConfig = Annotated[Union[TensorBoardTracker, MLflowTracker, WandbTracker], Field(discriminator="type")]
+
+
 class MonitorConfig(_Model):
     """What a run reports."""
 
     timeline: bool = Field(default=True, description="Record spans of every component and render the Gantt chart.")
     artifacts: bool = Field(default=True, description="Publish metrics, timeline and continuations as Prefect artifacts.")
     log_every: int = Field(default=1, ge=1, description="Print a progress line every this many trainer steps.")
+    trackers: list[TrackerConfig] = Field(
+        default_factory=list,
+        description="Experiment trackers that get every step's metrics and the run's config: `tensorboard`, `mlflow`, `wandb` (a name, or a mapping with `type` and its settings); none by default.",
+    )
+
+    @field_validator("trackers", mode="before")
+    @classmethod
+    def _names_as_mappings(cls, v: Any) -> Any:
+        # `trackers: [tensorboard, mlflow]` is short for `[{type: tensorboard}, {type: mlflow}]`.
+        return [{"type": t} if isinstance(t, str) else t for t in v] if isinstance(v, list) else v
+
+    @field_validator("trackers")
+    @classmethod
+    def _one_of_each(cls, v: list[Any]) -> list[Any]:
+        types = [t.type for t in v]
+        if len(set(types)) < len(types):
+            raise ValueError(f"{types}: each tracker type at most once (a run keeps one tracker run of each)")
+        return v
 
 
 class LineageConfig(_Model):

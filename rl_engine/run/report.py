@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import time
 from typing import Any, Callable
 
 from rl_engine.run.context import RunContext
@@ -98,22 +99,32 @@ def heldout_curve_png(records: list[dict[str, Any]]) -> bytes:
     return buf.getvalue()
 
 
+TIME_KEY = "time"  # when the step was recorded (Unix seconds), added to the stored record
+
 
 def record_step(run: RunContext, role: str, step: int, metrics: dict[str, Any]) -> None:
-    """Store one step's metrics of `role` (trainer step t, or explorer step e of explorer-i)."""
+    """Store one step's metrics of `role` (trainer step t, or explorer step e of explorer-i), with
+    the wall-clock time it was recorded at (`time`)."""
     fs, root = run.fs()
-    write_json(fs, join(root, METRICS_DIR, f"role={role}", f"step={step:08d}.json"), metrics, fsync=False)
+    write_json(fs, join(root, METRICS_DIR, f"role={role}", f"step={step:08d}.json"), {**metrics, TIME_KEY: metrics.get(TIME_KEY, time.time())}, fsync=False)
+
+
+def metric_roles(run: RunContext) -> list[str]:
+    """The roles that recorded steps so far (`trainer`, `explorer-0`, ..., any other), sorted."""
+    fs, root = run.fs()
+    fs.invalidate_cache()
+    return sorted(p.rstrip("/").rsplit("/role=", 1)[1] for p in fs.glob(join(root, METRICS_DIR, "role=*")))
 
 
 class StepFeed:
     """Steps another process records for `role` (`record_step`), handed to `on_step` once each,
     in step order, as `poll()` finds them: new files, or files rewritten since (a resumed run
-    redoes steps), not those there before the feed was made."""
+    redoes steps), not those there before the feed was made (unless `since_start`: all of them)."""
 
-    def __init__(self, run: RunContext, role: str, on_step: Callable[[str, dict[str, Any]], Any] | None):
+    def __init__(self, run: RunContext, role: str, on_step: Callable[[str, dict[str, Any]], Any] | None, since_start: bool = False):
         self.run, self.role, self.on_step = run, role, on_step
         self.metrics: list[dict[str, Any]] = []
-        self._seen = self._listing()
+        self._seen = {} if since_start else self._listing()
 
     def _listing(self) -> dict[str, Any]:
         fs, root = self.run.fs()
