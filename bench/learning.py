@@ -156,18 +156,18 @@ def demo_workload(prefix: str, model: str | None, smoke: bool) -> tuple[str, str
     return root, model, tasks, start
 
 
-HELDOUT = {"tasks": 100, "n": 4}  # the evaluation's size: 100 problems x 4 samples at temperature 1
+HELDOUT = {"tasks": 100, "n": 4}  # the evaluation's default size: 100 problems x 4 samples at temperature 1
 
 
-def heldout_eval(root: str, every: int) -> dict:
+def heldout_eval(root: str, every: int, tasks: int = HELDOUT["tasks"], n: int = HELDOUT["n"]) -> dict:
     """The `eval` section of the runs: a held-out file of the demo task (its own seed; the task
     space is 441 problems, so train and held-out share problems: it measures the policy, not
     generalisation), scored every `every` versions, at the start and the end."""
     from rl_engine.rewards import write_arithmetic_taskset
 
     path = f"{root}/arith-heldout.jsonl"
-    write_arithmetic_taskset(path, n=HELDOUT["tasks"], seed=99)
-    return {"tasksets": [{"name": "heldout", "path": path, "n": HELDOUT["n"]}], "every_versions": every}
+    write_arithmetic_taskset(path, n=tasks, seed=99)
+    return {"tasksets": [{"name": "heldout", "path": path, "n": n}], "every_versions": every}
 
 
 @contextmanager
@@ -266,6 +266,8 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)")
     ap.add_argument("--png", default="runs/bench-learning.png", help="where to write the reward / wall-clock figure")
     ap.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every N trainer versions (0: none; default 5)")
+    ap.add_argument("--eval-tasks", type=int, default=HELDOUT["tasks"], help=f"held-out problems per evaluation (default {HELDOUT['tasks']})")
+    ap.add_argument("--eval-n", type=int, default=HELDOUT["n"], help=f"samples per held-out problem (default {HELDOUT['n']})")
     a = ap.parse_args()
     steps = a.steps or (3 if a.smoke else 12 if a.quick else 60)
     seeds = [int(s) for s in (a.seeds or ("0" if a.smoke else "0,1" if a.quick else "0,1,2")).split(",")]
@@ -273,7 +275,7 @@ def main() -> None:
     from bench._report import emit_json, print_table
 
     root, model, tasks, start = demo_workload("bench-learning-", a.model, a.smoke)
-    evaluation = heldout_eval(root, a.eval_every) if a.eval_every else None
+    evaluation = heldout_eval(root, a.eval_every, a.eval_tasks, a.eval_n) if a.eval_every else None
     rows = []
     started = time.time()
     with shared_engines():
@@ -284,6 +286,11 @@ def main() -> None:
     print_table([{k: v for k, v in r.items() if k not in ("curve", "eval_curve")} for r in rows], title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})")
     plot(rows, a.png, title)
     out = {"steps": steps, "reward_start": round(start["expected_exact_t1"], 4), "png": a.png, "bench_s": round(time.time() - started, 1), **summarize(rows)}
+    if evaluation:
+        # What sets the overhead: an evaluation's samples against the samples trained between two
+        # (8 tasks x 8 rollouts a step); generating one costs the same either way.
+        out["eval_samples"] = a.eval_tasks * a.eval_n
+        out["eval_samples_per_trained_sample"] = round(a.eval_tasks * a.eval_n / (a.eval_every * 64), 3)
     emit_json(out)
 
 
