@@ -117,7 +117,12 @@ class Evaluator:
             self.evaluate(v)
 
     def catch_up(self) -> None:
-        """Due versions older than the engine's that it never held: evaluate them from the trainer's saved weights."""
+        """Due versions older than the engine's that it never held: evaluate them from the trainer's
+        saved weights. Checkpoint sync only: its explorer then loads the newest checkpoint again,
+        while a collective explorer could only wait for a broadcast of a version already sent
+        (and never skips one: every explorer joins every broadcast)."""
+        if self.cfg.synchronizer.sync_method != "checkpoint":
+            return
         for v in self.pending():
             if v < self.explorer.version and v != self.start and self._committed(v):
                 self._load(v)
