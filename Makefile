@@ -46,6 +46,7 @@ bench: setup
 	$(PY) -m bench.ops --quick
 	$(PY) -m bench.learning --quick
 	$(PY) -m bench.algorithms --quick
+	$(PY) -m bench.workflows --quick
 	$(PY) -m bench.train --quick
 
 # Regenerate the constraints file from the current environment.
