@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from harness.runs import partial_config, stored_rows, write_config
 
 pytestmark = pytest.mark.slow
 
-RFT = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "rft")
+RFT = str(Path(sys.executable).with_name("rft"))  # the running venv's, as harness/kill_resume.py
 TOTAL, CRASH_STEP = 6, 3
 TIMEOUT_S = 420
 
