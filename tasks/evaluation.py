@@ -12,6 +12,7 @@ from prefect.cache_policies import NO_CACHE
 
 from rl_engine.run.context import open_run
 from rl_engine.run.report import eval_table, heldout_curve_png, load_evaluations
+from tasks.report import _slug
 
 
 def eval_line(record: dict[str, Any]) -> str:
@@ -71,4 +72,4 @@ def evaluation_done(run_url: str, storage_options: dict[str, Any] | None) -> Cal
 
 def artifact_prefix(name: str | None) -> str:
     """`rft-<run name>` as an artifact key (lowercase letters, digits and dashes): stable for a run and its resumes."""
-    return "".join(c if c.isalnum() else "-" for c in f"rft-{name}".lower()).strip("-")
+    return _slug(f"rft-{name}")

@@ -16,7 +16,6 @@ starts with that chat (`episode.messages`: the task's prompt as the user's messa
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 import uuid
@@ -26,14 +25,9 @@ from rl_engine.errors import UserError
 from rl_engine.experience import ExperienceBatch, version_runs
 from rl_engine.rewards import RolloutSample, encode_task, score_rollouts
 from rl_engine.roles.groups import Generation, Group, experience_row, group_id
-from rl_engine.rollout.workflow import EpisodeJob, EpisodeResult, run_episodes
+from rl_engine.rollout.workflow import EpisodeJob, EpisodeResult, derived_seed, run_episodes
 
 log = logging.getLogger(__name__)
-
-
-def _episode_seed(step_seed: int, task_index: int, member: int) -> int:
-    digest = hashlib.blake2b(f"{step_seed}/{task_index}/{member}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % (1 << 40)
 
 
 def episode_generation(step: int, r: EpisodeResult) -> Generation:
@@ -48,7 +42,7 @@ def explore_episodes(engine: Any, tasks: list[Any], workflow: Any, reward_fn: An
     step_seed = cfg.seed * 100_003 + 1009 * explorer_id + step  # as single-turn rollouts seed their step
     chat = cfg.taskset.template is None and bool(getattr(engine.tokenizer, "chat_template", None))  # format_prompt's rule
     jobs = [
-        EpisodeJob(t, text, ids, _episode_seed(step_seed, i, k), [{"role": "user", "content": t.prompt}] if chat else None)
+        EpisodeJob(t, text, ids, derived_seed(step_seed, i, k), [{"role": "user", "content": t.prompt}] if chat else None)
         for i, (t, (text, ids)) in enumerate(zip(tasks, encoded))
         for k in range(n)
     ]

@@ -187,7 +187,7 @@ class Episode:
             raise ContextFull()
         budget = min(max_tokens or self._sampling.max_tokens, self.room)
         sampling = self._sampling.model_copy(update={"max_tokens": budget, **({"stop": list(stop)} if stop is not None else {})})
-        seed = _turn_seed(self._seed, self._r.turns)
+        seed = derived_seed(self._seed, self._r.turns)
         out = self._batcher.ask(self._r.index, self.ids, sampling, seed)
         r = self._r
         r.response_ids += out.response_ids
@@ -250,8 +250,9 @@ class Episode:
         return self._pool.call(fn, *args, timeout_s=self._tool_timeout_s, **kwargs)
 
 
-def _turn_seed(episode_seed: int, turn: int) -> int:
-    digest = hashlib.blake2b(f"{episode_seed}/{turn}".encode(), digest_size=8).digest()
+def derived_seed(*parts: int) -> int:
+    """A sampling seed from `parts` (hashed: nearby parts give unrelated seeds), below 2**40."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % (1 << 40)
 
 
