@@ -20,6 +20,7 @@ and the owner (the EngineCore) and then exits the worker.
 from __future__ import annotations
 
 import contextlib
+import logging
 import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -37,12 +38,35 @@ def _refresh_tied_lm_heads(model: torch.nn.Module) -> None:
     handle built from the old embedding. The head shares the (now updated) embedding
     Parameter, so processing it again rebuilds the handle from the new values.
     """
+    for m in _tied_lm_heads(model):
+        m.quant_method.process_weights_after_loading(m)
+
+
+def _tied_lm_heads(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's lm_heads that share their weight with an input embedding (tie_word_embeddings)."""
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
     embeds = {m.weight.data_ptr() for m in model.modules() if type(m) is VocabParallelEmbedding}
-    for m in model.modules():
-        if isinstance(m, ParallelLMHead) and m.weight.data_ptr() in embeds:
-            m.quant_method.process_weights_after_loading(m)
+    return [m for m in model.modules() if isinstance(m, ParallelLMHead) and m.weight.data_ptr() in embeds]
+
+
+class _ExpectedNotLoaded(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" warning of a reload for layers that have no
+    weights in a checkpoint by design, and which the reload leaves right: rotary embeddings (their
+    cos/sin cache is computed from the config, and kept) and, when `tied_head`, the lm_head (a tied
+    model's checkpoint has no `lm_head.weight`; `_refresh_tied_lm_heads` rebuilds the head from the
+    loaded embedding right after). It came at every weight sync and read like a failure. Any other
+    layer's warning still comes through."""
+
+    def __init__(self, tied_head: bool):
+        super().__init__()
+        self.tied_head = tied_head
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != "%s: Failed to load weights" or not record.args:
+            return True
+        layer = str(record.args[0])
+        return not (layer.endswith("RotaryEmbedding") or (self.tied_head and layer == "ParallelLMHead"))
 
 
 class RFTWorkerExtension:
@@ -53,15 +77,20 @@ class RFTWorkerExtension:
     @contextlib.contextmanager
     def _rft_reloading(self) -> Iterator[Any]:
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload, layerwise
 
         model = self.model_runner.get_model()
+        notice, quiet = logging.getLogger(layerwise.__name__), _ExpectedNotLoaded(tied_head=bool(_tied_lm_heads(model)))
         with set_current_vllm_config(self.vllm_config), torch.no_grad():
             initialize_layerwise_reload(model)
             try:
                 yield model
             finally:
-                finalize_layerwise_reload(model, self.model_config)
+                notice.addFilter(quiet)
+                try:
+                    finalize_layerwise_reload(model, self.model_config)
+                finally:
+                    notice.removeFilter(quiet)
             _refresh_tied_lm_heads(model)
 
     def _rft_load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:

@@ -63,6 +63,24 @@ def test_writer_that_dies_commits_nothing(tiny_model_dir, tmp_path):
     assert receiver.committed_versions() == [2]
 
 
+def test_a_reload_keeps_only_the_warnings_that_mean_something():
+    """vLLM warns "<Layer>: Failed to load weights" at every reload for layers a checkpoint never
+    holds (rotary caches; a tied model's lm_head, rebuilt after the load): those are dropped, every
+    other layer's, and an untied head's, come through. (The live check: the worker-run test reads
+    the run's engines.log, tests/deployments/test_live_operations.py.)"""
+    import logging
+
+    from rl_engine.sync.worker_ext import _ExpectedNotLoaded
+
+    def passes(layer: str, tied: bool) -> bool:
+        record = logging.LogRecord("vllm", logging.WARNING, __file__, 1, "%s: Failed to load weights", (layer,), None)
+        return _ExpectedNotLoaded(tied_head=tied).filter(record)
+
+    assert not passes("RotaryEmbedding", tied=False) and not passes("Llama3RotaryEmbedding", tied=False)
+    assert not passes("ParallelLMHead", tied=True) and passes("ParallelLMHead", tied=False)
+    assert passes("QKVParallelLinear", tied=True) and passes("VocabParallelEmbedding", tied=True)
+
+
 # ---------------------------------------------------------------- real engine
 
 
