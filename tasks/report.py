@@ -128,3 +128,35 @@ def publish_report(run: RunContext, keys: str) -> dict[str, Any]:
             create_link_artifact(_link(model), link_text=model, key=f"{keys}-model", description=f"Trained model of run {name}")
     get_run_logger().info("run summary:\n%s", "\n".join(summary_lines(rep.summary)))
     return rep.summary
+
+
+def resume_commands(run: RunContext) -> list[str]:
+    """How to continue a run that stopped short: a new flow run of this flow run's deployment with
+    `resume` (when it has one), and `rft run` with the run's own config (which a resume must be)."""
+    from prefect.runtime import deployment, flow_run
+
+    from rl_engine.storage import is_local
+
+    config = f"{run.url}/config.yaml" if is_local(run.fs()[0]) else "CONFIG"  # on object storage: a local copy of it
+    cmds = [f"rft run {config} --resume {run.url}"]
+    if deployment.name:
+        cmds.insert(0, f"prefect deployment run '{flow_run.flow_name}/{deployment.name}' --param resume={run.url}")
+    return cmds
+
+
+@task(cache_policy=NO_CACHE, task_run_name="publish-resume")
+def publish_resume(run: RunContext, keys: str, status: str) -> list[str]:
+    """A run that stopped short (`status`: cancelled or failed) can be resumed: the commands, as a
+    markdown artifact under `<keys>-resume` and in the flow run's log; returns them."""
+    saved = latest_state_step(run) or 0
+    cmds = resume_commands(run)
+    text = (
+        f"# Resume run `{run.cfg.name}`\n\nThe run was {status}. Resuming continues from its last trainer state (version {saved} "
+        f"of {run.cfg.trainer.total_steps}); nothing trained is trained twice.\n\n```bash\n" + "\n".join(cmds) + "\n```\n"
+    )
+    if "CONFIG" in cmds[-1]:
+        text += f"\n`CONFIG` is a local copy of the run's own config, `{run.url}/config.yaml`: a resumed run keeps its config.\n"
+    if run.cfg.monitor.artifacts:
+        create_markdown_artifact(text, key=f"{keys}-resume", description=f"How to resume run {run.cfg.name} ({status})")
+    get_run_logger().info("run %s %s at trainer state %d; resume it with: %s", run.cfg.name, status, saved, " or ".join(f"`{c}`" for c in cmds))
+    return cmds

@@ -185,7 +185,11 @@ def trainer_loop(run: RunContext, on_step: OnStep | None = None) -> RoleResult:
         trainer = TrainerRole(run, resume=role.at.resumed, stop=role.stop, fence=role.fence)
         try:
             loop = _rendezvous_trainer if isinstance(run.cfg.synchronizer, RendezvousSync) else _decoupled_trainer
-            loop(run, trainer, role)
+            try:
+                loop(run, trainer, role)
+            finally:
+                if _stop_kind(role) == "cancelled":
+                    _keep_last_model(trainer)
             trainer.finish()
         finally:
             trainer.close()
@@ -261,6 +265,19 @@ def _decoupled_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> Non
         if decoupled_publish(trainer.version, cfg.synchronizer.sync_interval):
             trainer.publish(trainer.version, stop, wait_for_explorers=False)
         _save_due(trainer, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
+
+
+def _keep_last_model(trainer: TrainerRole) -> None:
+    """A cancelled run's trainer writes the policy it reached to `<run>/model/`, so the cancelled
+    run's report links a model (a resumed run replaces it with its final one). A failure to write
+    it is a warning: the cancel goes on."""
+    if trainer.version == 0:
+        return  # nothing trained: the base model is where it was
+    try:
+        url = trainer.save_model()
+        log.info("run cancelled: the policy at trainer version %d is in %s", trainer.version, url)
+    except Exception as e:  # noqa: BLE001 - the run is stopping; its state is what resume needs
+        log.warning("run cancelled: could not write the model at trainer version %d: %s: %s", trainer.version, type(e).__name__, e)
 
 
 def _save_due(trainer: TrainerRole, interval: int, total: int) -> None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 from cli.run import run_config
 from rl_engine.config import validate_config
@@ -83,6 +84,13 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
     saved = latest_state_step(run)
     committed = last_committed_steps(run)[0]
     assert saved is not None and 2 <= saved < total, f"cancelled too late or no checkpoint: trainer state at {saved}"
+    # ... with how to resume it (no deployment: the CLI with the run's own config) and the model it reached.
+    resume = arts["one-step-off-policy-resume"].data
+    assert f"rft run {run.url}/config.yaml --resume {run.url}" in resume and f"version {saved} of {total}" in resume, resume
+    reached = json.loads(Path(run.url, "report", "summary.json").read_text())["final_version"]
+    assert 0 < reached < total and arts["one-step-off-policy-model"].data.startswith(f"[{run.url}/model]")
+    model = load_file(str(Path(run.url, "model", "model.safetensors")))  # the policy it reached, a whole HF model
+    assert model.keys() == load_file(str(Path(tiny_model_dir, "model.safetensors"))).keys() and Path(run.url, "model", "config.json").is_file()
     assert committed < total, "the explorer was not stopped"
     before = {r["experience_id"] for r in stored_experiences(run.url)}
     assert time.monotonic() - started < 240
