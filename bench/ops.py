@@ -20,7 +20,11 @@ timeline, rl_engine/run/timeline.py). What that time is made of, on one clock (a
     engine_start    the explorer's vLLM engine start with its first-call warm-up (span `engine_start`)
     to_rollout      from the engine being up to the first rollout starting
 
-JSON keys: `api_to_first_rollout_s` (their sum) and one `<component>_s` per row above (medians).
+JSON keys: `api_to_first_rollout_s` (their sum) and one `<component>_s` per row above (medians);
+`worker_terminal_lines_per_run`, the most lines the worker's terminal got for one run (the
+engines' output goes to the run's log files, rl_engine/run/logfile.py); `op_rebuilt_during_runs`,
+1 if DeepSpeed's CPU op was (re)built while the measured runs went (it is built per virtualenv,
+once: rl_engine/trainer/dist.py), so the start-up figures never count a rebuild.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> d
     from harness.prefect_live import wait_flow_run
 
     storage.mkdir(parents=True)
+    lines_before = _lines(worker.log_path)
     body = {"parameters": {"set": [f"trainer.total_steps={steps}", f"buffer.storage.url={storage}"]}}
     t_call = time.time()
     run_id = live.api("POST", f"/deployments/{dep_id}/create_flow_run", json=body)["id"]
@@ -93,7 +98,30 @@ def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> d
     # 0.13 s earlier): pickup ends at whichever came first, so no component is negative.
     picked = min(states["PENDING"], spawned) if spawned is not None else states["PENDING"]
     marks = [t_call, t_returned, picked, spawned if spawned is not None else picked, states["RUNNING"], engine.start, engine.end, rollout]
-    return {f"{c}_s": b - a for c, a, b in zip(COMPONENTS, marks, marks[1:])} | {"api_to_first_rollout_s": rollout - t_call}
+    terminal = _worker_lines_of_run(worker.log_path, lines_before)
+    return {f"{c}_s": b - a for c, a, b in zip(COMPONENTS, marks, marks[1:])} | {"api_to_first_rollout_s": rollout - t_call, "worker_terminal_lines": terminal}
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_bytes().splitlines())
+
+
+def _worker_lines_of_run(log: Path, before: int, timeout_s: float = 30.0) -> int:
+    """Lines the worker's terminal got since `before`, once it logged how the run's process exited."""
+    deadline = time.monotonic() + timeout_s
+    while b"exited" not in b"".join(log.read_bytes().splitlines()[before:]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _lines(log) - before
+
+
+def _op_library() -> os.stat_result | None:
+    """DeepSpeed's CPU op as this virtualenv's trainers load it (rl_engine.trainer.dist), or None before its first build."""
+    import glob
+
+    from rl_engine.trainer.dist import extensions_root
+
+    found = glob.glob(f"{extensions_root()}/deepspeed_shm_comm/*.so")
+    return os.stat(found[0]) if found else None
 
 
 def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
@@ -140,14 +168,19 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 warm = measure(live, worker, dep["id"], root / "runs-warmup", steps=1)
                 print(f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s")
+            op = _op_library()  # built by the warm-up run (or an earlier one) for this virtualenv
             for i in range(1 if args.quick or args.smoke else 3):
                 rows.append({"run": i + 1, **measure(live, worker, dep["id"], root / f"runs-{i}", steps=1)})
+            after = _op_library()
+            rebuilds = int(op is None or after is None or (op.st_ino, op.st_mtime_ns) != (after.st_ino, after.st_mtime_ns))
         finally:
             for s in stop:
                 s.stop()
     print_table([{k.removesuffix("_s"): v for k, v in r.items()} for r in rows], title=f"API call -> first rollout, seconds ({'cold' if args.smoke else 'warm'} worker, synchronous deployment, tiny model)")
     keys = [f"{c}_s" for c in COMPONENTS] + ["api_to_first_rollout_s"]
-    emit_json({k: round(statistics.median(r[k] for r in rows), 3) for k in keys} | {"runs": len(rows)})
+    lines = max(r["worker_terminal_lines"] for r in rows)
+    print(f"worker terminal: at most {lines} lines per run (goal: under 30; engine output goes to <run>/logs/); DeepSpeed op rebuilt during the measured runs: {'yes' if rebuilds else 'no'}")
+    emit_json({k: round(statistics.median(r[k] for r in rows), 3) for k in keys} | {"runs": len(rows), "worker_terminal_lines_per_run": lines, "op_rebuilt_during_runs": rebuilds})
     return 0
 
 

@@ -7,11 +7,9 @@ never live objects, so it reads the same whether the roles are tasks of this pro
 on a worker. On a TTY the line is redrawn in place; elsewhere (a pipe, CI) a plain line is printed
 every `monitor.log_every` trainer steps.
 
-The engines' output cannot be steered by logging settings alone: vLLM's engine-core and worker
-processes also print through tqdm, `print`, Python warnings and C++ (NUMA, Triton), on the file
-descriptors they inherit. So for the run, this process's stdout and stderr descriptors point at
-the log file (every child inherits them), and the terminal keeps a duplicate for the progress
-line; both are restored before the run's error or summary is printed.
+For the run, this process's stdout and stderr descriptors point at the log file (every child
+inherits them; rl_engine/run/logfile.py says why), and the terminal keeps a duplicate for the
+progress line; both are restored before the run's error or summary is printed.
 
     with run_log(url, opts) as log, terminal_to(log) as term, follow(url, opts, total, 1, term):
         run_config(cfg)
@@ -20,60 +18,12 @@ line; both are restored before the run's error or summary is printed.
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-import tempfile
 import threading
 import time
 from typing import Any, Iterator, TextIO
 
 from rl_engine.run.report import METRICS_DIR
 from rl_engine.storage import is_local, join, open_storage, read_json
-
-LOG_FILE = "logs/engines.log"  # under the run
-
-
-@contextlib.contextmanager
-def run_log(run_url: str, storage_options: dict[str, Any] | None) -> Iterator[str]:
-    """A local file for the run's engine and library output; yields its path.
-
-    Local storage: `<run>/logs/engines.log` itself (appended to on resume). Object stores: a local
-    temp file, copied to `<run>/logs/engines.log` when the run ends (if the run was created)."""
-    fs, root = open_storage(run_url, storage_options)
-    local = is_local(fs)
-    path = join(root, LOG_FILE) if local else os.path.join(tempfile.gettempdir(), "rft-logs", root.rstrip("/").rsplit("/", 1)[-1], "engines.log")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "a") as f:
-        f.write(f"==== rft: run {run_url}, started {time.strftime('%Y-%m-%d %H:%M:%S')} (pid {os.getpid()})\n")
-    try:
-        yield path
-    finally:
-        if not local and fs.exists(join(root, "config.yaml")):
-            fs.put_file(path, join(root, LOG_FILE))
-
-
-@contextlib.contextmanager
-def terminal_to(path: str) -> Iterator[TextIO]:
-    """Point fds 1 and 2 (this process and every process it starts from now on) at `path`; yields
-    a text stream on the terminal's stdout. Both fds are restored on the way out, before any error
-    propagates, so the error reaches the terminal."""
-    for s in (sys.stdout, sys.stderr):
-        s.flush()
-    saved = os.dup(1), os.dup(2)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    term = os.fdopen(os.dup(saved[0]), "w", buffering=1)
-    try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        yield term
-    finally:
-        for s in (sys.stdout, sys.stderr):
-            s.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        for f in (fd, *saved):
-            os.close(f)
-        term.close()
 
 
 def fmt_duration(s: float) -> str:

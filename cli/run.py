@@ -37,7 +37,8 @@ def run_watched(cfg: RFTConfig, resume: str | None = None) -> Any:
     reaches the terminal, with where the log is."""
     import logging
 
-    from cli.progress import follow, run_log, terminal_to
+    from cli.progress import follow
+    from rl_engine.run.logfile import run_log, terminal_to
 
     if resume is None and cfg.name is None:
         # Named here (as the flow would name it) so the terminal knows where the run's files appear.

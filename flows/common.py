@@ -28,8 +28,9 @@ from rl_engine.errors import UserError, hide_user_error_tracebacks
 from rl_engine.roles.entry import roles_share_process
 from rl_engine.run.context import RunContext
 from rl_engine.run.driver import RunDriver
+from rl_engine.run.logfile import run_log, terminal_to
 from tasks.evaluation import start_evaluation
-from tasks.report import follow_trackers, publish_report, report_key_prefix, start_progress
+from tasks.report import follow_trackers, publish_report, publish_resume, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
 from tasks.run import check_run, record_run, start_attempt, sweep_buffer
 
@@ -152,6 +153,26 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
         raise errors[0]
 
 
+def in_own_process() -> bool:
+    """This flow run has its process to itself: a worker or `serve` started it (`python -m
+    prefect.engine`, PREFECT__FLOW_RUN_ID), as opposed to a call in `rft run`'s or a test's process."""
+    return os.environ.get("PREFECT__FLOW_RUN_ID") == str(get_run_context().flow_run.id)
+
+
+@contextlib.contextmanager
+def output_to_run_log(run_url: str, storage_options: dict[str, Any] | None, name: str = "engines.log") -> Iterator[None]:
+    """In a flow run's own process (a worker's): its stdout and stderr, and every child's (vLLM's
+    engine processes, DeepSpeed's op builds), go to `<run>/logs/<name>` until the block ends, as
+    `rft run` does with its own (rl_engine/run/logfile.py); the worker's terminal gets one line
+    saying where. Elsewhere `rft run` or the caller owns the terminal: nothing changes."""
+    if not in_own_process():
+        yield
+        return
+    with run_log(run_url, storage_options, name) as path, terminal_to(path) as term:
+        term.write(f"flow run {get_run_context().flow_run.name!r}: engine and library output in {path}\n")
+        yield
+
+
 def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str] | None = None) -> Any:
     """The body of every mode's flow: the run's lifecycle as tasks (rl_engine/run/driver.py), the
     roles where the placement says; the schedule is the roles' business."""
@@ -161,17 +182,23 @@ def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str]
     with RunDriver(cfg, resume, mode, source, log=get_run_logger().info) as driver:
         check_run(driver)
         run, attempt = start_attempt(driver)
-        keys = report_key_prefix(get_run_context().flow.name)
-        progress_id = start_progress(run, keys) if run.cfg.monitor.artifacts else None
-        cancel = Cancel()
-        with follow_trackers(run):  # monitor.trackers, fed until the run ends, however it ends
-            try:
-                with watch_cancellation(run) as cancel:
-                    run_roles(run, attempt, cancel, progress_id)
-            except BaseException:
-                end_anyway(driver, run, keys, "cancelled" if cancel.cancelled else "failed")
-                raise
-            return finish_run(driver, run, keys, cancelled=cancel.cancelled)
+        with output_to_run_log(run.url, run.storage_options):
+            return run_started(driver, run, attempt)
+
+
+def run_started(driver: RunDriver, run: RunContext, attempt: str) -> Any:
+    """The run from its roles' start to its report: a summary, or a Cancelled state."""
+    keys = report_key_prefix(get_run_context().flow.name)
+    progress_id = start_progress(run, keys) if run.cfg.monitor.artifacts else None
+    cancel = Cancel()
+    with follow_trackers(run):  # monitor.trackers, fed until the run ends, however it ends
+        try:
+            with watch_cancellation(run) as cancel:
+                run_roles(run, attempt, cancel, progress_id)
+        except BaseException:
+            end_anyway(driver, run, keys, "cancelled" if cancel.cancelled else "failed")
+            raise
+        return finish_run(driver, run, keys, cancelled=cancel.cancelled)
 
 
 def flow_config(cfg: RFTConfig, resume: str | None, overrides: list[str] | None) -> RFTConfig:
@@ -203,6 +230,10 @@ def end_anyway(driver: RunDriver, run: RunContext, keys: str, status: str) -> No
     either never hides why the run ended."""
     report_anyway(run, keys)
     try:
+        publish_resume(run, keys, status)
+    except Exception as e:  # noqa: BLE001 - the run's own error is what propagates
+        get_run_logger().warning("could not publish how to resume %s: %s: %s", run.url, type(e).__name__, e)
+    try:
         record_run(driver, status)
     except Exception as e:  # noqa: BLE001 - the run's own error is what propagates
         get_run_logger().warning("could not record %s in its lineage: %s: %s", run.url, type(e).__name__, e)
@@ -228,7 +259,7 @@ def end_cancelled(message: str) -> Any:
     from prefect.exceptions import Abort
 
     state, flow_run = Cancelled(message=message), get_run_context().flow_run
-    if os.environ.get("PREFECT__FLOW_RUN_ID") != str(flow_run.id):
+    if not in_own_process():
         return state  # in-process (`rft run`, a test): the caller gets the state
     with get_client(sync_client=True) as client:
         final = client.set_flow_run_state(flow_run.id, state, force=True).state
@@ -247,5 +278,6 @@ def finish_run(driver: RunDriver, run: RunContext, keys: str, cancelled: bool = 
     if not cancelled and run.cfg.eval.after_run:
         start_evaluation(run.cfg.eval.after_run, run.url, run.storage_options)
     if cancelled:
+        publish_resume(run, keys, "cancelled")
         return end_cancelled(f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
     return summary

@@ -13,10 +13,12 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.common import output_to_run_log
 from rl_engine.config import EvalTasksetConfig
 from rl_engine.errors import UserError
 from rl_engine.roles.evaluate_run import evaluate_versions, saved_versions
 from rl_engine.run.context import open_run
+from rl_engine.run.logfile import role_log_name
 from rl_engine.run.report import eval_table, heldout_curve_png
 from tasks.evaluation import artifact_prefix, png_markdown
 
@@ -34,8 +36,10 @@ def score_saved_versions(run_url: str, tasksets: list[str] | None, n: int, stora
 @flow(name="rft-eval", log_prints=True)
 def evaluate_run(run_url: str, tasksets: list[str] | None = None, n: int = 4, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Score every saved version of the run at `run_url` (its start model, the kept best, retained
-    sync checkpoints, the final model) on held-out task files; the table and curve as artifacts."""
-    records = score_saved_versions(run_url, tasksets, n, storage_options)
+    sync checkpoints, the final model) on held-out task files; the table and curve as artifacts.
+    On a worker, the engine's output goes to `<run>/logs/engines-eval.log`."""
+    with output_to_run_log(run_url, storage_options, role_log_name("eval")):
+        records = score_saved_versions(run_url, tasksets, n, storage_options)
     name = open_run(run_url, storage_options).cfg.name
     key = f"{artifact_prefix(name)}-saved-versions"
     create_table_artifact(eval_table(records), key=key, description=f"Held-out scores of every saved version of run {name}")

@@ -4,7 +4,8 @@ in prefect.yaml), so each runs in its own process on whatever work pool serves i
 
 They take handles only (the run's URL, the explorer id, non-secret storage options); everything
 else comes from the run's storage. A role ends its own child processes (vLLM engine cores) on
-the way out, also when its process is cancelled (SIGTERM from the worker).
+the way out, also when its process is cancelled (SIGTERM from the worker). Its process's output
+(vLLM, DeepSpeed, libraries) goes to `<run>/logs/engines-<role>.log`, not the worker's terminal.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import end_cancelled
+from flows.common import end_cancelled, output_to_run_log
 from rl_engine.board import role_name
 from rl_engine.roles import entry as roles
+from rl_engine.run.logfile import role_log_name
 from tasks.continuations import explorer_step_done
 from tasks.evaluation import evaluation_done
 from tasks.report import trainer_step_done
@@ -32,12 +34,15 @@ def _outcome(role: str, run_url: str, result: roles.RoleResult) -> Any:
 @flow(name="rft-explorer", log_prints=True)
 def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None) -> Any:
     """Explorer `explorer_id` of the run at `run_url` (started by the run's mode flow)."""
-    on_eval = evaluation_done(run_url, storage_options) if explorer_id == 0 else None
-    return _outcome(role_name(explorer_id), run_url, roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done, on_eval=on_eval))
+    role = role_name(explorer_id)
+    with output_to_run_log(run_url, storage_options, role_log_name(role)):
+        on_eval = evaluation_done(run_url, storage_options) if explorer_id == 0 else None
+        return _outcome(role, run_url, roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done, on_eval=on_eval))
 
 
 @flow(name="rft-trainer", log_prints=True)
 def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, progress_id: str | None = None) -> Any:
     """The trainer of the run at `run_url` (started by the run's mode flow, which passes the id of
     the run's progress artifact, moved every trainer step)."""
-    return _outcome("trainer", run_url, roles.trainer_role(run_url, storage_options, on_step=trainer_step_done(run_url, storage_options, progress_id)))
+    with output_to_run_log(run_url, storage_options, role_log_name("trainer")):
+        return _outcome("trainer", run_url, roles.trainer_role(run_url, storage_options, on_step=trainer_step_done(run_url, storage_options, progress_id)))

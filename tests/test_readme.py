@@ -66,7 +66,12 @@ EXERCISED: dict[str, list[str]] = {
     "prefect deployment": [
         "tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field",
         "tests/deployments/test_live_prefect.py::test_readme_schedule_with_set_overrides",  # what `prefect deployment schedule create` cannot: the README's client snippet
+        "tests/deployments/test_live_operations.py::test_cancelled_worker_run_publishes_its_report",  # --param resume=RUN, from the run's resume artifact
+        "tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on",  # schedule resume / ls
     ],
+    "prefect flow-run": ["tests/deployments/test_live_operations.py::test_cancelled_worker_run_publishes_its_report"],  # logs ID
+    "NIGHTLY=one-step-off-policy/one-step-off-policy-nightly": ["tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on"],
+    "SCHEDULE=$(curl": ["tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on"],
     "curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],  # the REST call, run from the README's text
     "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],
     "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],

@@ -234,8 +234,9 @@ def test_algorithms(tmp_path):
 def test_ops(tmp_path):
     r = run_bench("ops", "--smoke", timeout_s=540, tmp_path=tmp_path)
     parts = ("api_call_s", "worker_pickup_s", "process_spawn_s", "flow_import_s", "run_setup_s", "engine_start_s", "to_rollout_s")
-    has_keys(r, "api_to_first_rollout_s", "runs", *parts)
-    assert r["runs"] == 1
+    has_keys(r, "api_to_first_rollout_s", "runs", "worker_terminal_lines_per_run", "op_rebuilt_during_runs", *parts)
+    assert r["runs"] == 1 and r["op_rebuilt_during_runs"] in (0, 1)  # smoke: no warm-up run, so the op may be built in it
+    assert 0 < r["worker_terminal_lines_per_run"] < 100  # at least the worker's own lines, never the engines' hundreds
     for k in parts:
         if k != "worker_pickup_s":
             non_negative(r[k])

@@ -9,7 +9,9 @@ Both runs complete; each stored config differs from the deployment's `cfg` exact
 overridden field; their artifacts sit under the deployment's stable keys and their results are
 the runs' summaries. A bad override fails its run naming the key, and a run cancelled through the
 API on the worker ends Cancelled within CANCELLED_WITHIN_S, leaves none of its processes (flow
-process, vLLM engine core and worker, by PID) running after GONE_WITHIN_S, and still publishes its report.
+process, vLLM engine core and worker, by PID) running after GONE_WITHIN_S, exits cleanly, still
+publishes its report, the model it reached and how to resume it (whose command then resumes it on
+the worker), and gave the worker's terminal a few lines (the engines' output is in the run's log).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -39,6 +42,7 @@ KEYS = "synchronous-synchronous"  # <flow>-<deployment>
 # look for on_cancellation hooks before it sets Cancelled). Twice that, for a busier machine.
 CANCELLED_WITHIN_S = 60.0
 GONE_WITHIN_S = 60.0
+CANCELLED_TOTAL = 30  # trainer steps of the run cancelled at version 2, then resumed to its end
 
 
 def readme_set_block() -> str:
@@ -151,10 +155,11 @@ def still_running(procs: list[psutil.Process], deadline: float) -> list[psutil.P
     return alive
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment, rft_worker):
     dep, _, storage = test_deployment
-    run_id = create_run(prefect_live, dep["id"], ["trainer.total_steps=60"])
+    worker_lines = len(rft_worker.log_path.read_text().splitlines())
+    run_id = create_run(prefect_live, dep["id"], [f"trainer.total_steps={CANCELLED_TOTAL}"])
     deadline = time.monotonic() + 480
     while True:  # until the trainer is 2 steps in
         markers = list(storage.glob("*/control/trainer.json"))
@@ -181,4 +186,20 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
     assert {f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary")} <= set(arts), sorted(arts)
     assert 0 < arts[f"{KEYS}-progress"]["data"] < 100
     run_name = prefect_live.flow_run(run_id)["name"]
-    assert run_name in arts[f"{KEYS}-summary"]["description"] and (storage / run_name / "report" / "summary.json").is_file()
+    run_dir = storage / run_name
+    assert run_name in arts[f"{KEYS}-summary"]["description"] and (run_dir / "report" / "summary.json").is_file()
+    # The worker's terminal got a few lines of its own for the run; the engines' and libraries'
+    # output went to the run's log (no "Failed to load weights" at a sync: tied head, rebuilt).
+    run_lines = rft_worker.log_path.read_text().splitlines()[worker_lines:]
+    assert len(run_lines) < 30 and f"engine and library output in {run_dir}/logs/engines.log" in "\n".join(run_lines), "\n".join(run_lines)
+    engines = (run_dir / "logs" / "engines.log").read_text()
+    assert "EngineCore" in engines and "Failed to load weights" not in engines, engines[-3000:]
+    print(f"worker terminal: {len(run_lines)} lines for the run; engines.log: {len(engines.splitlines())} lines")
+    assert "run summary:" in prefect_live.cli("flow-run", "logs", run_id).stdout  # the flow run's own lines, where the README says
+    # How to resume it, and the model it reached, as artifacts; the artifact's command resumes it on the worker.
+    assert arts[f"{KEYS}-model"]["data"] == f"[{run_dir}/model]({(run_dir / 'model').resolve().as_uri()})" and (run_dir / "model" / "config.json").is_file()
+    (command,) = [line for line in arts[f"{KEYS}-resume"]["data"].splitlines() if line.startswith("prefect deployment run")]
+    assert command == f"prefect deployment run 'synchronous/synchronous' --param resume={run_dir}", command
+    resumed = flow_run_id_from_cli(prefect_live.cli(*shlex.split(command)[1:]).stdout)
+    wait_flow_run(prefect_live, resumed, ["COMPLETED"], timeout_s=600, worker=rft_worker)
+    assert json.loads((run_dir / "report" / "summary.json").read_text())["final_version"] == CANCELLED_TOTAL

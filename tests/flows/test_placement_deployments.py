@@ -230,3 +230,54 @@ def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_
     for child in children.values():  # cancelled on purpose: no CancelledRun traceback, exit status 0 (flows.common.end_cancelled)
         assert_exited_cleanly(on_live_server, child["id"])
     print(f"cancel -> mode flow ended in {took:.1f} s")
+
+
+def _copy_deployment(live, name: str, new_name: str, pool: str) -> None:
+    """`name` (flow/deployment) again as `flow/new_name` on `pool`, through the REST API."""
+    dep = live.deployment(name)
+    keep = ("flow_id", "entrypoint", "pull_steps", "parameters", "parameter_openapi_schema", "enforce_parameter_schema", "job_variables", "path", "tags")
+    live.api("POST", "/deployments/", json={k: dep[k] for k in keep if k in dep} | {"name": new_name, "work_pool_name": pool})
+
+
+def test_a_worker_run_on_s3_keeps_its_credentials_out_of_config_logs_and_artifacts(live, prefect_worker, tiny_model_dir, task_file, s3_bucket, tmp_path):
+    """Issue 28: credentials go to the workers' environment, never the config; a run on S3 whose
+    roles run on a worker holding them leaves them in none of the run's objects (config.yaml, logs,
+    report), the worker's terminal, the flow runs' logs, parameters or artifacts."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from rl_engine.config import ConfigError
+
+    url, options = s3_bucket
+    secret = f"rft-secret-{os.urandom(6).hex()}"  # moto takes any key; this one must show up nowhere
+    data = deployments_config(tiny_model_dir, task_file, tmp_path, mode="synchronous", total_steps=2)
+    data["buffer"]["storage"] = {"url": url, "options": options}
+    data["name"] = "s3-creds"
+    with pytest.raises(ConfigError, match="job_variables.trainer.env.AWS_SECRET_ACCESS_KEY: credentials must not be in the config") as refused:
+        validate_config({**data, "placement": {**data["placement"], "job_variables": {"trainer": {"env": {"AWS_SECRET_ACCESS_KEY": secret}}}}})
+    assert secret not in str(refused.value)
+
+    # Roles on a pool of their own whose worker has the key in its environment, as the README says.
+    worker = prefect_worker("rft-s3", AWS_ACCESS_KEY_ID="rft-test-key", AWS_SECRET_ACCESS_KEY=secret)  # creates the pool
+    for role in ("rft-trainer", "rft-explorer"):
+        _copy_deployment(live, f"{role}/default", "s3-creds", "rft-s3")
+    data["placement"] |= {"trainer_deployment": "rft-trainer/s3-creds", "explorer_deployment": "rft-explorer/s3-creds"}
+    with temporary_settings({PREFECT_API_URL: live.api_url}):
+        summary = run_config(validate_config(data))
+    assert summary["final_version"] == 2
+    assert {r: c["state_type"] for r, c in child_runs(live, "s3-creds").items()} == {"trainer": "COMPLETED", "explorer-0": "COMPLETED"}
+
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    objects = fs.find(f"{url}/s3-creds")
+    assert {"config.yaml", "logs/engines-trainer.log", "logs/engines-explorer-0.log", "report/summary.json"} <= {o.split("/s3-creds/", 1)[1] for o in objects}
+    leaks = [o for o in objects if secret.encode() in fs.cat_file(o)]
+    runs = live.api("POST", "/flow_runs/filter", json={"flow_runs": {"name": {"like_": "s3-creds"}}, "limit": 50})
+    ids = [r["id"] for r in runs]
+    logs: list = []
+    while page := live.api("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": ids}}, "limit": 200, "offset": len(logs)}):
+        logs += page
+    arts = live.api("POST", "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": ids}}})
+    shown = {"worker terminal": worker.log_path.read_text(), "flow runs": json.dumps(runs), "flow run logs": json.dumps(logs), "artifacts": json.dumps(arts)}
+    leaks += [where for where, text in shown.items() if secret in text]
+    assert len(logs) > 10 and len(arts) >= 5 and not leaks, leaks

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from rl_engine.trainer.dist import op_build_guard
+
+REPO = str(Path(__file__).resolve().parents[3])
 
 
 def make_lock(root, age_s: float = 0.0, layout: str = "default-root") -> str:
@@ -99,9 +103,42 @@ def test_extensions_are_built_per_virtualenv_unless_the_user_chose_a_folder(tmp_
 
 
 def test_the_trainer_built_its_op_in_the_extensions_folder(shared_trainer):
-    import glob
-
     from rl_engine.trainer.dist import extensions_root
 
     root = extensions_root()  # <venv>/torch_extensions here, unless TORCH_EXTENSIONS_DIR was set
     assert glob.glob(f"{root}/deepspeed_shm_comm/*.so") + glob.glob(f"{root}/*/deepspeed_shm_comm/*.so"), f"no built op under {root}"
+
+
+def _load_op(python: str) -> os.stat_result:
+    """Load DeepSpeed's CPU op as a trainer does, with `python` (no TORCH_EXTENSIONS_DIR set); the
+    built library's stat."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"} | {"PYTHONPATH": REPO}
+    code = "from rl_engine.trainer.dist import extensions_root, preload_deepspeed_ops; preload_deepspeed_ops(); print(extensions_root())"
+    res = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    root = res.stdout.strip().splitlines()[-1]
+    (lib,) = glob.glob(f"{root}/deepspeed_shm_comm/*.so")
+    return os.stat(lib)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_two_virtualenvs_in_turn_never_rebuild_the_op(tmp_path):
+    """Issue 28: two checkouts' virtualenvs running trainers in turn rebuilt DeepSpeed's op (25-63 s)
+    at every switch while they shared ~/.cache/torch_extensions. A second virtualenv (its own
+    prefix, this one's packages through a .pth file) builds its own once; from then on neither
+    rebuilds: the library each loads is the same file, unchanged, however they alternate."""
+    import site
+
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the suite runs outside a virtualenv")
+    other = tmp_path / "venv-b"
+    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
+    (purelib,) = glob.glob(str(other / "lib" / "python3*" / "site-packages"))
+    Path(purelib, "this-checkout.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    venvs = {"a": sys.executable, "b": str(other / "bin" / "python")}
+    first = {name: _load_op(python) for name, python in venvs.items()}  # b builds here; a had, or builds
+    assert first["a"].st_ino != first["b"].st_ino  # two folders, one build each
+    for name in ["a", "b", "a", "b"]:
+        now = _load_op(venvs[name])
+        assert (now.st_ino, now.st_mtime_ns) == (first[name].st_ino, first[name].st_mtime_ns), f"venv {name} rebuilt its op"
