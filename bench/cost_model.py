@@ -114,5 +114,5 @@ def install(rollout_s: float, train_s: float, sync_s: float) -> None:
     if problems := mismatches(CostModelEngine, RolloutEngine) + mismatches(CostModelTrainer, Trainer):
         raise TypeError("bench.cost_model is behind the protocols: " + "; ".join(problems))
 
-    rl_engine.roles.explorer.build_rollout_engine = lambda cfg, i=0: CostModelEngine(cfg, i, rollout_s, sync_s)
+    rl_engine.roles.explorer.build_rollout_engine = lambda cfg, i=0, **_: CostModelEngine(cfg, i, rollout_s, sync_s)
     rl_engine.roles.trainer.build_trainer = lambda settings: CostModelTrainer(settings, train_s)

@@ -1,5 +1,6 @@
 """Which weight sync a run uses: the factories behind `synchronizer.sync_method` (with
-base.check_devices, the only code that branches on the method).
+rl_engine.run.devices.check_plan, which refuses a collective group that shares a device, the only
+code that branches on the method).
 
     sender = build_weight_sender(cfg, board)                 # the trainer's side
     receiver = build_weight_receiver(cfg, board, explorer_id)  # an explorer's side
