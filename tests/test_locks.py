@@ -59,7 +59,7 @@ def test_the_check_script_reads_pips_report():
 
 
 def test_make_gpu_targets_run_the_commands_the_readme_says():
-    """`make setup-gpu`, `make test-gpu` and `make check-gpu-lock` (README, On GPUs), dry-run: CI has no GPU."""
+    """`make setup-gpu`, `make test-gpu`, `make check-gpu-lock` and `make lock-gpu` (README, On GPUs), dry-run: CI has no GPU."""
 
     def dry(*args: str) -> str:
         return subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
@@ -67,3 +67,4 @@ def test_make_gpu_targets_run_the_commands_the_readme_says():
     assert "install -q -c requirements/gpu.lock -e '.[gpu,test,trackers]'" in dry("setup-gpu")
     assert ".venv-gpu/bin/python -m pytest -m gpu tests/gpu" in dry("test-gpu")
     assert "requirements/check_gpu_lock.py" in dry("check-gpu-lock")
+    assert ".venv-gpu/bin/python -m pip --disable-pip-version-check freeze --exclude-editable; } > requirements/gpu.lock.new" in dry("lock-gpu")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
+
 import pytest
 
 from rl_engine.config import ConfigError, RFTConfig, validate_config
@@ -233,3 +235,39 @@ def test_rft_validate_print_shows_the_plan(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(preflight, "visible_gpus", lambda: 2)  # the same config on 2 GPUs: the explorers would share GPU 1
     assert rft(["validate", str(cfg)]) == 2
     assert "explorer 0's engine and explorer 1's engine on GPU 1" in capsys.readouterr().err
+
+
+def test_the_readmes_gpu_configs_validate_with_the_plans_it_shows(tmp_path, monkeypatch, capsys):
+    """README, On GPUs: `gpu8.yaml` (4 trainer ranks, 4 explorers) on 8 GPUs gets the plan the README
+    shows, is refused on 4 (the engines would share the trainer's devices under collective sync),
+    and `gpu8-two-machines.yaml` gives every role its job variables' devices."""
+    import re
+
+    import yaml
+
+    import rl_engine.run.preflight as preflight
+    from cli.main import main as rft
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## On GPUs") :]
+    section = section[: section.index("\n## ")]
+    base, placement = (yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)[:2])
+    shown = re.search(r"rft validate gpu8.yaml +# \.\.\. (.*?) \.\.\.", section).group(1)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    base["model"]["path"] = str(model)
+    gpu8, two = tmp_path / "gpu8.yaml", tmp_path / "gpu8-two-machines.yaml"
+    gpu8.write_text(yaml.safe_dump(base))
+    two.write_text(yaml.safe_dump({**base, **placement}))
+
+    monkeypatch.setattr(preflight, "visible_gpus", lambda: 8)
+    assert rft(["validate", str(gpu8)]) == 0
+    out = capsys.readouterr().out
+    assert shown in out and "explorer 3 (tensor parallel 1) on GPU 7" in out
+    assert rft(["validate", str(two)]) == 0
+    out = capsys.readouterr().out
+    assert "trainer ranks 0-3 on CUDA_VISIBLE_DEVICES=0,1,2,3" in out and all(f"explorer {i} (tensor parallel 1) on CUDA_VISIBLE_DEVICES={i}" in out for i in range(4))
+    monkeypatch.setattr(preflight, "visible_gpus", lambda: 4)
+    assert rft(["validate", str(gpu8)]) == 2
+    assert "the trainer's rank 0 and explorer 0's engine on GPU 0" in capsys.readouterr().err
