@@ -66,7 +66,7 @@ class CostModelTrainer:
         from transformers import AutoTokenizer
 
         self.pad_token_id = AutoTokenizer.from_pretrained(settings.model_path).pad_token_id
-        self.version, self.rank, self.train_s, self.w = 0, 0, train_s, torch.zeros(8)
+        self.version, self.rank, self.device, self.train_s, self.w = 0, 0, "cpu", train_s, torch.zeros(8)
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         time.sleep(self.train_s)

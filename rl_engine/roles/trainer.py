@@ -80,7 +80,7 @@ class TrainerRole:
         self._skipped: int | None = None  # a decoupled publish skipped while a send was in flight
         self._send_error: tuple[int, BaseException] | None = None
         self._post()
-        self.sender = build_weight_sender(cfg, self.board, pinned=lambda: retention.lineage_model(run))  # prunes checkpoints/ itself
+        self.sender = build_weight_sender(cfg, self.board, pinned=lambda: retention.lineage_model(run), device=self.trainer.device)  # prunes checkpoints/ itself
         self.sender.connect(stop)  # collective: blocks until every explorer's workers joined the group
 
     def _lost_rows(self) -> int:

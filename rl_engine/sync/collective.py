@@ -118,8 +118,11 @@ class CollectiveSender:
 
     method = "collective"
 
-    def __init__(self, c: CollectiveConfig, board: Board, num_explorers: int, workers_per_engine: int, wire_dtype: torch.dtype | None, wait_timeout_s: float):
+    def __init__(
+        self, c: CollectiveConfig, board: Board, num_explorers: int, workers_per_engine: int, wire_dtype: torch.dtype | None, wait_timeout_s: float, device: str | None = None
+    ):
         self.c, self.board = c, board
+        self.device = device  # the trainer's ('cuda:1'); None: the connecting thread's current CUDA device
         self.backend = resolve_backend(c.backend)
         self.num_explorers = num_explorers
         self.world_size = 1 + num_explorers * workers_per_engine
@@ -152,9 +155,8 @@ class CollectiveSender:
                 self._pg = init_group(self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, listen_socket=sock)
             except Exception as e:
                 raise SyncError(self._not_formed(port, e)) from e
-            # The trainer's device, as the thread that built the trainer has it current: a decoupled
-            # send runs in a thread of its own, whose current CUDA device would be device 0.
-            self._device = group_device(self.backend)
+            # Fixed here: a decoupled send runs in a thread of its own, whose current CUDA device is 0.
+            self._device = group_device(self.backend, self.device)
 
     def _not_formed(self, port: int, e: BaseException) -> str:
         came = [i for i in range(self.num_explorers) if (m := self.board.get(group_key(i))) is not None and m.get("port") == port]
