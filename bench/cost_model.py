@@ -66,7 +66,7 @@ class CostModelTrainer:
         from transformers import AutoTokenizer
 
         self.pad_token_id = AutoTokenizer.from_pretrained(settings.model_path).pad_token_id
-        self.version, self.rank, self.train_s, self.w = 0, 0, train_s, torch.zeros(8)
+        self.version, self.rank, self.device, self.train_s, self.w = 0, 0, "cpu", train_s, torch.zeros(8)
 
     def train_step(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         time.sleep(self.train_s)
@@ -114,5 +114,5 @@ def install(rollout_s: float, train_s: float, sync_s: float) -> None:
     if problems := mismatches(CostModelEngine, RolloutEngine) + mismatches(CostModelTrainer, Trainer):
         raise TypeError("bench.cost_model is behind the protocols: " + "; ".join(problems))
 
-    rl_engine.roles.explorer.build_rollout_engine = lambda cfg, i=0: CostModelEngine(cfg, i, rollout_s, sync_s)
+    rl_engine.roles.explorer.build_rollout_engine = lambda cfg, i=0, **_: CostModelEngine(cfg, i, rollout_s, sync_s)
     rl_engine.roles.trainer.build_trainer = lambda settings: CostModelTrainer(settings, train_s)

@@ -1,4 +1,4 @@
-"""Benchmark of the trainer on 1 and 2 data-parallel ranks (torchrun, gloo on CPU) on the same global batch.
+"""Benchmark of the trainer on 1 and 2 data-parallel ranks (torchrun; gloo on CPU, NCCL on CUDA) on the same global batch.
 
 For each rank count, torchrun starts the ranks; rank 0 leads (rl_engine.trainer.ranks) and
 times `train_step` on a fixed GRPO batch (B rows of L tokens, groups of 4) after a warm-up step.
@@ -8,8 +8,9 @@ in fp32). `ideal_ratio` = 1-rank step time / (2 x 2-rank step time): 1.0 is a li
     python -m bench.train            # ~10M-parameter model, batch 32 x 96 tokens, 5 timed steps
     python -m bench.train --quick    # the 0.3M model, batch 8, 3 timed steps
     python -m bench.train --smoke    # CI smoke test: the 0.3M model, batch 8 x 32 tokens, 1 timed step
+    python -m bench.train --device cuda   # one rank per GPU (2 ranks only with 2 GPUs); refused without CUDA
 
-Prints a table, then one JSON line. Reading the figures on a 2-core CPU machine: 1 rank trains
+Prints a table, then one JSON line (`step_s`: the 1-rank step; `device`, `hardware`: where it ran). Reading the figures on a 2-core CPU machine: 1 rank trains
 with 2 intra-op threads, each of 2 ranks with 1, so both use the same two cores; what 2 ranks can
 gain is only what one process leaves idle (Python overhead, small kernels), and what they pay is
 the gradient all-reduce (gloo, through memory) and a second copy of model and optimizer state.
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from bench._report import emit_json, print_table
+from bench._report import add_device_arg, check_device, cuda_devices, emit_json, hardware, print_table
 
 ZERO_STAGE = 0  # the CPU default; stage 2 gives the same update (tests/rl_engine/trainer/test_ranks.py)
 
@@ -120,11 +121,12 @@ def _leave_group() -> None:
         dist.destroy_process_group()
 
 
-def _run(ranks: int, model_dir: str, rows: int, length: int, micro: int, steps: int, out: str) -> dict:
+def _run(ranks: int, model_dir: str, rows: int, length: int, micro: int, steps: int, out: str, device: str) -> dict:
     os.makedirs(out, exist_ok=True)
     from rl_engine.trainer.launch import launcher_env
 
-    env = launcher_env()
+    # cuda: rank r on cuda:r (DeepSpeed's CUDA accelerator, NCCL); cpu: no device visible to the ranks.
+    env = {**launcher_env(), **({} if device == "cuda" else {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"})}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "--max-restarts=0", "-m", "bench.train", "--worker", model_dir, str(rows), str(length), str(micro), str(steps), out]
     subprocess.run(cmd, env=env, check=True, timeout=1800, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "result.json")) as f:
@@ -136,11 +138,14 @@ def main() -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CI-sized: the 0.3M model, batch 8, 3 timed steps")
     size.add_argument("--smoke", action="store_true", help="CI smoke test: the 0.3M model, batch 8 x 32 tokens, 1 timed step")
+    add_device_arg(p)
     p.add_argument("--worker", nargs=6, metavar=("MODEL", "ROWS", "LENGTH", "MICRO", "STEPS", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         model_dir, rows, length, micro, steps, out = args.worker
         return worker(model_dir, int(rows), int(length), int(micro), int(steps), out)
+    device = check_device(args.device)
+    rank_counts = (1, 2) if device == "cpu" or cuda_devices() >= 2 else (1,)  # one rank per GPU
     from safetensors.torch import load_file
 
     from rl_engine.tiny_model import make_tiny_model
@@ -150,26 +155,31 @@ def main() -> None:
     try:
         model_dir = str(make_tiny_model(os.path.join(work, "model"), seed=0, hidden_size=hidden, num_layers=layers))
         params = sum(t.numel() for t in load_file(os.path.join(model_dir, "model.safetensors")).values())
-        res = {n: _run(n, model_dir, rows, length, micro, steps, os.path.join(work, f"ranks={n}")) for n in (1, 2)}
-        w1, w2 = (load_file(os.path.join(work, f"ranks={n}", "first-update.safetensors")) for n in (1, 2))
-        diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+        res = {n: _run(n, model_dir, rows, length, micro, steps, os.path.join(work, f"ranks={n}"), device) for n in rank_counts}
+        w = {n: load_file(os.path.join(work, f"ranks={n}", "first-update.safetensors")) for n in rank_counts}
+        diff = max(float((w[1][k] - w[2][k]).abs().max()) for k in w[1]) if 2 in w else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    ideal = res[1]["step_s"] / (2 * res[2]["step_s"])
+    two = res.get(2)
     rows_out = [
         {"ranks": n, "threads/rank": _threads(n), "step_s": r["step_s"], "tokens/s": r["tokens_per_s"], "ideal step_s": res[1]["step_s"] / n}
         for n, r in res.items()
     ]
-    print_table(rows_out, title=f"trainer step, {params / 1e6:.1f}M parameters, batch {rows} x {length} tokens, micro-batch {micro}, ZeRO {ZERO_STAGE}, {os.cpu_count()} cores")
-    print(f"2 ranks vs 1: {res[1]['step_s'] / res[2]['step_s']:.2f}x faster (linear: 2x); first update max |2 ranks - 1 rank| = {diff:.2e}")
+    where = f"{os.cpu_count()} cores" if device == "cpu" else hardware(device)
+    print_table(rows_out, title=f"trainer step, {params / 1e6:.1f}M parameters, batch {rows} x {length} tokens, micro-batch {micro}, ZeRO {ZERO_STAGE}, {where}")
+    if two:
+        print(f"2 ranks vs 1: {res[1]['step_s'] / two['step_s']:.2f}x faster (linear: 2x); first update max |2 ranks - 1 rank| = {diff:.2e}")
     emit_json(
         {
             "params": params,
+            "device": device,
+            "hardware": hardware(device),
+            "step_s": res[1]["step_s"],
             "step_s_1rank": res[1]["step_s"],
-            "step_s_2rank": res[2]["step_s"],
+            "step_s_2rank": two and two["step_s"],
             "tokens_per_s_1rank": res[1]["tokens_per_s"],
-            "tokens_per_s_2rank": res[2]["tokens_per_s"],
-            "ideal_ratio": ideal,
+            "tokens_per_s_2rank": two and two["tokens_per_s"],
+            "ideal_ratio": two and res[1]["step_s"] / (2 * two["step_s"]),
             "update_max_abs_diff": diff,
         }
     )

@@ -29,7 +29,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     import json
 
     from rl_engine.config import RendezvousSync, RFTConfig, config_warnings, load_config, migrate, read_yaml, step_volume, to_yaml
-    from rl_engine.run.preflight import check_model_paths
+    from rl_engine.run.preflight import check_devices, check_model_paths, visible_gpus
 
     if a.schema:
         print(json.dumps(RFTConfig.model_json_schema(), indent=1))
@@ -38,6 +38,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         raise UserError("rft validate: give a CONFIG file (or --schema)")
     cfg = load_config(a.config, a.overrides).resolved()
     check_model_paths(cfg.model)
+    plan = check_devices(cfg, visible_gpus())  # this machine's GPUs: what preflight will refuse, refused now
     if a.print:
         print(to_yaml(cfg), end="")
     s = cfg.synchronizer
@@ -49,6 +50,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         file=out,
     )
     print(step_volume(cfg), file=out)
+    print(plan.describe(), file=out)
     print_warnings(config_warnings(cfg) + migration_warnings(a.config, migrate(read_yaml(a.config))[1]))
     return 0
 

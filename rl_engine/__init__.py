@@ -3,7 +3,7 @@
 Where things live:
 
     roles/       the role loops: explorer, trainer role, partial rollouts, workflow episodes, entry points, the plain loop
-    run/         a run's lifecycle on storage: context, lease, preflight, lineage, retention, report, timeline, experiment trackers
+    run/         a run's lifecycle on storage: context, lease, preflight, device plan, lineage, retention, report, timeline, experiment trackers
     board.py     the control board (JSON markers under <run>/control/) and its key schema
     buffer/      experiences as Arrow files: writer, reader, cursor, continuation store, stats
     rollout/     the vLLM rollout engine, multi-turn workflows (the episode handle, chat turns) and the built-in ones
@@ -24,7 +24,7 @@ name stands for a module or a whole package):
     0  errors conformance schedule tiny_model fetch_model run.failpoints run.owner_watch run.reaper
     1  config experience
     2  storage model_dir
-    3  board pruning run.lease run.timeline rewards algorithms
+    3  board pruning run.lease run.timeline run.devices rewards algorithms
     4  buffer rollout
     5  run.storage_checks run.context evaluate rewards.make_tasks
     6  trainer sync

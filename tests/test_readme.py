@@ -21,6 +21,7 @@ EXERCISED: dict[str, list[str]] = {
     "make test": [".ci/run", "tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
     "make test-fast": ["tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
     "make setup": [".ci/run"],
+    **dict.fromkeys(("make setup-gpu", "make test-gpu", "make check-gpu-lock", "make lock-gpu"), ["tests/test_locks.py::test_make_gpu_targets_run_the_commands_the_readme_says"]),  # dry-run: CI has no GPU
     "make demo-real": ["tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again", "tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
     "rft demo": ["tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again"],  # --model smollm2 (`make demo` runs the other)
     "rft fetch-model": ["tests/rl_engine/test_fetch_model.py::test_rft_fetch_model_prints_the_directory"],  # `make test` depends on it
@@ -41,12 +42,15 @@ EXERCISED: dict[str, list[str]] = {
         "tests/flows/test_placement_deployments.py::test_readme_command_runs_every_role_on_the_worker",  # --set placement.type=deployments
         "tests/flows/test_modes.py::test_every_shipped_config_runs_a_smoke_flow",  # configs/*.yaml
         "tests/bench/test_bench_smoke.py::test_algorithms",  # fully_async with algorithm.preset=decoupled_ppo, as bench.algorithms runs it
+        "tests/rl_engine/test_preflight_devices.py::test_the_readmes_gpu_configs_validate_with_the_plans_it_shows",  # gpu8*.yaml: validated with 8 GPUs stubbed, not run (no GPU here)
     ],
     "rft validate": [
         "tests/rl_engine/test_config.py::test_every_shipped_config_validates",
         "tests/rl_engine/test_config.py::test_validate_print_writes_the_resolved_config",
         "tests/rl_engine/test_config.py::test_rft_validate_print_shows_what_a_preset_expanded_to",  # --set algorithm.preset=...
         "tests/rl_engine/test_config.py::test_cli_schema_is_json",
+        "tests/rl_engine/test_preflight_devices.py::test_rft_validate_print_shows_the_plan",
+        "tests/rl_engine/test_preflight_devices.py::test_the_readmes_gpu_configs_validate_with_the_plans_it_shows",  # gpu8.yaml, 8 GPUs stubbed
     ],
     "rft config": [
         "tests/rl_engine/test_config.py::test_rft_config_migrate_rewrites_a_file_that_then_loads_without_migration",
@@ -77,6 +81,8 @@ EXERCISED: dict[str, list[str]] = {
     "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],
     "python -m torch.distributed.run": ["tests/flows/test_trainer_ranks.py::test_a_killed_trainer_rank_fails_the_run_naming_it"],  # what the trainer role starts
     **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "ops", "train", "faults", "real", "logits_memory", "algorithms", "workflows")},
+    # --device cuda: refused here without CUDA; on GPUs not run yet (README, On GPUs)
+    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}", "tests/bench/test_bench_smoke.py::test_device_cuda_is_refused_without_cuda"] for b in ("sync", "train")},
     "python -m bench.modes": ["tests/bench/test_bench_smoke.py::test_modes_synthetic"],
 }
 NOT_COMMANDS = ("export ",)  # environment for the commands around them

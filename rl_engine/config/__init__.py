@@ -29,7 +29,7 @@ from rl_engine.config.explorer import EngineConfig, ExplorerConfig, PartialRollo
 from rl_engine.config.loading import apply_overrides, load_config, migrate_file, parse_override, parse_yaml, read_yaml, to_yaml, validate_config
 from rl_engine.config.migrate import migrate
 from rl_engine.config.model import ArithmeticReward, CountdownReward, FinalAnswerReward, ModelConfig, PythonReward, RewardConfig, TasksetConfig
-from rl_engine.config.placement import DeploymentsPlacement, LocalPlacement, PlacementConfig
+from rl_engine.config.placement import DeploymentsPlacement, DeviceSplit, LocalPlacement, PlacementConfig
 from rl_engine.config.root import MAX_SEED, LineageConfig, MLflowTracker, MonitorConfig, RFTConfig, TensorBoardTracker, TrackerConfig, WandbTracker
 from rl_engine.config.synchronizer import DECOUPLED_MODES, RENDEZVOUS_MODES, CollectiveConfig, DecoupledSync, Mode, RendezvousSync, SynchronizerConfig
 from rl_engine.config.trainer import TrainerConfig
@@ -37,7 +37,7 @@ from rl_engine.config.workflow import CalculatorWorkflow, GuessNumberWorkflow, P
 
 __all__ = [
     "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward", "FinalAnswerReward",
-    "DecoupledSync", "DeploymentsPlacement", "EvalConfig", "EvalTasksetConfig", "KeepBestConfig", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement",
+    "DecoupledSync", "DeploymentsPlacement", "DeviceSplit", "EvalConfig", "EvalTasksetConfig", "KeepBestConfig", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement",
     "MLflowTracker", "Mode", "ModelConfig", "MonitorConfig",
     "PartialRolloutConfig", "PlacementConfig", "PythonReward", "RFTConfig", "RendezvousSync", "RewardConfig", "SamplingConfig", "StorageConfig", "SynchronizerConfig",
     "TasksetConfig", "TensorBoardTracker", "TrackerConfig", "TrainerConfig", "WandbTracker", "CalculatorWorkflow", "GuessNumberWorkflow", "PythonWorkflow", "SingleTurnWorkflow", "UserCodeConfig", "WorkflowConfig", "_Model", "apply_overrides", "config_warnings", "load_config", "migrate", "migrate_file", "parse_override", "parse_yaml", "read_yaml",

@@ -9,10 +9,35 @@ from pydantic import Field, field_validator
 from rl_engine.config.base import _Model, find_secret
 
 
+class DeviceSplit(_Model):
+    """Which of this machine's GPUs each role gets under placement `local` (visible device indices:
+    0 is the first device this process sees, after any CUDA_VISIBLE_DEVICES of its own)."""
+
+    trainer: list[int] = Field(
+        min_length=1, description="The trainer's ranks on this machine, one device each: rank r trains on trainer[r] (trainer.num_ranks / trainer.nodes entries)."
+    )
+    explorers: list[list[int]] = Field(
+        min_length=1, description="Each explorer's vLLM engine: explorers[i] are explorer i's devices (explorer.count lists of explorer.engine.tensor_parallel_size devices)."
+    )
+
+    @field_validator("trainer", "explorers")
+    @classmethod
+    def _indices(cls, v: list[Any]) -> list[Any]:
+        flat = [d for x in v for d in (x if isinstance(x, list) else [x])]
+        if any(d < 0 for d in flat):
+            raise ValueError("device indices start at 0 (the first GPU this machine shows)")
+        return v
+
+
 class LocalPlacement(_Model):
     """Every role (explorers, trainer) as a concurrent task of the mode's flow run, in one process."""
 
     type: Literal["local"] = Field(default="local", description="Roles run as tasks of the mode's flow run.")
+    devices: DeviceSplit | None = Field(
+        default=None,
+        description="GPUs per role on this machine (rl_engine.run.devices); null: the trainer's ranks take the first devices, the explorers' engines the rest "
+        "(explorer.engine.tensor_parallel_size each). Ignored where no GPU is visible (CPU: every role on the CPU).",
+    )
     heartbeat_s: float = Field(default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board.")
     heartbeat_timeout_s: float = Field(default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops.")
 

@@ -183,6 +183,27 @@ class RFTConfig(_Model):
         return self
 
     @model_validator(mode="after")
+    def _devices_fit_roles(self) -> "RFTConfig":
+        d = getattr(self.placement, "devices", None)
+        if d is None:
+            return self
+        ranks, tp = self.trainer.num_ranks // self.trainer.nodes, self.explorer.engine.tensor_parallel_size
+        if len(d.trainer) != ranks:
+            raise ValueError(
+                f"placement.devices.trainer lists {len(d.trainer)} device(s) for the trainer's {ranks} rank(s) on this machine "
+                f"(trainer.num_ranks / trainer.nodes); list one device per rank"
+            )
+        if len(d.explorers) != self.explorer.count:
+            raise ValueError(f"placement.devices.explorers lists {len(d.explorers)} engine(s) for explorer.count = {self.explorer.count}; list one per explorer")
+        for i, devs in enumerate(d.explorers):
+            if len(devs) != tp:
+                raise ValueError(
+                    f"placement.devices.explorers[{i}] lists {len(devs)} device(s), explorer.engine.tensor_parallel_size = {tp}: "
+                    f"an engine runs one tensor parallel worker per device; list {tp}"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _promote_best_needs_one(self) -> "RFTConfig":
         if self.lineage.promote == "best" and self.eval.keep_best is None:
             raise ValueError("lineage.promote = best needs eval.keep_best (the metric that names the best version) and eval.tasksets")

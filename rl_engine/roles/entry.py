@@ -34,6 +34,7 @@ from rl_engine.run.lease import Fence, LeaseLost
 from rl_engine.roles.trainer import TrainerRole
 from rl_engine.run.report import StepFeed, record_step
 from rl_engine.run.context import ResumePoint, RunContext, open_run, read_start
+from rl_engine.run.devices import device_plan
 from rl_engine.schedule import decoupled_publish, resume_catch_up, resumed_rendezvous_syncs
 from rl_engine.trainer.launch import RanksFailed, ranks_command, run_ranks
 
@@ -158,19 +159,20 @@ def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, on
     """The trainer of the run at `run_url`, until `trainer.total_steps` or the run stops: in this
     process, or with `trainer.num_ranks` > 1 in torchrun's ranks, which this process watches."""
     run = open_run(run_url, storage_options)
+    plan = device_plan(run.cfg)  # the devices this machine gives the trainer (none set: CPU, deployments)
     if run.cfg.trainer.num_ranks > 1:
-        return _trainer_ranks(run, on_step)
-    return trainer_loop(run, on_step)
+        return _trainer_ranks(run, on_step, plan.trainer_env())
+    return trainer_loop(run, on_step, plan.trainer_device() or 0)
 
 
-def _trainer_ranks(run: RunContext, on_step: OnStep | None) -> RoleResult:
-    """Start the trainer's ranks (rank 0 runs `trainer_loop`), pass their recorded steps to
-    `on_step` as they come, and turn a rank's failure into the run's stop request."""
+def _trainer_ranks(run: RunContext, on_step: OnStep | None, env: dict[str, str]) -> RoleResult:
+    """Start the trainer's ranks (rank 0 runs `trainer_loop`) with `env` (their devices), pass
+    their recorded steps to `on_step` as they come, and turn a rank's failure into the run's stop request."""
     board = Board(run.url, run.storage_options, run.cfg.buffer.poll_interval_s)
     steps = StepFeed(run, role_name(), on_step)
     try:
         t = run.cfg.trainer
-        run_ranks(ranks_command(run.url, run.storage_options, t.num_ranks, t.nodes, 0, t.rendezvous), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s)
+        run_ranks(ranks_command(run.url, run.storage_options, t.num_ranks, t.nodes, 0, t.rendezvous), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s, env=env)
     except RanksFailed as e:
         request_stop(board, "failed", f"trainer failed: {e}", by=role_name())
         raise
@@ -178,11 +180,12 @@ def _trainer_ranks(run: RunContext, on_step: OnStep | None) -> RoleResult:
     return RoleResult(steps.metrics, req if req is not None and req.get("kind") != "finished" else None)
 
 
-def trainer_loop(run: RunContext, on_step: OnStep | None = None) -> RoleResult:
-    """The trainer role's loop in this process (trainer rank 0 when there are several)."""
+def trainer_loop(run: RunContext, on_step: OnStep | None = None, local_device: int = 0) -> RoleResult:
+    """The trainer role's loop in this process (trainer rank 0 when there are several, on its
+    launcher's device; alone, on CUDA device `local_device`)."""
     role = Role(run, "trainer", on_step)
     with role.running():
-        trainer = TrainerRole(run, resume=role.at.resumed, stop=role.stop, fence=role.fence)
+        trainer = TrainerRole(run, resume=role.at.resumed, stop=role.stop, fence=role.fence, local_device=local_device)
         try:
             loop = _rendezvous_trainer if isinstance(run.cfg.synchronizer, RendezvousSync) else _decoupled_trainer
             try:

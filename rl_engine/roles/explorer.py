@@ -41,6 +41,7 @@ from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.rollout.workflow import build_workflow
 from rl_engine.run.context import RunContext
+from rl_engine.run.devices import device_plan
 from rl_engine.schedule import admission_wait, batch_number, batches_needed
 from rl_engine.sync import build_weight_receiver
 from rl_engine.run.timeline import STARTUP, TimelineRecorder
@@ -64,6 +65,11 @@ def warm_up(engine: Any, sampling: Any) -> None:
     engine.generate([[token]], 1, sampling.model_copy(update={"max_tokens": 2}), seed=0)
 
 
+def _engine_devices(run: RunContext, explorer_id: int) -> str | None:
+    """CUDA_VISIBLE_DEVICES of this explorer's engine from the run's device plan (None: inherit; CPU, deployments)."""
+    return device_plan(run.cfg).engine_visible(explorer_id)
+
+
 class EnginePool:
     """Warm rollout engines of this process, keyed by everything that fixes an engine's shape."""
 
@@ -74,14 +80,14 @@ class EnginePool:
     @staticmethod
     def _key(run: RunContext, explorer_id: int) -> str:
         m = run.cfg.model
-        return json.dumps([m.path, m.tokenizer_path, m.dtype, m.max_model_len, run.cfg.explorer.engine.model_dump(), run.cfg.seed, explorer_id])
+        return json.dumps([m.path, m.tokenizer_path, m.dtype, m.max_model_len, run.cfg.explorer.engine.model_dump(), run.cfg.seed, explorer_id, _engine_devices(run, explorer_id)])
 
     def acquire(self, run: RunContext, explorer_id: int) -> Any:
         with self._lock:
             idle = self._idle.get(self._key(run, explorer_id), [])
             engine = idle.pop() if idle else None
         if engine is None:
-            engine = build_rollout_engine(run.cfg, explorer_id)
+            engine = build_rollout_engine(run.cfg, explorer_id, cuda_visible=_engine_devices(run, explorer_id))
             warm_up(engine, run.cfg.explorer.sampling)
             return engine
         # A reused engine holds the last run's weights: load the base model's again (version 0).

@@ -52,6 +52,7 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     from rl_engine.rewards import TaskIterator, build_reward, load_taskset
     from rl_engine.rollout.engine import build_rollout_engine
     from rl_engine.board import Board
+    from rl_engine.run.devices import check_plan, device_plan
     from rl_engine.sync import build_weight_receiver, build_weight_sender
     from rl_engine.trainer import build_trainer, trainer_settings
     from rl_engine.warmstart import all_problems, evaluate
@@ -61,10 +62,12 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     storage = cfg.buffer.storage.fs_options()
     tasks = TaskIterator(load_taskset(cfg.taskset, storage), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle)
     reward_fn = build_reward(cfg.taskset.reward)
-    trainer = build_trainer(trainer_settings(cfg))
-    engine = build_rollout_engine(cfg)
+    plan = device_plan(cfg)  # one process, as placement local: the trainer on its device, the engine on its own
+    check_plan(plan, cfg.synchronizer.sync_method)
+    trainer = build_trainer(trainer_settings(cfg, plan.trainer_device() or 0))
+    engine = build_rollout_engine(cfg, cuda_visible=plan.engine_visible(0))
     board = Board(cfg.run_url, storage)
-    sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
+    sender, receiver = build_weight_sender(cfg, board, device=trainer.device), build_weight_receiver(cfg, board)
     problems = all_problems(_max_operand(tasks.tasks))
     history = [{"step": 0, "version": 0, **{f"eval_{k}": v for k, v in evaluate(trainer, problems).items()}}]
     log(f"step 0: eval exact@T=1 {history[0]['eval_expected_exact_t1']:.3f}")

@@ -60,14 +60,14 @@ def host_snapshot(named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
 class TrainerRole:
     """Trainer + buffer reader + checkpoints of one run."""
 
-    def __init__(self, run: RunContext, resume: bool = False, stop: StopSignal | None = None, fence: Fence | None = None):
+    def __init__(self, run: RunContext, resume: bool = False, stop: StopSignal | None = None, fence: Fence | None = None, local_device: int = 0):
         cfg = run.cfg
         self.run, self.cfg = run, cfg
         self.fence = fence or Fence(run.url, run.storage_options, None)  # checked before each update and state written
         self.timeline = TimelineRecorder(run.url, run.storage_options, TRAINER)
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
-            self.trainer = build_trainer(trainer_settings(cfg))
+            self.trainer = build_trainer(trainer_settings(cfg, local_device))  # alone in its process: on the plan's device
         # Decoupled modes: batches in the order admission control numbered them (rl_engine.schedule.batch_number).
         self.reader = BufferReader(run.url, run.storage_options, cfg.buffer, explorers=cfg.explorer.count if isinstance(cfg.synchronizer, DecoupledSync) else None)
         self.resumed_from: int | None = None
@@ -80,7 +80,7 @@ class TrainerRole:
         self._skipped: int | None = None  # a decoupled publish skipped while a send was in flight
         self._send_error: tuple[int, BaseException] | None = None
         self._post()
-        self.sender = build_weight_sender(cfg, self.board, pinned=lambda: retention.lineage_model(run))  # prunes checkpoints/ itself
+        self.sender = build_weight_sender(cfg, self.board, pinned=lambda: retention.lineage_model(run), device=self.trainer.device)  # prunes checkpoints/ itself
         self.sender.connect(stop)  # collective: blocks until every explorer's workers joined the group
 
     def _lost_rows(self) -> int:

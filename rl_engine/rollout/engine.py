@@ -136,6 +136,15 @@ def _engine_env(changes: dict[str, str | None]):
                 os.environ[k] = v
 
 
+def _pin_own_devices() -> None:
+    """Start this process's CUDA driver (cuInit reads CUDA_VISIBLE_DEVICES once) before an engine
+    start changes the variable for its processes: a trainer that starts CUDA in another thread of
+    this process meanwhile (placement local) must still see every device, not the engine's."""
+    import torch
+
+    torch.cuda.is_available()  # cudaGetDeviceCount: initialises the driver
+
+
 def _cpu_thread_bind(num_threads: int | None, explorer_id: int) -> str | None:
     """VLLM_CPU_OMP_THREADS_BIND for one engine: explorer x gets cores [x*n, (x+1)*n) (wrapping)."""
     if num_threads is None:
@@ -254,7 +263,9 @@ class VLLMRolloutEngine:
     call is stuck.
     """
 
-    def __init__(self, model_path: str, tokenizer_path: str, dtype: str, max_model_len: int, engine: EngineConfig, seed: int = 0, explorer_id: int = 0):
+    def __init__(
+        self, model_path: str, tokenizer_path: str, dtype: str, max_model_len: int, engine: EngineConfig, seed: int = 0, explorer_id: int = 0, cuda_visible: str | None = None
+    ):
         from vllm import LLM
         from vllm.platforms import current_platform
 
@@ -294,6 +305,12 @@ class VLLMRolloutEngine:
             env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_thread_bind(engine.num_threads, explorer_id) or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
         else:
             kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
+            if cuda_visible is not None:
+                _pin_own_devices()
+                # The run's device plan (rl_engine.run.devices): the engine's processes see these
+                # devices only, and are spawned (a fork after this process's CUDA start cannot use CUDA).
+                env["CUDA_VISIBLE_DEVICES"] = cuda_visible
+                env["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") or "spawn"
         with _START_LOCK, _engine_env(env):
             self._llm = LLM(**kwargs)
         self._tokenizer = self._llm.get_tokenizer()
@@ -567,8 +584,10 @@ def _to_rollout(prompt_ids: list[int], c: Any, version: int, tokenizer: Any = No
     return Rollout(prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, finish_reason=reason, version=version, text=text)
 
 
-def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0) -> RolloutEngine:
-    """The rollout engine of explorer `explorer_id`, from `cfg.model` and `cfg.explorer.engine`."""
+def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0, cuda_visible: str | None = None) -> RolloutEngine:
+    """The rollout engine of explorer `explorer_id`, from `cfg.model` and `cfg.explorer.engine`; on
+    GPU its processes see the devices `cuda_visible` lists (a CUDA_VISIBLE_DEVICES value, from the
+    run's device plan), else this process's."""
     m = cfg.model
     require_model_dir(m.path, "model.path")
     tok = m.tokenizer_path or m.path
@@ -581,4 +600,5 @@ def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0) -> RolloutEngine:
         engine=cfg.explorer.engine,
         seed=cfg.seed + explorer_id,
         explorer_id=explorer_id,
+        cuda_visible=cuda_visible,
     )

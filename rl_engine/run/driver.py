@@ -1,5 +1,5 @@
-"""The driver of one attempt of a run: preflight, the run's lease, its lineage, the start marker,
-and at the end the buffer sweep and the lineage's record. Prefect-free; a mode's flow calls each
+"""The driver of one attempt of a run: preflight, the run's lease, its lineage, the start marker
+and the device plan (`<run>/devices.json`), and at the end the buffer sweep and the lineage's record. Prefect-free; a mode's flow calls each
 step as a task of its flow run (tasks/run.py), so the UI shows them in the run's graph.
 
     with RunDriver(cfg, resume=None, mode="synchronous") as driver:
@@ -24,6 +24,7 @@ from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
 from rl_engine.run.context import post_start
 from rl_engine.run.context import ResumePoint, RunContext, open_run, resume_point, start_run
+from rl_engine.run.devices import device_plan, record_plan
 from rl_engine.run.lease import RunLease
 from rl_engine.run.lineage import LineageRun
 from rl_engine.run.lineage import begin as begin_lineage
@@ -86,6 +87,9 @@ class RunDriver:
         self.lease = self.lease or RunLease(run.url, run.storage_options).acquire()
         self.run = run
         self.attempt = post_start(Board(run.url, run.storage_options), at, self.lease.generation)
+        plan = device_plan(run.cfg)
+        record_plan(*run.fs(), plan, self.attempt)  # <run>/devices.json: where this attempt's roles run
+        self.log(plan.describe())
         if self.lineage and (carried := self.lineage.adopt(run)):
             self.log(f"lineage {self.lineage.name}: continuing {sum(map(len, carried.values()))} pending generations of {self.lineage.previous['run']}")
         return run, self.attempt

@@ -21,8 +21,9 @@ without a pad token used to fail the trainer while the explorer waited for it fo
   whose shapes fit config.json, `max_position_embeddings` not below model.max_model_len; the tokenizer loads and has a pad token;
 - every prompt, as the explorer will format it, leaves room for a response in model.max_model_len;
 - on resume, the latest trainer state fits the model;
-- the GPUs this machine shows can hold the roles placed on it (one trainer rank per GPU; no
-  collective sync on a single GPU shared by the explorer and the trainer).
+- the run's device plan (rl_engine.run.devices) can run: one trainer rank per GPU, no two members
+  of a collective group on one device (collective sync with the trainer and an engine on one GPU),
+  every engine with as many GPUs as its tensor parallel size.
 
     cfg = preflight(load_config("configs/demo.yaml"))                  # a new run: the config back
     cfg = preflight(load_config(path), resume="runs/my-run", source=path)  # the run's saved config
@@ -41,6 +42,7 @@ from typing import Any
 from rl_engine.config import ConfigError, ModelConfig, RFTConfig
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
+from rl_engine.run.devices import DevicePlan, check_plan, device_plan, visible_gpus
 from rl_engine.run.storage_checks import check_reachable, check_storage, checked_call, open_for_checks
 from rl_engine.storage import join
 
@@ -80,31 +82,21 @@ def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the conf
     params = check_weights_fit(model, weights)
     if resume is not None:
         check_trainer_state(resume, opts, params)
-    check_devices(cfg, _visible_gpus())
+    check_devices(cfg, visible_gpus())
     return cfg
 
 
 # --------------------------------------------------------------------------- devices
 
 
-def _visible_gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def check_devices(cfg: RFTConfig, gpus: int) -> None:
-    """What a machine with `gpus` visible CUDA devices (0: CPU, gloo) cannot run in one process
-    (placement local): more trainer ranks than devices, or a collective sync whose NCCL group would
-    put the trainer's rank 0 and the explorer's vLLM worker on the one device (NCCL refuses two
-    ranks of a group on one device)."""
-    if gpus == 0 or cfg.placement.type != "local":
-        return  # CPU: gloo takes any number of ranks per machine; deployments: devices are per role (job_variables)
-    if cfg.trainer.num_ranks > gpus:
-        raise UserError(f"trainer.num_ranks = {cfg.trainer.num_ranks} but this machine shows {gpus} GPU(s): the trainer runs one rank per GPU; lower num_ranks")
-    from rl_engine.sync.base import check_devices as check_sync_devices  # imports torch: only when asked
-
-    check_sync_devices(cfg, gpus)
+def check_devices(cfg: RFTConfig, gpus: int) -> DevicePlan:
+    """What the run's device plan on a machine with `gpus` visible CUDA devices (0: CPU, gloo)
+    cannot run (rl_engine.run.devices.check_plan: two members of a collective group on one device,
+    more trainer ranks than devices, an engine with fewer devices than its tensor parallel size);
+    returns the plan."""
+    plan = device_plan(cfg, gpus)
+    check_plan(plan, cfg.synchronizer.sync_method)
+    return plan
 
 
 # --------------------------------------------------------------------------- the run

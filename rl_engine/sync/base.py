@@ -22,8 +22,6 @@ from typing import Any, Protocol
 import torch
 
 from rl_engine.board import Board, StopSignal
-from rl_engine.config import RFTConfig
-from rl_engine.errors import UserError
 
 
 class WeightSender(Protocol):
@@ -94,15 +92,3 @@ def wait_loaded(board: Board, num_explorers: int, version: int, timeout_s: float
     """Block until every explorer acknowledged `version` or newer."""
     for i in range(num_explorers):
         board.wait(loaded_key(i), lambda m: m["version"] >= version, what=f"explorer {i} to load version {version}", timeout_s=timeout_s, stop=stop)
-
-
-def check_devices(cfg: RFTConfig, gpus: int) -> None:
-    """What the sync method cannot do with the trainer and an explorer in one process on `gpus`
-    visible GPUs (rl_engine.run.preflight.check_devices asks): NCCL refuses two ranks of one
-    collective group on one device."""
-    if gpus == 1 and cfg.synchronizer.sync_method == "collective":
-        raise UserError(
-            "synchronizer.sync_method = collective on a single GPU: the explorer's vLLM worker and the trainer share the device, and NCCL refuses "
-            "two ranks of one group on one device; use sync_method: checkpoint here (weights go through storage), or run the roles on "
-            "separate GPUs (placement deployments with job_variables CUDA_VISIBLE_DEVICES per role)"
-        )

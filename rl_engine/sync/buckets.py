@@ -39,9 +39,12 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
-def group_device(backend: str) -> torch.device:
-    """Where the group's tensors must live: the current CUDA device for NCCL, else CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+def group_device(backend: str, device: str | None = None) -> torch.device:
+    """Where the group's tensors must live: for NCCL `device` (this member's GPU, e.g. 'cuda:1'),
+    else the calling thread's current CUDA device; CPU for gloo."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    return torch.device(device) if device else torch.device("cuda", torch.cuda.current_device())
 
 
 def init_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, listen_socket: Any = None) -> Any:

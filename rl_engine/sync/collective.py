@@ -118,8 +118,11 @@ class CollectiveSender:
 
     method = "collective"
 
-    def __init__(self, c: CollectiveConfig, board: Board, num_explorers: int, workers_per_engine: int, wire_dtype: torch.dtype | None, wait_timeout_s: float):
+    def __init__(
+        self, c: CollectiveConfig, board: Board, num_explorers: int, workers_per_engine: int, wire_dtype: torch.dtype | None, wait_timeout_s: float, device: str | None = None
+    ):
         self.c, self.board = c, board
+        self.device = device  # the trainer's ('cuda:1'); None: the connecting thread's current CUDA device
         self.backend = resolve_backend(c.backend)
         self.num_explorers = num_explorers
         self.world_size = 1 + num_explorers * workers_per_engine
@@ -127,6 +130,7 @@ class CollectiveSender:
         self.bucket_bytes = max(1, int(c.bucket_mb * (1 << 20)))
         self.wait_timeout_s = wait_timeout_s
         self._pg: Any = None
+        self._device: torch.device | None = None
         self.last: SyncStats | None = None
 
     def connect(self, stop: StopSignal | None = None) -> None:
@@ -151,6 +155,8 @@ class CollectiveSender:
                 self._pg = init_group(self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, listen_socket=sock)
             except Exception as e:
                 raise SyncError(self._not_formed(port, e)) from e
+            # Fixed here: a decoupled send runs in a thread of its own, whose current CUDA device is 0.
+            self._device = group_device(self.backend, self.device)
 
     def _not_formed(self, port: int, e: BaseException) -> str:
         came = [i for i in range(self.num_explorers) if (m := self.board.get(group_key(i))) is not None and m.get("port") == port]
@@ -190,7 +196,7 @@ class CollectiveSender:
 
         try:
             # self._pg, never a local: a frame of the raised error must not keep the group open.
-            n, nbytes = broadcast_send(self._pg, source(), version, self.bucket_bytes, self.wire_dtype, group_device(self.backend))
+            n, nbytes = broadcast_send(self._pg, source(), version, self.bucket_bytes, self.wire_dtype, self._device)
         except BaseException as e:
             pg, self._pg = self._pg, None
             _release(pg, e)
@@ -226,7 +232,7 @@ class CollectiveSender:
     def send_raw(self, sizes: list[int]) -> None:
         """Benchmark floor: plain broadcasts of these byte sizes on the same group, from reused buffers."""
         if getattr(self, "_raw_sizes", None) != sizes:
-            self._raw_sizes, self._raw_bufs = list(sizes), [torch.zeros(n, dtype=torch.uint8, device=group_device(self.backend)) for n in sizes]
+            self._raw_sizes, self._raw_bufs = list(sizes), [torch.zeros(n, dtype=torch.uint8, device=self._device) for n in sizes]
         raw_broadcast(self._pg, self._raw_bufs)
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
 """Which weight sync a run uses: the factories behind `synchronizer.sync_method` (with
-base.check_devices, the only code that branches on the method).
+rl_engine.run.devices.check_plan, which refuses a collective group that shares a device, the only
+code that branches on the method).
 
     sender = build_weight_sender(cfg, board)                 # the trainer's side
     receiver = build_weight_receiver(cfg, board, explorer_id)  # an explorer's side
@@ -23,13 +24,14 @@ def wire_dtype(cfg: RFTConfig) -> torch.dtype:
     return getattr(torch, cfg.model.dtype)
 
 
-def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None) -> WeightSender:
+def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None, device: str | None = None) -> WeightSender:
     """Trainer-side sync of `cfg.synchronizer.sync_method`, meeting the receivers on the run's `board`;
     checkpoint needs a resolved cfg (run URL). `pinned` returns the model URL a lineage points at
-    (`rl_engine.run.retention.lineage_model`): a version it names is never pruned."""
+    (`rl_engine.run.retention.lineage_model`): a version it names is never pruned. `device`: the
+    trainer's ('cuda:1'), where a collective sync's buckets are packed."""
     s = cfg.synchronizer
     if s.sync_method == "collective":
-        return CollectiveSender(s.collective, board, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg), s.wait_timeout_s)
+        return CollectiveSender(s.collective, board, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg), s.wait_timeout_s, device)
     if s.sync_method == "checkpoint":
         opts = cfg.buffer.storage.fs_options()
         return CheckpointSender(cfg.run_url, opts, cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s, keep_last=s.keep_last_checkpoints, pinned=pinned)

@@ -70,7 +70,7 @@ class DeepSpeedTrainer:
                 "Set one (e.g. tokenizer.pad_token = tokenizer.eos_token; tokenizer.save_pretrained(dir)) or use a tokenizer that has one"
             )
         self.pad_token_id = int(self.tokenizer.pad_token_id)
-        ensure_dist_env()
+        ensure_dist_env(s.local_device)
         self.device = accelerator_device()
         self.engine = self._build_engine(model_dir)
         self.rank = int(self.engine.global_rank)

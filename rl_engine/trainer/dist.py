@@ -30,8 +30,11 @@ def free_port() -> int:
 OWNER = "RFT_DIST_ENV_OWNER"  # pid of the process that filled in the variables below for itself
 
 
-def ensure_dist_env() -> None:
-    """Set the rendezvous variables for a one-process world unless a launcher already did.
+def ensure_dist_env(local_device: int = 0) -> None:
+    """Set the rendezvous variables for a one-process world unless a launcher already did; the
+    world's one rank trains on CUDA device `local_device` (LOCAL_RANK, which DeepSpeed and
+    `accelerator_device` read): the device the run's plan gives a trainer that runs in a process
+    shared with explorers (rl_engine.run.devices). A launcher's LOCAL_RANK is left as it is.
 
     Values this function set in another process (our parent, say a test or a `serve` process
     that ran a trainer before starting a Prefect worker) are not a launcher's: children inherit
@@ -42,12 +45,15 @@ def ensure_dist_env() -> None:
 
     if dist.is_available() and dist.is_initialized():
         return  # an earlier trainer in this process already joined; DeepSpeed reuses the group
-    inherited = os.environ.get(OWNER) not in (None, str(os.getpid()))
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and not inherited:
+    owner = os.environ.get(OWNER)
+    if owner == str(os.getpid()):
+        os.environ["LOCAL_RANK"] = str(local_device)  # our own one-process world, from an earlier trainer here: this one's device
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and owner is None:
         os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         return
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", **{OWNER: str(os.getpid())})
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK=str(local_device), **{OWNER: str(os.getpid())})
 
 
 def accelerator_device() -> str:

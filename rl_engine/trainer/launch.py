@@ -58,10 +58,11 @@ def launcher_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
 
 
-def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: float = 1.0, stop_grace_s: float = 15.0) -> None:
-    """Run torchrun's `cmd`, calling `poll()` every `poll_s` until it exits; then stop whatever it
-    left (also when `poll` raises or this thread is interrupted). Raises RanksFailed on failure."""
-    env = {**launcher_env(), OWNER_PID_ENV: str(os.getpid())}
+def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: float = 1.0, stop_grace_s: float = 15.0, env: dict[str, str] | None = None) -> None:
+    """Run torchrun's `cmd` (with `env` on top of this process's environment: the run's device
+    plan, CUDA_VISIBLE_DEVICES), calling `poll()` every `poll_s` until it exits; then stop whatever
+    it left (also when `poll` raises or this thread is interrupted). Raises RanksFailed on failure."""
+    env = {**launcher_env(), **(env or {}), OWNER_PID_ENV: str(os.getpid())}
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
     tail: collections.deque[str] = collections.deque(maxlen=400)
     echo = threading.Thread(target=_echo, args=(proc.stderr, tail), name="trainer-ranks-stderr", daemon=True)

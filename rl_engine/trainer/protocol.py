@@ -13,6 +13,7 @@ class Trainer(Protocol):
 
     version: int  # completed trainer steps; 0 = the initial weights
     rank: int  # data-parallel rank of this process (0 writes files and broadcasts weights)
+    device: str  # where this rank's tensors live: 'cuda:<i>' or 'cpu'
     pad_token_id: int
 
     def train_step(self, batch: dict[str, Tensor]) -> dict[str, float]:

@@ -76,7 +76,7 @@ class LeaderTrainer:
 
     def __init__(self, local: Any):
         self.local = local
-        self.rank, self.world, self.pad_token_id = local.rank, local.world, local.pad_token_id
+        self.rank, self.world, self.pad_token_id, self.device = local.rank, local.world, local.pad_token_id, local.device
         # An operation that raised may have left the other ranks inside a collective: no `end`
         # then; rank 0's failure makes torchrun stop them.
         self._broken = False

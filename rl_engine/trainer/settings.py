@@ -52,11 +52,15 @@ class TrainerSettings(BaseModel):
     algorithm: AlgorithmConfig = Field(
         default_factory=AlgorithmConfig, description="The RL loss and advantages (train_step); SFT (sft_step) uses none of it."
     )
+    local_device: int = Field(
+        default=0, ge=0, description="CUDA device index of a trainer that is the only rank of its process's world (no launcher); a launcher's LOCAL_RANK wins (rl_engine.trainer.dist)."
+    )
 
 
-def trainer_settings(cfg: "RFTConfig") -> TrainerSettings:
+def trainer_settings(cfg: "RFTConfig", local_device: int = 0) -> TrainerSettings:
     """The settings of a run's trainer, from its config (train_batch_size from the resolve step
-    when the config leaves it null)."""
+    when the config leaves it null) and, for a trainer alone in its process, its device from the
+    run's device plan."""
     t, m = cfg.trainer, cfg.model
     temperature = cfg.explorer.sampling.temperature
     return TrainerSettings(
@@ -76,4 +80,5 @@ def trainer_settings(cfg: "RFTConfig") -> TrainerSettings:
         temperature=temperature if temperature > 0 else 1.0,  # greedy sampling: the logprobs of the unscaled policy
         max_response_tokens=cfg.explorer.partial.max_response_tokens if cfg.explorer.partial.enabled else cfg.explorer.sampling.max_tokens,
         algorithm=cfg.algorithm,
+        local_device=local_device,
     )

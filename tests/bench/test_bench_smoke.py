@@ -146,6 +146,7 @@ def test_sync(tmp_path):
         positive(r[k])
     number(r["reload_other_s"])
     assert r["bound_over_raw"] >= 1  # the bound is at least the raw broadcast itself
+    assert r["device"] == "cpu" and r["hardware"].endswith(" cores")  # the CPU's model and the cores it had
 
 
 def test_modes_synthetic(tmp_path):
@@ -166,6 +167,20 @@ def test_train(tmp_path):
     for k in ("step_s_1rank", "step_s_2rank", "tokens_per_s_1rank", "tokens_per_s_2rank", "ideal_ratio"):
         positive(r[k])
     assert 0 <= number(r["update_max_abs_diff"]) <= 1e-5  # 2 ranks give 1 rank's update (fp32)
+    assert r["step_s"] == r["step_s_1rank"] and r["device"] == "cpu" and r["hardware"].endswith(" cores")
+
+
+@pytest.mark.parametrize("module", ["sync", "train"])
+def test_device_cuda_is_refused_without_cuda(module):
+    """`python -m bench.sync --device cuda` / `bench.train --device cuda` (README, On GPUs) on a
+    machine without CUDA: exit 2 before any work, saying why and what to run instead."""
+    import torch
+
+    if torch.cuda.device_count():
+        pytest.skip("this machine has CUDA: tests/gpu runs the benchmarks there")
+    done = subprocess.run([sys.executable, "-m", f"bench.{module}", "--device", "cuda", "--smoke"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert "--device cuda: no CUDA device is visible here" in done.stderr and "make setup-gpu" in done.stderr and not done.stdout.strip()
 
 
 def test_partial(tmp_path):

@@ -10,7 +10,7 @@ import torch
 
 from rl_engine.config import CollectiveConfig
 from rl_engine.board import Board
-from rl_engine.sync.buckets import ALIGN, broadcast_recv, destroy_group, init_group, pack_buckets
+from rl_engine.sync.buckets import ALIGN, broadcast_recv, destroy_group, group_device, init_group, pack_buckets
 from rl_engine.sync.collective import CollectiveSender, group_key
 from rl_engine.trainer.dist import free_port
 from tests.rl_engine.sync.helpers import run_concurrently
@@ -123,3 +123,10 @@ def test_trainer_picks_and_publishes_a_free_port_or_names_a_taken_one(tmp_path):
     assert addr["host"] == "127.0.0.1" and addr["port"] > 0
     with socket.socket() as s:  # and the port is released again
         s.bind(("127.0.0.1", addr["port"]))
+
+
+def test_the_group_device_is_the_trainers_not_the_sending_threads():
+    """NCCL buckets go on the device the trainer's plan gave it (a decoupled send runs in a thread
+    whose current CUDA device is 0); gloo's on the CPU whatever the trainer's device."""
+    assert group_device("nccl", "cuda:1") == torch.device("cuda", 1)
+    assert group_device("gloo", "cuda:1") == group_device("gloo") == torch.device("cpu")

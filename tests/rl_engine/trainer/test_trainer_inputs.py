@@ -69,3 +69,26 @@ def test_dist_env_inherited_from_a_parent_trainer_is_replaced(monkeypatch):
     monkeypatch.setattr(dist, "free_port", lambda: 1)
     dist.ensure_dist_env()
     assert os.environ["MASTER_PORT"] == "45678"
+
+
+def test_a_trainer_alone_in_its_process_trains_on_the_plans_device(monkeypatch):
+    """ensure_dist_env(local_device): the one rank of this process's own world gets LOCAL_RANK =
+    the device the run's plan gives it (rl_engine.run.devices), also for a second trainer in the
+    process; a launcher's LOCAL_RANK (torchrun: CUDA_VISIBLE_DEVICES already narrowed) is kept."""
+    import os
+
+    import torch.distributed
+
+    from rl_engine.trainer import dist
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "MASTER_ADDR", dist.OWNER):
+        monkeypatch.delenv(k, raising=False)
+    dist.ensure_dist_env(local_device=2)
+    assert (os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("2", "1")
+    dist.ensure_dist_env(local_device=1)  # a later trainer of this process, on another device
+    assert os.environ["LOCAL_RANK"] == "1"
+    monkeypatch.delenv(dist.OWNER)
+    monkeypatch.setenv("RANK", "1"), monkeypatch.setenv("WORLD_SIZE", "2"), monkeypatch.setenv("LOCAL_RANK", "1")
+    dist.ensure_dist_env(local_device=5)
+    assert os.environ["LOCAL_RANK"] == "1"
