@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import sys
+import sysconfig
 import time
 from collections.abc import Iterator
 
@@ -87,10 +88,28 @@ def extensions_root() -> str:
 
 def use_extensions_root() -> str:
     """Make torch build extensions in `extensions_root()` (sets TORCH_EXTENSIONS_DIR, which torch
-    reads at each build; children inherit it); returns the folder."""
+    reads at each build; children inherit it) with this environment's ninja; returns the folder."""
     root = extensions_root()
     os.environ["TORCH_EXTENSIONS_DIR"] = root
+    use_own_ninja()
     return root
+
+
+def use_own_ninja() -> None:
+    """Put this interpreter's scripts folder first on PATH when it holds a `ninja` (the pip package
+    DeepSpeed installs), for this process and its children.
+
+    torch builds with whichever ninja PATH finds first, and ninja rebuilds whatever its build log
+    says was built by another command. Two ninjas hash commands differently (the virtualenv's 1.13
+    and Debian's 1.11 here), so processes of one virtualenv that find different ones (started with
+    the virtualenv's bin on PATH, like a Prefect worker, or not, like `.venv/bin/python -m pytest`)
+    rebuilt DeepSpeed's op at every turn, 25-140 s each (issue 28)."""
+    scripts = sysconfig.get_path("scripts")
+    if not os.access(os.path.join(scripts, "ninja"), os.X_OK):
+        return
+    path = os.environ.get("PATH", "").split(os.pathsep)
+    if path[:1] != [scripts]:
+        os.environ["PATH"] = os.pathsep.join([scripts] + [p for p in path if p != scripts])
 
 
 def preload_deepspeed_ops() -> None:

@@ -109,10 +109,10 @@ def test_the_trainer_built_its_op_in_the_extensions_folder(shared_trainer):
     assert glob.glob(f"{root}/deepspeed_shm_comm/*.so") + glob.glob(f"{root}/*/deepspeed_shm_comm/*.so"), f"no built op under {root}"
 
 
-def _load_op(python: str) -> os.stat_result:
-    """Load DeepSpeed's CPU op as a trainer does, with `python` (no TORCH_EXTENSIONS_DIR set); the
-    built library's stat."""
-    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"} | {"PYTHONPATH": REPO}
+def _load_op(python: str, path: str) -> os.stat_result:
+    """Load DeepSpeed's CPU op as a trainer does, with `python` and PATH `path` (no
+    TORCH_EXTENSIONS_DIR set); the built library's stat."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"} | {"PYTHONPATH": REPO, "PATH": path}
     code = "from rl_engine.trainer.dist import extensions_root, preload_deepspeed_ops; preload_deepspeed_ops(); print(extensions_root())"
     res = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -124,11 +124,16 @@ def _load_op(python: str) -> os.stat_result:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_virtualenvs_in_turn_never_rebuild_the_op(tmp_path):
-    """Issue 28: two checkouts' virtualenvs running trainers in turn rebuilt DeepSpeed's op (25-63 s)
-    at every switch while they shared ~/.cache/torch_extensions. A second virtualenv (its own
-    prefix, this one's packages through a .pth file) builds its own once; from then on neither
-    rebuilds: the library each loads is the same file, unchanged, however they alternate."""
+    """Issue 28: two checkouts' virtualenvs running trainers in turn rebuilt DeepSpeed's op (25-140 s)
+    at every switch. Twice over: they shared ~/.cache/torch_extensions, and processes found
+    different ninjas on PATH (the virtualenv's, when started with its bin first like a Prefect
+    worker, or the system's, like `.venv/bin/python -m pytest`), which hash build commands
+    differently. A second virtualenv (its own prefix and ninja, this one's packages through a .pth
+    file) builds its own op once; from then on neither rebuilds, whichever PATH a process has: the
+    library each loads is the same file, unchanged."""
+    import shutil
     import site
+    import sysconfig
 
     if sys.prefix == sys.base_prefix:
         pytest.skip("the suite runs outside a virtualenv")
@@ -136,9 +141,13 @@ def test_two_virtualenvs_in_turn_never_rebuild_the_op(tmp_path):
     subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
     (purelib,) = glob.glob(str(other / "lib" / "python3*" / "site-packages"))
     Path(purelib, "this-checkout.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    own_bin = sysconfig.get_path("scripts")
+    if os.path.exists(f"{own_bin}/ninja"):
+        shutil.copy(f"{own_bin}/ninja", other / "bin" / "ninja")  # as pip installs it with DeepSpeed
     venvs = {"a": sys.executable, "b": str(other / "bin" / "python")}
-    first = {name: _load_op(python) for name, python in venvs.items()}  # b builds here; a had, or builds
+    paths = {"activated": os.pathsep.join([own_bin, "/usr/bin", "/bin"]), "bare": "/usr/bin:/bin"}
+    first = {name: _load_op(python, paths["bare"]) for name, python in venvs.items()}  # b builds here; a had, or builds
     assert first["a"].st_ino != first["b"].st_ino  # two folders, one build each
-    for name in ["a", "b", "a", "b"]:
-        now = _load_op(venvs[name])
-        assert (now.st_ino, now.st_mtime_ns) == (first[name].st_ino, first[name].st_mtime_ns), f"venv {name} rebuilt its op"
+    for name, path in [("a", "activated"), ("b", "bare"), ("b", "activated"), ("a", "bare"), ("a", "activated")]:
+        now = _load_op(venvs[name], paths[path])
+        assert (now.st_ino, now.st_mtime_ns) == (first[name].st_ino, first[name].st_mtime_ns), f"venv {name} rebuilt its op (PATH {path})"
