@@ -14,7 +14,7 @@ buffer at once: they never touch the same path.
 
 Durability: with `fsync=False` (default) a killed writer process still loses nothing committed
 (the page cache outlives it); after a power loss a committed file can come back torn, which
-the reader detects by size/CRC and reports per `buffer.on_corrupt`, never as wrong rows.
+the reader detects by size/checksum and reports per `buffer.on_corrupt`, never as wrong rows.
 `fsync=True` flushes data and record to disk before `write` returns (survives power loss;
 costs about one disk flush per step on local disk; object stores ignore it).
 
