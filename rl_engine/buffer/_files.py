@@ -22,12 +22,12 @@ can list the records of the last minute without listing the whole run (`list_com
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
 import os
 import uuid
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import fsspec
 import pyarrow as pa
@@ -56,9 +56,9 @@ class CorruptFileError(UserError):
         )
 
 
-@dataclasses.dataclass(frozen=True, order=True)
-class CommitKey:
-    """Parsed commit record name; ordering = commit order (time first)."""
+class CommitKey(NamedTuple):
+    """Parsed commit record name; ordering = commit order (time first). A tuple: readers hash,
+    compare and sort these on every poll, which tuples do in C."""
 
     time_ns: int
     explorer_id: int
@@ -72,16 +72,20 @@ class CommitKey:
     @classmethod
     def parse(cls, name: str) -> "CommitKey | None":
         """Key of a record file name (basename, with or without .json); None if not a record."""
-        stem = name.rsplit("/", 1)[-1]
-        if not stem.endswith(".json"):
-            return None
-        parts = stem[:-5].split("-")
-        if len(parts) != 4 or not parts[1].startswith("e"):
-            return None
-        try:
-            return cls(int(parts[0]), int(parts[1][1:]), parts[2], int(parts[3]))
-        except ValueError:
-            return None
+        return _parse_record_name(name.rsplit("/", 1)[-1])
+
+
+@functools.lru_cache(maxsize=4096)  # a poll lists the same recent names again and again
+def _parse_record_name(stem: str) -> CommitKey | None:
+    if not stem.endswith(".json"):
+        return None
+    parts = stem[:-5].split("-")
+    if len(parts) != 4 or not parts[1].startswith("e"):
+        return None
+    try:
+        return CommitKey(int(parts[0]), int(parts[1][1:]), parts[2], int(parts[3]))
+    except ValueError:
+        return None
 
 
 def new_writer_id() -> str:
@@ -240,8 +244,8 @@ def list_commits(fs: fsspec.AbstractFileSystem, root: str, since_ns: int | None 
             after = f"{bucket_of(since_ns)}/{max(0, since_ns):020d}"
             paths = [p for prefix in _bucket_prefixes(first, last) for p in _s3_list_after(fs, directory, prefix, after)]
         else:
-            buckets = (f"{i:0{BUCKET_DIGITS}d}" for i in range(first, last + 1))
-            paths = [join(directory, b, n) for b in buckets for n in list_names(fs, join(directory, b))]
+            buckets = (join(directory, f"{i:0{BUCKET_DIGITS}d}") for i in range(first, last + 1))
+            paths = [f"{b}/{n}" for b in buckets for n in list_names(fs, b)]
     keyed = ((CommitKey.parse(p), p) for p in paths)
     return sorted((k, p) for k, p in keyed if k is not None)
 
@@ -299,7 +303,12 @@ def _s3_list_after(fs, directory: str, prefix: str, after: str) -> list[str]:
 def read_record(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
     """The commit record at `path` (from `list_commits`), checked for its format."""
     try:
-        record = json.loads(fs.cat_file(path))
+        if is_local(fs):  # fsspec's local cat_file costs more than the read
+            with open(path, "rb") as f:
+                raw = f.read()
+        else:
+            raw = fs.cat_file(path)
+        record = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptFileError(fs.unstrip_protocol(path), f"unreadable commit record ({e})") from None
     if record.get("format") not in _READ_RECORD_FORMATS:

@@ -83,9 +83,30 @@ class _File:
     uri: str  # of the data file
     batch: ExperienceBatch
     decided: np.ndarray  # [rows] bool: handed out, dropped or skipped
-    units: list[np.ndarray]  # undecided units (row indices) in FIFO order
-    min_versions: np.ndarray  # [rows] int64
     explorer_step: int
+    whole_groups: bool
+    _units: list[np.ndarray] | None = None
+    _min_versions: np.ndarray | None = None
+
+    @property
+    def units(self) -> list[np.ndarray]:
+        """Undecided units (row indices) in FIFO order; built when first needed (a file taken whole never needs them)."""
+        if self._units is None:
+            self._units = _units(self.batch, self.decided, self.whole_groups)
+        return self._units
+
+    def left(self) -> np.ndarray:
+        """The undecided rows in FIFO order: the units' rows one after another."""
+        if self._units is not None:
+            return np.concatenate(self._units) if self._units else np.zeros(0, dtype=np.int64)
+        return _fifo_rows(self.batch, self.decided, self.whole_groups)[0]
+
+    @property
+    def min_versions(self) -> np.ndarray:
+        """[rows] int64 (ExperienceBatch.min_versions), computed when a staleness check first needs it."""
+        if self._min_versions is None:
+            self._min_versions = self.batch.min_versions()
+        return self._min_versions
 
 
 class BufferReader:
@@ -215,8 +236,17 @@ class BufferReader:
 
     def _take(self, n: int, version: int | None, max_staleness: int | None) -> tuple[ExperienceBatch | None, int]:
         chosen: dict[_files.CommitKey, list[np.ndarray]] = {}
+        whole: set[_files.CommitKey] = set()  # files taken whole
         taken = 0
         for f in self._in_order():
+            left = f.left()
+            if max_staleness is None and 0 < len(left) <= n - taken:  # all of it fits: what the loop below would take
+                chosen[f.key] = [left]
+                whole.add(f.key)
+                taken += len(left)
+                if taken == n:
+                    break
+                continue
             stale = []
             for unit in f.units:
                 if max_staleness is not None and self._is_stale(f, unit, version, max_staleness):
@@ -242,7 +272,7 @@ class BufferReader:
         for key, units in chosen.items():
             f = self._pending[key]
             parts.append(_take_rows(f.batch, np.concatenate(units)))
-            self._decide(f, units)
+            self._decide(f, None if key in whole else units)
         self._counters["consumed"] += n
         return ExperienceBatch.concat(parts), n
 
@@ -252,11 +282,15 @@ class BufferReader:
         generated = generated[generated >= 0]  # rows without response tokens have no version
         return bool(len(generated)) and version - int(generated.min()) > max_staleness
 
-    def _decide(self, f: _File, units: list[np.ndarray]) -> None:
-        gone = {id(u) for u in units}
-        for u in units:
-            f.decided[u] = True
-        f.units = [u for u in f.units if id(u) not in gone]
+    def _decide(self, f: _File, units: list[np.ndarray] | None) -> None:
+        """Mark `units` (arrays of f.units; None: all that is left) decided."""
+        if units is None or len(units) == len(f.units):
+            f.decided[:] = True
+            f._units = []
+        else:
+            gone = {id(u) for u in units}
+            f.decided[np.concatenate(units)] = True
+            f._units = [u for u in f.units if id(u) not in gone]
         self._consumed.mark(f.key, f.decided)
         if f.decided.all():
             del self._pending[f.key]
@@ -289,7 +323,7 @@ class BufferReader:
                 self._finish_batch(batch_number(key.explorer_id, int(record["explorer_step"]), self.explorers))
             return None
         decided = self._consumed.decided_rows(key, len(batch))
-        f = _File(key, uri, batch, decided, _units(batch, decided, self.cfg.whole_groups), batch.min_versions(), int(record["explorer_step"]))
+        f = _File(key, uri, batch, decided, int(record["explorer_step"]), self.cfg.whole_groups)
         self._pending[key] = f
         return f
 
@@ -308,17 +342,25 @@ class BufferReader:
         )
 
 
+def _fifo_rows(batch: ExperienceBatch, decided: np.ndarray, whole_groups: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """(undecided rows in FIFO order, the group index of every row or None): rows by GRPO group,
+    groups by first appearance; or rows in file order."""
+    if not whole_groups:
+        return np.flatnonzero(~decided), None
+    gi = batch.group_index()  # group index = first-appearance order
+    order = np.argsort(gi, kind="stable")
+    return order[~decided[order]], gi
+
+
 def _units(batch: ExperienceBatch, decided: np.ndarray, whole_groups: bool) -> list[np.ndarray]:
     """Undecided row units in FIFO order: GRPO groups by first appearance, or single rows."""
-    if whole_groups:
-        gi = batch.group_index()
-        order = np.argsort(gi, kind="stable")
-        bounds = np.flatnonzero(np.diff(gi[order])) + 1
-        units = np.split(order, bounds) if len(order) else []  # group index = first-appearance order
-    else:
-        units = [np.array([i]) for i in range(len(decided))]
-    units = [u[~decided[u]] for u in units]
-    return [u for u in units if len(u)]
+    rows, gi = _fifo_rows(batch, decided, whole_groups)
+    if gi is None:
+        return list(rows[:, None])
+    if not len(rows):
+        return []
+    bounds = (np.flatnonzero(np.diff(gi[rows])) + 1).tolist()
+    return [rows[a:b] for a, b in zip([0, *bounds], [*bounds, len(rows)])]
 
 
 def _take_rows(batch: ExperienceBatch, rows: np.ndarray) -> ExperienceBatch:
