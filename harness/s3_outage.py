@@ -174,7 +174,7 @@ def visible_objects(fs: Any, run_url: str) -> dict[str, Any]:
         try:
             if "/_commits/" in p:
                 rec = _files.read_record(fs, p)
-                _files.read_data(fs, f"{root}/buffer/{rec['path']}", size=rec["size"], crc=rec["crc32"], uri=p, num_rows=rec["num_rows"])
+                _files.read_data(fs, f"{root}/buffer/{rec['path']}", size=rec["size"], checksum=_files.checksum_of(rec), uri=p, num_rows=rec["num_rows"])
                 steps.append(rec["explorer_step"])
             elif p.endswith(".arrow"):  # committed or not (a PUT that landed after its writer gave up): whole
                 pa.ipc.open_file(pa.py_buffer(fs.cat_file(p))).read_all()

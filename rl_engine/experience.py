@@ -65,6 +65,7 @@ EXPERIENCE_SCHEMA = pa.schema(
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
 _TOKEN_COLUMNS = ("logprobs", "versions", "loss_mask")  # aligned with response_ids
+_NOT_NULL = [i for i, f in enumerate(EXPERIENCE_SCHEMA) if not f.nullable]
 
 
 class SchemaError(UserError, ValueError):
@@ -116,28 +117,35 @@ class ExperienceBatch:
     # ---- construction and conversion
 
     @classmethod
-    def from_table(cls, table: pa.Table, source: str = "<table>") -> "ExperienceBatch":
+    def from_table(cls, table: pa.Table, source: str = "<table>", check_rows: bool = True) -> "ExperienceBatch":
         """Validate `table` against EXPERIENCE_SCHEMA; errors name `source` and the column.
 
         Extra columns are dropped (a newer writer may add some without a version bump only if
         it keeps these); missing columns, wrong types, nulls and misaligned token lists raise.
+        `check_rows=False` skips the row rules (token lists aligned, segments, finish reasons;
+        most of the cost): for bytes known to be those of a batch validated when it was built
+        (a buffer file whose checksum matches its commit record).
         """
         if _check_version(table.schema, source) == 1:
             table = _upgrade_v1(table)
-        columns = []
-        for field in EXPERIENCE_SCHEMA:
-            idx = table.schema.get_field_index(field.name)
-            if idx < 0:
-                raise SchemaError(source, "missing", field.name)
-            got = table.schema.field(idx).type
-            if got != field.type:
-                raise SchemaError(source, f"has type {got}, expected {field.type}", field.name)
-            col = table.column(idx)
-            if not field.nullable and col.null_count:
-                raise SchemaError(source, f"has {col.null_count} null value(s); nulls are not allowed", field.name)
-            columns.append(col)
-        out = pa.Table.from_arrays(columns, schema=EXPERIENCE_SCHEMA)
-        _check_rows(out, source)
+        if table.schema.equals(EXPERIENCE_SCHEMA, check_metadata=True):
+            out = table  # the usual case, a file this version wrote: no column to pick or retype
+        else:
+            columns = []
+            for field in EXPERIENCE_SCHEMA:
+                idx = table.schema.get_field_index(field.name)
+                if idx < 0:
+                    raise SchemaError(source, "missing", field.name)
+                got = table.schema.field(idx).type
+                if got != field.type:
+                    raise SchemaError(source, f"has type {got}, expected {field.type}", field.name)
+                columns.append(table.column(idx))
+            out = pa.Table.from_arrays(columns, schema=EXPERIENCE_SCHEMA)
+        for i in _NOT_NULL:
+            if out.column(i).null_count:
+                raise SchemaError(source, f"has {out.column(i).null_count} null value(s); nulls are not allowed", EXPERIENCE_SCHEMA.field(i).name)
+        if check_rows:
+            _check_rows(out, source)
         return cls(out)
 
     @classmethod
@@ -159,6 +167,8 @@ class ExperienceBatch:
     def concat(cls, batches: Sequence["ExperienceBatch"]) -> "ExperienceBatch":
         if not batches:
             return cls.empty()
+        if len(batches) == 1:
+            return batches[0]
         return cls(pa.concat_tables([b._table for b in batches]))
 
     def to_table(self) -> pa.Table:

@@ -154,14 +154,21 @@ def _bytes(data: Any) -> bytes:
     return data if isinstance(data, bytes) else bytes(memoryview(data))
 
 
+# Local writes go out one MiB per write(): a single write() of several MiB now and then stalls
+# for ~10 ms (measured on ext4: 5 MB in one call took 1.2 ms or 11 ms from run to run, in 1 MiB
+# calls 1.2 ms every time), which is also how pyarrow's own file writer issues them (per buffer).
+_WRITE_CHUNK = 1 << 20
+
+
 def _write_local(path: str, data: Any, fsync: bool, place: Any) -> None:
     """Write `data` to a temp file beside `path`, then `place(tmp, path)`; no temp file stays."""
     parent = path.rsplit("/", 1)[0]
     tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
     try:
         os.makedirs(parent, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(memoryview(data))
+        with open(tmp, "wb") as f, memoryview(data) as raw, raw.cast("B") as view:
+            for start in range(0, view.nbytes, _WRITE_CHUNK):
+                f.write(view[start : start + _WRITE_CHUNK])
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())

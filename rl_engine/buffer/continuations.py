@@ -1,6 +1,6 @@
 """ContinuationStore: an explorer's unfinished (partial) rollouts, persisted between explorer steps.
 
-Same files as the buffer (Arrow IPC, EXPERIENCE_SCHEMA, CRC-checked), under
+Same files as the buffer (Arrow IPC, EXPERIENCE_SCHEMA, CRC-32-checked), under
 `continuations/explorer=<id>/part-<uuid>.arrow`, plus `_manifest.json` beside them: the manifest
 is the source of truth (a Prefect artifact may mirror `manifest()` for people and the next flow
 run). A data file is written whole before the manifest names it, and every change of the
@@ -114,7 +114,7 @@ class ContinuationStore:
                 continue
             cid = uuid.uuid4().hex
             name = f"part-{cid}.arrow"
-            info = _files.write_data(self.fs, join(self.dir, name), batch.to_table(), fsync=self.fsync)
+            info = _files.write_data(self.fs, join(self.dir, name), batch.to_table(), fsync=self.fsync, checksum="crc32")  # the manifest entry's field
             tokens = pc.sum(pc.list_value_length(batch.to_table().column("response_ids"))).as_py() or 0
             added.append(ContinuationEntry(cid, name, len(batch), int(tokens), explorer_step, time.time(), info["size"], info["crc32"], kind))
         with self._lock:
@@ -152,7 +152,7 @@ class ContinuationStore:
         for i in wanted:
             e = entries[i]
             path = join(self.dir, e.path)
-            parts.append(_files.read_data(self.fs, path, size=e.size, crc=e.crc32, uri=self.fs.unstrip_protocol(path), num_rows=e.num_rows))
+            parts.append(_files.read_data(self.fs, path, size=e.size, checksum=("crc32", e.crc32), uri=self.fs.unstrip_protocol(path), num_rows=e.num_rows))
         return ExperienceBatch.concat(parts)
 
     def retire(self, ids: Iterable[str]) -> None:

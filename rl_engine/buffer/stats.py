@@ -68,7 +68,7 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
     for _, rec in records:
         path = join(_files.buffer_root(root), rec["path"])
         try:
-            batch = _files.read_data(fs, path, size=rec["size"], crc=rec["crc32"], uri=fs.unstrip_protocol(path), num_rows=rec["num_rows"])
+            batch = _files.read_data(fs, path, size=rec["size"], checksum=_files.checksum_of(rec), uri=fs.unstrip_protocol(path), num_rows=rec["num_rows"])
         except _files.CorruptFileError as e:
             corrupt.append(f"{e.path}: {e.reason}")  # the file and what is wrong; the run-time fix does not apply here
             continue

@@ -14,7 +14,7 @@ buffer at once: they never touch the same path.
 
 Durability: with `fsync=False` (default) a killed writer process still loses nothing committed
 (the page cache outlives it); after a power loss a committed file can come back torn, which
-the reader detects by size/CRC and reports per `buffer.on_corrupt`, never as wrong rows.
+the reader detects by size/checksum and reports per `buffer.on_corrupt`, never as wrong rows.
 `fsync=True` flushes data and record to disk before `write` returns (survives power loss;
 costs about one disk flush per step on local disk; object stores ignore it).
 
@@ -68,7 +68,6 @@ class BufferWriter:
             path = join(_files.buffer_root(self.root), rel)
             info = _files.write_data(self.fs, path, table, fsync=self.fsync)
             failpoint("buffer.after_data", explorer_step)
-            versions = batch.min_versions()
             key = _files.CommitKey(time.time_ns(), self.explorer_id, writer, seq)
             record = {
                 "format": _files.RECORD_FORMAT,
@@ -76,7 +75,7 @@ class BufferWriter:
                 "explorer_id": self.explorer_id,
                 "explorer_step": int(explorer_step),
                 "num_rows": len(batch),
-                "min_version": int(versions.min()) if len(versions) else None,
+                "min_version": _min_version(table),
                 "committed_at": key.time_ns / 1e9,
                 **info,
             }
@@ -104,3 +103,14 @@ class BufferWriter:
                 f"BufferWriter(explorer_id={self.explorer_id}).write(step={explorer_step}): rows carry "
                 f"explorer_id {bad_id} / explorer_step {bad_step}; they must match the writer and the step"
             )
+
+
+def _min_version(table) -> int | None:
+    """min(ExperienceBatch.min_versions()) in one pass over the token versions: -1 if a row has
+    no response tokens, None for no rows."""
+    if not table.num_rows:
+        return None
+    versions = table.column("versions")
+    if pc.list_value_length(versions).to_numpy().min() == 0:
+        return -1
+    return int(pc.list_flatten(versions).to_numpy().min())

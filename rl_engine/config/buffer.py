@@ -68,6 +68,7 @@ class BufferConfig(_Model):
     on_corrupt: Literal["fail", "skip"] = Field(default="fail", description="What a reader does with a committed file it cannot read: stop with its path, or report and skip it.")
     verify_checksums: bool = Field(
         default=True,
-        description="Check each file's CRC32 against its commit record before use. Off saves one pass over the bytes (reads ~2-3x faster) "
-        "but lets a bit flip inside a committed file through; size, Arrow structure and schema are checked either way.",
+        description="Check each file's checksum (XXH3-64; CRC-32 in records written before) against its commit record before use; a file that "
+        "matches holds the bytes of a batch validated when it was built, so its rows are not checked again. Off skips the checksum but then "
+        "checks the rows (slower) and lets a bit flip inside a committed file through; size, Arrow structure and schema are checked either way.",
     )

@@ -290,7 +290,7 @@ def _all_rows(run) -> list:
     rows = []
     for _, rec in commit_records(fs, root):
         path = join(_files.buffer_root(root), rec["path"])
-        rows += _files.read_data(fs, path, size=rec["size"], crc=rec["crc32"], uri=path).experiences()
+        rows += _files.read_data(fs, path, size=rec["size"], checksum=_files.checksum_of(rec), uri=path).experiences()
     return rows
 
 

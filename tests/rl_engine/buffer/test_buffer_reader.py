@@ -213,6 +213,37 @@ def test_blocks_until_enough_is_committed(tmp_path, monkeypatch):
     assert waiting.is_set() and [x.explorer_step for x in batch.experiences()] == [1] * 4 + [2] * 4
 
 
+def test_crc32_records_of_format_1_still_verified(tmp_path):
+    """Records written before XXH3 (format 1) carry CRC-32, which the reader still checks."""
+    import json
+    import zlib
+
+    uris = _three_files(str(tmp_path))
+    for record in (tmp_path / "buffer/_commits").rglob("*.json"):
+        rec = json.loads(record.read_text())
+        del rec["xxh3_64"]
+        rec.update(format=1, crc32=zlib.crc32((tmp_path / "buffer" / rec["path"]).read_bytes()) & 0xFFFFFFFF)
+        record.write_text(json.dumps(rec))
+    assert [x.explorer_step for x in BufferReader(str(tmp_path), {}).read_batch(12, timeout_s=0).experiences()] == [1] * 4 + [2] * 4 + [3] * 4
+    _flip_byte(_local(uris[1]))
+    reader = BufferReader(str(tmp_path), {}, BufferConfig(on_corrupt="fail"))
+    reader.read_batch(4, timeout_s=0)
+    with pytest.raises(CorruptFileError, match="checksum mismatch"):
+        reader.read_batch(4, timeout_s=0)
+
+
+def test_rows_checked_when_the_checksum_is_not(tmp_path):
+    """A verified file holds the bytes of a batch validated when it was built: its rows are not
+    checked again. Unverified, they are (here a row whose logprobs miss a token)."""
+    t = make_batch(4).to_table()
+    short = [lp[:-1] if i == 2 else lp for i, lp in enumerate(t.column("logprobs").to_pylist())]
+    uri = _committed_invalid(str(tmp_path), t.set_column(t.schema.get_field_index("logprobs"), t.schema.field("logprobs"), pa.array(short, pa.list_(pa.float32()))))
+    with pytest.raises(CorruptFileError, match="column 'logprobs': row 2 has a different length") as info:
+        BufferReader(str(tmp_path), {}, BufferConfig(verify_checksums=False)).read_batch(4, timeout_s=0)
+    assert str(info.value).startswith(uri)
+    assert len(BufferReader(str(tmp_path), {}).read_batch(4, timeout_s=0)) == 4
+
+
 def test_without_crc_check_size_and_structure_still_checked(tmp_path):
     uris = _three_files(str(tmp_path))
     _truncate(_local(uris[0]))
