@@ -209,6 +209,8 @@ def test_learning(tmp_path):
     fraction(r["reward_start"])
     positive(r["bench_s"])
     per(r, "wall_s", MODES, positive)
+    per(r, "step_s_median", MODES, positive)
+    per(r, "startup_s", MODES, positive)
     per(r, "speedup_vs_sync", MODES, positive)
     assert r["speedup_vs_sync"]["synchronous"] == 1
     per(r, "final_reward", MODES, fraction)
