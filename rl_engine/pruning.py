@@ -4,6 +4,7 @@ Two kinds of numbered directories grow with a run, each pruned by its owner afte
 
     trainer_state/step=<t>/      COMMITTED marks it whole    rl_engine.run.retention (trainer states)
     checkpoints/version=<v>/     _COMMITTED marks it whole   rl_engine.sync.checkpoint (the checkpoint sender)
+    checkpoints/delta=<v>/       _COMMITTED marks it whole   rl_engine.sync.delta (the delta checkpoint sender; keeps the bases kept versions need)
 
 Both apply the same rules: committed directories beyond the newest `keep_last` go unless an owner
 protects them; uncommitted directories older than the newest committed one are leftovers (a

@@ -42,8 +42,8 @@ class DeltaConfig(_Model):
     enabled: bool = Field(
         default=False,
         description="Checkpoint sync: publish each version as an exact sparse delta against the previous published one (changed elements, "
-        "bit for bit, in the model's dtype), with a full checkpoint every full_every versions; explorers apply the chain. "
-        "Pays off when few elements change per version (bfloat16 with a small lr); in float32 one Adam step moves nearly every element.",
+        "bit for bit, in the model's dtype), with a full checkpoint every full_every versions and whenever a delta would exceed half of one; "
+        "explorers apply the chain. Pays off when few elements change per version (bfloat16 with a small lr); in float32 one Adam step moves every element.",
     )
     full_every: int = Field(
         default=10,

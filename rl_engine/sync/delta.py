@@ -13,7 +13,8 @@ A delta is exact: per tensor, the elements whose bits differ from the previous p
 + `<name>::val`, or `<name>::all` (the whole tensor), whichever is smallest; unchanged tensors are
 absent. Applying scatters the values into the held tensor, so a chain full + deltas gives the
 trainer's tensors bit for bit. Every `full_every` versions the trainer writes a full checkpoint,
-starting a new chain (a random `chain` id carried by the full and each delta built on it); after a
+and whenever a delta would be more than half its size (float32: one Adam step moves every
+element with a gradient), starting a new chain (a random `chain` id carried by the full and each delta built on it); after a
 restart it starts with a full one (it no longer holds the tensors to diff against).
 
 An explorer reaches version v by walking back from v over the deltas' `base` until it meets the
@@ -28,7 +29,13 @@ file), since vLLM's layerwise reload needs every tensor of a layer it reloads.
 
 Retention (the sender's, after each publish): versions (full or delta) beyond the newest
 `keep_last_checkpoints` go, except those an explorer may still load (as for full checkpoints) and
-every version those need: their deltas back to their full checkpoint.
+every version those need: their deltas back to their full checkpoint. `rft eval` of a run sees
+the full versions only (a delta is no model directory).
+
+Cost: the trainer keeps one CPU copy of the weights in the model's dtype, each explorer one more.
+One step of the demo (float32) changes every element (Adam moves each one with a gradient by
+about lr), so it is published in full; in bfloat16 most small updates round away
+(bench.sync: delta_bytes_ratio, delta_bytes_ratio_bf16).
 
     s = build_weight_sender(cfg, board)                 # synchronizer.delta.enabled: DeltaCheckpointSender
     s.send(trainer.named_weights(), version=t)          # full or delta, then prune
@@ -165,6 +172,8 @@ class DeltaCheckpointSender(CheckpointSender):
         delta = None
         if self.base is not None and version > self.base_version and self.links + 1 < self.full_every:
             delta = diff(self.base, tensors)
+            if delta is not None and 2 * payload_bytes(delta.values()) > payload_bytes(tensors.values()):
+                delta = None  # it would save less than half: a full checkpoint (loaded straight, and a fresh chain) costs less
         if delta is None:
             self.chain, self.links = uuid.uuid4().hex, 0
             delete(self.fs, self.root, DELTAS, [version])  # a delta of this version from before a restart
@@ -308,11 +317,14 @@ class DeltaCheckpointReceiver(CheckpointReceiver):
             links.append((cur, m))
             cur, chain = m["base"], m.get("chain")
 
-    def _read_full(self, version: int) -> dict[str, torch.Tensor]:
-        """Full version `version`'s tensors, its files checked against its marker; raises Damaged."""
+    def _read_full(self, version: int, engine: Any = None) -> dict[str, torch.Tensor]:
+        """Full version `version`'s tensors, its files checked against its marker (raises Damaged);
+        with `engine`, loaded into it too, straight from the checked files."""
         from safetensors.torch import load_file
 
         with self.fetched(CHECKPOINTS.dir(self.root, version), version) as (local, _):
+            if engine is not None:
+                self._load(engine, local, version)
             return {k: v for f in sorted(os.listdir(local)) if f.endswith(".safetensors") for k, v in load_file(os.path.join(local, f)).items()}
 
     def _read_delta(self, version: int) -> dict[str, torch.Tensor]:
@@ -334,11 +346,14 @@ class DeltaCheckpointReceiver(CheckpointReceiver):
                 return version
             tensors, chain = self.held, self.held_chain
         else:
+            chain = start[1].get("chain", "")
             try:
-                tensors = self._read_full(start[0])
+                tensors = self._read_full(start[0], engine if not links else None)
             except Damaged as e:
                 raise BrokenLink(start[0], str(e), what="full") from None
-            chain = start[1].get("chain", "")
+            if not links:  # a full version: the engine loaded its files
+                self.held, self.held_version, self.held_chain, self._held_engine = tensors, version, chain, engine
+                return version
         assert tensors is not None
         if start is None:
             self.held_version = -1  # the held tensors change below: they are no engine's until loaded

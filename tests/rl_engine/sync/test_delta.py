@@ -164,6 +164,22 @@ def test_a_full_checkpoint_every_k_versions(tiny_model_dir, tmp_path):
     assert r.committed_versions() == [0, 2, 4, 6, 8, 10, 12] and r.latest_committed() == 12
 
 
+def test_a_step_that_moves_every_element_is_published_in_full(tiny_model_dir, tmp_path):
+    """float32 after an Adam step: a delta would be as large as the checkpoint, so the version goes out full (a new chain)."""
+    run = tmp_path / "run"
+    sender, board = sides(run, tiny_model_dir)
+    r, eng = receiver(run, board), Loaded()
+    w = trainer_versions(2)
+    everything = {k: t + 1e-3 if t.is_floating_point() else t for k, t in w[1].items()}
+    after = {k: t.clone() for k, t in everything.items()}
+    after["embed"][0, 0] = 0.0
+    for v, x in enumerate((w[0], w[1], everything, after)):
+        sender.send(x.items(), v)
+        assert r.receive(eng, v) == v and bits_equal(eng.weights, x)
+    assert listing(run) == ["delta=1", "delta=3", "version=0", "version=2"]
+    assert r.last_route == {"version": 3, "start": "held", "base": 2, "deltas": [3], "fallback": None}
+
+
 def _flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-3] ^= 0xFF
