@@ -147,6 +147,12 @@ def test_sync(tmp_path):
     number(r["reload_other_s"])
     assert r["bound_over_raw"] >= 1  # the bound is at least the raw broadcast itself
     assert r["device"] == "cpu" and r["hardware"].endswith(" cores")  # the CPU's model and the cores it had
+    deltas = ("full_MB_written", "full_sync_s", "delta_MB_written", "delta_sync_s", "delta_over_full", "changed", "delta_over_full_demo_lr", "changed_demo_lr", "delta_over_full_fp32")
+    has_keys(r, "delta_bytes_ratio", "delta_bytes_ratio_bf16", "delta", *deltas)
+    assert set(r["delta"]) == {"0.3M"} and all(k in r["delta"]["0.3M"] for k in deltas)
+    for k in ("delta_bytes_ratio", "delta_bytes_ratio_bf16", *deltas):
+        positive(r[k])
+    assert r["delta_over_full"] < r["delta_over_full_demo_lr"] < 1 and r["changed"] < r["changed_demo_lr"]  # fewer bfloat16 elements move at a smaller lr
 
 
 def test_modes_synthetic(tmp_path):
