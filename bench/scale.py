@@ -16,7 +16,8 @@ explorers   multi_explorer runs with 1 (fully_async: the same ideal), 2, 4, 8, 1
             max(R / N, T) (the cost model's known costs), storage requests (the lines of moto's
             access log: every S3 request of every role), Prefect API calls (the server's uvicorn
             access log lines, PREFECT_SERVER_LOGGING_LEVEL=INFO) and the server's CPU seconds
-            (psutil, the server process and its children). A sampler thread reads the counters
+            (psutil, the server process and its children), and moto's CPU seconds (the S3 stand-in
+            shares the machine's cores with the run). A sampler thread reads the counters
             every 0.2 s; the steady-state window's figures are interpolated between samples.
 commits     a trainer's poll (nothing new) and commit-then-read_batch(256), and the full listing a
             reader makes at start, with 10 to 100,000 commits consumed (bench.buffer's measurement,
@@ -88,14 +89,14 @@ class LineCounter:
 
 
 class Sampler(threading.Thread):
-    """(time, storage requests, API calls, server CPU s) every `every` seconds, until stopped."""
+    """(time, storage requests, API calls, server CPU s, moto CPU s) every `every` seconds, until stopped."""
 
-    def __init__(self, moto: LineCounter, api: LineCounter, server_pid: int, every: float = 0.2):
+    def __init__(self, moto: LineCounter, api: LineCounter, server_pid: int, moto_pid: int, every: float = 0.2):
         super().__init__(daemon=True)
         import psutil
 
-        self.moto, self.api, self.proc, self.every = moto, api, psutil.Process(server_pid), every
-        self.samples: list[tuple[float, float, float, float]] = []
+        self.moto, self.api, self.proc, self.moto_proc, self.every = moto, api, psutil.Process(server_pid), psutil.Process(moto_pid), every
+        self.samples: list[tuple[float, float, float, float, float]] = []
         self.done = threading.Event()
 
     def cpu(self) -> float:
@@ -110,7 +111,8 @@ class Sampler(threading.Thread):
         return t.user + t.system + kids
 
     def sample(self) -> None:
-        self.samples.append((time.time(), self.moto.read(), self.api.read(), self.cpu()))
+        m = self.moto_proc.cpu_times()
+        self.samples.append((time.time(), self.moto.read(), self.api.read(), self.cpu(), m.user + m.system))
 
     def run(self) -> None:
         while not self.done.is_set():
@@ -120,7 +122,7 @@ class Sampler(threading.Thread):
 
     def at(self, t: float) -> np.ndarray:
         s = np.array(self.samples)
-        return np.array([np.interp(t, s[:, 0], s[:, i]) for i in (1, 2, 3)])
+        return np.array([np.interp(t, s[:, 0], s[:, i]) for i in (1, 2, 3, 4)])
 
 
 def start_moto(root: Path) -> tuple[subprocess.Popen, dict, LineCounter]:
@@ -174,7 +176,7 @@ def explorer_run(n: int, steps: int, model: str, tasks: str, url: str, options: 
     spans = load_spans(summary["run"], cfg.buffer.storage.fs_options())
     t0, t1, step_s, _ = steady_state(spans)
     k = len({round(s.end, 6) for s in spans if s.component == "trainer" and s.kind == "train"}) - 1  # steady steps
-    (req0, api0, cpu0), (req1, api1, cpu1) = sampler.at(t0), sampler.at(t1)
+    (req0, api0, cpu0, moto0), (req1, api1, cpu1, moto1) = sampler.at(t0), sampler.at(t1)
     ideal = ideal_step("multi_explorer", R_S, T_S, S_S, n)
     return {
         "explorers": n,
@@ -186,6 +188,7 @@ def explorer_run(n: int, steps: int, model: str, tasks: str, url: str, options: 
         "storage_req/step": float(req1 - req0) / k,
         "api_calls/step": float(api1 - api0) / k,
         "server_cpu_s/step": float(cpu1 - cpu0) / k,
+        "moto_cpu_s/step": float(moto1 - moto0) / k,  # the S3 stand-in's CPU, on the same cores as the run
         "steady_steps": k,
         "wall_s": wall,
     }
@@ -211,7 +214,7 @@ def explorer_curve(counts: list[int], steps: int, root: Path) -> tuple[list[dict
     try:
         bucket = "scale"
         s3fs.S3FileSystem(**options).mkdir(bucket)
-        sampler = Sampler(requests, api, server.proc.pid)
+        sampler = Sampler(requests, api, server.proc.pid, moto.pid)
         sampler.start()
         rows = []
         try:
@@ -364,9 +367,9 @@ def model_curve(sizes: list[int], repeats: int, work: str) -> list[dict]:
             full = checkpoint_sync(model, os.path.join(work, f"full-{p}"), w, [(v, w) for v in range(repeats + 1)], delta=False, dtype="float32")
             row = {"params": p, "fp32_MB": nbytes / 2**20, "collective_s": c_s, "checkpoint_full_s": statistics.median(s for s, _, _ in full[1:]), "full_MB_written": full[-1][1] / 2**20}
             if delta_available():
-                stepped = adam_first_step(w, LLM_LR)
                 bf = lambda d: {k: t.to(torch.bfloat16) for k, t in d.items()}  # noqa: E731
-                seq = [(v, bf(stepped if v % 2 else w)) for v in range(repeats + 2)]  # v0 full, then one step forward, one back
+                stepped, base = bf(adam_first_step(w, LLM_LR)), bf(w)  # one bfloat16 copy each (500M: 1 GB)
+                seq = [(v, stepped if v % 2 else base) for v in range(repeats + 2)]  # v0 full, then one step forward, one back
                 got = checkpoint_sync(model, os.path.join(work, f"delta-{p}"), w, seq, delta=True, dtype="bfloat16")
                 full_bf16 = got[0][1]
                 deltas = [(s, b) for s, b, kind in got[1:] if kind == "delta"]
@@ -377,7 +380,7 @@ def model_curve(sizes: list[int], repeats: int, work: str) -> list[dict]:
                     delta_MB_written=statistics.median(b for _, b in deltas) / 2**20 if deltas else None,
                     delta_bytes_ratio=statistics.median(b for _, b in deltas) / full_bf16 if deltas else None,
                 )
-                del stepped, seq
+                del stepped, base, seq
             rows.append(row)
             print_table(rows[-1:], title=f"model size {p / 1e6:g}M parameters")
             del w
@@ -480,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    label = f"SYNTHETIC COST MODEL R={R_S}s T={R_S}s S={S_S}s (sleeps); real Prefect server process, S3 = moto_server process; placement local"
+    label = f"SYNTHETIC COST MODEL R={R_S}s T={T_S}s S={S_S}s (sleeps); real Prefect server process, S3 = moto_server process; placement local"
     print_table(ex, title=f"explorers: multi_explorer, {steps} trainer steps, per steady-state step ({label})")
     if api_why:
         print(f"  api_calls/step: null ({api_why})")
@@ -512,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
             "api_calls_per_step": None if api_why else {str(r["explorers"]): r4(r["api_calls/step"]) for r in ex},
             "api_calls_null_reason": api_why,
             "server_cpu_s_per_step": {str(r["explorers"]): r4(r["server_cpu_s/step"]) for r in ex},
+            "moto_cpu_s_per_step": {str(r["explorers"]): r4(r["moto_cpu_s/step"]) for r in ex},
             "poll_ms": {str(r["commits"]): r4(r["poll_ms"]) for r in cm},
             "read_batch_ms": {str(r["commits"]): r4(r["read_batch_ms"]) for r in cm},
             "full_listing_ms": {str(r["commits"]): r4(r["full_listing_ms"]) for r in cm},

@@ -334,6 +334,7 @@ def test_scale(tmp_path):
     per(r, "step_s", explorers, positive)
     per(r, "storage_requests_per_step", explorers, positive)  # every step writes experiences, board and timeline to S3
     per(r, "server_cpu_s_per_step", explorers, non_negative)
+    per(r, "moto_cpu_s_per_step", explorers, non_negative)
     if r["api_calls_per_step"] is not None:
         per(r, "api_calls_per_step", explorers, non_negative)
     else:
