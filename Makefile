@@ -70,6 +70,7 @@ bench: setup
 	$(PY) -m bench.algorithms --quick
 	$(PY) -m bench.workflows --quick
 	$(PY) -m bench.train --quick
+	$(PY) -m bench.scale --quick
 
 # Regenerate the constraints file from the current environment.
 lock:

@@ -16,6 +16,20 @@ For models of ~0.3M, ~10M and ~100M parameters (tiny Qwen2 models built locally)
   bound           the least collective / raw broadcast this machine allows: the sender, the
                   receiver and the reload each keep a core busy (raw, raw and reload seconds), so
                   on C cores no schedule beats max(raw, reload, (2 raw + reload) / C)
+  delta           checkpoint sync of one trainer step into a second engine, in bfloat16, which
+                  holds the previous version: full checkpoints against deltas (synchronizer.delta),
+                  bytes written per sync (the version's directory: files + marker) and sync time
+                  (write + load). The step is Adam's first (every element moves by exactly lr:
+                  bias-corrected m / sqrt(v) = sign(g)), at lr 1e-6 (a usual RL lr for LLMs) and at
+                  the demo's first lr (5e-5 at warmup step 1 of 3); `changed`: the fraction of
+                  elements whose bfloat16 value moved. In float32 the same step moves every
+                  element: delta_over_full_fp32 is the size such a delta would have (the sender
+                  publishes a version in full when its delta would exceed half of that)
+  demo            delta_bytes_ratio: bytes written for version 1 / version 0 (full) after one real
+                  trainer step of the demo (configs/demo.yaml, its warm-started model built here
+                  unless --demo-model, a GRPO batch of its arithmetic tasks, delta sync on), in its
+                  float32 and with model.dtype bfloat16 (delta_bytes_ratio_bf16); --smoke skips the
+                  warm start (the tiny model as initialised)
 
     python -m bench.sync            # all three sizes (a few minutes on 2 cores)
     python -m bench.sync --quick    # skips the 100M model
@@ -27,6 +41,9 @@ hardware. On CUDA the engine runs on the device the run's plan would give it (GP
 trainer's GPU 0); with one GPU, collective sync cannot run (NCCL refuses the trainer and the engine
 on one device): its figures are null. The reload profile and the bound are the CPU engine's
 (its kernel packing) and null on CUDA.
+
+The JSON line also carries `delta_bytes_ratio` (the demo's, float32), `delta_bytes_ratio_bf16` and
+`delta` (per size: bytes and seconds, full vs delta; CPU only).
 
 Reading the figures: on CPU the reload costs more than the transfer (2-core dev machine, 100M
 model: raw broadcast 0.16-0.19 s, reload 0.26 s, of which packing 0.11 s and copying 0.07 s), so
@@ -47,6 +64,7 @@ import statistics
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 
@@ -54,6 +72,13 @@ from bench._report import add_device_arg, check_device, cuda_devices, emit_json,
 from rl_engine.trainer.dist import free_port
 
 SIZES = {"0.3M": (128, 2), "10M": (512, 4), "100M": (1024, 11)}  # name -> (hidden, layers)
+DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+DEMO_FIRST_LR = 5e-5 / 3  # the demo's lr at warmup step 1 of 3 (its trainer reports lr 1.67e-5 at step 1)
+LLM_LR = 1e-6
+DELTA_COLUMNS = [
+    "full_MB_written", "full_sync_s", "delta_MB_written", "delta_sync_s", "delta_over_full", "changed",
+    "delta_demo_lr_MB_written", "delta_demo_lr_sync_s", "delta_over_full_demo_lr", "changed_demo_lr", "delta_over_full_fp32",
+]
 
 
 def _timed(*calls) -> float:
@@ -67,19 +92,87 @@ def _timed(*calls) -> float:
 
 
 
-def _config(model_dir: str, run_root: str, method: str, port: int):
+def _config(model_dir: str, run_root: str, method: str, port: int, delta: bool = False, dtype: str = "float32"):
     from rl_engine.config import RFTConfig
 
     return RFTConfig.model_validate(
         {
             "name": "bench",
-            "model": {"path": model_dir, "max_model_len": 128},
+            "model": {"path": model_dir, "max_model_len": 128, "dtype": dtype},
             "taskset": {"path": "unused.jsonl"},
             "explorer": {"engine": {"kv_cache_space_gib": 0.25}, "sampling": {"max_tokens": 16}},
             "buffer": {"storage": {"url": run_root}},
-            "synchronizer": {"sync_method": method, "collective": {"port": port}},
+            "synchronizer": {"sync_method": method, "collective": {"port": port}, "delta": {"enabled": delta, "full_every": 1000}},
         }
     )
+
+
+def _dir_bytes(d: str) -> int:
+    """Bytes written for one version: every file of its directory."""
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+
+
+def adam_first_step(weights: dict[str, torch.Tensor], lr: float, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The weights after Adam's first step: every element with a gradient moves by exactly lr
+    (bias-corrected m / sqrt(v) = sign(g)); the gradient's signs drawn at random."""
+    g = torch.Generator().manual_seed(seed)
+    return {k: t + lr * torch.sign(torch.randn(t.shape, generator=g)) if t.is_floating_point() else t for k, t in weights.items()}
+
+
+def delta_ratio(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[float, float]:
+    """(delta / full payload bytes, fraction of elements changed) of one step published in `dtype` (no files)."""
+    from rl_engine.sync.delta import diff, payload_bytes
+
+    cast = lambda w: {k: t.to(dtype) if t.is_floating_point() else t for k, t in w.items()}  # noqa: E731
+    old, new = cast(before), cast(after)
+    delta = diff(old, new)
+    changed = sum(int((old[k] != new[k]).sum()) for k in old)  # NaN-free weights: value and bit changes agree
+    return payload_bytes(delta.values()) / payload_bytes(new.values()), changed / sum(t.numel() for t in new.values())
+
+
+def _written(run_url: str, version: int) -> int:
+    """Bytes written for one published version: every file of its directory, full or delta."""
+    dirs = [os.path.join(run_url, "checkpoints", f"{kind}={version}") for kind in ("version", "delta")]
+    return sum(_dir_bytes(d) for d in dirs if os.path.isdir(d))
+
+
+def bench_delta(model_dir: str, run_root: str, weights: dict[str, torch.Tensor], repeats: int) -> dict[str, float]:
+    """Checkpoint sync of one trainer step into a live bfloat16 engine that holds the previous
+    version: full checkpoints, and deltas at lr 1e-6 and at the demo's lr; the float32 delta's size."""
+    from rl_engine.board import Board
+    from rl_engine.rollout.engine import build_rollout_engine
+    from rl_engine.sync import build_weight_receiver, build_weight_sender
+
+    out: dict[str, float] = {}
+    out["delta_over_full_fp32"], _ = delta_ratio(weights, adam_first_step(weights, DEMO_FIRST_LR), torch.float32)
+    engine = build_rollout_engine(_config(model_dir, run_root, "checkpoint", 29517, dtype="bfloat16"))
+    try:
+        for label, delta, lr in (("full", False, LLM_LR), ("delta", True, LLM_LR), ("delta_demo_lr", True, DEMO_FIRST_LR)):
+            cfg = _config(model_dir, os.path.join(run_root, label), "checkpoint", 29517, delta=delta, dtype="bfloat16")
+            board = Board(cfg.run_url)
+            sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
+            stepped = adam_first_step(weights, lr)
+            sender.send(weights.items(), 0)  # the version the explorer holds (not timed)
+            assert receiver.receive(engine, 0) == 0
+            times, sizes = [], []
+            for v in range(1, repeats + 2):  # the first round warms up and is dropped
+                t0 = time.perf_counter()
+                sender.send((stepped if v % 2 else weights).items(), v)  # one step forward, one back: each a real step's change
+                assert receiver.receive(engine, v) == v
+                dt = time.perf_counter() - t0
+                assert not delta or (sender.last.kind == "delta" and receiver.last_route["start"] == "held")
+                sizes.append(_written(cfg.run_url, v))
+                if v > 1:
+                    times.append(dt)
+            out[f"{label}_MB_written"], out[f"{label}_sync_s"] = statistics.median(sizes) / 2**20, statistics.median(times)
+            shutil.rmtree(cfg.run_url)
+    finally:
+        engine.close()
+    out["delta_over_full"] = out["delta_MB_written"] / out["full_MB_written"]
+    out["delta_over_full_demo_lr"] = out["delta_demo_lr_MB_written"] / out["full_MB_written"]
+    out["changed"] = delta_ratio(weights, adam_first_step(weights, LLM_LR), torch.bfloat16)[1]
+    out["changed_demo_lr"] = delta_ratio(weights, adam_first_step(weights, DEMO_FIRST_LR), torch.bfloat16)[1]
+    return out
 
 
 def _raw_io(weights: dict[str, torch.Tensor], d: str, buf: bytearray) -> float:
@@ -179,6 +272,8 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str, dev
             receiver.close()
             sender.close()
         engine.close()
+    # the delta figures are the CPU engine's (a bfloat16 engine beside the first)
+    delta = bench_delta(model_dir, os.path.join(work, "runs", name, "delta"), weights, repeats) if device == "cpu" else dict.fromkeys(DELTA_COLUMNS)
     med = {k: statistics.median(v) if v else None for k, v in times.items()}
     return {
         "model": name,
@@ -192,6 +287,7 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str, dev
         "checkpoint_s": med["ckpt"],
         "raw_io_s": med["io"],
         "checkpoint_over_raw": med["ckpt"] / med["io"],
+        **delta,
     }
 
 
@@ -211,6 +307,64 @@ def _reload_figures(reload: dict[str, float] | None, raw: float | None) -> dict[
     }
 
 
+def _demo_batch(trainer, cfg, model: str) -> dict[str, torch.Tensor]:
+    """One GRPO batch of the demo's shape (batch_size arithmetic tasks x repeat_times answers, half
+    right: rewards 1, 0, ...), on-policy (behavior logprobs are the trainer's own)."""
+    from transformers import AutoTokenizer
+
+    from harness.real_model import experience_rows
+    from rl_engine.rewards import Task, encode_task
+    from rl_engine.rewards.arithmetic import make_arithmetic_tasks
+    from rl_engine.rollout.engine import Rollout
+
+    tok = AutoTokenizer.from_pretrained(model)
+    groups = []
+    for row in make_arithmetic_tasks(cfg.explorer.batch_size, seed=1):
+        _, prompt = encode_task(tok, cfg.taskset.template, Task(row["id"], row["question"], row["answer"]), cfg.model.max_model_len)
+        answers = [row["answer"] if j % 2 == 0 else str(int(row["answer"]) + j) for j in range(cfg.algorithm.repeat_times)]
+        responses = [tok(a, add_special_tokens=False).input_ids + [tok.eos_token_id] for a in answers]
+        groups.append([Rollout(prompt, r, [0.0] * len(r), "stop", 0) for r in responses])
+    t = experience_rows(groups).to_tensors(trainer.pad_token_id)
+    t["behavior_logprobs"] = trainer.compute_logprobs(t).cpu() * t["loss_mask"]
+    return t
+
+
+def demo_delta(work: str, model: str | None, smoke: bool) -> dict[str, float]:
+    """Delta / full checkpoint bytes written after one trainer step of the demo, in float32 (its
+    config) and with model.dtype bfloat16 (trainer and engine in bfloat16)."""
+    from rl_engine.board import Board
+    from rl_engine.config import load_config
+    from rl_engine.sync import build_weight_sender
+    from rl_engine.tiny_model import make_tiny_model
+    from rl_engine.trainer import build_trainer, trainer_settings
+    from rl_engine.warmstart import main as warmstart
+
+    if model is None and smoke:  # a smoke run checks the path, not the figure: the demo's model before its warm start
+        model = str(make_tiny_model(os.path.join(work, "tiny-demo"), seed=0))
+    elif model is None:
+        model = os.path.join(work, "tiny-arith-sft")
+        warmstart([model])
+    out: dict[str, float] = {}
+    for dtype, key in (("float32", "delta_bytes_ratio"), ("bfloat16", "delta_bytes_ratio_bf16")):
+        sets = [f"model.path={model}", f"model.dtype={dtype}", f"buffer.storage.url={work}/demo-runs", f"name=demo-{dtype}", "synchronizer.sync_method=checkpoint", "synchronizer.delta.enabled=true"]
+        cfg = load_config(DEMO_CONFIG, sets)
+        trainer = build_trainer(trainer_settings(cfg))
+        try:
+            sender = build_weight_sender(cfg, Board(cfg.run_url))
+            sender.send(trainer.named_weights(), 0)
+            before = sender.base
+            trainer.train_step(_demo_batch(trainer, cfg, model))
+            sender.send(trainer.named_weights(), 1)
+        finally:
+            trainer.close()
+        full, written = _dir_bytes(sender.version_dir(0)), _written(cfg.run_url, 1)
+        out[key] = written / full  # float32: version 1 went out in full (a delta would have been as large)
+        out[f"demo_published_{dtype}"] = sender.last.kind
+        out[f"demo_delta_payload_ratio_{dtype}"], out[f"demo_changed_{dtype}"] = delta_ratio(before, sender.base, getattr(torch, dtype))
+        out[f"demo_full_KB_{dtype}"], out[f"demo_written_KB_{dtype}"] = full / 1024, written / 1024
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
@@ -218,6 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     size.add_argument("--smoke", action="store_true", help="CI smoke test: the ~0.3M-parameter model only, one timed round")
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds per size (median reported; default 5, 1 with --smoke)")
     add_device_arg(ap)
+    ap.add_argument("--demo-model", default=None, help="the demo's warm-started model for delta_bytes_ratio (default: build one, `rft warmstart`, seed 0)")
     a = ap.parse_args(argv)
     device = check_device(a.device, cpu_ok_with_cuda=False)
     if a.repeats is None:
@@ -227,13 +382,23 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as work:
         for name, (hidden, layers) in sizes.items():
             rows.append(bench_size(name, hidden, layers, a.repeats, work, device))
-            print_table(rows[-1:], title=f"weight sync, {name} model (median of {a.repeats})")
+            print_table(rows[-1:], columns=[k for k in rows[-1] if k not in DELTA_COLUMNS], title=f"weight sync, {name} model (median of {a.repeats})")
+        demo = demo_delta(work, a.demo_model, a.smoke) if device == "cpu" else {}
     where = hardware(device)
-    print_table(rows, title=f"weight sync into a live vLLM engine ({'gloo' if device == 'cpu' else 'NCCL'}, local disk); {where}")
+    print_table(rows, columns=[k for k in rows[0] if k not in DELTA_COLUMNS], title=f"weight sync into a live vLLM engine ({'gloo' if device == 'cpu' else 'NCCL'}, local disk); {where}")
+    if device == "cpu":
+        print_table(rows, columns=["model", *DELTA_COLUMNS], title="checkpoint sync of one Adam step into a bfloat16 engine: full vs delta (lr 1e-6, demo lr); float32: delta size only")
+        print_table([demo], title="the demo after one trainer step: delta / full checkpoint bytes")
     largest = rows[-1]
-    figures = {k: round(v, 4) if isinstance(v, float) else v for k, v in largest.items() if k != "model"}
-    emit_json({"bench": "sync", "quick": a.quick, "smoke": a.smoke, "largest_model": largest["model"], "device": device, "hardware": where, **figures})
-
+    r4 = lambda v: round(v, 4) if isinstance(v, float) else v  # noqa: E731
+    emit_json(
+        {
+            "bench": "sync", "quick": a.quick, "smoke": a.smoke, "largest_model": largest["model"], "device": device, "hardware": where,
+            **{k: r4(v) for k, v in largest.items() if k != "model"},
+            **{k: r4(v) for k, v in demo.items()},
+            "delta": {r["model"]: {k: r4(r[k]) for k in DELTA_COLUMNS} for r in rows},
+        }
+    )
 
 if __name__ == "__main__":
     main()

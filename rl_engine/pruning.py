@@ -4,13 +4,14 @@ Two kinds of numbered directories grow with a run, each pruned by its owner afte
 
     trainer_state/step=<t>/      COMMITTED marks it whole    rl_engine.run.retention (trainer states)
     checkpoints/version=<v>/     _COMMITTED marks it whole   rl_engine.sync.checkpoint (the checkpoint sender)
+    checkpoints/delta=<v>/       _COMMITTED marks it whole   rl_engine.sync.delta (the delta checkpoint sender; keeps the bases kept versions need)
 
 Both apply the same rules: committed directories beyond the newest `keep_last` go unless an owner
 protects them; uncommitted directories older than the newest committed one are leftovers (a
 crashed write or delete) and go too; a newer one may be a write in progress and stays. Deleting
 removes the commit marker first, then the rest: a delete cut short leaves an uncommitted
 directory, which no reader loads and no resume picks, and the next prune finishes it.
-`to_delete` and `pointer_target` are pure; `list_dirs` and `delete` touch storage.
+`to_delete` and `pointer_target` are pure; `list_dirs`, `committed` and `delete` touch storage.
 """
 
 from __future__ import annotations
@@ -66,6 +67,14 @@ def list_dirs(fs: Any, root: str, kind: Kind) -> tuple[list[int], list[int]]:
     found = {int(m.group(1)) for p in fs.glob(join(root, kind.parent, f"{kind.prefix}*")) if (m := number.search(p.rstrip("/").rsplit("/", 1)[-1]))}
     committed = {n for n in found if fs.exists(join(kind.dir(root, n), kind.marker))}
     return sorted(committed), sorted(found - committed)
+
+
+def committed(fs: Any, root: str, kind: Kind) -> list[int]:
+    """The committed numbers of the `kind` directories under the run at `root`, ascending (one listing of their markers)."""
+    fs.invalidate_cache()  # object-store listings are cached; readers need the current one
+    number = re.compile(re.escape(kind.prefix) + r"(\d+)$")
+    found = (number.search(p.rstrip("/").rsplit("/", 2)[-2]) for p in fs.glob(join(root, kind.parent, f"{kind.prefix}*", kind.marker)))
+    return sorted(int(m.group(1)) for m in found if m)
 
 
 def delete(fs: Any, root: str, kind: Kind, numbers: Iterable[int]) -> None:

@@ -31,12 +31,12 @@ from rl_engine.config.migrate import migrate
 from rl_engine.config.model import ArithmeticReward, CountdownReward, FinalAnswerReward, ModelConfig, PythonReward, RewardConfig, TasksetConfig
 from rl_engine.config.placement import DeploymentsPlacement, DeviceSplit, LocalPlacement, PlacementConfig
 from rl_engine.config.root import MAX_SEED, LineageConfig, MLflowTracker, MonitorConfig, RFTConfig, TensorBoardTracker, TrackerConfig, WandbTracker
-from rl_engine.config.synchronizer import DECOUPLED_MODES, RENDEZVOUS_MODES, CollectiveConfig, DecoupledSync, Mode, RendezvousSync, SynchronizerConfig
+from rl_engine.config.synchronizer import DECOUPLED_MODES, RENDEZVOUS_MODES, CollectiveConfig, DecoupledSync, DeltaConfig, Mode, RendezvousSync, SynchronizerConfig
 from rl_engine.config.trainer import TrainerConfig
 from rl_engine.config.workflow import CalculatorWorkflow, GuessNumberWorkflow, PythonWorkflow, SingleTurnWorkflow, UserCodeConfig, WorkflowConfig
 
 __all__ = [
-    "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward", "FinalAnswerReward",
+    "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward", "DeltaConfig", "FinalAnswerReward",
     "DecoupledSync", "DeploymentsPlacement", "DeviceSplit", "EvalConfig", "EvalTasksetConfig", "KeepBestConfig", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement",
     "MLflowTracker", "Mode", "ModelConfig", "MonitorConfig",
     "PartialRolloutConfig", "PlacementConfig", "PythonReward", "RFTConfig", "RendezvousSync", "RewardConfig", "SamplingConfig", "StorageConfig", "SynchronizerConfig",

@@ -7,7 +7,7 @@ Two variants, told apart by `mode` (see DESIGN.md, sync modes):
   pick up the newest weights; `max_staleness` (admission control) or `max_backlog_steps` bounds how
   far ahead they run.
 A field of the other variant is refused by its type; `misplaced` says why and what to do instead.
-The fields both variants share (sync_method, keep_last_checkpoints, collective, wait_timeout_s)
+The fields both variants share (sync_method, keep_last_checkpoints, delta, collective, wait_timeout_s)
 are declared in each, from one annotated type apiece, so both show every field in the schema.
 """
 
@@ -36,6 +36,22 @@ class CollectiveConfig(_Model):
     timeout_s: float = Field(default=300.0, gt=0.0, description="Timeout of a group join and of one sync.")
 
 
+class DeltaConfig(_Model):
+    """Delta checkpoint sync (rl_engine.sync.delta): publish what changed since the previous version."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Checkpoint sync: publish each version as an exact sparse delta against the previous published one (changed elements, "
+        "bit for bit, in the model's dtype), with a full checkpoint every full_every versions and whenever a delta would exceed half of one; "
+        "explorers apply the chain. Pays off when few elements change per version (bfloat16 with a small lr); in float32 one Adam step moves every element.",
+    )
+    full_every: int = Field(
+        default=10,
+        ge=1,
+        description="A full checkpoint every this many published versions (1: every version full); also the longest chain an explorer applies.",
+    )
+
+
 SyncMethod = Annotated[Literal["collective", "checkpoint"], Field(description="Broadcast over a process group, or committed checkpoints on storage.")]
 KeepLastCheckpoints = Annotated[
     int | None,
@@ -45,8 +61,14 @@ KeepLastCheckpoints = Annotated[
         "but never one an explorer may still load (the version just published; in the decoupled modes any newer than an explorer holds); 0 keeps only those; null keeps all.",
     ),
 ]
+Delta = Annotated[DeltaConfig, Field(default_factory=DeltaConfig, description="Delta checkpoint sync (sync_method checkpoint only).")]
 Collective = Annotated[CollectiveConfig, Field(description="Settings of the collective method.")]
 WaitTimeout = Annotated[float, Field(gt=0.0, description="Longest a side waits at a rendezvous before failing.")]
+
+
+def _check_delta(sync_method: str, delta: DeltaConfig) -> None:
+    if delta.enabled and sync_method != "checkpoint":
+        raise ValueError(f"synchronizer.delta.enabled with sync_method {sync_method!r}: deltas are a checkpoint-sync format; set sync_method: checkpoint or delta.enabled: false")
 
 
 class RendezvousSync(_Model):
@@ -59,6 +81,7 @@ class RendezvousSync(_Model):
     sync_offset: int = Field(default=0, ge=0, description="m: the explorer runs m steps ahead before its first sync (0 in mode synchronous).")
     sync_method: SyncMethod = "collective"
     keep_last_checkpoints: KeepLastCheckpoints = 3
+    delta: Delta
     collective: Collective = Field(default_factory=CollectiveConfig)
     wait_timeout_s: WaitTimeout = 600.0
 
@@ -68,6 +91,7 @@ class RendezvousSync(_Model):
             raise ValueError(f"synchronizer.sync_offset = {self.sync_offset}: mode 'synchronous' has sync_offset 0; use mode 'one_step_off_policy' to let the explorer run ahead")
         if self.mode == "one_step_off_policy" and self.sync_offset < 1:
             raise ValueError("synchronizer.sync_offset = 0: mode 'one_step_off_policy' needs sync_offset >= 1 (1 for one step ahead)")
+        _check_delta(self.sync_method, self.delta)
         return self
 
 
@@ -88,6 +112,7 @@ class DecoupledSync(_Model):
     )
     sync_method: SyncMethod = "collective"
     keep_last_checkpoints: KeepLastCheckpoints = 3
+    delta: Delta
     collective: Collective = Field(default_factory=CollectiveConfig)
     wait_timeout_s: WaitTimeout = 600.0
 
@@ -98,6 +123,7 @@ class DecoupledSync(_Model):
                 f"synchronizer.max_staleness = {self.max_staleness}: weights are published every sync_interval = {self.sync_interval} trainer steps, "
                 f"so explorers are up to {self.sync_interval - 1} versions behind by design; set max_staleness >= {self.sync_interval - 1}"
             )
+        _check_delta(self.sync_method, self.delta)
         return self
 
 

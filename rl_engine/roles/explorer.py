@@ -44,6 +44,7 @@ from rl_engine.run.context import RunContext
 from rl_engine.run.devices import device_plan
 from rl_engine.schedule import admission_wait, batch_number, batches_needed
 from rl_engine.sync import build_weight_receiver
+from rl_engine.sync.base import SyncError
 from rl_engine.run.timeline import STARTUP, TimelineRecorder
 
 
@@ -252,7 +253,13 @@ class Explorer:
     def receive(self, version: int, stop: StopSignal) -> int:
         """Rendezvous: wait until the trainer has published `version`, then load exactly it."""
         self._wait_published(version - 1, f"trainer to publish version {version}", stop)
-        return self._install(version, stop)
+        got = self._install(version, stop)
+        if got != version:  # delta checkpoint sync fell back to an older full version (its log says why)
+            raise SyncError(
+                f"explorer {self.explorer_id} must load version {version} at this rendezvous but could install only version {got}: "
+                "a delta of the chain is missing or damaged. Resume the run (`rft run CONFIG --resume RUN`): the trainer publishes a full checkpoint first"
+            )
+        return got
 
     def _install_newest(self, stop: StopSignal) -> dict[str, Any]:
         trainer = self.board.get(TRAINER_KEY) or {}

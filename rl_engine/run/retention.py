@@ -5,9 +5,10 @@
 After each save the trainer role deletes committed states beyond the newest
 `trainer.keep_last_states` (null: keep all), except the newest committed one (a resume loads it)
 and the one a lineage's `latest.json` model points at, if it points into this run. The rules and
-the marker-first delete are `rl_engine.pruning`'s; weight checkpoints (checkpoints/version=*) are
-the checkpoint sender's to prune (`rl_engine.sync.checkpoint`), which gets `lineage_model` here
-to keep the one a lineage points at.
+the marker-first delete are `rl_engine.pruning`'s; weight checkpoints (checkpoints/version=*, and
+with delta sync checkpoints/delta=*) are the checkpoint sender's to prune (`rl_engine.sync.checkpoint`,
+`rl_engine.sync.delta`: never a full checkpoint or delta a kept version's chain needs), which gets
+`lineage_model` here to keep the one a lineage points at.
 """
 
 from __future__ import annotations

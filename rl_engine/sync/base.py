@@ -1,7 +1,8 @@
 """The weight-sync interface (one Protocol per side); its explicit factories are in factory.py.
 
 `synchronizer.sync_method` picks the method: `collective` (broadcast over a process group,
-`collective.py`) or `checkpoint` (committed checkpoints on the run's storage, `checkpoint.py`).
+`collective.py`) or `checkpoint` (committed checkpoints on the run's storage, `checkpoint.py`; with
+`synchronizer.delta.enabled`, sparse deltas between full ones, `delta.py`).
 The trainer side runs in the trainer role, each explorer side in its explorer role: threads of
 one process or processes on other machines. They meet only on the run's control board (`board`)
 and, for `collective`, in the process group whose address the trainer publishes there. Every

@@ -35,28 +35,27 @@ never older than what it holds. Nor the version a lineage's latest.json points a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
 from rl_engine import storage
 from rl_engine.board import Board, StopSignal, WaitTimeout, poll_until
-from rl_engine.pruning import Kind, pointer_target, prune
+from rl_engine.pruning import Kind, committed, pointer_target, prune
 from rl_engine.rollout.engine import EngineDiedError
 from rl_engine.sync.base import SyncError, loaded_key, post_loaded, wait_loaded
 from rl_engine.sync.collective import SyncStats
 
 COMMIT = "_COMMITTED"
 CHECKPOINTS = Kind("checkpoints", "version=", COMMIT)
-_VERSION_DIR = re.compile(r"version=(\d+)$")
 DEFAULT_SHARD_BYTES = 2 << 30
 _FIX = (
     "Resume the run (`rft run CONFIG --resume RUN`) so that the trainer publishes its weights again, and check what "
@@ -134,11 +133,23 @@ class CheckpointSender:
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Write every (HF name, full tensor) pair as safetensors shards, config.json, then commit; then prune older versions."""
         t0 = time.perf_counter()
-        d = self.version_dir(version)
+        n, nbytes = self.write_full(named_tensors, version)
+        self.last = SyncStats(version, n, nbytes, time.perf_counter() - t0)
+        self.prune(version)
+
+    def uncommit(self, d: str) -> None:
+        """Re-publishing a version (resumed trainer): its old marker goes first."""
         marker = storage.join(d, COMMIT)
-        if self.fs.exists(marker):  # re-publishing a version (resumed trainer): uncommit first
+        if self.fs.exists(marker):
             self.fs.rm(marker)
         self.fs.makedirs(d, exist_ok=True)
+
+    def write_full(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, marker_extra: dict[str, Any] | None = None) -> tuple[int, int]:
+        """Write `checkpoints/version=<version>/` and commit it (its marker gets `marker_extra` too);
+        returns (tensors, tensor bytes)."""
+        d = self.version_dir(version)
+        marker = storage.join(d, COMMIT)
+        self.uncommit(d)
         shards: list[dict[str, torch.Tensor]] = []
         weight_map: dict[str, str] = {}
         files: dict[str, dict[str, Any]] = {}  # name -> {bytes, sha256}: what a reader verifies before loading
@@ -167,20 +178,20 @@ class CheckpointSender:
         with open(os.path.join(self.model_dir, "config.json"), "rb") as f:
             storage.write_bytes_atomic(self.fs, storage.join(d, "config.json"), f.read())
         # Written last: until it exists no reader sees this version.
-        storage.write_json(self.fs, marker, {"version": version, "tensors": n, "bytes": nbytes, "time": time.time(), "files": files})
-        self.last = SyncStats(version, n, nbytes, time.perf_counter() - t0)
-        self.prune(version)
+        storage.write_json(self.fs, marker, {"version": version, "tensors": n, "bytes": nbytes, "time": time.time(), "files": files, **(marker_extra or {})})
+        return n, nbytes
 
     def prune(self, published: int) -> list[int]:
         """After `published` was committed: delete versions beyond `keep_last` that no explorer may
         still load and no lineage points at. Returns the versions deleted."""
 
-        def protect(committed: list[int]) -> set[int]:
-            loaded = [(self.board.get(loaded_key(i)) or {}).get("version") for i in range(self.num_explorers)]
-            pinned = pointer_target(self.pinned() if self.pinned else None, self.run_url, CHECKPOINTS)
-            return needed_checkpoints(committed, published, loaded) | ({pinned} if pinned is not None else set())
+        return prune(self.fs, self.root, CHECKPOINTS, self.keep_last, lambda committed: self.protected(committed, published))
 
-        return prune(self.fs, self.root, CHECKPOINTS, self.keep_last, protect)
+    def protected(self, committed: list[int], published: int) -> set[int]:
+        """Of the `committed` versions, those an explorer may still load (`needed_checkpoints`) and the one a lineage points at."""
+        loaded = [(self.board.get(loaded_key(i)) or {}).get("version") for i in range(self.num_explorers)]
+        pinned = pointer_target(self.pinned() if self.pinned else None, self.run_url, CHECKPOINTS)
+        return needed_checkpoints(committed, published, loaded) | ({pinned} if pinned is not None else set())
 
     def _prepare(self, t: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
         t = t.detach()
@@ -215,6 +226,10 @@ class CheckpointSender:
         """Nothing to release."""
 
 
+class Damaged(Exception):
+    """A committed version that cannot be used: gone, uncommitted, or its files not what its marker says."""
+
+
 class CheckpointReceiver:
     """Explorer side: finds committed versions and loads one into a live engine."""
 
@@ -228,26 +243,24 @@ class CheckpointReceiver:
     def connect(self, engine: Any, stop: StopSignal | None = None) -> None:
         """Nothing to join: storage is the rendezvous."""
 
+    def _markers(self, version: int) -> list[str]:
+        """The commit markers any one of which makes `version` loadable."""
+        return [storage.join(CHECKPOINTS.dir(self.root, version), COMMIT)]
+
     def prepare(self, version: int, stop: StopSignal | None = None) -> None:
         """Wait until `version` is committed (the trainer announces a version before its write ends)."""
-        marker = storage.join(CHECKPOINTS.dir(self.root, version), COMMIT)
+        markers = self._markers(version)
         what = f"checkpoint version {version} to be committed"
 
         def timed_out() -> WaitTimeout:
             return WaitTimeout(f"waited {self.timeout_s:.0f} s for {what} under {self.root}/checkpoints (synchronizer.wait_timeout_s)")
 
         interval = storage.poll_interval(self.fs)
-        poll_until(lambda: self.fs.exists(marker), what=what, timeout_s=self.timeout_s, interval_s=interval, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
+        poll_until(lambda: any(self.fs.exists(m) for m in markers), what=what, timeout_s=self.timeout_s, interval_s=interval, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
 
     def committed_versions(self) -> list[int]:
         """Every version with a commit marker, ascending."""
-        self.fs.invalidate_cache()  # object-store listings are cached; we need the current one
-        out = []
-        for p in self.fs.glob(storage.join(self.root, "checkpoints", "version=*", COMMIT)):
-            m = _VERSION_DIR.search(p.rstrip("/").rsplit("/", 2)[-2])
-            if m:
-                out.append(int(m.group(1)))
-        return sorted(out)
+        return committed(self.fs, self.root, CHECKPOINTS)
 
     def latest_committed(self) -> int | None:
         """The newest committed version, or None if the trainer has published none yet."""
@@ -265,35 +278,53 @@ class CheckpointReceiver:
             if latest is None or latest <= engine.version:
                 return engine.version
             version = latest
-        d = CHECKPOINTS.dir(self.root, version)
-        files = self._committed_files(d, version, engine)
-        if storage.is_local(self.fs):
-            self._verify(d, d, files, version, engine)
-            got = self._load(engine, d, version)
-        else:
-            tmp = tempfile.mkdtemp(prefix=f"rft-ckpt-v{version}-")
-            try:
-                for fname in files:
-                    try:
-                        self.fs.get_file(storage.join(d, fname), os.path.join(tmp, fname))
-                    except FileNotFoundError:
-                        pass  # _verify names it
-                self._verify(tmp, d, files, version, engine)
-                got = self._load(engine, tmp, version)
-            finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-        engine.mark_synced(got)
-        post_loaded(self.board, self.explorer_id, got)
+        return self.install(engine, version)
+
+    def install(self, engine: Any, version: int) -> int:
+        """Load committed `version` into `engine` and acknowledge it; returns the version installed."""
+        try:
+            with self.fetched(CHECKPOINTS.dir(self.root, version), version) as (local, _):
+                got = self._load(engine, local, version)
+        except Damaged as e:
+            raise self._refused(version, engine, str(e)) from None
+        self._installed(engine, got)
         return got
+
+    def _installed(self, engine: Any, version: int) -> None:
+        engine.mark_synced(version)
+        post_loaded(self.board, self.explorer_id, version)
 
     def _refused(self, version: int, engine: Any, problem: str) -> SyncError:
         return SyncError(
             f"checkpoint version {version} refused: {problem}. Nothing was loaded: explorer {self.explorer_id}'s engine keeps version {engine.version}. {_FIX}"
         )
 
-    def _committed_files(self, d: str, version: int, engine: Any) -> dict[str, dict[str, Any] | None]:
-        """The weight files of committed `version` with what its marker says about each (None: a marker
-        from before checksums, whose files are only opened); refuses a version that is gone or uncommitted."""
+    @contextlib.contextmanager
+    def fetched(self, d: str, version: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(a local directory holding the weight files of committed directory `d`, its marker),
+        every file checked against the marker; raises Damaged. From object storage the files are
+        copied to a temporary directory, removed afterwards."""
+        marker, files = self._committed_files(d, version)
+        if storage.is_local(self.fs):
+            self._verify(d, d, files)
+            yield d, marker
+            return
+        tmp = tempfile.mkdtemp(prefix=f"rft-ckpt-v{version}-")
+        try:
+            for fname in files:
+                try:
+                    self.fs.get_file(storage.join(d, fname), os.path.join(tmp, fname))
+                except FileNotFoundError:
+                    pass  # _verify names it
+            self._verify(tmp, d, files)
+            yield tmp, marker
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _committed_files(self, d: str, version: int) -> tuple[dict[str, Any], dict[str, dict[str, Any] | None]]:
+        """The marker of committed `d` and the weight files it lists with what it says about each
+        (None: a marker from before checksums, whose files are only opened); raises Damaged for
+        a directory that is gone or uncommitted."""
         self.fs.invalidate_cache()
         try:
             marker = storage.read_json(self.fs, storage.join(d, COMMIT))
@@ -301,30 +332,30 @@ class CheckpointReceiver:
             where = f"under {self.root}/checkpoints"
             if self.fs.exists(d):
                 raise SyncError(f"checkpoint version {version} {where} is not committed; committed: {self.committed_versions()}") from None
-            raise self._refused(version, engine, f"it does not exist {where} (deleted after it was committed, or never written); committed now: {self.committed_versions()}") from None
+            raise Damaged(f"it does not exist {where} (deleted after it was committed, or never written); committed now: {self.committed_versions()}") from None
         except ValueError as e:
-            raise self._refused(version, engine, f"its commit marker {storage.join(d, COMMIT)} is unreadable ({e})") from e
+            raise Damaged(f"its commit marker {storage.join(d, COMMIT)} is unreadable ({e})") from e
         if "files" in marker:
-            return marker["files"]
-        return {p.rsplit("/", 1)[-1]: None for p in self.fs.glob(storage.join(d, "*.safetensors"))}
+            return marker, marker["files"]
+        return marker, {p.rsplit("/", 1)[-1]: None for p in self.fs.glob(storage.join(d, "*.safetensors"))}
 
-    def _verify(self, local_dir: str, shown_dir: str, files: dict[str, dict[str, Any] | None], version: int, engine: Any) -> None:
-        """Every listed file is there with the size and checksum its commit marker recorded."""
+    def _verify(self, local_dir: str, shown_dir: str, files: dict[str, dict[str, Any] | None]) -> None:
+        """Every listed file is there with the size and checksum its commit marker recorded; raises Damaged."""
         if not files:
-            raise self._refused(version, engine, f"{shown_dir} holds no weight files")
+            raise Damaged(f"{shown_dir} holds no weight files")
         for fname, want in files.items():
             path, shown = os.path.join(local_dir, fname), storage.join(shown_dir, fname)
             if not os.path.exists(path):
-                raise self._refused(version, engine, f"{shown} is missing (deleted after the trainer committed it)")
+                raise Damaged(f"{shown} is missing (deleted after the trainer committed it)")
             if want is None:
                 continue
             size = os.path.getsize(path)
             if size != want["bytes"]:
-                raise self._refused(version, engine, f"{shown} has {size} bytes where its commit marker says {want['bytes']} (truncated or overwritten)")
+                raise Damaged(f"{shown} has {size} bytes where its commit marker says {want['bytes']} (truncated or overwritten)")
             key = "crc32" if "crc32" in want else "sha256"  # markers written before CRC-32 carry SHA-256
             what, checksum = _CHECKSUMS[key]
             if checksum(path) != want[key]:
-                raise self._refused(version, engine, f"{shown} does not match the {what} in its commit marker (its bytes changed after the commit)")
+                raise Damaged(f"{shown} does not match the {what} in its commit marker (its bytes changed after the commit)")
 
     def _load(self, engine: Any, local_dir: str, version: int) -> int:
         try:

@@ -111,6 +111,7 @@ class SyncStats:
     params: int
     bytes: int
     seconds: float
+    kind: str | None = None  # delta checkpoint sync: "full" or "delta" (rl_engine.sync.delta)
 
 
 class CollectiveSender:

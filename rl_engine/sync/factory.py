@@ -17,6 +17,7 @@ from rl_engine.config import RFTConfig
 from rl_engine.sync.base import WeightReceiver, WeightSender
 from rl_engine.sync.checkpoint import CheckpointReceiver, CheckpointSender
 from rl_engine.sync.collective import CollectiveReceiver, CollectiveSender
+from rl_engine.sync.delta import DeltaCheckpointReceiver, DeltaCheckpointSender
 
 
 def wire_dtype(cfg: RFTConfig) -> torch.dtype:
@@ -25,7 +26,8 @@ def wire_dtype(cfg: RFTConfig) -> torch.dtype:
 
 
 def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None, device: str | None = None) -> WeightSender:
-    """Trainer-side sync of `cfg.synchronizer.sync_method`, meeting the receivers on the run's `board`;
+    """Trainer-side sync of `cfg.synchronizer.sync_method` (checkpoint with `synchronizer.delta.enabled`:
+    deltas, rl_engine.sync.delta), meeting the receivers on the run's `board`;
     checkpoint needs a resolved cfg (run URL). `pinned` returns the model URL a lineage points at
     (`rl_engine.run.retention.lineage_model`): a version it names is never pruned. `device`: the
     trainer's ('cuda:1'), where a collective sync's buckets are packed."""
@@ -33,8 +35,10 @@ def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str |
     if s.sync_method == "collective":
         return CollectiveSender(s.collective, board, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg), s.wait_timeout_s, device)
     if s.sync_method == "checkpoint":
-        opts = cfg.buffer.storage.fs_options()
-        return CheckpointSender(cfg.run_url, opts, cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s, keep_last=s.keep_last_checkpoints, pinned=pinned)
+        args = (cfg.run_url, cfg.buffer.storage.fs_options(), cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s)
+        if s.delta.enabled:
+            return DeltaCheckpointSender(*args, keep_last=s.keep_last_checkpoints, pinned=pinned, full_every=s.delta.full_every)
+        return CheckpointSender(*args, keep_last=s.keep_last_checkpoints, pinned=pinned)
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
 
 
@@ -44,5 +48,6 @@ def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) ->
     if s.sync_method == "collective":
         return CollectiveReceiver(s.collective, board, explorer_id, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, s.wait_timeout_s)
     if s.sync_method == "checkpoint":
-        return CheckpointReceiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
+        receiver = DeltaCheckpointReceiver if s.delta.enabled else CheckpointReceiver
+        return receiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")

@@ -147,6 +147,12 @@ def test_sync(tmp_path):
     number(r["reload_other_s"])
     assert r["bound_over_raw"] >= 1  # the bound is at least the raw broadcast itself
     assert r["device"] == "cpu" and r["hardware"].endswith(" cores")  # the CPU's model and the cores it had
+    deltas = ("full_MB_written", "full_sync_s", "delta_MB_written", "delta_sync_s", "delta_over_full", "changed", "delta_over_full_demo_lr", "changed_demo_lr", "delta_over_full_fp32")
+    has_keys(r, "delta_bytes_ratio", "delta_bytes_ratio_bf16", "delta", *deltas)
+    assert set(r["delta"]) == {"0.3M"} and all(k in r["delta"]["0.3M"] for k in deltas)
+    for k in ("delta_bytes_ratio", "delta_bytes_ratio_bf16", *deltas):
+        positive(r[k])
+    assert r["delta_over_full"] < r["delta_over_full_demo_lr"] < 1 and r["changed"] < r["changed_demo_lr"]  # fewer bfloat16 elements move at a smaller lr
 
 
 def test_modes_synthetic(tmp_path):
@@ -319,3 +325,32 @@ def test_workflows(tmp_path):
         fraction(r[k])
     assert r["grad_rows"] > 0, "the smoke warm start calls the tool sometimes: stored rows with environment tokens"
     assert r["masked_grad_max"] == 0.0 and r["trained_grad_max"] > 0  # the mask, not a dead loss
+
+
+def test_scale(tmp_path):
+    png = tmp_path / "scale.png"
+    r = run_bench("scale", "--smoke", "--png", str(png), timeout_s=240, tmp_path=tmp_path)
+    has_keys(r, "overhead_per_step", "overhead_ratio_max_over_1", "step_s", "storage_requests_per_step", "api_calls_per_step", "server_cpu_s_per_step", "poll_ms", "read_batch_ms", "full_listing_ms", "sync_s", "sync_s_per_gb", "delta_bytes_ratio", "projected", "png")
+    explorers = {"1", "2"}
+    per(r, "overhead_per_step", explorers, number)
+    per(r, "step_s", explorers, positive)
+    per(r, "storage_requests_per_step", explorers, positive)  # every step writes experiences, board and timeline to S3
+    per(r, "server_cpu_s_per_step", explorers, non_negative)
+    per(r, "moto_cpu_s_per_step", explorers, non_negative)
+    if r["api_calls_per_step"] is not None:
+        per(r, "api_calls_per_step", explorers, non_negative)
+    else:
+        assert r["api_calls_null_reason"]
+    for step_s in r["step_s"].values():
+        assert step_s >= 0.4 * 0.9  # never faster than the cost model's train step (0.4 s)
+    for k in ("poll_ms", "read_batch_ms", "full_listing_ms"):
+        per(r, k, {"10", "100", "1000"}, positive)
+    for method in ("collective", "checkpoint_full"):
+        per(r["sync_s"], method, {"1000000", "10000000"}, positive)
+        positive(r["sync_s_per_gb"][method])
+    if r["delta_note"] is None:  # delta sync in this build: a bfloat16 step at lr 1e-6 changes a fraction of the bytes
+        assert 0 < number(r["delta_bytes_ratio"]) < 1
+    else:
+        assert r["delta_bytes_ratio"] is None
+    assert "overhead_per_step_at_64_explorers" in r["projected"] and "checkpoint_full_s_at_7B_bf16" in r["projected"]
+    assert png.stat().st_size > 0

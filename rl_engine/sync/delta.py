@@ -1,0 +1,430 @@
+"""Delta checkpoint sync (`synchronizer.delta`): publish only what changed since the previous version.
+
+Layout under the run URL, beside the full checkpoints of `rl_engine.sync.checkpoint`:
+
+    checkpoints/version=<v>/         a full checkpoint, as without deltas; its marker adds `chain`
+    checkpoints/delta=<v>/delta.safetensors
+    checkpoints/delta=<v>/_COMMITTED JSON, written last: {version, base, chain, kind: "delta",
+                                     tensors, changed, elements, bytes, time, files: {name: {bytes, crc32}}}
+
+A delta is exact: per tensor, the elements whose bits differ from the previous published version
+(`base`), in the tensor's dtype (the model's dtype, as full checkpoints), stored as
+`<name>::idx` (int32, int64 past 2^31 elements) + `<name>::val`, or `<name>::mask` (packed bits)
++ `<name>::val`, or `<name>::all` (the whole tensor), whichever is smallest; unchanged tensors are
+absent. Applying scatters the values into the held tensor, so a chain full + deltas gives the
+trainer's tensors bit for bit. Every `full_every` versions the trainer writes a full checkpoint,
+and whenever a delta would be more than half its size (float32: one Adam step moves every
+element with a gradient), starting a new chain (a random `chain` id carried by the full and each delta built on it); after a
+restart it starts with a full one (it no longer holds the tensors to diff against).
+
+An explorer reaches version v by walking back from v over the deltas' `base` until it meets the
+version its engine holds (same chain: nothing but the deltas is read) or a full checkpoint (read,
+then the deltas applied). Every link must be committed, of the same chain, and match the size and
+CRC-32 its marker records. If one is missing or damaged, the explorer falls back to the newest
+full version <= v and applies the intact deltas after it, logs which version it could not reach
+and why, and reports the version it installed (lower than v). The explorer keeps the tensors it
+installed on the CPU (one model in the model's dtype) to apply the next deltas to; the engine
+loads them through the same in-place reload as a full checkpoint (a local temporary safetensors
+file), since vLLM's layerwise reload needs every tensor of a layer it reloads.
+
+Retention (the sender's, after each publish): versions (full or delta) beyond the newest
+`keep_last_checkpoints` go, except those an explorer may still load (as for full checkpoints) and
+every version those need: their deltas back to their full checkpoint. `rft eval` of a run sees
+the full versions only (a delta is no model directory).
+
+Cost: the trainer keeps one CPU copy of the weights in the model's dtype, each explorer one more.
+One step of the demo (float32) changes every element (Adam moves each one with a gradient by
+about lr), so it is published in full; in bfloat16 most small updates round away
+(bench.sync: delta_bytes_ratio, delta_bytes_ratio_bf16).
+
+    s = build_weight_sender(cfg, board)                 # synchronizer.delta.enabled: DeltaCheckpointSender
+    s.send(trainer.named_weights(), version=t)          # full or delta, then prune
+    r = build_weight_receiver(cfg, board, x)            # DeltaCheckpointReceiver
+    r.receive(engine, t); r.last_route                  # {"start": "held" | "full", "base", "deltas", "fallback"}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from rl_engine import storage
+from rl_engine.pruning import Kind, committed, delete, list_dirs, to_delete
+from rl_engine.run.failpoints import failpoint
+from rl_engine.sync.base import SyncError
+from rl_engine.sync.checkpoint import CHECKPOINTS, COMMIT, CheckpointReceiver, CheckpointSender, Damaged
+from rl_engine.sync.collective import SyncStats
+
+log = logging.getLogger(__name__)
+
+DELTAS = Kind("checkpoints", "delta=", COMMIT)
+DELTA_FILE = "delta.safetensors"
+SEP = "::"
+FAILPOINT = "sync.delta_before_commit"  # RFT_FAILPOINT=sync.delta_before_commit@<v>: killed between a delta's file and its marker
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+# ---------------------------------------------------------------- the format
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    """The flat bits of a contiguous CPU tensor as a numpy integer array sharing its memory (numpy: the
+    compare, count and scatter of 100M elements take tens of ms, torch's boolean ops seconds)."""
+    return t.reshape(-1).view(_BITS[t.element_size()]).numpy()
+
+
+def encode(name: str, old: torch.Tensor, new: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The entries of tensor `name` in a delta from `old` to `new` (same shape and dtype, CPU, contiguous): none if no bit changed."""
+    bits = _bits(new)
+    changed = _bits(old) != bits
+    k = int(np.count_nonzero(changed))
+    if k == 0:
+        return {}
+    n, e = new.numel(), new.element_size()
+    wide = n > np.iinfo(np.int32).max
+    cost = {"all": n * e, "idx": k * ((8 if wide else 4) + e), "mask": (n + 7) // 8 + k * e}
+    how = min(cost, key=cost.__getitem__)
+    if how == "all":
+        return {f"{name}{SEP}all": new}
+    if how == "idx":
+        idx = np.flatnonzero(changed).astype(np.int64 if wide else np.int32)
+        return {f"{name}{SEP}idx": torch.from_numpy(idx), f"{name}{SEP}val": torch.from_numpy(bits[idx]).view(new.dtype)}
+    return {f"{name}{SEP}mask": torch.from_numpy(np.packbits(changed)), f"{name}{SEP}val": torch.from_numpy(bits[changed]).view(new.dtype)}
+
+
+def diff(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The delta from `old` to `new` (every tensor's `encode`); None when their names, shapes or dtypes differ (publish a full one)."""
+    if old.keys() != new.keys() or any(old[k].shape != t.shape or old[k].dtype != t.dtype for k, t in new.items()):
+        return None
+    out: dict[str, torch.Tensor] = {}
+    for name, t in new.items():
+        out.update(encode(name, old[name], t))
+    return out
+
+
+def apply(held: dict[str, torch.Tensor], delta: dict[str, torch.Tensor]) -> None:
+    """Scatter a delta (`diff`'s entries) into the `held` tensors in place. Every entry is checked
+    against its tensor first: one that does not fit raises ValueError with nothing changed."""
+    writes: list[tuple[torch.Tensor, np.ndarray | None, torch.Tensor]] = []  # (tensor, flat positions or None for all, values)
+    for key, part in delta.items():
+        name, how = key.rsplit(SEP, 1) if SEP in key else (key, "")
+        t = held.get(name)
+        if t is None:
+            raise ValueError(f"it changes {name!r}, which its base does not have")
+        if how == "val":
+            if f"{name}{SEP}idx" not in delta and f"{name}{SEP}mask" not in delta:
+                raise ValueError(f"it has values of {name!r} but no positions")
+            continue
+        if how == "all":
+            if part.shape != t.shape or part.dtype != t.dtype:
+                raise ValueError(f"{name!r} is {tuple(part.shape)} {part.dtype} in it, {tuple(t.shape)} {t.dtype} in its base")
+            writes.append((t, None, part))
+            continue
+        values = delta.get(f"{name}{SEP}val")
+        if how == "idx" and part.dtype in (torch.int32, torch.int64) and part.dim() == 1:
+            where = part.numpy()
+            ok, count = where.size == 0 or (int(where.min()) >= 0 and int(where.max()) < t.numel()), where.size
+        elif how == "mask" and part.dtype == torch.uint8 and part.numel() == (t.numel() + 7) // 8:
+            where = np.unpackbits(part.numpy(), count=t.numel()).view(bool)
+            ok, count = True, int(np.count_nonzero(where))
+        else:
+            raise ValueError(f"entry {key!r} ({part.dtype}, {tuple(part.shape)}) is not a delta entry of {tuple(t.shape)} {t.dtype}")
+        if not ok or values is None or values.dtype != t.dtype or values.numel() != count:
+            raise ValueError(f"the positions or values of {name!r} do not fit its {t.numel()} elements of {t.dtype}")
+        writes.append((t, where, values))
+    for t, where, values in writes:
+        if where is None:
+            t.copy_(values)
+        else:
+            _bits(t)[where] = _bits(values)
+
+
+def payload_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+# ---------------------------------------------------------------- trainer side
+
+
+class DeltaCheckpointSender(CheckpointSender):
+    """Checkpoint sender that writes a delta against the previous version it published, a full
+    checkpoint every `full_every` versions (and first). Holds the last published tensors on the CPU."""
+
+    def __init__(self, *args: Any, full_every: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.full_every = full_every
+        self.base: dict[str, torch.Tensor] | None = None  # the last published tensors (private CPU copies)
+        self.base_version, self.chain, self.links = -1, "", 0  # links: deltas since the last full checkpoint
+        self._bases: dict[int, int] = {}  # delta version -> its base (retention), as written or read
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Publish `version` as a delta against the last published one, or in full; then prune."""
+        t0 = time.perf_counter()
+        tensors: dict[str, torch.Tensor] = {}
+        for name, t in named_tensors:
+            p = self._prepare(t, tensors)
+            tensors[name] = p.clone() if p.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else p  # never the trainer's live storage
+        if not tensors:
+            raise ValueError(f"checkpoint of version {version}: the trainer gave no parameters")
+        delta = None
+        if self.base is not None and version > self.base_version and self.links + 1 < self.full_every:
+            delta = diff(self.base, tensors)
+            if delta is not None and 2 * payload_bytes(delta.values()) > payload_bytes(tensors.values()):
+                delta = None  # it would save less than half: a full checkpoint (loaded straight, and a fresh chain) costs less
+        if delta is None:
+            self.chain, self.links = uuid.uuid4().hex, 0
+            delete(self.fs, self.root, DELTAS, [version])  # a delta of this version from before a restart
+            _, nbytes = self.write_full(tensors.items(), version, {"chain": self.chain})
+        else:
+            delete(self.fs, self.root, CHECKPOINTS, [version])  # a full one of this version from before a restart
+            nbytes = self._write_delta(delta, version, len(tensors))
+            self.links += 1
+        self.base, self.base_version = tensors, version
+        self.last = SyncStats(version, len(tensors), nbytes, time.perf_counter() - t0, "full" if delta is None else "delta")
+        self.prune(version)
+
+    def _write_delta(self, delta: dict[str, torch.Tensor], version: int, tensors: int) -> int:
+        d = DELTAS.dir(self.root, version)
+        self.uncommit(d)
+        files: dict[str, dict[str, Any]] = {}
+        self._write(d, DELTA_FILE, delta, files)
+        failpoint(FAILPOINT, version)
+        nbytes = payload_bytes(delta.values())
+        changed = sum(int(t.numel()) for k, t in delta.items() if k.endswith((f"{SEP}val", f"{SEP}all")))
+        marker = {"version": version, "base": self.base_version, "chain": self.chain, "kind": "delta", "tensors": tensors, "changed": changed, "bytes": nbytes, "time": time.time(), "files": files}
+        storage.write_json(self.fs, storage.join(d, COMMIT), marker)  # written last: until then no reader sees it
+        self._bases[version] = self.base_version
+        return nbytes
+
+    def prune(self, published: int) -> list[int]:
+        """After `published` was committed: delete versions (full or delta) beyond `keep_last` that no
+        explorer may still load, no lineage points at, and no kept version's chain needs. Returns them."""
+        if self.keep_last is None:
+            return []
+        fulls, fulls_open = list_dirs(self.fs, self.root, CHECKPOINTS)
+        deltas, deltas_open = list_dirs(self.fs, self.root, DELTAS)
+        versions = sorted(set(fulls) | set(deltas))
+        keep = set(versions[-self.keep_last :] if self.keep_last else []) | self.protected(versions, published)
+        keep = with_bases(keep, set(fulls), set(deltas), self._base_of)
+        doomed_deltas, doomed_fulls = to_delete(deltas, deltas_open, 0, keep), to_delete(fulls, fulls_open, 0, keep)
+        delete(self.fs, self.root, DELTAS, doomed_deltas)
+        delete(self.fs, self.root, CHECKPOINTS, doomed_fulls)
+        for v in doomed_deltas:
+            self._bases.pop(v, None)
+        return sorted(set(doomed_deltas) | set(doomed_fulls))
+
+    def _base_of(self, version: int) -> int | None:
+        if version not in self._bases:
+            try:
+                self._bases[version] = int(storage.read_json(self.fs, storage.join(DELTAS.dir(self.root, version), COMMIT))["base"])
+            except (FileNotFoundError, ValueError, KeyError, TypeError):
+                return None
+        return self._bases[version]
+
+
+def with_bases(keep: set[int], fulls: set[int], deltas: set[int], base_of: Any) -> set[int]:
+    """`keep` and every version a kept one needs: a delta's base, back to a full checkpoint (a
+    version that has one needs nothing; a base that cannot be read ends the walk)."""
+    out = set(keep)
+    for v in keep:
+        while v not in fulls and v in deltas and (b := base_of(v)) is not None and b < v:
+            out.add(b)
+            v = b
+    return out
+
+
+# ---------------------------------------------------------------- explorer side
+
+
+class BrokenLink(Exception):
+    """Delta (or full, `what`) `version` cannot be applied: `problem` says why."""
+
+    def __init__(self, version: int, problem: str, what: str = "delta"):
+        super().__init__(f"{what} version {version}: {problem}")
+        self.version, self.problem = version, problem
+
+
+class DeltaCheckpointReceiver(CheckpointReceiver):
+    """Checkpoint receiver that reaches a version through deltas (see the module docstring); keeps
+    the installed tensors on the CPU. `last_route` says how the last receive got its version."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.held: dict[str, torch.Tensor] | None = None
+        self.held_version, self.held_chain, self._held_engine = -1, "", None
+        self.last_route: dict[str, Any] | None = None
+
+    def _markers(self, version: int) -> list[str]:
+        return super()._markers(version) + [storage.join(DELTAS.dir(self.root, version), COMMIT)]
+
+    def committed_versions(self) -> list[int]:
+        """Every version with a committed full checkpoint or delta, ascending."""
+        return sorted(set(committed(self.fs, self.root, CHECKPOINTS)) | set(committed(self.fs, self.root, DELTAS)))
+
+    def _holds(self, engine: Any) -> bool:
+        """Whether the held tensors are what `engine` runs (not after another load into it)."""
+        return self.held is not None and self._held_engine is engine and engine.version == self.held_version
+
+    def install(self, engine: Any, version: int) -> int:
+        """Reach `version` (the held one + deltas, or a full one + deltas); on a missing or damaged
+        link fall back to the newest full version <= `version` and the intact deltas after it."""
+        try:
+            start, links = self._route(engine, version)
+            base = self.held_version if start is None else start[0]
+            got = self._apply_chain(engine, start, links, version)
+            self.last_route = {"version": got, "start": "held" if start is None else "full", "base": base, "deltas": [v for v, _ in links], "fallback": None}
+            log.info("explorer %d: version %d from %s version %d + deltas %s", self.explorer_id, got, self.last_route["start"], base, self.last_route["deltas"])
+        except BrokenLink as broken:
+            got = self._fall_back(engine, version, broken)
+        self._installed(engine, got)
+        return got
+
+    # ---- reading storage
+
+    def _marker(self, kind: Kind, version: int) -> dict[str, Any] | None:
+        """The commit marker of `version`'s `kind` directory; None if it is not committed or unreadable."""
+        try:
+            m = storage.read_json(self.fs, storage.join(kind.dir(self.root, version), COMMIT))
+        except (FileNotFoundError, ValueError):
+            return None
+        return m if isinstance(m, dict) else None
+
+    def _route(self, engine: Any, version: int) -> tuple[tuple[int, dict[str, Any]] | None, list[tuple[int, dict[str, Any]]]]:
+        """(start, deltas oldest first): start None for the held tensors, else (full version, its
+        marker). Walks back from `version`; raises BrokenLink where the chain breaks."""
+        self.fs.invalidate_cache()
+        links: list[tuple[int, dict[str, Any]]] = []
+        cur, chain = version, None
+        while True:
+            if self._holds(engine) and cur == self.held_version and chain in (None, self.held_chain):
+                return None, links[::-1]
+            full = self._marker(CHECKPOINTS, cur)
+            if full is not None:
+                if chain is not None and full.get("chain") != chain:
+                    raise BrokenLink(links[-1][0], f"its base, full version {cur}, is of another chain (written by a trainer that restarted)")
+                return (cur, full), links[::-1]
+            m = self._marker(DELTAS, cur)
+            if m is None:
+                what = f"neither a full checkpoint nor a delta of version {cur} is committed under {self.root}/checkpoints"
+                raise BrokenLink(cur, what if not links else f"{what} (the base of delta version {links[-1][0]})")
+            if chain is not None and m.get("chain") != chain:
+                raise BrokenLink(links[-1][0], f"its base, delta version {cur}, is of another chain (written by a trainer that restarted)")
+            if not isinstance(m.get("base"), int) or m["base"] >= cur:
+                raise BrokenLink(cur, f"its commit marker names base {m.get('base')!r}")
+            links.append((cur, m))
+            cur, chain = m["base"], m.get("chain")
+
+    def _read_full(self, version: int, engine: Any = None) -> dict[str, torch.Tensor]:
+        """Full version `version`'s tensors, its files checked against its marker (raises Damaged);
+        with `engine`, loaded into it too, straight from the checked files."""
+        from safetensors.torch import load_file
+
+        with self.fetched(CHECKPOINTS.dir(self.root, version), version) as (local, _):
+            if engine is not None:
+                self._load(engine, local, version)
+            return {k: v for f in sorted(os.listdir(local)) if f.endswith(".safetensors") for k, v in load_file(os.path.join(local, f)).items()}
+
+    def _read_delta(self, version: int) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        try:
+            with self.fetched(DELTAS.dir(self.root, version), version) as (local, _):
+                return load_file(os.path.join(local, DELTA_FILE))
+        except (Damaged, SyncError) as e:
+            raise BrokenLink(version, str(e)) from None
+        except Exception as e:  # an unreadable file whose marker carries no checksum
+            raise BrokenLink(version, f"{type(e).__name__}: {e}") from None
+
+    # ---- installing
+
+    def _apply_chain(self, engine: Any, start: tuple[int, dict[str, Any]] | None, links: list[tuple[int, dict[str, Any]]], version: int) -> int:
+        if start is None:
+            if not links:
+                return version
+            tensors, chain = self.held, self.held_chain
+        else:
+            chain = start[1].get("chain", "")
+            try:
+                tensors = self._read_full(start[0], engine if not links else None)
+            except Damaged as e:
+                raise BrokenLink(start[0], str(e), what="full") from None
+            if not links:  # a full version: the engine loaded its files
+                self.held, self.held_version, self.held_chain, self._held_engine = tensors, version, chain, engine
+                return version
+        assert tensors is not None
+        if start is None:
+            self.held_version = -1  # the held tensors change below: they are no engine's until loaded
+        for v, _ in links:
+            delta = self._read_delta(v)
+            try:
+                apply(tensors, delta)
+            except (ValueError, RuntimeError, IndexError) as e:
+                raise BrokenLink(v, f"it does not fit the tensors of its base: {e}") from None
+        self._load_held(engine, tensors, chain, version)
+        return version
+
+    def _load_held(self, engine: Any, tensors: dict[str, torch.Tensor], chain: str, version: int) -> None:
+        """Load the reconstructed tensors into the engine (through a local safetensors file) and hold them."""
+        from safetensors.torch import save_file
+
+        tmp = tempfile.mkdtemp(prefix=f"rft-delta-v{version}-")
+        try:
+            save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+            self._load(engine, tmp, version)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.held, self.held_version, self.held_chain, self._held_engine = tensors, version, chain, engine
+
+    def _fall_back(self, engine: Any, version: int, broken: BrokenLink) -> int:
+        """The newest intact full version <= `version` (or the held version, if it continues that
+        full one's chain), plus the intact deltas that continue it up to `version`; returns the version installed."""
+        for full in reversed([f for f in committed(self.fs, self.root, CHECKPOINTS) if f <= version]):
+            chain = (self._marker(CHECKPOINTS, full) or {}).get("chain", "")
+            tensors: dict[str, torch.Tensor] | None = None
+            if self._holds(engine) and self.held_chain == chain and self.held_version >= full:
+                cur, start = self.held_version, f"held version {self.held_version}"
+            else:
+                try:
+                    tensors = self._read_full(full)
+                except Damaged as e:
+                    log.warning("explorer %d: full version %d is damaged too (%s); trying an older one", self.explorer_id, full, e)
+                    continue
+                cur, start = full, f"full version {full}"
+            applied: list[int] = []
+            for v in committed(self.fs, self.root, DELTAS):
+                m = self._marker(DELTAS, v) or {}
+                if not cur < v <= version or m.get("base") != cur or m.get("chain") != chain:
+                    continue
+                try:
+                    delta = self._read_delta(v)
+                    if tensors is None:
+                        tensors = {k: t.clone() for k, t in (self.held or {}).items()}  # the held copy stays whole if a link fails
+                    apply(tensors, delta)
+                except (BrokenLink, ValueError, RuntimeError, IndexError) as e:
+                    log.warning("explorer %d: %s", self.explorer_id, e)
+                    break
+                cur = v
+                applied.append(v)
+            if tensors is not None:
+                self._load_held(engine, tensors, chain, cur)
+            log.warning(
+                "explorer %d: version %d not reachable (%s); fell back to the last full version %d: holds version %d (%s + deltas %s)",
+                self.explorer_id, version, broken, full, cur, start, applied,
+            )
+            self.last_route = {"version": cur, "start": "full", "base": full, "deltas": applied, "fallback": str(broken)}
+            return cur
+        raise SyncError(
+            f"checkpoint version {version} refused: {broken}, and no intact full checkpoint <= {version} is committed under {self.root}/checkpoints. "
+            f"Nothing was loaded: explorer {self.explorer_id}'s engine keeps version {engine.version}. Resume the run (`rft run CONFIG --resume RUN`) "
+            "so that the trainer publishes a full checkpoint"
+        )
+
