@@ -24,7 +24,7 @@ name stands for a module or a whole package):
     0  errors conformance schedule tiny_model fetch_model run.failpoints run.owner_watch run.reaper
     1  config experience
     2  storage model_dir
-    3  board pruning run.lease run.timeline run.devices rewards algorithms
+    3  board pruning run.lease run.timeline run.devices run.logfile rewards algorithms
     4  buffer rollout
     5  run.storage_checks run.context evaluate rewards.make_tasks
     6  trainer sync
