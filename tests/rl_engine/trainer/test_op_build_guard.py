@@ -138,7 +138,8 @@ def test_two_virtualenvs_in_turn_never_rebuild_the_op(tmp_path):
     if sys.prefix == sys.base_prefix:
         pytest.skip("the suite runs outside a virtualenv")
     other = tmp_path / "venv-b"
-    subprocess.run([sys.base_prefix + "/bin/python3", "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
+    base = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")  # this venv's interpreter
+    subprocess.run([base, "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
     (purelib,) = glob.glob(str(other / "lib" / "python3*" / "site-packages"))
     Path(purelib, "this-checkout.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     own_bin = sysconfig.get_path("scripts")
