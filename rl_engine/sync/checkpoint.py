@@ -156,7 +156,7 @@ class CheckpointSender:
         cur: dict[str, torch.Tensor] = {}
         size = n = nbytes = 0
         for name, t in named_tensors:
-            t = self._prepare(t, cur)
+            t = self.prepare_tensor(t, cur)
             cur[name] = t
             size += t.numel() * t.element_size()
             n += 1
@@ -169,7 +169,7 @@ class CheckpointSender:
             raise ValueError(f"checkpoint of version {version}: the trainer gave no parameters")
         if cur or not shards:
             if not shards:
-                self._write(d, "model.safetensors", cur, files)  # one shard: the plain HF single-file layout
+                self.write_file(d, "model.safetensors", cur, files)  # one shard: the plain HF single-file layout
             else:
                 self._write_shard(d, len(shards) + 1, cur, weight_map, files)
             nbytes += size
@@ -193,7 +193,7 @@ class CheckpointSender:
         pinned = pointer_target(self.pinned() if self.pinned else None, self.run_url, CHECKPOINTS)
         return needed_checkpoints(committed, published, loaded) | ({pinned} if pinned is not None else set())
 
-    def _prepare(self, t: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
+    def prepare_tensor(self, t: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
         t = t.detach()
         if self.dtype is not None and t.is_floating_point() and t.dtype != self.dtype:
             t = t.to(self.dtype)
@@ -206,10 +206,10 @@ class CheckpointSender:
 
     def _write_shard(self, d: str, index: int, tensors: dict[str, torch.Tensor], weight_map: dict[str, str], files: dict[str, dict[str, Any]]) -> None:
         fname = f"model-{index:05d}.safetensors"
-        self._write(d, fname, tensors, files)
+        self.write_file(d, fname, tensors, files)
         weight_map.update({k: fname for k in tensors})
 
-    def _write(self, d: str, fname: str, tensors: dict[str, torch.Tensor], files: dict[str, dict[str, Any]]) -> None:
+    def write_file(self, d: str, fname: str, tensors: dict[str, torch.Tensor], files: dict[str, dict[str, Any]]) -> None:
         """Write one safetensors file and record its size and CRC-32 in `files`."""
         from safetensors.torch import save, save_file
 
@@ -243,13 +243,13 @@ class CheckpointReceiver:
     def connect(self, engine: Any, stop: StopSignal | None = None) -> None:
         """Nothing to join: storage is the rendezvous."""
 
-    def _markers(self, version: int) -> list[str]:
-        """The commit markers any one of which makes `version` loadable."""
-        return [storage.join(CHECKPOINTS.dir(self.root, version), COMMIT)]
-
     def prepare(self, version: int, stop: StopSignal | None = None) -> None:
         """Wait until `version` is committed (the trainer announces a version before its write ends)."""
-        markers = self._markers(version)
+        self.wait_committed(version, [CHECKPOINTS], stop)
+
+    def wait_committed(self, version: int, kinds: list[Kind], stop: StopSignal | None = None) -> None:
+        """Wait until a directory of `version` of any of `kinds` is committed."""
+        markers = [storage.join(kind.dir(self.root, version), COMMIT) for kind in kinds]
         what = f"checkpoint version {version} to be committed"
 
         def timed_out() -> WaitTimeout:
@@ -284,13 +284,13 @@ class CheckpointReceiver:
         """Load committed `version` into `engine` and acknowledge it; returns the version installed."""
         try:
             with self.fetched(CHECKPOINTS.dir(self.root, version), version) as (local, _):
-                got = self._load(engine, local, version)
+                got = self.load_dir(engine, local, version)
         except Damaged as e:
             raise self._refused(version, engine, str(e)) from None
-        self._installed(engine, got)
+        self.acknowledge(engine, got)
         return got
 
-    def _installed(self, engine: Any, version: int) -> None:
+    def acknowledge(self, engine: Any, version: int) -> None:
         engine.mark_synced(version)
         post_loaded(self.board, self.explorer_id, version)
 
@@ -357,7 +357,7 @@ class CheckpointReceiver:
             if checksum(path) != want[key]:
                 raise Damaged(f"{shown} does not match the {what} in its commit marker (its bytes changed after the commit)")
 
-    def _load(self, engine: Any, local_dir: str, version: int) -> int:
+    def load_dir(self, engine: Any, local_dir: str, version: int) -> int:
         try:
             results = engine.rpc("rft_load_checkpoint", local_dir, version, timeout=self.timeout_s)
         except EngineDiedError:

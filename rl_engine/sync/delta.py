@@ -58,6 +58,7 @@ import numpy as np
 import torch
 
 from rl_engine import storage
+from rl_engine.board import StopSignal
 from rl_engine.pruning import Kind, committed, delete, list_dirs, to_delete
 from rl_engine.run.failpoints import failpoint
 from rl_engine.sync.base import SyncError
@@ -155,23 +156,42 @@ def payload_bytes(tensors: Iterable[torch.Tensor]) -> int:
 # ---------------------------------------------------------------- trainer side
 
 
-class DeltaCheckpointSender(CheckpointSender):
-    """Checkpoint sender that writes a delta against the previous version it published, a full
-    checkpoint every `full_every` versions (and first). Holds the last published tensors on the CPU."""
+class DeltaCheckpointSender:
+    """Trainer side: a delta against the previous version it published, or a full checkpoint every
+    `full_every` versions (and first) through `full`, the full-checkpoint sender whose layout,
+    commit and retention rules it shares. Holds the last published tensors on the CPU."""
 
-    def __init__(self, *args: Any, full_every: int, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.full_every = full_every
+    method = "checkpoint"
+
+    def __init__(self, full: CheckpointSender, full_every: int):
+        self.full, self.full_every = full, full_every
+        self.fs, self.root = full.fs, full.root
         self.base: dict[str, torch.Tensor] | None = None  # the last published tensors (private CPU copies)
         self.base_version, self.chain, self.links = -1, "", 0  # links: deltas since the last full checkpoint
         self._bases: dict[int, int] = {}  # delta version -> its base (retention), as written or read
+        self.last: SyncStats | None = None
+
+    def connect(self, stop: StopSignal | None = None) -> None:
+        self.full.connect(stop)
+
+    def prepare(self, version: int, stop: StopSignal | None = None) -> None:
+        self.full.prepare(version, stop)
+
+    def wait_loaded(self, version: int, stop: StopSignal | None = None) -> None:
+        self.full.wait_loaded(version, stop)
+
+    def version_dir(self, version: int) -> str:
+        return self.full.version_dir(version)
+
+    def close(self) -> None:
+        self.full.close()
 
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Publish `version` as a delta against the last published one, or in full; then prune."""
         t0 = time.perf_counter()
         tensors: dict[str, torch.Tensor] = {}
         for name, t in named_tensors:
-            p = self._prepare(t, tensors)
+            p = self.full.prepare_tensor(t, tensors)
             tensors[name] = p.clone() if p.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else p  # never the trainer's live storage
         if not tensors:
             raise ValueError(f"checkpoint of version {version}: the trainer gave no parameters")
@@ -183,7 +203,7 @@ class DeltaCheckpointSender(CheckpointSender):
         if delta is None:
             self.chain, self.links = uuid.uuid4().hex, 0
             delete(self.fs, self.root, DELTAS, [version])  # a delta of this version from before a restart
-            _, nbytes = self.write_full(tensors.items(), version, {"chain": self.chain})
+            _, nbytes = self.full.write_full(tensors.items(), version, {"chain": self.chain})
         else:
             delete(self.fs, self.root, CHECKPOINTS, [version])  # a full one of this version from before a restart
             nbytes = self._write_delta(delta, version, len(tensors))
@@ -194,9 +214,9 @@ class DeltaCheckpointSender(CheckpointSender):
 
     def _write_delta(self, delta: dict[str, torch.Tensor], version: int, tensors: int) -> int:
         d = DELTAS.dir(self.root, version)
-        self.uncommit(d)
+        self.full.uncommit(d)
         files: dict[str, dict[str, Any]] = {}
-        self._write(d, DELTA_FILE, delta, files)
+        self.full.write_file(d, DELTA_FILE, delta, files)
         failpoint(FAILPOINT, version)
         nbytes = payload_bytes(delta.values())
         changed = sum(int(t.numel()) for k, t in delta.items() if k.endswith((f"{SEP}val", f"{SEP}all")))
@@ -208,12 +228,13 @@ class DeltaCheckpointSender(CheckpointSender):
     def prune(self, published: int) -> list[int]:
         """After `published` was committed: delete versions (full or delta) beyond `keep_last` that no
         explorer may still load, no lineage points at, and no kept version's chain needs. Returns them."""
-        if self.keep_last is None:
+        keep_last = self.full.keep_last
+        if keep_last is None:
             return []
         fulls, fulls_open = list_dirs(self.fs, self.root, CHECKPOINTS)
         deltas, deltas_open = list_dirs(self.fs, self.root, DELTAS)
         versions = sorted(set(fulls) | set(deltas))
-        keep = set(versions[-self.keep_last :] if self.keep_last else []) | self.protected(versions, published)
+        keep = set(versions[-keep_last:] if keep_last else []) | self.full.protected(versions, published)
         keep = with_bases(keep, set(fulls), set(deltas), self._base_of)
         doomed_deltas, doomed_fulls = to_delete(deltas, deltas_open, 0, keep), to_delete(fulls, fulls_open, 0, keep)
         delete(self.fs, self.root, DELTAS, doomed_deltas)
@@ -253,22 +274,47 @@ class BrokenLink(Exception):
         self.version, self.problem = version, problem
 
 
-class DeltaCheckpointReceiver(CheckpointReceiver):
-    """Checkpoint receiver that reaches a version through deltas (see the module docstring); keeps
-    the installed tensors on the CPU. `last_route` says how the last receive got its version."""
+class DeltaCheckpointReceiver:
+    """Explorer side: reaches a version through deltas (see the module docstring), reading and
+    loading files through `full`, the full-checkpoint receiver (its checks, loads and
+    acknowledgements); keeps the installed tensors on the CPU. `last_route` says how the last
+    receive got its version."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+    method = "checkpoint"
+
+    def __init__(self, full: CheckpointReceiver):
+        self.full = full
+        self.fs, self.root, self.explorer_id = full.fs, full.root, full.explorer_id
         self.held: dict[str, torch.Tensor] | None = None
         self.held_version, self.held_chain, self._held_engine = -1, "", None
         self.last_route: dict[str, Any] | None = None
 
-    def _markers(self, version: int) -> list[str]:
-        return super()._markers(version) + [storage.join(DELTAS.dir(self.root, version), COMMIT)]
+    def connect(self, engine: Any, stop: StopSignal | None = None) -> None:
+        self.full.connect(engine, stop)
+
+    def prepare(self, version: int, stop: StopSignal | None = None) -> None:
+        """Wait until `version` is committed, as a full checkpoint or a delta."""
+        self.full.wait_committed(version, [CHECKPOINTS, DELTAS], stop)
 
     def committed_versions(self) -> list[int]:
         """Every version with a committed full checkpoint or delta, ascending."""
         return sorted(set(committed(self.fs, self.root, CHECKPOINTS)) | set(committed(self.fs, self.root, DELTAS)))
+
+    def latest_committed(self) -> int | None:
+        versions = self.committed_versions()
+        return versions[-1] if versions else None
+
+    def receive(self, engine: Any, version: int | None = None) -> int:
+        """Install `version` (default: the newest committed one, if newer than the engine's); returns the version installed."""
+        if version is None:
+            latest = self.latest_committed()
+            if latest is None or latest <= engine.version:
+                return engine.version
+            version = latest
+        return self.install(engine, version)
+
+    def close(self) -> None:
+        self.full.close()
 
     def _holds(self, engine: Any) -> bool:
         """Whether the held tensors are what `engine` runs (not after another load into it)."""
@@ -285,7 +331,7 @@ class DeltaCheckpointReceiver(CheckpointReceiver):
             log.info("explorer %d: version %d from %s version %d + deltas %s", self.explorer_id, got, self.last_route["start"], base, self.last_route["deltas"])
         except BrokenLink as broken:
             got = self._fall_back(engine, version, broken)
-        self._installed(engine, got)
+        self.full.acknowledge(engine, got)
         return got
 
     # ---- reading storage
@@ -328,16 +374,16 @@ class DeltaCheckpointReceiver(CheckpointReceiver):
         with `engine`, loaded into it too, straight from the checked files."""
         from safetensors.torch import load_file
 
-        with self.fetched(CHECKPOINTS.dir(self.root, version), version) as (local, _):
+        with self.full.fetched(CHECKPOINTS.dir(self.root, version), version) as (local, _):
             if engine is not None:
-                self._load(engine, local, version)
+                self.full.load_dir(engine, local, version)
             return {k: v for f in sorted(os.listdir(local)) if f.endswith(".safetensors") for k, v in load_file(os.path.join(local, f)).items()}
 
     def _read_delta(self, version: int) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         try:
-            with self.fetched(DELTAS.dir(self.root, version), version) as (local, _):
+            with self.full.fetched(DELTAS.dir(self.root, version), version) as (local, _):
                 return load_file(os.path.join(local, DELTA_FILE))
         except (Damaged, SyncError) as e:
             raise BrokenLink(version, str(e)) from None
@@ -379,7 +425,7 @@ class DeltaCheckpointReceiver(CheckpointReceiver):
         tmp = tempfile.mkdtemp(prefix=f"rft-delta-v{version}-")
         try:
             save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
-            self._load(engine, tmp, version)
+            self.full.load_dir(engine, tmp, version)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         self.held, self.held_version, self.held_chain, self._held_engine = tensors, version, chain, engine

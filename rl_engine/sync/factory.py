@@ -35,10 +35,8 @@ def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str |
     if s.sync_method == "collective":
         return CollectiveSender(s.collective, board, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg), s.wait_timeout_s, device)
     if s.sync_method == "checkpoint":
-        args = (cfg.run_url, cfg.buffer.storage.fs_options(), cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s)
-        if s.delta.enabled:
-            return DeltaCheckpointSender(*args, keep_last=s.keep_last_checkpoints, pinned=pinned, full_every=s.delta.full_every)
-        return CheckpointSender(*args, keep_last=s.keep_last_checkpoints, pinned=pinned)
+        full = CheckpointSender(cfg.run_url, cfg.buffer.storage.fs_options(), cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s, keep_last=s.keep_last_checkpoints, pinned=pinned)
+        return DeltaCheckpointSender(full, s.delta.full_every) if s.delta.enabled else full
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
 
 
@@ -48,6 +46,6 @@ def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) ->
     if s.sync_method == "collective":
         return CollectiveReceiver(s.collective, board, explorer_id, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, s.wait_timeout_s)
     if s.sync_method == "checkpoint":
-        receiver = DeltaCheckpointReceiver if s.delta.enabled else CheckpointReceiver
-        return receiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
+        full_receiver = CheckpointReceiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
+        return DeltaCheckpointReceiver(full_receiver) if s.delta.enabled else full_receiver
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")

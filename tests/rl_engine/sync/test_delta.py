@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from rl_engine.board import Board
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from rl_engine.sync.base import post_loaded
-from rl_engine.sync.checkpoint import COMMIT
+from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
 from rl_engine.sync.delta import DELTA_FILE, DeltaCheckpointReceiver, DeltaCheckpointSender, apply, diff, with_bases
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff
 from tests.rl_engine.sync.helpers import named_weights, rollouts
@@ -73,12 +73,12 @@ def bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 def sides(run: Path, model_dir: str, full_every: int = 10, keep_last: int | None = None, dtype: torch.dtype = torch.float32):
     board = Board(str(run))
-    sender = DeltaCheckpointSender(str(run), None, model_dir, dtype, board, 1, 30, keep_last=keep_last, full_every=full_every)
+    sender = DeltaCheckpointSender(CheckpointSender(str(run), None, model_dir, dtype, board, 1, 30, keep_last=keep_last), full_every)
     return sender, board
 
 
 def receiver(run: Path, board: Board) -> DeltaCheckpointReceiver:
-    return DeltaCheckpointReceiver(str(run), None, board, 0, timeout_s=30)
+    return DeltaCheckpointReceiver(CheckpointReceiver(str(run), None, board, 0, timeout_s=30))
 
 
 def listing(run: Path) -> list[str]:
@@ -145,8 +145,8 @@ def test_a_chain_through_object_storage(tiny_model_dir):
     """Off one machine (here memory://): every link is copied next to the explorer and checked there."""
     url = f"memory://delta-{os.getpid()}/run"
     board = Board(url)
-    sender = DeltaCheckpointSender(url, None, tiny_model_dir, torch.float32, board, 1, 30, full_every=10)
-    r, eng = DeltaCheckpointReceiver(url, None, board, 0, timeout_s=30), Loaded()
+    sender = DeltaCheckpointSender(CheckpointSender(url, None, tiny_model_dir, torch.float32, board, 1, 30), full_every=10)
+    r, eng = DeltaCheckpointReceiver(CheckpointReceiver(url, None, board, 0, timeout_s=30)), Loaded()
     versions = trainer_versions(4)
     for v, w in enumerate(versions):
         sender.send(w.items(), v)
@@ -264,10 +264,11 @@ def test_retention_never_deletes_a_base_a_live_chain_needs(tiny_model_dir, tmp_p
 _PUBLISHER = r"""
 import sys, torch
 from rl_engine.board import Board
+from rl_engine.sync.checkpoint import CheckpointSender
 from rl_engine.sync.delta import DeltaCheckpointSender
 from tests.rl_engine.sync.test_delta import trainer_versions
 run, model_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-sender = DeltaCheckpointSender(run, None, model_dir, torch.float32, Board(run), 1, 30, keep_last=None, full_every=10)
+sender = DeltaCheckpointSender(CheckpointSender(run, None, model_dir, torch.float32, Board(run), 1, 30, keep_last=None), full_every=10)
 for v, w in enumerate(trainer_versions(n)):
     sender.send(w.items(), v)
 """
