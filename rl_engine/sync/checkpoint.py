@@ -226,6 +226,15 @@ class CheckpointSender:
         """Nothing to release."""
 
 
+def version_to_load(version: int | None, latest_committed: Callable[[], int | None], held: int) -> int | None:
+    """What a receive loads: `version` when given, else the newest committed version if it is
+    newer than the `held` one; None: nothing to load."""
+    if version is not None:
+        return version
+    latest = latest_committed()
+    return latest if latest is not None and latest > held else None
+
+
 class Damaged(Exception):
     """A committed version that cannot be used: gone, uncommitted, or its files not what its marker says."""
 
@@ -273,12 +282,8 @@ class CheckpointReceiver:
         With version=None and nothing newer than the engine's version committed, nothing is
         loaded and the engine's version is returned. An uncommitted version is never loaded.
         """
-        if version is None:
-            latest = self.latest_committed()
-            if latest is None or latest <= engine.version:
-                return engine.version
-            version = latest
-        return self.install(engine, version)
+        target = version_to_load(version, self.latest_committed, engine.version)
+        return engine.version if target is None else self.install(engine, target)
 
     def install(self, engine: Any, version: int) -> int:
         """Load committed `version` into `engine` and acknowledge it; returns the version installed."""

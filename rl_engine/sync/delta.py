@@ -62,7 +62,7 @@ from rl_engine.board import StopSignal
 from rl_engine.pruning import Kind, committed, delete, list_dirs, to_delete
 from rl_engine.run.failpoints import failpoint
 from rl_engine.sync.base import SyncError
-from rl_engine.sync.checkpoint import CHECKPOINTS, COMMIT, CheckpointReceiver, CheckpointSender, Damaged
+from rl_engine.sync.checkpoint import CHECKPOINTS, COMMIT, CheckpointReceiver, CheckpointSender, Damaged, version_to_load
 from rl_engine.sync.collective import SyncStats
 
 log = logging.getLogger(__name__)
@@ -306,12 +306,8 @@ class DeltaCheckpointReceiver:
 
     def receive(self, engine: Any, version: int | None = None) -> int:
         """Install `version` (default: the newest committed one, if newer than the engine's); returns the version installed."""
-        if version is None:
-            latest = self.latest_committed()
-            if latest is None or latest <= engine.version:
-                return engine.version
-            version = latest
-        return self.install(engine, version)
+        target = version_to_load(version, self.latest_committed, engine.version)
+        return engine.version if target is None else self.install(engine, target)
 
     def close(self) -> None:
         self.full.close()
