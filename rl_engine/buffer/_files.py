@@ -303,12 +303,7 @@ def _s3_list_after(fs, directory: str, prefix: str, after: str) -> list[str]:
 def read_record(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
     """The commit record at `path` (from `list_commits`), checked for its format."""
     try:
-        if is_local(fs):  # fsspec's local cat_file costs more than the read
-            with open(path, "rb") as f:
-                raw = f.read()
-        else:
-            raw = fs.cat_file(path)
-        record = json.loads(raw)
+        record = json.loads(_read_bytes(fs, path).to_pybytes())  # locally without fsspec's cat_file, which costs more than the read
     except (ValueError, UnicodeDecodeError) as e:
         raise CorruptFileError(fs.unstrip_protocol(path), f"unreadable commit record ({e})") from None
     if record.get("format") not in _READ_RECORD_FORMATS:
