@@ -31,7 +31,6 @@ pools' business, which a config cannot see.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Literal
 
@@ -145,8 +144,8 @@ def device_plan(cfg: RFTConfig, visible: int | None = None) -> DevicePlan:
 
 
 def visible_gpus() -> int:
-    """CUDA devices this process sees (0 without CUDA), counted through NVML where it can be: the
-    count leaves CUDA unstarted, so vLLM may still fork its engine processes from this one."""
+    """CUDA devices this process sees (0 without CUDA). torch counts them through NVML where it
+    can, which leaves CUDA unstarted, so vLLM may still fork its engine processes from this one."""
     import torch
 
     return torch.cuda.device_count()
@@ -255,7 +254,6 @@ def _first_repeat(devices: list[Device]) -> Device | None:
 def record_plan(fs: Any, root: str, plan: DevicePlan, attempt: str | None = None) -> None:
     """Write the plan to `<run>/devices.json` (`root`: the run's directory in `fs`); each attempt
     writes its own over the last (a resume may run on another machine)."""
-    from rl_engine.storage import join, write_bytes_atomic
+    from rl_engine.storage import join, write_json
 
-    doc = {"attempt": attempt, **plan.model_dump(mode="json"), "summary": plan.describe()}
-    write_bytes_atomic(fs, join(root, PLAN_FILE), json.dumps(doc, indent=1).encode())
+    write_json(fs, join(root, PLAN_FILE), {"attempt": attempt, **plan.model_dump(mode="json"), "summary": plan.describe()})
