@@ -20,7 +20,14 @@ timeline, rl_engine/run/timeline.py). What that time is made of, on one clock (a
     engine_start    the explorer's vLLM engine start with its first-call warm-up (span `engine_start`)
     to_rollout      from the engine being up to the first rollout starting
 
+Then the same runs with the explorer's engine kept up between runs: an engine server (`rft engine
+serve` on the deployment's config, rl_engine/rollout/server.py) that each run's explorer claims
+(`set: explorer.engine.servers=[URL]`); its `engine_start` is the claim and the reset to the
+run's base weights.
+
 JSON keys: `api_to_first_rollout_s` (their sum) and one `<component>_s` per row above (medians);
+the same with a `server_` prefix for the engine-server runs (goal: `server_api_to_first_rollout_s`
+<= 10 s), and `engine_server_start_s`, what starting the server took once;
 `worker_terminal_lines_per_run`, the most lines the worker's terminal got for one run (the
 engines' output goes to the run's log files, rl_engine/run/logfile.py); `op_rebuilt_during_runs`,
 1 if DeepSpeed's CPU op was (re)built while the measured runs went (it is built per virtualenv,
@@ -38,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from bench._report import emit_json, print_table
 
@@ -67,14 +76,14 @@ def _started_at(pid: int) -> float:
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int) -> dict[str, float]:
-    """One run started over REST; its timeline split into COMPONENTS (seconds)."""
+def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int, sets: tuple[str, ...] = ()) -> dict[str, float]:
+    """One run started over REST (`sets`: more `set` overrides); its timeline split into COMPONENTS (seconds)."""
     from rl_engine.run.timeline import load_spans
     from harness.prefect_live import wait_flow_run
 
     storage.mkdir(parents=True)
     lines_before = _lines(worker.log_path)
-    body = {"parameters": {"set": [f"trainer.total_steps={steps}", f"buffer.storage.url={storage}"]}}
+    body = {"parameters": {"set": [f"trainer.total_steps={steps}", f"buffer.storage.url={storage}", *sets]}}
     t_call = time.time()
     run_id = live.api("POST", f"/deployments/{dep_id}/create_flow_run", json=body)["id"]
     t_returned = time.time()
@@ -126,7 +135,8 @@ def _op_library() -> os.stat_result | None:
 
 def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
     """A live server, the README's pool and a worker, `prefect deploy --all`, a tiny model and tasks;
-    returns (server, worker, the synchronous deployment, things to stop)."""
+    returns (server, worker, the synchronous deployment, things to stop). The deployment's config
+    is also written to `<root>/config.yaml` (the engine server's)."""
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
     from harness.runs import small_config
@@ -146,11 +156,25 @@ def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
         cfg["synchronizer"]["collective"]["port"] = None
         cfg["monitor"]["artifacts"] = False  # the measured path is start-up; reports come after it
         live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": {"cfg": cfg}})
+        (root / "config.yaml").write_text(yaml.safe_dump(cfg))
     except BaseException:
         for s in stop:
             s.stop()
         raise
     return live, worker, dep, stop
+
+
+def _warm_engine_runs(live: Any, worker: Any, dep: dict[str, Any], root: Path, runs: int, warm_up: bool) -> tuple[list[dict[str, Any]], float]:
+    """The same runs against an engine server kept up between them (`rft engine serve`, the
+    deployment's config; runs get `explorer.engine.servers`); returns (rows, server start seconds)."""
+    from harness.engine_server import engine_server
+
+    with engine_server(root / "config.yaml", root / "logs") as srv:
+        sets = (f'explorer.engine.servers=["{srv.url}"]',)
+        if warm_up:  # the server's first generate pays vLLM's one-off warm-up (~2 s)
+            measure(live, worker, dep["id"], root / "runs-server-warmup", steps=1, sets=sets)
+        rows = [{"run": f"server {i + 1}", **measure(live, worker, dep["id"], root / f"runs-server-{i}", steps=1, sets=sets)} for i in range(runs)]
+    return rows, srv.start_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     size.add_argument("--smoke", action="store_true", help="CI smoke test: one measured run and no warm-up run")
     args = ap.parse_args(argv)
     rows: list[dict[str, Any]] = []
+    runs = 1 if args.quick or args.smoke else 3
     with tempfile.TemporaryDirectory(prefix="rft-bench-ops-") as tmp:
         root = Path(tmp)
         live, worker, dep, stop = setup(root)
@@ -169,18 +194,22 @@ def main(argv: list[str] | None = None) -> int:
                 warm = measure(live, worker, dep["id"], root / "runs-warmup", steps=1)
                 print(f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s")
             op = _op_library()  # built by the warm-up run (or an earlier one) for this virtualenv
-            for i in range(1 if args.quick or args.smoke else 3):
+            for i in range(runs):
                 rows.append({"run": i + 1, **measure(live, worker, dep["id"], root / f"runs-{i}", steps=1)})
             after = _op_library()
             rebuilds = int(op is None or after is None or (op.st_ino, op.st_mtime_ns) != (after.st_ino, after.st_mtime_ns))
+            served, server_start_s = _warm_engine_runs(live, worker, dep, root, runs, warm_up=not args.smoke)
         finally:
             for s in stop:
                 s.stop()
-    print_table([{k.removesuffix("_s"): v for k, v in r.items()} for r in rows], title=f"API call -> first rollout, seconds ({'cold' if args.smoke else 'warm'} worker, synchronous deployment, tiny model)")
+    print_table([{k.removesuffix("_s"): v for k, v in r.items()} for r in rows + served], title=f"API call -> first rollout, seconds ({'cold' if args.smoke else 'warm'} worker, synchronous deployment, tiny model; 'server' rows: engine server kept up)")
     keys = [f"{c}_s" for c in COMPONENTS] + ["api_to_first_rollout_s"]
-    lines = max(r["worker_terminal_lines"] for r in rows)
+    lines = max(r["worker_terminal_lines"] for r in rows + served)
     print(f"worker terminal: at most {lines} lines per run (goal: under 30; engine output goes to <run>/logs/); DeepSpeed op rebuilt during the measured runs: {'yes' if rebuilds else 'no'}")
-    emit_json({k: round(statistics.median(r[k] for r in rows), 3) for k in keys} | {"runs": len(rows), "worker_terminal_lines_per_run": lines, "op_rebuilt_during_runs": rebuilds})
+    print(f"engine server: up after {server_start_s:.1f} s, once; API call -> first rollout {statistics.median(r['api_to_first_rollout_s'] for r in served):.1f} s with it (goal <= 10 s)")
+    med = {k: round(statistics.median(r[k] for r in rows), 3) for k in keys}
+    warm = {f"server_{k}": round(statistics.median(r[k] for r in served), 3) for k in keys}
+    emit_json(med | warm | {"engine_server_start_s": round(server_start_s, 3), "runs": len(rows), "worker_terminal_lines_per_run": lines, "op_rebuilt_during_runs": rebuilds})
     return 0
 
 

@@ -97,6 +97,13 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return demo(a.root)
 
 
+def cmd_engine_serve(a: argparse.Namespace) -> int:
+    from rl_engine.config import load_config
+    from rl_engine.rollout.server import serve
+
+    return serve(load_config(a.config, a.overrides), a.host, a.port, a.explorer)
+
+
 def cmd_make_tiny_model(a: argparse.Namespace) -> int:
     from rl_engine.tiny_model import make_tiny_model
 
@@ -143,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="with --model smollm2: override a field of configs/smollm2.yaml (repeatable)")
     p.add_argument("--heldout", type=int, default=None, metavar="N", help="with --model smollm2: score on the first N held-out problems (default all 320)")
     p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("engine", help="engines that stay up between runs")
+    esub = p.add_subparsers(dest="engine_command", required=True, metavar="SUBCOMMAND")
+    q = esub.add_parser("serve", help="serve the vLLM engine of a config's explorer until stopped; runs use it with explorer.engine.servers (no engine start-up)")
+    _add_config_args(q)
+    q.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback: its /collective_rpc must not be reachable from outside the host)")
+    q.add_argument("--port", type=int, default=8100)
+    q.add_argument("--explorer", type=int, default=0, help="which explorer's engine settings (its seed and CPU cores)")
+    q.set_defaults(fn=cmd_engine_serve)
 
     p = sub.add_parser("make-tiny-model", help="write a small random Qwen2 model + byte-level tokenizer (HF layout)")
     p.add_argument("out_dir")

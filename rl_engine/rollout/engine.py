@@ -345,16 +345,7 @@ class VLLMRolloutEngine:
         return [_sampling_params(sampling, n, s, budget, repeat) for s, budget in zip(request_seeds(seed, len(prompts), n), budgets)]
 
     def _check_prompts(self, prompts: list[list[int]], n: int) -> None:
-        if n < 1:
-            raise UserError(f"generate: n = {n}; ask for at least one sample per prompt")
-        for i, p in enumerate(prompts):
-            if len(p) == 0:
-                raise UserError(f"prompt {i} is empty; a prompt needs at least one token")
-            if len(p) >= self.max_model_len:
-                raise UserError(
-                    f"prompt {i} has {len(p)} tokens, which leaves no room for a response within "
-                    f"model.max_model_len = {self.max_model_len}; shorten the prompt or raise model.max_model_len"
-                )
+        _check_prompts(prompts, n, self.max_model_len)
 
     def generate(
         self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
@@ -537,28 +528,50 @@ class VLLMRolloutEngine:
         self.close()
 
 
-def _sampling_params(sampling: SamplingConfig, n: int, seed: int, max_tokens: int, repeat: tuple[int, int] | None) -> Any:
-    """vLLM SamplingParams of one request: n samples seeded seed, seed + 1, ... (vLLM's rule)."""
-    from vllm import SamplingParams
-    from vllm.sampling_params import RepetitionDetectionParams
+def _check_prompts(prompts: list[list[int]], n: int, max_model_len: int) -> None:
+    if n < 1:
+        raise UserError(f"generate: n = {n}; ask for at least one sample per prompt")
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise UserError(f"prompt {i} is empty; a prompt needs at least one token")
+        if len(p) >= max_model_len:
+            raise UserError(
+                f"prompt {i} has {len(p)} tokens, which leaves no room for a response within "
+                f"model.max_model_len = {max_model_len}; shorten the prompt or raise model.max_model_len"
+            )
 
-    detect = RepetitionDetectionParams(max_pattern_size=repeat[0], min_pattern_size=1, min_count=repeat[1]) if repeat else None
-    return SamplingParams(
+
+def sampling_fields(sampling: SamplingConfig, n: int, seed: int, max_tokens: int, repeat: tuple[int, int] | None) -> dict[str, Any]:
+    """vLLM SamplingParams fields of one request: n samples seeded seed, seed + 1, ... (vLLM's rule).
+    Every field vLLM's server would otherwise take from the model's generation_config.json is set,
+    so a served engine (rl_engine.rollout.server) samples exactly what a local one does."""
+    return dict(
         n=n,
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=max(sampling.top_k, 0),  # vLLM: 0 disables top-k
+        min_p=0.0,
+        repetition_penalty=1.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
         max_tokens=max_tokens,
         stop=list(sampling.stop) or None,
         logprobs=0,  # only the sampled token's logprob
-        # Per token, vLLM's front end would build a dict per logprob and detokenize
-        # incrementally: flat lists instead, and text decoded once from the ids
-        # (`generate`) unless stop strings need vLLM's incremental text.
-        flat_logprobs=True,
-        detokenize=bool(sampling.stop),
+        detokenize=bool(sampling.stop),  # text decoded once from the ids, unless stop strings need vLLM's incremental text
         seed=seed,
-        repetition_detection=detect,
+        repetition_detection={"max_pattern_size": repeat[0], "min_pattern_size": 1, "min_count": repeat[1]} if repeat else None,
     )
+
+
+def _sampling_params(sampling: SamplingConfig, n: int, seed: int, max_tokens: int, repeat: tuple[int, int] | None) -> Any:
+    """The local engine's vLLM SamplingParams of one request (`sampling_fields`)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RepetitionDetectionParams
+
+    fields = sampling_fields(sampling, n, seed, max_tokens, repeat)
+    detect = fields.pop("repetition_detection")
+    # Per token, vLLM's front end would build a dict per logprob: flat lists instead.
+    return SamplingParams(**fields, flat_logprobs=True, repetition_detection=RepetitionDetectionParams(**detect) if detect else None)
 
 
 def _sampled_logprobs(ids: list[int], lp: Any) -> list[float]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -247,6 +248,25 @@ class RFTWorkerExtension:
     def rft_version(self) -> int:
         """Version of the weights this worker holds (0 until a sync)."""
         return getattr(self, "_rft_version", 0)
+
+    # ---- claims: an engine server serves one run at a time (rl_engine.rollout.server)
+
+    def rft_claim(self, owner: str, ttl_s: float) -> dict[str, Any]:
+        """Claim this worker for `owner` for `ttl_s` s (or renew its claim); refused while another owner's claim lasts."""
+        now = time.monotonic()
+        held = getattr(self, "_rft_claim", None)
+        if held is not None and held[0] != owner and held[1] > now:
+            return {"granted": False, "owner": held[0], "expires_in_s": held[1] - now}
+        self._rft_claim = (owner, now + float(ttl_s))
+        return {"granted": True, "owner": owner, "expires_in_s": float(ttl_s)}
+
+    def rft_unclaim(self, owner: str) -> bool:
+        """Drop `owner`'s claim (another owner's stays); whether one was dropped."""
+        held = getattr(self, "_rft_claim", None)
+        if held is None or held[0] != owner:
+            return False
+        self._rft_claim = None
+        return True
 
 
 # vLLM imports this module in each worker process (it resolves `worker_extension_cls` there) and
