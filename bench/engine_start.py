@@ -1,0 +1,151 @@
+"""Where an explorer's vLLM engine start goes, and what an engine server saves of it.
+
+    python -m bench.engine_start [--quick | --smoke]
+
+Each measured start runs in a fresh Python process, as a run's first engine does: it imports torch
+and vLLM, builds the explorer's engine (`build_rollout_engine`, the demo's tiny model) and makes
+vLLM's first generate call (the warm-up the explorer takes before its first step). The parts, on
+one clock (process start times from /proc, to the clock tick):
+
+    imports        torch + vLLM in the explorer's process
+    to_enginecore  LLM(): config resolution until vLLM's EngineCore process exists (spawned)
+    enginecore     EngineCore: its own Python, torch and vLLM imports until it spawns its worker
+    worker         the worker process: imports, model load, KV cache, vLLM's profile run, until LLM() returns
+    warm_up        vLLM's first generate call
+    engine_start   imports excluded: to_enginecore + enginecore + worker + warm_up (the explorer's
+                   `engine_start` span; the imports happen while a run is set up)
+
+vLLM's own figures, from its log: `load_weights_s` (model weights) and `init_engine_s` (profile,
+KV cache, warm-up inside the worker). Then, with one `rft engine serve` of the same config up,
+`served_start_s`: what the explorer's start costs with `explorer.engine.servers` (the client, its
+claim, the base weights loaded again, its first generate), in a fresh process too.
+
+JSON keys: `engine_start_s`, `served_start_s`, `engine_start_saved_s`, one `<part>_s` per part
+above (medians) and `load_weights_s`, `init_engine_s`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench._report import emit_json, print_table
+
+PARTS = ("imports", "to_enginecore", "enginecore", "worker", "warm_up")
+
+# Run in a fresh interpreter: prints one JSON line of time.time() marks.
+_LOCAL = r"""
+import json, sys, time
+def main():
+    t = {"start": float(sys.argv[2])}
+    import torch, vllm  # noqa: F401
+    t["imported"] = time.time()
+    from rl_engine.config import load_config
+    from rl_engine.roles.explorer import warm_up
+    from rl_engine.rollout.engine import build_rollout_engine
+    cfg = load_config(sys.argv[1])
+    t["llm"] = time.time()
+    engine = build_rollout_engine(cfg, 0)
+    t["ready"] = time.time()
+    warm_up(engine, cfg.explorer.sampling)
+    t["warm"] = time.time()
+    from bench.ops import _started_at
+    t["enginecore"] = _started_at(engine._procs.cores[0].pid)
+    t["worker"] = min(_started_at(p.pid) for p, _ in engine._procs.workers)
+    print("MARKS " + json.dumps(t), flush=True)
+    engine.close()
+if __name__ == "__main__":
+    main()
+"""
+
+_SERVED = r"""
+import json, sys, time
+def main():
+    t = {"start": time.time()}
+    from rl_engine.config import load_config
+    from rl_engine.roles.explorer import EnginePool, warm_up
+    from rl_engine.run.context import RunContext
+    cfg = load_config(sys.argv[1], [f'explorer.engine.servers=["{sys.argv[2]}"]'])
+    t["begin"] = time.time()
+    engine = EnginePool().acquire(RunContext(cfg=cfg, url="bench"), 0)
+    warm_up(engine, cfg.explorer.sampling)
+    t["ready"] = time.time()
+    print("MARKS " + json.dumps(t), flush=True)
+    engine.close()
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _run(script: str, *args: str, log: Path) -> tuple[dict[str, float], str]:
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-c", script, *args, *([str(t0)] if script is _LOCAL else [])], capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).resolve().parents[1])
+    out = p.stdout + p.stderr
+    log.write_text(out)
+    marks = [json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("MARKS ")]
+    if p.returncode != 0 or not marks:
+        raise RuntimeError(f"engine start failed (exit {p.returncode}); its output is in {log}:\n{out[-3000:]}")
+    return marks[0], out
+
+
+def _local_parts(m: dict[str, float], out: str) -> dict[str, float]:
+    # The interpreter's own start (before `start` was taken in the parent) counts as imports.
+    parts = {
+        "imports": m["imported"] - m["start"],
+        "to_enginecore": m["enginecore"] - m["llm"],
+        "enginecore": m["worker"] - m["enginecore"],
+        "worker": m["ready"] - m["worker"],
+        "warm_up": m["warm"] - m["ready"],
+    }
+    vllm = {}
+    for key, pattern in (("load_weights", r"Loading weights took ([\d.]+) seconds"), ("init_engine", r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")):
+        found = re.findall(pattern, out)
+        vllm[key] = float(found[-1]) if found else float("nan")
+    return {f"{k}_s": v for k, v in parts.items()} | {"engine_start_s": sum(v for k, v in parts.items() if k != "imports")} | {f"{k}_s": v for k, v in vllm.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.engine_server import engine_server
+    from harness.runs import write_config
+
+    ap = argparse.ArgumentParser(prog="python -m bench.engine_start", description=__doc__.splitlines()[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="two starts of each kind instead of three")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: one of each")
+    args = ap.parse_args(argv)
+    n = 1 if args.smoke else 2 if args.quick else 3
+    with tempfile.TemporaryDirectory(prefix="rft-bench-engine-start-") as tmp:
+        root = Path(tmp)
+        from rl_engine.tiny_model import make_tiny_model
+
+        model = str(make_tiny_model(root / "model", seed=0))
+        cfg = write_config(root / "config.yaml", {"model": {"path": model, "max_model_len": 128}, "taskset": {"path": "unused.jsonl"}, "explorer": {"engine": {"kv_cache_space_gib": 0.25}, "sampling": {"max_tokens": 8}}})
+        local = [_local_parts(*_run(_LOCAL, cfg, log=root / f"local-{i}.log")) for i in range(n)]
+        with engine_server(cfg, root / "logs") as srv:
+            served = []
+            for i in range(n + 1):  # the first pays the server's own first-generate warm-up: not counted
+                m, _ = _run(_SERVED, cfg, srv.url, log=root / f"served-{i}.log")
+                served.append(m["ready"] - m["begin"])
+            served = served[1:]
+    rows = [{"start": f"local {i + 1}", **{k.removesuffix("_s"): round(v, 3) for k, v in r.items()}} for i, r in enumerate(local)]
+    rows += [{"start": f"served {i + 1}", "engine_start": round(s, 3)} for i, s in enumerate(served)]
+    print_table(rows, title="explorer engine start, seconds (fresh process each; tiny model; engine_start excludes imports)")
+    med = {k: round(statistics.median(r[k] for r in local), 3) for k in local[0]}
+    served_s = round(statistics.median(served), 3)
+    print(f"engine server kept up: the explorer's start is {served_s:.2f} s instead of {med['engine_start_s']:.2f} s (+{med['imports_s']:.1f} s of imports it shares with the run's set-up)")
+    emit_json(med | {"served_start_s": served_s, "engine_start_saved_s": round(med["engine_start_s"] - served_s, 3), "starts": n})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
