@@ -36,12 +36,13 @@ the full versions only (a delta is no model directory).
 
 Cost: the trainer keeps one CPU copy of the weights in the model's dtype, each explorer one more.
 One step of the demo (float32) changes every element (Adam moves each one with a gradient by
-about lr, thousands of float32 ulps: int16 or int32 differences that zstd hardly shrinks), so it
-is published in full (delta_bytes_ratio 1.0); in bfloat16 most small updates round away and the
-rest move an ulp or two: the demo's step moves 12% of the elements and its delta is 5% of a full
-checkpoint (bench.sync: delta_bytes_ratio, delta_bytes_ratio_bf16; 19% before differences and
-zstd). 100M bfloat16 elements, 4% of them one ulp: encode 0.3 s, zstd 0.1 s, apply 0.1 s (numpy,
-2 cores; 36% moved: 0.7, 0.2 and 0.4 s).
+about lr, thousands of float32 ulps: int16 or int32 differences that zstd hardly shrinks: the
+delta's file would be 86% of a full checkpoint), so it is published in full (delta_bytes_ratio
+1.0). In bfloat16 most small updates round away and the rest move an ulp or two: the demo's step
+moves 12% of the elements and its delta is 7.5% of a full checkpoint (delta_bytes_ratio_bf16;
+format 1: 19%). 100M bfloat16 elements, 4% of them moved (lr 1e-6): encode 0.27 s, zstd 0.07 s,
+unzstd 0.03 s, apply 0.1 s; 15% moved: 0.6, 0.25, 0.05 and 0.5 s (numpy, best of 5 on 2 shared
+cores; format 1 encoded and applied in 0.23 and 0.19 s, 0.43 and 0.39 s).
 
     s = build_weight_sender(cfg, board)                 # synchronizer.delta.enabled: DeltaCheckpointSender
     s.send(trainer.named_weights(), version=t)          # full or delta, then prune
