@@ -23,8 +23,8 @@ For models of ~0.3M, ~10M and ~100M parameters (tiny Qwen2 models built locally)
                   bias-corrected m / sqrt(v) = sign(g)), at lr 1e-6 (a usual RL lr for LLMs) and at
                   the demo's first lr (5e-5 at warmup step 1 of 3); `changed`: the fraction of
                   elements whose bfloat16 value moved. In float32 the same step moves every
-                  element: delta_over_full_fp32 is the size such a delta would have (the sender
-                  publishes a version in full when its delta would exceed half of that)
+                  element: delta_over_full_fp32 is the size such a delta's (compressed) file would
+                  have (the sender publishes a version in full when it would exceed half of that)
   demo            delta_bytes_ratio: bytes written for version 1 / version 0 (full) after one real
                   trainer step of the demo (configs/demo.yaml, its warm-started model built here
                   unless --demo-model, a GRPO batch of its arithmetic tasks, delta sync on), in its
@@ -120,14 +120,15 @@ def adam_first_step(weights: dict[str, torch.Tensor], lr: float, seed: int = 0) 
 
 
 def delta_ratio(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[float, float]:
-    """(delta / full payload bytes, fraction of elements changed) of one step published in `dtype` (no files)."""
-    from rl_engine.sync.delta import diff, payload_bytes
+    """(delta file / full payload bytes: the compressed file a delta of one step published in
+    `dtype` would write, whether or not the sender would publish it; fraction of elements changed)."""
+    from rl_engine.sync.delta_format import diff, pack, payload_bytes
 
     cast = lambda w: {k: t.to(dtype) if t.is_floating_point() else t for k, t in w.items()}  # noqa: E731
     old, new = cast(before), cast(after)
     delta = diff(old, new)
     changed = sum(int((old[k] != new[k]).sum()) for k in old)  # NaN-free weights: value and bit changes agree
-    return payload_bytes(delta.values()) / payload_bytes(new.values()), changed / sum(t.numel() for t in new.values())
+    return len(pack(delta)[0]) / payload_bytes(new.values()), changed / sum(t.numel() for t in new.values())
 
 
 def _written(run_url: str, version: int) -> int:
@@ -360,7 +361,7 @@ def demo_delta(work: str, model: str | None, smoke: bool) -> dict[str, float]:
         full, written = _dir_bytes(sender.version_dir(0)), _written(cfg.run_url, 1)
         out[key] = written / full  # float32: version 1 went out in full (a delta would have been as large)
         out[f"demo_published_{dtype}"] = sender.last.kind
-        out[f"demo_delta_payload_ratio_{dtype}"], out[f"demo_changed_{dtype}"] = delta_ratio(before, sender.base, getattr(torch, dtype))
+        out[f"demo_delta_file_ratio_{dtype}"], out[f"demo_changed_{dtype}"] = delta_ratio(before, sender.base, getattr(torch, dtype))
         out[f"demo_full_KB_{dtype}"], out[f"demo_written_KB_{dtype}"] = full / 1024, written / 1024
     return out
 

@@ -3,19 +3,21 @@
 Layout under the run URL, beside the full checkpoints of `rl_engine.sync.checkpoint`:
 
     checkpoints/version=<v>/         a full checkpoint, as without deltas; its marker adds `chain`
-    checkpoints/delta=<v>/delta.safetensors
-    checkpoints/delta=<v>/_COMMITTED JSON, written last: {version, base, chain, kind: "delta",
-                                     tensors, changed, elements, bytes, time, files: {name: {bytes, crc32}}}
+    checkpoints/delta=<v>/delta.safetensors.zst
+    checkpoints/delta=<v>/_COMMITTED JSON, written last: {version, base, chain, kind: "delta", format: 2, tensors,
+                                     changed, bytes, payload_bytes, time, files: {name: {bytes, crc32, raw_bytes}}}
 
 A delta is exact: per tensor, the elements whose bits differ from the previous published version
-(`base`), in the tensor's dtype (the model's dtype, as full checkpoints), stored as
-`<name>::idx` (int32, int64 past 2^31 elements) + `<name>::val`, or `<name>::mask` (packed bits)
-+ `<name>::val`, or `<name>::all` (the whole tensor), whichever is smallest; unchanged tensors are
-absent. Applying scatters the values into the held tensor, so a chain full + deltas gives the
-trainer's tensors bit for bit. Every `full_every` versions the trainer writes a full checkpoint,
-and whenever a delta would be more than half its size (float32: one Adam step moves every
-element with a gradient), starting a new chain (a random `chain` id carried by the full and each delta built on it); after a
-restart it starts with a full one (it no longer holds the tensors to diff against).
+(`base`), as the differences of their bit patterns (int8 where a step moves them a few ulps) at
+int32 positions or a packed mask, or the whole tensor, whichever is smallest; unchanged tensors
+are absent (`rl_engine.sync.delta_format`). The entries (`payload_bytes`) are one safetensors file
+(`raw_bytes`) compressed with zstd (`bytes`: what is written; the CRC-32 covers it). Format 1
+deltas (`delta.safetensors`, the new values, no `format`) are still read; an unknown format is a
+broken link (below). Applying a chain gives the trainer's tensors bit for bit. Every
+`full_every` versions the trainer writes a full checkpoint, and whenever the compressed delta
+would be more than half its size (float32: one Adam step moves every element with a gradient),
+starting a new chain (a random `chain` id carried by the full and each delta built on it); after
+a restart it starts with a full one (it no longer holds the tensors to diff against).
 
 An explorer reaches version v by walking back from v over the deltas' `base` until it meets the
 version its engine holds (same chain: nothing but the deltas is read) or a full checkpoint (read,
@@ -34,8 +36,13 @@ the full versions only (a delta is no model directory).
 
 Cost: the trainer keeps one CPU copy of the weights in the model's dtype, each explorer one more.
 One step of the demo (float32) changes every element (Adam moves each one with a gradient by
-about lr), so it is published in full; in bfloat16 most small updates round away
-(bench.sync: delta_bytes_ratio, delta_bytes_ratio_bf16).
+about lr, thousands of float32 ulps: int16 or int32 differences that zstd hardly shrinks: the
+delta's file would be 86% of a full checkpoint), so it is published in full (delta_bytes_ratio
+1.0). In bfloat16 most small updates round away and the rest move an ulp or two: the demo's step
+moves 12% of the elements and its delta is 7.5% of a full checkpoint (delta_bytes_ratio_bf16;
+format 1: 19%). 100M bfloat16 elements, 4% of them moved (lr 1e-6): encode 0.27 s, zstd 0.07 s,
+unzstd 0.03 s, apply 0.1 s; 15% moved: 0.6, 0.25, 0.05 and 0.5 s (numpy, best of 5 on 2 shared
+cores; format 1 encoded and applied in 0.23 and 0.19 s, 0.43 and 0.39 s).
 
     s = build_weight_sender(cfg, board)                 # synchronizer.delta.enabled: DeltaCheckpointSender
     s.send(trainer.named_weights(), version=t)          # full or delta, then prune
@@ -51,10 +58,10 @@ import shutil
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import torch
 
 from rl_engine import storage
@@ -64,93 +71,14 @@ from rl_engine.run.failpoints import failpoint
 from rl_engine.sync.base import SyncError
 from rl_engine.sync.checkpoint import CHECKPOINTS, COMMIT, CheckpointReceiver, CheckpointSender, Damaged, version_to_load
 from rl_engine.sync.collective import SyncStats
+from rl_engine.sync.delta_format import FORMAT, SEP, apply, diff, pack, payload_bytes, unpack
 
 log = logging.getLogger(__name__)
 
 DELTAS = Kind("checkpoints", "delta=", COMMIT)
-DELTA_FILE = "delta.safetensors"
-SEP = "::"
+DELTA_FILE = "delta.safetensors.zst"  # format 2 (delta_format.pack)
+DELTA_FILE_V1 = "delta.safetensors"  # format 1: the entries uncompressed
 FAILPOINT = "sync.delta_before_commit"  # RFT_FAILPOINT=sync.delta_before_commit@<v>: killed between a delta's file and its marker
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-# ---------------------------------------------------------------- the format
-
-
-def _bits(t: torch.Tensor) -> np.ndarray:
-    """The flat bits of a contiguous CPU tensor as a numpy integer array sharing its memory (numpy: the
-    compare, count and scatter of 100M elements take tens of ms, torch's boolean ops seconds)."""
-    return t.reshape(-1).view(_BITS[t.element_size()]).numpy()
-
-
-def encode(name: str, old: torch.Tensor, new: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The entries of tensor `name` in a delta from `old` to `new` (same shape and dtype, CPU, contiguous): none if no bit changed."""
-    bits = _bits(new)
-    changed = _bits(old) != bits
-    k = int(np.count_nonzero(changed))
-    if k == 0:
-        return {}
-    n, e = new.numel(), new.element_size()
-    wide = n > np.iinfo(np.int32).max
-    cost = {"all": n * e, "idx": k * ((8 if wide else 4) + e), "mask": (n + 7) // 8 + k * e}
-    how = min(cost, key=cost.__getitem__)
-    if how == "all":
-        return {f"{name}{SEP}all": new}
-    if how == "idx":
-        idx = np.flatnonzero(changed).astype(np.int64 if wide else np.int32)
-        return {f"{name}{SEP}idx": torch.from_numpy(idx), f"{name}{SEP}val": torch.from_numpy(bits[idx]).view(new.dtype)}
-    return {f"{name}{SEP}mask": torch.from_numpy(np.packbits(changed)), f"{name}{SEP}val": torch.from_numpy(bits[changed]).view(new.dtype)}
-
-
-def diff(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
-    """The delta from `old` to `new` (every tensor's `encode`); None when their names, shapes or dtypes differ (publish a full one)."""
-    if old.keys() != new.keys() or any(old[k].shape != t.shape or old[k].dtype != t.dtype for k, t in new.items()):
-        return None
-    out: dict[str, torch.Tensor] = {}
-    for name, t in new.items():
-        out.update(encode(name, old[name], t))
-    return out
-
-
-def apply(held: dict[str, torch.Tensor], delta: dict[str, torch.Tensor]) -> None:
-    """Scatter a delta (`diff`'s entries) into the `held` tensors in place. Every entry is checked
-    against its tensor first: one that does not fit raises ValueError with nothing changed."""
-    writes: list[tuple[torch.Tensor, np.ndarray | None, torch.Tensor]] = []  # (tensor, flat positions or None for all, values)
-    for key, part in delta.items():
-        name, how = key.rsplit(SEP, 1) if SEP in key else (key, "")
-        t = held.get(name)
-        if t is None:
-            raise ValueError(f"it changes {name!r}, which its base does not have")
-        if how == "val":
-            if f"{name}{SEP}idx" not in delta and f"{name}{SEP}mask" not in delta:
-                raise ValueError(f"it has values of {name!r} but no positions")
-            continue
-        if how == "all":
-            if part.shape != t.shape or part.dtype != t.dtype:
-                raise ValueError(f"{name!r} is {tuple(part.shape)} {part.dtype} in it, {tuple(t.shape)} {t.dtype} in its base")
-            writes.append((t, None, part))
-            continue
-        values = delta.get(f"{name}{SEP}val")
-        if how == "idx" and part.dtype in (torch.int32, torch.int64) and part.dim() == 1:
-            where = part.numpy()
-            ok, count = where.size == 0 or (int(where.min()) >= 0 and int(where.max()) < t.numel()), where.size
-        elif how == "mask" and part.dtype == torch.uint8 and part.numel() == (t.numel() + 7) // 8:
-            where = np.unpackbits(part.numpy(), count=t.numel()).view(bool)
-            ok, count = True, int(np.count_nonzero(where))
-        else:
-            raise ValueError(f"entry {key!r} ({part.dtype}, {tuple(part.shape)}) is not a delta entry of {tuple(t.shape)} {t.dtype}")
-        if not ok or values is None or values.dtype != t.dtype or values.numel() != count:
-            raise ValueError(f"the positions or values of {name!r} do not fit its {t.numel()} elements of {t.dtype}")
-        writes.append((t, where, values))
-    for t, where, values in writes:
-        if where is None:
-            t.copy_(values)
-        else:
-            _bits(t)[where] = _bits(values)
-
-
-def payload_bytes(tensors: Iterable[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 # ---------------------------------------------------------------- trainer side
@@ -195,10 +123,12 @@ class DeltaCheckpointSender:
             tensors[name] = p.clone() if p.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else p  # never the trainer's live storage
         if not tensors:
             raise ValueError(f"checkpoint of version {version}: the trainer gave no parameters")
-        delta = None
+        delta, full = None, payload_bytes(tensors.values())
         if self.base is not None and version > self.base_version and self.links + 1 < self.full_every:
-            delta = diff(self.base, tensors)
-            if delta is not None and 2 * payload_bytes(delta.values()) > payload_bytes(tensors.values()):
+            entries = diff(self.base, tensors)
+            if entries is not None and payload_bytes(entries.values()) < full:  # not every tensor whole (float32 steps), which hardly compresses
+                delta = (entries, *pack(entries))
+            if delta is not None and 2 * len(delta[1]) > full:
                 delta = None  # it would save less than half: a full checkpoint (loaded straight, and a fresh chain) costs less
         if delta is None:
             self.chain, self.links = uuid.uuid4().hex, 0
@@ -212,18 +142,22 @@ class DeltaCheckpointSender:
         self.last = SyncStats(version, len(tensors), nbytes, time.perf_counter() - t0, "full" if delta is None else "delta")
         self.prune(version)
 
-    def _write_delta(self, delta: dict[str, torch.Tensor], version: int, tensors: int) -> int:
+    def _write_delta(self, delta: tuple[dict[str, torch.Tensor], bytes, int], version: int, tensors: int) -> int:
+        """Write the packed delta (entries, compressed file, its uncompressed size) and commit it; returns the bytes written."""
+        entries, data, raw = delta
         d = DELTAS.dir(self.root, version)
         self.full.uncommit(d)
-        files: dict[str, dict[str, Any]] = {}
-        self.full.write_file(d, DELTA_FILE, delta, files)
+        storage.write_bytes_atomic(self.fs, storage.join(d, DELTA_FILE), data, fsync=False)  # as full checkpoints: the CRC catches a torn file
+        files = {DELTA_FILE: {"bytes": len(data), "crc32": zlib.crc32(data), "raw_bytes": raw}}  # the CRC covers the compressed bytes
         failpoint(FAILPOINT, version)
-        nbytes = payload_bytes(delta.values())
-        changed = sum(int(t.numel()) for k, t in delta.items() if k.endswith((f"{SEP}val", f"{SEP}all")))
-        marker = {"version": version, "base": self.base_version, "chain": self.chain, "kind": "delta", "tensors": tensors, "changed": changed, "bytes": nbytes, "time": time.time(), "files": files}
+        changed = sum(int(t.numel()) for k, t in entries.items() if k.endswith((f"{SEP}dbits", f"{SEP}all")))
+        marker = {
+            "version": version, "base": self.base_version, "chain": self.chain, "kind": "delta", "format": FORMAT, "tensors": tensors, "changed": changed,
+            "bytes": len(data), "payload_bytes": payload_bytes(entries.values()), "time": time.time(), "files": files,
+        }
         storage.write_json(self.fs, storage.join(d, COMMIT), marker)  # written last: until then no reader sees it
         self._bases[version] = self.base_version
-        return nbytes
+        return len(data)
 
     def prune(self, published: int) -> list[int]:
         """After `published` was committed: delete versions (full or delta) beyond `keep_last` that no
@@ -376,11 +310,20 @@ class DeltaCheckpointReceiver:
             return {k: v for f in sorted(os.listdir(local)) if f.endswith(".safetensors") for k, v in load_file(os.path.join(local, f)).items()}
 
     def _read_delta(self, version: int) -> dict[str, torch.Tensor]:
+        """Delta `version`'s entries, its file checked against its marker (format 1 or 2); raises BrokenLink."""
         from safetensors.torch import load_file
 
         try:
-            with self.full.fetched(DELTAS.dir(self.root, version), version) as (local, _):
-                return load_file(os.path.join(local, DELTA_FILE))
+            with self.full.fetched(DELTAS.dir(self.root, version), version) as (local, marker):
+                fmt = marker.get("format", 1)
+                if fmt == 1:
+                    return load_file(os.path.join(local, DELTA_FILE_V1))
+                if fmt != FORMAT:
+                    raise BrokenLink(version, f"its format {fmt!r} is unknown to this rl_engine, which reads formats 1 and {FORMAT} (written by a newer trainer?)")
+                with open(os.path.join(local, DELTA_FILE), "rb") as f:
+                    return unpack(f.read(), int(marker["files"][DELTA_FILE]["raw_bytes"]))
+        except BrokenLink:
+            raise
         except (Damaged, SyncError) as e:
             raise BrokenLink(version, str(e)) from None
         except Exception as e:  # an unreadable file whose marker carries no checksum

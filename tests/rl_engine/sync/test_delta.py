@@ -1,5 +1,5 @@
 """Delta checkpoint sync (rl_engine/sync/delta.py): exact sparse deltas with a full checkpoint every k
-versions, a chain applied bit for bit, a missing or damaged link falling back to the last full
+versions (the format itself: test_delta_format.py), a chain applied bit for bit, format 1 deltas still read, an unknown format refused, a missing or damaged link falling back to the last full
 version (and saying so), retention keeping every base a live chain needs, a publisher killed mid-chain.
 
 The fast tests install into a stand-in engine that keeps what it loads (`Loaded`); the slow one
@@ -10,22 +10,25 @@ syncs a live vLLM engine and compares its logprobs with the trainer's model.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from rl_engine.board import Board
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from rl_engine.sync.base import post_loaded
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
-from rl_engine.sync.delta import DELTA_FILE, DeltaCheckpointReceiver, DeltaCheckpointSender, apply, diff, with_bases
+from rl_engine.sync.delta import DELTA_FILE, DELTA_FILE_V1, DeltaCheckpointReceiver, DeltaCheckpointSender, with_bases
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff
 from tests.rl_engine.sync.helpers import named_weights, rollouts
 
@@ -83,35 +86,6 @@ def receiver(run: Path, board: Board) -> DeltaCheckpointReceiver:
 
 def listing(run: Path) -> list[str]:
     return sorted(p.name for p in (run / "checkpoints").iterdir() if (p / COMMIT).exists())
-
-
-# ---------------------------------------------------------------- the format
-
-
-def test_a_delta_is_exact_and_picks_the_smallest_encoding():
-    g = torch.Generator().manual_seed(1)
-    old = {"sparse": torch.randn(10_000, generator=g), "mask": torch.randn(1000, generator=g).bfloat16(), "all": torch.randn(64, generator=g), "same": torch.randn(5, generator=g), "z": torch.zeros(4)}
-    new = {k: t.clone() for k, t in old.items()}
-    new["sparse"][[3, 77, 9999]] += 1.0  # 3 of 10k: indices
-    new["mask"][::3] += 1.0  # a third: packed bits beat int32 indices
-    new["all"] += 1.0
-    new["z"][1] = -0.0  # a sign bit alone is a change
-    new["z"][2] = float("nan")
-    delta = diff(old, new)
-    assert sorted(delta) == ["all::all", "mask::mask", "mask::val", "sparse::idx", "sparse::val", "z::mask", "z::val"]
-    assert delta["sparse::idx"].dtype == torch.int32 and delta["mask::val"].dtype == torch.bfloat16
-    held = {k: t.clone() for k, t in old.items()}
-    apply(held, delta)
-    assert bits_equal(held, new)
-    assert diff(old, {**new, "extra": torch.zeros(1)}) is None and diff(old, {**new, "all": torch.zeros(65)}) is None  # another layout: full
-
-
-def test_a_delta_that_does_not_fit_changes_nothing():
-    held = {"a": torch.zeros(10), "b": torch.zeros(4)}
-    for bad in ({"a::idx": torch.tensor([1, 10], dtype=torch.int32), "a::val": torch.ones(2)}, {"b::all": torch.ones(4), "a::idx": torch.tensor([1], dtype=torch.int32), "a::val": torch.ones(2)}, {"c::all": torch.ones(1)}):
-        with pytest.raises(ValueError):
-            apply(held, bad)
-        assert held["a"].sum() == 0 and held["b"].sum() == 0
 
 
 # ---------------------------------------------------------------- chains
@@ -195,7 +169,7 @@ def test_a_missing_or_damaged_delta_falls_back_to_the_last_full_version_and_says
         sender.send(w.items(), v)
     ckpt = run / "checkpoints"
     whole = (ckpt / "delta=3" / DELTA_FILE).read_bytes()
-    _flip(ckpt / "delta=3" / DELTA_FILE)  # its bytes changed after the commit
+    _flip(ckpt / "delta=3" / DELTA_FILE)  # its (compressed) bytes changed after the commit: the CRC-32 covers them
     late, eng = receiver(run, board), Loaded()
     assert late.receive(eng, 5) == 2 == eng.version  # full 0 + the intact deltas 1, 2
     assert bits_equal(eng.weights, versions[2])
@@ -219,6 +193,35 @@ def test_a_missing_or_damaged_delta_falls_back_to_the_last_full_version_and_says
     sender.send(versions[6].items(), 6)
     assert sender.last.kind == "full"
     assert follower.receive(eng4, 6) == 6 and bits_equal(eng4.weights, versions[6])
+
+
+def test_a_format_1_delta_is_still_read_and_an_unknown_format_falls_back(tiny_model_dir, tmp_path):
+    """Format 1 (before compression): delta.safetensors holding `::val` entries, no `format` in the
+    marker. A format this rl_engine does not know is a broken link: the explorer falls back and says why."""
+    run = tmp_path / "run"
+    sender, board = sides(run, tiny_model_dir)
+    versions = trainer_versions(3)
+    for v, w in enumerate(versions):
+        sender.send(w.items(), v)
+    d1, d2 = run / "checkpoints" / "delta=1", run / "checkpoints" / "delta=2"
+    old = {"embed::idx": torch.nonzero((versions[1]["embed"] != versions[0]["embed"]).reshape(-1)).reshape(-1).int()}
+    old["embed::val"] = versions[1]["embed"].reshape(-1)[old["embed::idx"].long()]
+    old["dense::all"] = versions[1]["dense"]
+    old["layer.weight::mask"] = torch.from_numpy(np.packbits((versions[1]["layer.weight"] != versions[0]["layer.weight"]).reshape(-1).numpy()))
+    old["layer.weight::val"] = versions[1]["layer.weight"][versions[1]["layer.weight"] != versions[0]["layer.weight"]]
+    save_file(old, d1 / DELTA_FILE_V1)
+    (d1 / DELTA_FILE).unlink()
+    marker = json.loads((d1 / COMMIT).read_text())
+    del marker["format"]
+    marker["files"] = {DELTA_FILE_V1: {"bytes": (d1 / DELTA_FILE_V1).stat().st_size, "crc32": zlib.crc32((d1 / DELTA_FILE_V1).read_bytes())}}
+    (d1 / COMMIT).write_text(json.dumps(marker))
+    r, eng = receiver(run, board), Loaded()
+    assert r.receive(eng, 1) == 1 and r.last_route["deltas"] == [1] and bits_equal(eng.weights, versions[1])
+    marker = json.loads((d2 / COMMIT).read_text())
+    (d2 / COMMIT).write_text(json.dumps({**marker, "format": 99}))
+    late = receiver(run, board)
+    assert late.receive(Loaded(), 2) == 1  # full 0 + the format 1 delta
+    assert late.last_route["fallback"] == "delta version 2: its format 99 is unknown to this rl_engine, which reads formats 1 and 2 (written by a newer trainer?)"
 
 
 def test_no_intact_full_version_is_refused_naming_the_link(tiny_model_dir, tmp_path):
