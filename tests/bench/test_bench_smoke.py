@@ -274,6 +274,16 @@ def test_ops(tmp_path):
     assert sum(r[f"server_{k}"] for k in parts) == pytest.approx(r["server_api_to_first_rollout_s"], abs=0.01)
 
 
+def test_engine_start(tmp_path):
+    r = run_bench("engine_start", "--smoke", timeout_s=600, tmp_path=tmp_path)
+    parts = ("to_enginecore_s", "enginecore_s", "worker_s", "warm_up_s")
+    has_keys(r, "engine_start_s", "imports_s", "served_start_s", "engine_start_saved_s", "load_weights_s", "init_engine_s", *parts)
+    for k in (*parts, "imports_s", "served_start_s"):
+        positive(r[k])
+    assert sum(r[k] for k in parts) == pytest.approx(r["engine_start_s"], abs=0.01)
+    assert r["engine_start_saved_s"] == pytest.approx(r["engine_start_s"] - r["served_start_s"], abs=0.01)
+
+
 def test_faults(tmp_path):
     r = run_bench("faults", "--smoke", timeout_s=300, tmp_path=tmp_path)
     counts = (
