@@ -128,6 +128,7 @@ class BufferReader:
         self._consumed = consumed
         self._pending: dict[_files.CommitKey, _File | str] = {}  # seen, not fully decided; str = its record's path, not loaded yet
         self._next_full_listing: float | None = None  # monotonic time; None: list everything at the next poll
+        self._window_paths: set[str] = set()  # record paths the last window poll listed
         self._counters = {k: int(counters.get(k, 0)) for k in _COUNTERS}
         self._corrupt_files: list[str] = list(counters.get("corrupt_files", []))
 
@@ -174,8 +175,13 @@ class BufferReader:
             first = self._next_full_listing is None  # at start everything is "old": no warnings
             self._next_full_listing = time.monotonic() + self.cfg.full_listing_interval_s
             listed = _files.list_commits(self.fs, self.root)
+            self._window_paths = set()
         else:
-            listed = _files.list_commits(self.fs, self.root, since_ns=now - window, until_ns=now + window)
+            # Only the names the previous poll did not list are parsed and looked up: a name listed
+            # before is pending or decided already (both only change through this reader).
+            paths = _files.record_paths(self.fs, self.root, since_ns=now - window, until_ns=now + window)
+            seen, self._window_paths = self._window_paths, set(paths)
+            listed = _files.parse_record_paths(p for p in paths if p not in seen)
         for key, path in listed:
             if key in self._pending or self._consumed.is_done(key):
                 continue
