@@ -354,6 +354,8 @@ def _fifo_rows(batch: ExperienceBatch, decided: np.ndarray, whole_groups: bool) 
     if not whole_groups:
         return np.flatnonzero(~decided), None
     gi = batch.group_index()  # group index = first-appearance order
+    if (gi[1:] >= gi[:-1]).all():  # each group's rows together (as explorers write them): file order
+        return np.flatnonzero(~decided), gi
     order = np.argsort(gi, kind="stable")
     return order[~decided[order]], gi
 
@@ -370,7 +372,7 @@ def _units(batch: ExperienceBatch, decided: np.ndarray, whole_groups: bool) -> l
 
 
 def _take_rows(batch: ExperienceBatch, rows: np.ndarray) -> ExperienceBatch:
-    # A contiguous run (the common case: whole files, FIFO) is a zero-copy slice.
+    # A contiguous run (the common case: whole files, FIFO) is a zero-copy slice; a whole file, itself.
     if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and np.all(np.diff(rows) == 1):
-        return batch.slice(int(rows[0]), len(rows))
+        return batch if len(rows) == len(batch) else batch.slice(int(rows[0]), len(rows))
     return batch.take(rows)
