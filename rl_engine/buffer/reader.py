@@ -9,9 +9,10 @@ FIFO = ascending key among the records visible at the time of a read.
 Polling cost. A poll lists only the records stamped within `buffer.commit_window_s` (60 s)
 of this machine's clock, before or after: on S3 one ListObjectsV2 (two at a prefix boundary)
 that starts after the window's start, elsewhere the 10-second bucket folders of the window. So
-a poll costs what the last minute committed, not what the run did. A record that becomes
-visible later than that after its stamp (a PUT stalled that long, or clocks more than the
-window apart) is found by the full listing the reader makes when it starts and every
+a poll costs what the last minute committed, not what the run did (and parses only the names
+the previous poll did not list). A record that becomes visible later than that after its
+stamp (a PUT stalled that long, or clocks more than the window apart) is found by the full
+listing the reader makes when it starts and every
 `buffer.full_listing_interval_s` (600 s), with a warning naming it; it is then offered like any
 late record below.
 
