@@ -122,9 +122,9 @@ class ExperienceBatch:
 
         Extra columns are dropped (a newer writer may add some without a version bump only if
         it keeps these); missing columns, wrong types, nulls and misaligned token lists raise.
-        `check_rows=False` skips the row rules (token lists aligned, segments, finish reasons;
-        most of the cost): for bytes known to be those of a batch validated when it was built
-        (a buffer file whose checksum matches its commit record).
+        `check_rows=False` skips the row rules (no nulls, token lists aligned, segments, finish
+        reasons; most of the cost): for bytes known to be those of a batch validated when it was
+        built (a buffer file whose checksum matches its commit record).
         """
         if _check_version(table.schema, source) == 1:
             table = _upgrade_v1(table)
@@ -141,10 +141,10 @@ class ExperienceBatch:
                     raise SchemaError(source, f"has type {got}, expected {field.type}", field.name)
                 columns.append(table.column(idx))
             out = pa.Table.from_arrays(columns, schema=EXPERIENCE_SCHEMA)
-        for i in _NOT_NULL:
-            if out.column(i).null_count:
-                raise SchemaError(source, f"has {out.column(i).null_count} null value(s); nulls are not allowed", EXPERIENCE_SCHEMA.field(i).name)
         if check_rows:
+            for i in _NOT_NULL:
+                if out.column(i).null_count:
+                    raise SchemaError(source, f"has {out.column(i).null_count} null value(s); nulls are not allowed", EXPERIENCE_SCHEMA.field(i).name)
             _check_rows(out, source)
         return cls(out)
 
@@ -214,7 +214,8 @@ class ExperienceBatch:
         """[B] int64: dense index of group_id within the batch, in order of first appearance."""
         if not len(self):
             return np.zeros(0, dtype=np.int64)
-        enc = pc.dictionary_encode(self._table.column("group_id").combine_chunks())
+        col = self._table.column("group_id")
+        enc = (col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()).dictionary_encode()
         return enc.indices.to_numpy().astype(np.int64)
 
     # ---- trainer tensors

@@ -235,19 +235,30 @@ def list_commits(fs: fsspec.AbstractFileSystem, root: str, since_ns: int | None 
     bucket names around the span, starting after `since_ns`; elsewhere the span's bucket
     folders one by one.
     """
-    directory = commits_dir(root)
-    if since_ns is None:
-        paths = _all_record_paths(fs, directory)
-    else:
-        first, last = max(0, since_ns) // _BUCKET_NS, max(0, until_ns if until_ns is not None else since_ns) // _BUCKET_NS
-        if _is_s3(fs):
-            after = f"{bucket_of(since_ns)}/{max(0, since_ns):020d}"
-            paths = [p for prefix in _bucket_prefixes(first, last) for p in _s3_list_after(fs, directory, prefix, after)]
-        else:
-            buckets = (join(directory, f"{i:0{BUCKET_DIGITS}d}") for i in range(first, last + 1))
-            paths = [f"{b}/{n}" for b in buckets for n in list_names(fs, b)]
+    return parse_record_paths(record_paths(fs, root, since_ns, until_ns))
+
+
+def parse_record_paths(paths) -> list[tuple[CommitKey, str]]:
+    """(key, path) of the record paths among `paths`, in commit order."""
     keyed = ((CommitKey.parse(p), p) for p in paths)
     return sorted((k, p) for k, p in keyed if k is not None)
+
+
+def record_paths(fs: fsspec.AbstractFileSystem, root: str, since_ns: int | None = None, until_ns: int | None = None) -> list[str]:
+    """What `list_commits` lists, as paths in no particular order and not parsed (names that
+    are not records included): a poll parses only the names it has not seen before."""
+    directory = commits_dir(root)
+    if since_ns is None:
+        return _all_record_paths(fs, directory)
+    first, last = max(0, since_ns) // _BUCKET_NS, max(0, until_ns if until_ns is not None else since_ns) // _BUCKET_NS
+    if _is_s3(fs):
+        after = f"{bucket_of(since_ns)}/{max(0, since_ns):020d}"
+        return [p for prefix in _bucket_prefixes(first, last) for p in _s3_list_after(fs, directory, prefix, after)]
+    paths = []
+    for i in range(first, last + 1):
+        bucket = f"{directory}/{i:0{BUCKET_DIGITS}d}"
+        paths += [f"{bucket}/{n}" for n in list_names(fs, bucket)]
+    return paths
 
 
 def _all_record_paths(fs: fsspec.AbstractFileSystem, directory: str) -> list[str]:

@@ -9,9 +9,10 @@ FIFO = ascending key among the records visible at the time of a read.
 Polling cost. A poll lists only the records stamped within `buffer.commit_window_s` (60 s)
 of this machine's clock, before or after: on S3 one ListObjectsV2 (two at a prefix boundary)
 that starts after the window's start, elsewhere the 10-second bucket folders of the window. So
-a poll costs what the last minute committed, not what the run did. A record that becomes
-visible later than that after its stamp (a PUT stalled that long, or clocks more than the
-window apart) is found by the full listing the reader makes when it starts and every
+a poll costs what the last minute committed, not what the run did (and parses only the names
+the previous poll did not list). A record that becomes visible later than that after its
+stamp (a PUT stalled that long, or clocks more than the window apart) is found by the full
+listing the reader makes when it starts and every
 `buffer.full_listing_interval_s` (600 s), with a warning naming it; it is then offered like any
 late record below.
 
@@ -128,6 +129,7 @@ class BufferReader:
         self._consumed = consumed
         self._pending: dict[_files.CommitKey, _File | str] = {}  # seen, not fully decided; str = its record's path, not loaded yet
         self._next_full_listing: float | None = None  # monotonic time; None: list everything at the next poll
+        self._window_paths: set[str] = set()  # record paths the last window poll listed
         self._counters = {k: int(counters.get(k, 0)) for k in _COUNTERS}
         self._corrupt_files: list[str] = list(counters.get("corrupt_files", []))
 
@@ -174,8 +176,13 @@ class BufferReader:
             first = self._next_full_listing is None  # at start everything is "old": no warnings
             self._next_full_listing = time.monotonic() + self.cfg.full_listing_interval_s
             listed = _files.list_commits(self.fs, self.root)
+            self._window_paths = set()
         else:
-            listed = _files.list_commits(self.fs, self.root, since_ns=now - window, until_ns=now + window)
+            # Only the names the previous poll did not list are parsed and looked up: a name listed
+            # before is pending or decided already (both only change through this reader).
+            paths = _files.record_paths(self.fs, self.root, since_ns=now - window, until_ns=now + window)
+            seen, self._window_paths = self._window_paths, set(paths)
+            listed = _files.parse_record_paths(p for p in paths if p not in seen)
         for key, path in listed:
             if key in self._pending or self._consumed.is_done(key):
                 continue
@@ -348,6 +355,8 @@ def _fifo_rows(batch: ExperienceBatch, decided: np.ndarray, whole_groups: bool) 
     if not whole_groups:
         return np.flatnonzero(~decided), None
     gi = batch.group_index()  # group index = first-appearance order
+    if (gi[1:] >= gi[:-1]).all():  # each group's rows together (as explorers write them): file order
+        return np.flatnonzero(~decided), gi
     order = np.argsort(gi, kind="stable")
     return order[~decided[order]], gi
 
@@ -364,7 +373,7 @@ def _units(batch: ExperienceBatch, decided: np.ndarray, whole_groups: bool) -> l
 
 
 def _take_rows(batch: ExperienceBatch, rows: np.ndarray) -> ExperienceBatch:
-    # A contiguous run (the common case: whole files, FIFO) is a zero-copy slice.
+    # A contiguous run (the common case: whole files, FIFO) is a zero-copy slice; a whole file, itself.
     if len(rows) and rows[-1] - rows[0] + 1 == len(rows) and np.all(np.diff(rows) == 1):
-        return batch.slice(int(rows[0]), len(rows))
+        return batch if len(rows) == len(batch) else batch.slice(int(rows[0]), len(rows))
     return batch.take(rows)

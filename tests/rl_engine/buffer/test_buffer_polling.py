@@ -80,6 +80,31 @@ def test_poll_lists_the_window_not_the_run(tmp_path, monkeypatch, protocol):
     assert listed[10] == listed[300] == 2 * (1 + 2 + 3)
 
 
+def test_window_poll_parses_only_new_names_and_a_rewind_sees_them_again(tmp_path, monkeypatch):
+    run = str(tmp_path)
+    writer = BufferWriter(run, {}, 0)
+    reader = BufferReader(run, {}, BufferConfig())
+    reader.poll()  # the full listing at start
+    writer.write(1, make_batch(4, explorer_step=1))
+    before = reader.state_dict()
+    assert len(reader.read_batch(4, timeout_s=0)) == 4
+    parsed: list[str] = []
+    real = _files.parse_record_paths
+
+    def spy(paths):
+        paths = list(paths)
+        parsed.extend(paths)
+        return real(paths)
+
+    monkeypatch.setattr(_files, "parse_record_paths", spy)
+    writer.write(2, make_batch(4, explorer_step=2))
+    assert len(reader.read_batch(4, timeout_s=0)) == 4
+    assert reader.poll() == 0
+    assert len(parsed) == 1  # the new record only: the consumed one and the second look at the new one are not parsed again
+    reader.load_state_dict(before)  # the same reader rewound: both records are offered again
+    assert sorted(x.explorer_step for x in reader.read_batch(8, timeout_s=0).experiences()) == [1] * 4 + [2] * 4
+
+
 def _count_s3_listing(reader: BufferReader, polls) -> list[list[int]]:
     """Keys returned by each ListObjectsV2 request, per poll (real requests, counted by botocore's event hook)."""
     per_poll: list[list[int]] = []
