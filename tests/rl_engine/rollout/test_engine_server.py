@@ -39,6 +39,12 @@ def test_a_served_engine_samples_what_a_local_engine_samples(stop, engine, engin
             assert (b.prompt_ids, b.response_ids, b.finish_reason, b.text, b.version) == (a.prompt_ids, a.response_ids, a.finish_reason, a.text, a.version)
             assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
         assert len({tuple(r.response_ids) for _, r in pairs}) > 4  # distinct seeds per prompt and sample: not one sample repeated
+        # Partial rollouts' segments: a budget per prompt and vLLM's repetition detection.
+        budgets, repeat = [5, 9, 3, 12], (1, 2)  # any token twice in a row stops a sample
+        cut = [[(r.response_ids, r.finish_reason) for r in g] for g in srv.generate(prompts, 2, sampling, 3, max_tokens=budgets, repeat=repeat)]
+        assert cut == [[(r.response_ids, r.finish_reason) for r in g] for g in engine.generate(prompts, 2, sampling, 3, max_tokens=budgets, repeat=repeat)]
+        assert all(len(ids) <= b for g, b in zip(cut, budgets) for ids, _ in g)
+        assert {"repeat", "length"} <= {why for g in cut for _, why in g}  # both limits were applied server-side
         each = [(prompts[0], sampling, 5), (prompts[1], sampling.model_copy(update={"temperature": 0.5}), 6)]
         assert [r.response_ids for r in srv.generate_each(each)] == [r.response_ids for r in engine.generate_each(each)]
         seq = [prompts[0] + pairs[0][0].response_ids]
