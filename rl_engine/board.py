@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol, TypeVar
 
-from rl_engine.storage import join, open_storage, poll_interval, read_json, write_json
+from rl_engine.storage import join, news, open_storage, poll_interval, read_json, wait_news, write_json
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,17 @@ def poll_until(
     stop: StopSignal | None = None,
     timeout_error: Callable[[], BaseException] | None = None,
     between: Callable[[], None] | None = None,
+    watch: str | None = None,
 ) -> T:
     """Call `ready()` until it returns something other than None or False, and return that. Raises
     Stopped once `stop` is set, after `timeout_s` `timeout_error()` (default: WaitTimeout naming
-    `what`); between tries calls `between()` (drop a listing cache, post progress), then sleeps
-    `interval_s` (never past the deadline)."""
+    `what`); between tries calls `between()` (drop a listing cache, post progress), then waits
+    `interval_s` (never past the deadline), or less: until this process writes to storage (to a
+    path under `watch`, if given; `rl_engine.storage.wait_news`), so a hand-off between roles of one
+    process costs no poll interval."""
     deadline = time.monotonic() + timeout_s
     while True:
+        seen = news()  # before the look: a write during it ends the wait below at once
         got = ready()
         if got is not None and got is not False:
             return got
@@ -87,7 +91,7 @@ def poll_until(
             raise timeout_error() if timeout_error is not None else WaitTimeout(f"waited {timeout_s:.0f} s for {what}")
         if between is not None:
             between()
-        time.sleep(min(interval_s, left))
+        wait_news(seen, min(interval_s, left), watch)
 
 
 class Board:
@@ -98,12 +102,15 @@ class Board:
         self.root = join(root, "control")
         self.poll_s = poll_interval(self.fs, poll_s)
 
+    def _path(self, key: str) -> str:
+        return join(self.root, f"{key}.json")
+
     def post(self, key: str, value: dict[str, Any]) -> None:
-        write_json(self.fs, join(self.root, f"{key}.json"), {**value, "time": time.time()})
+        write_json(self.fs, self._path(key), {**value, "time": time.time()})
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
-            return read_json(self.fs, join(self.root, f"{key}.json"))
+            return read_json(self.fs, self._path(key))
         except FileNotFoundError:
             return None
 
@@ -133,7 +140,9 @@ class Board:
         def timed_out() -> WaitTimeout:
             return WaitTimeout(f"waited {timeout_s:.0f} s for {what}; last {key!r} marker: {last} (synchronizer.wait_timeout_s)")
 
-        return poll_until(ready_value, what=what, timeout_s=timeout_s, interval_s=self.poll_s, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
+        return poll_until(
+            ready_value, what=what, timeout_s=timeout_s, interval_s=self.poll_s, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache, watch=self._path(key)
+        )
 
 
 def role_key(role: str) -> str:

@@ -19,6 +19,7 @@ an object is still all-or-nothing. Local disk: a full disk (ENOSPC, EDQUOT) is
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import functools
@@ -28,6 +29,7 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any, Iterator
@@ -108,6 +110,45 @@ def poll_interval(fs: fsspec.AbstractFileSystem, configured: float | None = None
     return 0.005 if is_local(fs) or "memory" in str(fs.protocol) else 0.1
 
 
+# --------------------------------------------------------------------------- in-process news
+# Every write through this module (write_bytes_atomic, create_exclusive) is news to the waiters of
+# this process (`rl_engine.board.poll_until`): roles that share a process (placement `local`) see a
+# board marker or a buffer commit of another role at once instead of at their next poll, which
+# would otherwise cost each hand-off of a step up to one poll interval. Writes by other processes or
+# machines are still found by polling; a waiter never relies on news, it only wakes sooner.
+_NEWS = threading.Condition()
+_news_seq = 0
+_news_paths: "collections.deque[tuple[int, str]]" = collections.deque(maxlen=256)  # (seq, path) of the latest writes
+
+
+def news() -> int:
+    """The sequence number of this process's latest write (pass it to `wait_news`)."""
+    return _news_seq
+
+
+def _written(path: str) -> None:
+    global _news_seq
+    with _NEWS:
+        _news_seq += 1
+        _news_paths.append((_news_seq, path))
+        _NEWS.notify_all()
+
+
+def wait_news(seen: int, timeout_s: float, under: str | None = None) -> None:
+    """Wait up to `timeout_s` for a write of this process after `seen` (`news()`); with `under`, one
+    to a path that starts with it (a later write elsewhere keeps waiting)."""
+
+    def arrived() -> bool:
+        if _news_seq == seen:
+            return False
+        if under is None or not _news_paths or _news_paths[0][0] > seen + 1:  # the record of some writes fell off: look
+            return True
+        return any(seq > seen and path.startswith(under) for seq, path in reversed(_news_paths))
+
+    with _NEWS:
+        _NEWS.wait_for(arrived, timeout_s)
+
+
 def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsync: bool = True) -> None:
     """Make `path` appear whole or not at all (`data`: bytes or any buffer).
 
@@ -117,8 +158,9 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsyn
     """
     if not is_local(fs):
         fs.pipe_file(path, _bytes(data))
-        return
-    _write_local(path, data, fsync, os.replace)
+    else:
+        _write_local(path, data, fsync, os.replace)
+    _written(path)
 
 
 def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsync: bool = True) -> bool:
@@ -138,16 +180,18 @@ def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsync:
 
         try:
             _write_local(path, data, fsync, link)
-            return True
         except FileExistsError:
             return False
+        _written(path)
+        return True
     try:
         # s3fs sends If-None-Match: *; fsspec's default (memory://, stores without a conditional
         # write) checks and then writes, which is exclusive only within one process.
         fs.pipe_file(path, _bytes(data), mode="create")
-        return True
     except FileExistsError:
         return False
+    _written(path)
+    return True
 
 
 def _bytes(data: Any) -> bytes:
