@@ -3,8 +3,8 @@
 Explorers and the trainer may be threads of one flow run, processes, or deployments on other
 machines; they coordinate only through the run's storage (local disk or S3), never through
 shared memory. The trainer posts its version, explorers post their step/version and their
-acknowledgements of loaded weights; a waiter polls with a timeout and a stop event, and its
-timeout message says what it was waiting for.
+acknowledgements of loaded weights; a waiter polls with a timeout and a stop event (a marker
+posted by its own process wakes it at once), and its timeout message says what it was waiting for.
 
     board = Board(run.url, run.storage_options)
     board.post(TRAINER_KEY, {"version": 3})
@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol, TypeVar
 
-from rl_engine.storage import join, news, open_storage, poll_interval, read_json, wait_news, write_json
+from rl_engine.storage import join, news, open_storage, poll_interval, read_marker, wait_news, write_marker
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,8 @@ class Board:
 
     Not fsynced: a marker only describes the live attempt (a resumed run clears the board first,
     `RunDriver.start`), so it need not survive a power loss, and a step's hand-offs post several
-    (an fsync costs 2-5 ms on the dev machine's ext4). A killed process loses none: the rename is done.
+    (an fsync costs 2-5 ms on the dev machine's ext4). A killed process loses none: the rename is
+    done. On local disk a marker is a symbolic link to its latest file (`rl_engine.storage.write_marker`).
     """
 
     def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, poll_s: float | None = None):
@@ -111,11 +112,11 @@ class Board:
         return join(self.root, f"{key}.json")
 
     def post(self, key: str, value: dict[str, Any]) -> None:
-        write_json(self.fs, self._path(key), {**value, "time": time.time()}, fsync=False)
+        write_marker(self.fs, self._path(key), {**value, "time": time.time()})
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
-            return read_json(self.fs, self._path(key))
+            return read_marker(self.fs, self._path(key))
         except FileNotFoundError:
             return None
 

@@ -57,3 +57,27 @@ def test_wait_news_filters_by_path_and_never_misses_a_write_before_the_wait():
     t0 = time.monotonic()
     wait_news(seen, 0.2, "/runs/a/control/k.json")  # not its path: the whole pause
     assert time.monotonic() - t0 >= 0.19
+
+
+def test_board_markers_are_links_to_their_latest_file_and_old_files_go(tmp_path):
+    """On local disk a marker is a symbolic link to a fresh file (no regular file is renamed over
+    another, which makes ext4 write it back at once); readers see the latest value, a marker that
+    was a plain file is taken over, and only the latest two files of a marker stay."""
+    import json
+    import os
+
+    from rl_engine.board import Board
+
+    board = Board(str(tmp_path))
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / "k.json").write_text(json.dumps({"v": 0}))  # a run's marker from before markers were links
+    assert board.get("k")["v"] == 0
+    for v in range(1, 6):
+        board.post("k", {"v": v})
+        assert board.get("k")["v"] == v and json.loads((control / "k.json").read_text())["v"] == v
+    assert os.path.islink(control / "k.json")
+    assert len([p for p in os.listdir(control) if p.startswith(".k.json.")]) == 2
+    assert not [p for p in os.listdir(control) if p.startswith(".tmp-")]
+    board.clear()
+    assert board.get("k") is None
