@@ -20,7 +20,7 @@ from rl_engine.roles import entry as roles
 from rl_engine.run.logfile import role_log_name
 from tasks.continuations import explorer_step_done
 from tasks.evaluation import evaluation_done
-from tasks.report import trainer_step_done
+from tasks.report import off_the_loop, trainer_step_done
 
 
 def _outcome(role: str, run_url: str, result: roles.RoleResult) -> Any:
@@ -37,7 +37,9 @@ def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str,
     role = role_name(explorer_id)
     with output_to_run_log(run_url, storage_options, role_log_name(role)):
         on_eval = evaluation_done(run_url, storage_options) if explorer_id == 0 else None
-        return _outcome(role, run_url, roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done, on_eval=on_eval))
+        with off_the_loop(explorer_step_done) as on_step:
+            result = roles.explorer_role(run_url, explorer_id, storage_options, on_step=on_step, on_eval=on_eval)
+        return _outcome(role, run_url, result)
 
 
 @flow(name="rft-trainer", log_prints=True)
@@ -45,4 +47,6 @@ def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, pr
     """The trainer of the run at `run_url` (started by the run's mode flow, which passes the id of
     the run's progress artifact, moved every trainer step)."""
     with output_to_run_log(run_url, storage_options, role_log_name("trainer")):
-        return _outcome("trainer", run_url, roles.trainer_role(run_url, storage_options, on_step=trainer_step_done(run_url, storage_options, progress_id)))
+        with off_the_loop(trainer_step_done(run_url, storage_options, progress_id)) as on_step:
+            result = roles.trainer_role(run_url, storage_options, on_step=on_step)
+        return _outcome("trainer", run_url, result)

@@ -3,8 +3,8 @@
 Explorers and the trainer may be threads of one flow run, processes, or deployments on other
 machines; they coordinate only through the run's storage (local disk or S3), never through
 shared memory. The trainer posts its version, explorers post their step/version and their
-acknowledgements of loaded weights; a waiter polls with a timeout and a stop event, and its
-timeout message says what it was waiting for.
+acknowledgements of loaded weights; a waiter polls with a timeout and a stop event (a marker
+posted by its own process wakes it at once), and its timeout message says what it was waiting for.
 
     board = Board(run.url, run.storage_options)
     board.post(TRAINER_KEY, {"version": 3})
@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol, TypeVar
 
-from rl_engine.storage import join, open_storage, poll_interval, read_json, write_json
+from rl_engine.storage import join, news, open_storage, poll_interval, read_marker, wait_news, write_marker
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +70,17 @@ def poll_until(
     stop: StopSignal | None = None,
     timeout_error: Callable[[], BaseException] | None = None,
     between: Callable[[], None] | None = None,
+    watch: str | None = None,
 ) -> T:
     """Call `ready()` until it returns something other than None or False, and return that. Raises
     Stopped once `stop` is set, after `timeout_s` `timeout_error()` (default: WaitTimeout naming
-    `what`); between tries calls `between()` (drop a listing cache, post progress), then sleeps
-    `interval_s` (never past the deadline)."""
+    `what`); between tries calls `between()` (drop a listing cache, post progress), then waits
+    `interval_s` (never past the deadline), or less: until this process writes to storage (to a
+    path under `watch`, if given; `rl_engine.storage.wait_news`), so a hand-off between roles of one
+    process costs no poll interval."""
     deadline = time.monotonic() + timeout_s
     while True:
+        seen = news()  # before the look: a write during it ends the wait below at once
         got = ready()
         if got is not None and got is not False:
             return got
@@ -87,23 +91,32 @@ def poll_until(
             raise timeout_error() if timeout_error is not None else WaitTimeout(f"waited {timeout_s:.0f} s for {what}")
         if between is not None:
             between()
-        time.sleep(min(interval_s, left))
+        wait_news(seen, min(interval_s, left), watch)
 
 
 class Board:
-    """JSON markers of a run, one file per key, each written atomically."""
+    """JSON markers of a run, one file per key, each written atomically.
+
+    Not fsynced: a marker only describes the live attempt (a resumed run clears the board first,
+    `RunDriver.start`), so it need not survive a power loss, and a step's hand-offs post several
+    (an fsync costs 2-5 ms on the dev machine's ext4). A killed process loses none: the rename is
+    done. On local disk a marker is a symbolic link to its latest file (`rl_engine.storage.write_marker`).
+    """
 
     def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, poll_s: float | None = None):
         self.fs, root = open_storage(run_url, storage_options)
         self.root = join(root, "control")
         self.poll_s = poll_interval(self.fs, poll_s)
 
+    def _path(self, key: str) -> str:
+        return join(self.root, f"{key}.json")
+
     def post(self, key: str, value: dict[str, Any]) -> None:
-        write_json(self.fs, join(self.root, f"{key}.json"), {**value, "time": time.time()})
+        write_marker(self.fs, self._path(key), {**value, "time": time.time()})
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
-            return read_json(self.fs, join(self.root, f"{key}.json"))
+            return read_marker(self.fs, self._path(key))
         except FileNotFoundError:
             return None
 
@@ -133,7 +146,9 @@ class Board:
         def timed_out() -> WaitTimeout:
             return WaitTimeout(f"waited {timeout_s:.0f} s for {what}; last {key!r} marker: {last} (synchronizer.wait_timeout_s)")
 
-        return poll_until(ready_value, what=what, timeout_s=timeout_s, interval_s=self.poll_s, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
+        return poll_until(
+            ready_value, what=what, timeout_s=timeout_s, interval_s=self.poll_s, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache, watch=self._path(key)
+        )
 
 
 def role_key(role: str) -> str:

@@ -11,18 +11,21 @@ from prefect.cache_policies import NO_CACHE
 from rl_engine.roles import entry as roles
 from tasks.continuations import explorer_step_done
 from tasks.evaluation import evaluation_done
-from tasks.report import trainer_step_done
+from tasks.report import off_the_loop, trainer_step_done
 
 
 @task(cache_policy=NO_CACHE, task_run_name="explorer-{explorer_id}")
 def explorer_task(run_url: str, explorer_id: int, storage_options: dict[str, Any] | None = None) -> int:
-    """Explorer `explorer_id` of the run, in a thread of this flow run; returns its step count."""
+    """Explorer `explorer_id` of the run, in a thread of this flow run (its step reports in another,
+    `off_the_loop`); returns its step count."""
     on_eval = evaluation_done(run_url, storage_options) if explorer_id == 0 else None
-    return len(roles.explorer_role(run_url, explorer_id, storage_options, on_step=explorer_step_done, on_eval=on_eval).metrics)
+    with off_the_loop(explorer_step_done) as on_step:
+        return len(roles.explorer_role(run_url, explorer_id, storage_options, on_step=on_step, on_eval=on_eval).metrics)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="trainer")
 def trainer_task(run_url: str, storage_options: dict[str, Any] | None = None, progress_id: str | None = None) -> int:
     """The trainer of the run, in a thread of this flow run, moving the run's progress artifact
-    (`progress_id`) every step; returns its step count."""
-    return len(roles.trainer_role(run_url, storage_options, on_step=trainer_step_done(run_url, storage_options, progress_id)).metrics)
+    (`progress_id`) every step from another (`off_the_loop`); returns its step count."""
+    with off_the_loop(trainer_step_done(run_url, storage_options, progress_id)) as on_step:
+        return len(roles.trainer_role(run_url, storage_options, on_step=on_step).metrics)

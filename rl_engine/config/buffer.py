@@ -54,7 +54,8 @@ class BufferConfig(_Model):
     whole_groups: bool = Field(default=True, description="Trainer batches contain only complete GRPO groups.")
     read_timeout_s: float = Field(default=600.0, gt=0.0, description="How long the trainer waits for enough committed experiences before failing.")
     poll_interval_s: float | None = Field(
-        default=None, gt=0.0, le=60.0, description="How often a waiting reader (and the control board) looks for news; null: 5 ms on local disk, 100 ms on object stores."
+        default=None, gt=0.0, le=60.0, description="How often a waiting reader (and the control board) looks for news; null: 5 ms on local disk, 100 ms on object stores. "
+        "A write by a role of the same process (placement local) wakes it at once."
     )
     commit_window_s: float = Field(
         default=60.0,

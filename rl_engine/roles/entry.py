@@ -249,7 +249,7 @@ def _rendezvous_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> No
         if trainer.version in sends:
             trainer.publish(trainer.version, stop)
     while trainer.version < cfg.trainer.total_steps and not stop.is_set():
-        role.record(trainer.version + 1, {**trainer.step(stop), "resumed_from": at.trainer_version})
+        role.record(trainer.version + 1, {**trainer.step(stop, announce=trainer.version + 1 in sends), "resumed_from": at.trainer_version})
         save_due_weights(run, trainer, at.trainer_version)
         if trainer.version in sends:
             trainer.publish(trainer.version, stop)

@@ -112,8 +112,11 @@ class TrainerRole:
     def _state_url(self, t: int) -> str:
         return f"{self.run.url}/{STATE_DIR}/step={t}"
 
-    def step(self, stop: StopSignal | None = None) -> dict[str, Any]:
-        """One trainer step; returns its metrics (loss, kl, staleness, waits, ...)."""
+    def step(self, stop: StopSignal | None = None, announce: bool = False) -> dict[str, Any]:
+        """One trainer step; returns its metrics (loss, kl, staleness, waits, ...). With `announce`
+        (a rendezvous publishes the new version right after) the board post of the new version
+        says it is published too: the explorers start joining its broadcast while the step is
+        recorded, and `publish` posts nothing more."""
         cfg, t = self.cfg, self.version + 1
         started = time.time()
         with self.timeline.span("wait", step=t, version=self.version):
@@ -125,6 +128,8 @@ class TrainerRole:
         self.fence.check()  # a trainer whose driver lost the run's lease publishes no new version
         with self.timeline.span("train", step=t, version=self.version):
             metrics = self.trainer.train_step(batch.to_tensors(self.trainer.pad_token_id))
+        if announce:
+            self.published = self.version
         self._post()
         self.timeline.flush()
         rewards = batch.column("reward")
@@ -193,7 +198,8 @@ class TrainerRole:
         if stop.is_set():
             raise Stopped(f"stopped before publishing version {version}")
         if wait_for_explorers:
-            self._announce(version)
+            if self.published != version:  # else the step posted it (`step(announce=True)`)
+                self._announce(version)
             self._send(self.trainer.named_weights(), version, stop)
             with self.timeline.span("wait", step=version, version=version):
                 self.sender.wait_loaded(version, stop)

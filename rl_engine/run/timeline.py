@@ -125,7 +125,8 @@ class TimelineRecorder:
         name = f"part-{int(spans[0].start * 1000):015d}-{self._id}-{seq:05d}.jsonl"
         path = join(root, "timeline", f"component={self.component}", name)
         try:
-            write_bytes_atomic(fs, path, "".join(json.dumps(asdict(s)) + "\n" for s in spans).encode())
+            # Not fsynced, like the metrics (`record_step`): spans are a report, not state a resume needs.
+            write_bytes_atomic(fs, path, "".join(json.dumps(asdict(s)) + "\n" for s in spans).encode(), fsync=False)
         except BaseException:
             with self._lock:  # keep them for the next flush rather than lose them
                 self._pending[:0] = spans

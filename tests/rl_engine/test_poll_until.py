@@ -25,3 +25,59 @@ def test_stop_and_timeout_name_what_was_awaited():
         poll_until(lambda: None, what="trainer version 3", timeout_s=0.01, interval_s=0.001)
     with pytest.raises(ValueError, match="mine"):
         poll_until(lambda: None, what="x", timeout_s=0, interval_s=1, timeout_error=lambda: ValueError("mine"))
+
+
+def test_a_write_of_this_process_ends_the_pause_at_once(tmp_path):
+    """A waiter with a long poll interval wakes as soon as another thread of its process writes a
+    board marker (rl_engine.storage's in-process news), not at its next poll."""
+    import time
+
+    from rl_engine.board import Board
+
+    board = Board(str(tmp_path), poll_s=30.0)
+    threading.Timer(0.2, lambda: board.post("other", {"x": 1})).start()  # news elsewhere: keeps waiting
+    threading.Timer(0.4, lambda: board.post("k", {"v": 2})).start()
+    t0 = time.monotonic()
+    assert board.wait("k", lambda m: m["v"] == 2, what="k", timeout_s=20)["v"] == 2
+    assert time.monotonic() - t0 < 5
+
+
+def test_wait_news_filters_by_path_and_never_misses_a_write_before_the_wait():
+    import time
+
+    from rl_engine.storage import _written, news, wait_news
+
+    seen = news()
+    _written("/runs/a/control/k.json")  # before the wait, after `seen`: returns at once
+    t0 = time.monotonic()
+    wait_news(seen, 10.0, "/runs/a/control/k.json")
+    assert time.monotonic() - t0 < 1
+    seen = news()
+    _written("/runs/a/control/other.json")
+    t0 = time.monotonic()
+    wait_news(seen, 0.2, "/runs/a/control/k.json")  # not its path: the whole pause
+    assert time.monotonic() - t0 >= 0.19
+
+
+def test_board_markers_are_links_to_their_latest_file_and_old_files_go(tmp_path):
+    """On local disk a marker is a symbolic link to a fresh file (no regular file is renamed over
+    another, which makes ext4 write it back at once); readers see the latest value, a marker that
+    was a plain file is taken over, and only the latest two files of a marker stay."""
+    import json
+    import os
+
+    from rl_engine.board import Board
+
+    board = Board(str(tmp_path))
+    control = tmp_path / "control"
+    control.mkdir()
+    (control / "k.json").write_text(json.dumps({"v": 0}))  # a run's marker from before markers were links
+    assert board.get("k")["v"] == 0
+    for v in range(1, 6):
+        board.post("k", {"v": v})
+        assert board.get("k")["v"] == v and json.loads((control / "k.json").read_text())["v"] == v
+    assert os.path.islink(control / "k.json")
+    assert len([p for p in os.listdir(control) if p.startswith(".k.json.")]) == 2
+    assert not [p for p in os.listdir(control) if p.startswith(".tmp-")]
+    board.clear()
+    assert board.get("k") is None

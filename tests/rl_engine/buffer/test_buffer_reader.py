@@ -188,24 +188,20 @@ def test_late_commit_with_earlier_key_is_read_once(tmp_path, monkeypatch):
 
 def test_blocks_until_enough_is_committed(tmp_path, monkeypatch):
     import threading
-    import time as real_time
 
-    import rl_engine.board as poll_mod  # read_batch waits in rl_engine.board.poll_until
+    import rl_engine.board as poll_mod  # read_batch waits in rl_engine.board.poll_until, on wait_news
 
     run = str(tmp_path)
     w = BufferWriter(run, {}, 0)
     w.write(1, make_batch(4, explorer_step=1))
     waiting = threading.Event()
+    real_wait = poll_mod.wait_news
 
-    class _Time:  # the reader's clock, with a hook telling us it is waiting
-        monotonic = staticmethod(real_time.monotonic)
+    def wait_news(*args, **kwargs):  # the reader's pause, with a hook telling us it is waiting
+        waiting.set()
+        real_wait(*args, **kwargs)
 
-        @staticmethod
-        def sleep(s):
-            waiting.set()
-            real_time.sleep(s)
-
-    monkeypatch.setattr(poll_mod, "time", _Time)
+    monkeypatch.setattr(poll_mod, "wait_news", wait_news)
     writer = threading.Thread(target=lambda: (waiting.wait(30), w.write(2, make_batch(4, explorer_step=2))))
     writer.start()
     batch = BufferReader(run, {}, BufferConfig(poll_interval_s=0.01)).read_batch(8, timeout_s=60)
