@@ -15,7 +15,8 @@ multi-explorer's second explorer shares a core), which puts rollout and train ti
 same order (R ~ T, printed below).
 
 Per run: wall time of the training itself (first step's start to the last trainer step's end; engine
-start-up is reported apart, as `startup_s`, since a warm engine skips it; `step_s_median`, the median
+start-up is reported apart, as `startup_s`, since a warm engine skips it, and the explorers' vLLM
+engine start within it as `engine_start_s` (the longest explorer's; ~0 on an engine kept warm); `step_s_median`, the median
 time between two trainer steps' ends, is what a step costs once running), trainer and explorer busy
 fractions over that window, the experiences generated / trained / dropped as stale / left untrained
 (`wasted_fraction` = generated but never trained), and the final reward on a held-out evaluation: the
@@ -100,6 +101,7 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int,
         "seed": seed,
         "wall_s": t1 - t0,
         "startup_s": t0 - min(s.start for s in spans),
+        "engine_start_s": max((s.duration for s in spans if s.kind == "engine_start" and s.component in explorers), default=0.0),
         "step_s_median": median(b.end - a.end for a, b in zip(train, train[1:])) if len(train) > 1 else train[-1].end - t0,
         "R_s": mean(s.duration for s in window if s.kind == "rollout") if any(s.kind == "rollout" for s in window) else 0.0,
         "T_s": mean(s.duration for s in train),
@@ -242,6 +244,7 @@ def summarize(rows: list[dict]) -> dict:
         "wall_s": {m: round(w, 2) for m, w in wall.items()},
         "step_s_median": {m: round(median(r["step_s_median"] for r in rs), 4) for m, rs in by.items()},
         "startup_s": {m: round(median(r["startup_s"] for r in rs), 2) for m, rs in by.items()},
+        "engine_start_s": {m: round(median(r["engine_start_s"] for r in rs), 2) for m, rs in by.items()},
         "speedup_vs_sync": {m: round(wall["synchronous"] / w, 3) for m, w in wall.items()},
         "final_reward": {m: round(mean(v), 4) for m, v in reward.items()},
         "final_reward_spread": {m: round(max(v) - min(v), 4) for m, v in reward.items()},

@@ -217,6 +217,7 @@ def test_learning(tmp_path):
     per(r, "wall_s", MODES, positive)
     per(r, "step_s_median", MODES, positive)
     per(r, "startup_s", MODES, positive)
+    per(r, "engine_start_s", MODES, non_negative)  # warm engines (RFT_KEEP_ENGINES) start in ~0 s
     per(r, "speedup_vs_sync", MODES, positive)
     assert r["speedup_vs_sync"]["synchronous"] == 1
     per(r, "final_reward", MODES, fraction)
