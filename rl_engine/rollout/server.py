@@ -125,13 +125,18 @@ class ServerRolloutEngine:
         self._closed = threading.Event()
         self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(_GENERATE_S, connect=_CONNECT_S), limits=httpx.Limits(max_connections=256))
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"rft-server-{explorer_id}")
-        served = self._get("/v1/models")["data"][0]
-        if int(served.get("max_model_len") or 0) < max_model_len:
-            raise UserError(f"the engine server at {self.url} serves {served['id']} with max_model_len {served.get('max_model_len')}, below the run's model.max_model_len = {max_model_len}; restart it with this config (`rft engine serve CONFIG`)")
-        from transformers import AutoTokenizer  # vLLM's own (the local engine's) wraps the same; importing vLLM here costs seconds
+        try:
+            served = self._get("/v1/models")["data"][0]
+            if int(served.get("max_model_len") or 0) < max_model_len:
+                raise UserError(f"the engine server at {self.url} serves {served['id']} with max_model_len {served.get('max_model_len')}, below the run's model.max_model_len = {max_model_len}; restart it with this config (`rft engine serve CONFIG`)")
+            from transformers import AutoTokenizer  # vLLM's own (the local engine's) wraps the same; importing vLLM here costs seconds
 
-        self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-        self._claim()
+            self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
+            self._claim()
+        except BaseException:
+            self._pool.shutdown(wait=False)
+            self._http.close()
+            raise
         self._renewer = threading.Thread(target=self._renew, daemon=True, name=f"rft-server-claim-{explorer_id}")
         self._renewer.start()
 
