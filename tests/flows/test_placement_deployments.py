@@ -204,7 +204,7 @@ def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server,
 
 
 def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_dir, task_file, tmp_path):
-    cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, name="cancel-roles", mode="multi_explorer", count=2, sync_method="collective", sync_interval=1, total_steps=40))
+    cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, name="cancel-roles", mode="multi_explorer", count=2, sync_method="collective", sync_interval=1, total_steps=400))  # outlasts the cancel by far
     run_dir = tmp_path / "cancel-roles"
     thread, out = _run_in_thread(cfg)
     _wait_trainer_version(run_dir, 2)
