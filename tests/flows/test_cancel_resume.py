@@ -57,7 +57,7 @@ def run_and_cancel(cfg, run_dir: Path, name: str, min_version: int) -> tuple[obj
 
 def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, tmp_path):
     # Long enough that the cancel (seen within ~1 s) always lands mid-run, however fast the machine.
-    total = 30
+    total = 60
     cfg = validate_config(
         small_config(tiny_model_dir, task_file, str(tmp_path), name="cancel-me", mode="one_step_off_policy", sync_offset=1, total_steps=total, checkpoint_interval=2)
     )
