@@ -184,7 +184,7 @@ def test_a_cancelled_run_leaves_latest_and_its_resume_moves_it(prefect_server, t
 
     storage = str(tmp_path / "runs")
     url = lineage.lineage_url(storage, "nightly")
-    data = lineage_config(tiny_model_dir, task_file, storage, name="cancel-me", total_steps=30)
+    data = lineage_config(tiny_model_dir, task_file, storage, name="cancel-me", total_steps=60)  # outlasts the cancel
     result, cancelled = run_and_cancel(validate_config(data), tmp_path / "runs" / "cancel-me", "cancel-me", 3)
     assert cancelled and not isinstance(result, dict), f"the run was not cancelled: {result}"
     assert lineage.read_latest(url) is None  # a cancelled run never moves latest
@@ -194,6 +194,6 @@ def test_a_cancelled_run_leaves_latest_and_its_resume_moves_it(prefect_server, t
     # Its resume holds the lineage's lock, keeps the model and tasks it started with, and moves latest on success.
     run = open_run(str(tmp_path / "runs" / "cancel-me"))
     summary = run_config(run.cfg, resume=run.url)
-    assert summary["final_version"] == 30 and open_run(run.url).cfg.taskset.path == f"{url}/tasks/cancel-me.jsonl"
+    assert summary["final_version"] == 60 and open_run(run.url).cfg.taskset.path == f"{url}/tasks/cancel-me.jsonl"
     assert lineage.read_latest(url)["run"] == run.url
     assert [r["status"] for r in lineage.read_runs(url)] == ["cancelled", "completed"]

@@ -79,7 +79,7 @@ def _group_ids(store: ContinuationStore, set_id: str) -> set[str]:
 
 
 def test_cancel_and_resume_with_continuations_pending(prefect_server, tiny_model_dir, task_file, tmp_path):
-    total = 12
+    total = 60  # outlasts the cancel (seen within ~1-2 s) however fast steps get; 12 steps finished first
     data = partial_config(tiny_model_dir, task_file, str(tmp_path), name="partial-cancel", mode="one_step_off_policy", sync_offset=1, total_steps=total, checkpoint_interval=2)
     result, cancelled = run_and_cancel(validate_config(data), tmp_path / "partial-cancel", "partial-cancel", 3)
     assert not isinstance(result, dict) and cancelled, f"the run was not cancelled: {result}"

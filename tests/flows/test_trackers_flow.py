@@ -36,7 +36,7 @@ def recorded(run_url: str, role: str) -> dict[int, dict]:
 def test_run_with_all_trackers_then_resume_continues_them(prefect_server, mlflow_uri, tiny_model_dir, task_file, tmp_path):
     from mlflow.tracking import MlflowClient
 
-    total = 30  # long enough that the cancel (seen within ~1 s) lands mid-run
+    total = 60  # long enough that the cancel (seen within ~1 s) lands mid-run
     data = small_config(tiny_model_dir, task_file, str(tmp_path), name="tracked", mode="one_step_off_policy", sync_offset=1, total_steps=total, checkpoint_interval=2)
     data["monitor"]["trackers"] = ["tensorboard", {"type": "mlflow", "tracking_uri": mlflow_uri, "experiment": "flow-test"}, {"type": "wandb", "mode": "offline", "project": "flow-test"}]
     started = time.time()
