@@ -341,8 +341,7 @@ class VLLMRolloutEngine:
         self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
     ) -> list[Any]:
         """The per-request vLLM SamplingParams `generate` uses (distinct seeds per prompt)."""
-        budgets = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * len(prompts)
-        return [_sampling_params(sampling, n, s, budget, repeat) for s, budget in zip(request_seeds(seed, len(prompts), n), budgets)]
+        return [_sampling_params(fields) for fields in request_fields(len(prompts), n, sampling, seed, max_tokens, repeat)]
 
     def _check_prompts(self, prompts: list[list[int]], n: int) -> None:
         _check_prompts(prompts, n, self.max_model_len)
@@ -384,7 +383,7 @@ class VLLMRolloutEngine:
         self._check_prompts(prompts, 1)
         if not prompts:
             return []
-        params = [_sampling_params(sampling, 1, seed, sampling.max_tokens, None) for _, sampling, seed in requests]
+        params = [_sampling_params(sampling_fields(sampling, 1, seed, sampling.max_tokens, None)) for _, sampling, seed in requests]
         with self._lock:
             self._check_alive()
             version = self._version
@@ -563,12 +562,21 @@ def sampling_fields(sampling: SamplingConfig, n: int, seed: int, max_tokens: int
     )
 
 
-def _sampling_params(sampling: SamplingConfig, n: int, seed: int, max_tokens: int, repeat: tuple[int, int] | None) -> Any:
-    """The local engine's vLLM SamplingParams of one request (`sampling_fields`)."""
+def request_fields(
+    num_prompts: int, n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+) -> list[dict[str, Any]]:
+    """`sampling_fields` of each prompt of a `generate` call: its own seed (`request_seeds`) and
+    budget (`max_tokens[i]`, else `sampling.max_tokens`); local and served engines both use it."""
+    budgets = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * num_prompts
+    return [sampling_fields(sampling, n, s, b, repeat) for s, b in zip(request_seeds(seed, num_prompts, n), budgets)]
+
+
+def _sampling_params(fields: dict[str, Any]) -> Any:
+    """The local engine's vLLM SamplingParams of one request's `sampling_fields`."""
     from vllm import SamplingParams
     from vllm.sampling_params import RepetitionDetectionParams
 
-    fields = sampling_fields(sampling, n, seed, max_tokens, repeat)
+    fields = dict(fields)
     detect = fields.pop("repetition_detection")
     # Per token, vLLM's front end would build a dict per logprob: flat lists instead.
     return SamplingParams(**fields, flat_logprobs=True, repetition_detection=RepetitionDetectionParams(**detect) if detect else None)
@@ -585,14 +593,22 @@ def _sampled_logprobs(ids: list[int], lp: Any) -> list[float]:
     return [float(lp.logprobs[i]) for i in firsts]
 
 
+_FINISH_REASONS: dict[str, Literal["stop", "length", "repeat"]] = {"stop": "stop", "length": "length", "repetition": "repeat"}
+
+
+def finish_reason(reason: str | None, engine: str) -> Literal["stop", "length", "repeat"]:
+    """vLLM's finish reason -> the Rollout's; anything else (abort, error) fails naming `engine`."""
+    if reason not in _FINISH_REASONS:
+        raise RuntimeError(f"{engine} finished a generation with reason {reason!r} (expected stop, length or repetition)")
+    return _FINISH_REASONS[reason]
+
+
 def _to_rollout(prompt_ids: list[int], c: Any, version: int, tokenizer: Any = None) -> Rollout:
     """A vLLM CompletionOutput -> Rollout (logprob of the sampled token at every position);
     with `tokenizer`, the text is decoded from the ids (vLLM did not detokenize)."""
     ids = list(c.token_ids)
     logprobs = _sampled_logprobs(ids, c.logprobs)
-    reason = {"stop": "stop", "length": "length", "repetition": "repeat"}.get(c.finish_reason)
-    if reason is None:
-        raise RuntimeError(f"vLLM finished a generation with reason {c.finish_reason!r} (expected stop, length or repetition)")
+    reason = finish_reason(c.finish_reason, "vLLM")
     text = c.text if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
     return Rollout(prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, finish_reason=reason, version=version, text=text)
 

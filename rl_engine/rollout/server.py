@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 from rl_engine.config import RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
-from rl_engine.rollout.engine import _CPU_TOKEN_BUDGET, _GIB, WORKER_EXTENSION, EngineDiedError, Rollout, _check_prompts, request_seeds, sampling_fields
+from rl_engine.rollout.engine import _CPU_TOKEN_BUDGET, _GIB, WORKER_EXTENSION, EngineDiedError, Rollout, _check_prompts, finish_reason, request_fields, sampling_fields
 
 log = logging.getLogger(__name__)
 
@@ -209,9 +209,7 @@ class ServerRolloutEngine:
     ) -> list[list[Rollout]]:
         """As VLLMRolloutEngine.generate: n samples per prompt, result[i][k] sample k of prompt i."""
         _check_prompts(prompts, n, self.max_model_len)
-        budgets = list(max_tokens) if max_tokens is not None else [sampling.max_tokens] * len(prompts)
-        params = [sampling_fields(sampling, n, s, b, repeat) for s, b in zip(request_seeds(seed, len(prompts), n), budgets)]
-        return self._batch(prompts, params) if prompts else []
+        return self._batch(prompts, request_fields(len(prompts), n, sampling, seed, max_tokens, repeat)) if prompts else []
 
     def generate_each(self, requests: Sequence[tuple[list[int], SamplingConfig, int]]) -> list[Rollout]:
         """As VLLMRolloutEngine.generate_each: one sample per (prompt, sampling, seed)."""
@@ -233,9 +231,7 @@ class ServerRolloutEngine:
         content = (c.get("logprobs") or {}).get("content") or []
         if len(content) != len(ids):
             raise RuntimeError(f"engine server {self.url} returned {len(content)} logprobs for {len(ids)} response tokens")
-        reason = {"stop": "stop", "length": "length", "repetition": "repeat"}.get(c["finish_reason"])
-        if reason is None:
-            raise RuntimeError(f"engine server {self.url} finished a generation with reason {c['finish_reason']!r} (expected stop, length or repetition)")
+        reason = finish_reason(c["finish_reason"], f"engine server {self.url}")
         text = c["text"] if detokenized else self._tokenizer.decode(ids, skip_special_tokens=True)
         return Rollout(prompt_ids=prompt, response_ids=ids, logprobs=[float(x["logprob"]) for x in content], finish_reason=reason, version=version, text=text)
 

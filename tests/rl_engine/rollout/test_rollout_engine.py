@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rl_engine.errors import UserError
-from rl_engine.rollout.engine import EngineDiedError, VLLMRolloutEngine, build_rollout_engine, request_seeds
+from rl_engine.rollout.engine import EngineDiedError, VLLMRolloutEngine, build_rollout_engine, finish_reason, request_fields, request_seeds
 from tests.rl_engine.rollout.engines import MAX_MODEL_LEN, load_hf, make_config, max_logprob_diff
 
 # fp32 on both sides; measured max |diff| ~1e-6 on the tiny model.
@@ -30,6 +30,22 @@ def test_request_seeds_are_distinct_and_do_not_overlap():
     assert len(streams) == 50 * 8
     assert request_seeds(7, 50, 8) == seeds
     assert not set(request_seeds(8, 50, 8)) & set(seeds)
+
+
+def test_request_fields_give_each_prompt_its_seed_and_budget():
+    from rl_engine.config import SamplingConfig
+
+    sampling = SamplingConfig(max_tokens=12)
+    fields = request_fields(3, 4, sampling, seed=7, max_tokens=[5, 12, 1], repeat=(2, 3))
+    assert [f["seed"] for f in fields] == request_seeds(7, 3, 4) and [f["max_tokens"] for f in fields] == [5, 12, 1]
+    assert all(f["n"] == 4 and f["repetition_detection"] == {"max_pattern_size": 2, "min_pattern_size": 1, "min_count": 3} for f in fields)
+    assert [f["max_tokens"] for f in request_fields(2, 1, sampling, seed=7)] == [12, 12]
+
+
+def test_finish_reasons_map_and_an_aborted_generation_names_its_engine():
+    assert [finish_reason(r, "vLLM") for r in ("stop", "length", "repetition")] == ["stop", "length", "repeat"]
+    with pytest.raises(RuntimeError, match=r"engine server http://x finished a generation with reason 'abort'"):
+        finish_reason("abort", "engine server http://x")
 
 
 def test_missing_model_path_is_a_user_error(tiny_model_dir, tmp_path):
