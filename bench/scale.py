@@ -403,12 +403,15 @@ def _fit(xs: list[float], ys: list[float | None]) -> tuple[float, float] | None:
 def project(ex: list[dict], models: list[dict]) -> tuple[list[dict], dict, dict]:
     """PROJECTED (NOT MEASURED) rows: 64 explorers from the explorer fits, a 7B bfloat16 model from the s/GB fits."""
     rows, proj = [], {}
-    n = [r["explorers"] for r in ex]
+    # One explorer runs fully_async (multi_explorer needs two): a different mode, left out of the fit when two or more multi_explorer points exist.
+    multi = [r for r in ex if r["mode"] == "multi_explorer"]
+    fitted = multi if len(multi) >= 2 else ex
+    n = [r["explorers"] for r in fitted]
     for key, label in (("overhead_s", "overhead_per_step"), ("storage_req/step", "storage_requests_per_step"), ("api_calls/step", "api_calls_per_step"), ("server_cpu_s/step", "server_cpu_s_per_step")):
-        f = _fit(n, [r[key] for r in ex])
-        value = f[0] * 64 + f[1] if f else None
+        f = _fit(n, [r[key] for r in fitted])
+        value = max(f[0] * 64 + f[1], 0.0) if f else None  # a cost is never below zero: a falling fit projects 0
         proj[f"{label}_at_64_explorers"] = value
-        rows.append({"what": f"{label} at 64 explorers", "value": value, "basis": f"linear fit over explorers {n}" if f else "too few points"})
+        rows.append({"what": f"{label} at 64 explorers", "value": value, "basis": f"linear fit over explorers {n}, floored at 0" if f else "too few points"})
     per_gb: dict[str, float | None] = {}
     methods = {"collective": ("collective_s", "fp32_MB"), "checkpoint_full": ("checkpoint_full_s", "fp32_MB"), "checkpoint_delta": ("checkpoint_delta_s", "bf16_full_MB")}
     for method, (key, mb) in methods.items():

@@ -20,6 +20,7 @@ keys belong to that method and live in `rl_engine/sync/` (its callers never read
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import socket
@@ -27,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol, TypeVar
 
-from rl_engine.storage import join, news, open_storage, poll_interval, read_marker, wait_news, write_marker
+from rl_engine.storage import is_local, join, news, open_storage, poll_interval, read_marker, wait_news, write_marker, written_since
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,52 @@ def poll_until(
         wait_news(seen, min(interval_s, left), watch)
 
 
+class _Slot:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.at: float | None = None  # monotonic time the read began
+        self.seq = 0  # this process's news() then
+        self.value: dict[str, Any] | None = None
+
+
+class SharedReads:
+    """This process's latest reads of markers on an object store, shared by its roles.
+
+    Explorers and the trainer in one process (placement `local`) all poll the same few markers
+    (the trainer's, the stop request, the trainer's heartbeat): N explorers waiting their turn
+    made N GETs a poll interval of the same object. A read younger than `max_age_s` serves every
+    caller instead (one GET in flight per marker; the others wait for it), unless this process
+    has posted that marker since (`rl_engine.storage.written_since`): its own posts are seen at
+    once, another process's at most `max_age_s` later than by polling alone.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slots: dict[tuple[Any, str], _Slot] = {}
+
+    def read(self, fs: Any, path: str, max_age_s: float) -> dict[str, Any] | None:
+        with self._lock:
+            slot = self._slots.setdefault((fs, path), _Slot())
+        with slot.lock:
+            if slot.at is None or time.monotonic() - slot.at >= max_age_s or written_since(slot.seq, path):
+                slot.at, slot.seq = time.monotonic(), news()
+                try:
+                    slot.value = read_marker(fs, path)
+                except FileNotFoundError:
+                    slot.value = None
+            value = slot.value
+        return copy.deepcopy(value)
+
+    def forget(self, under: str) -> None:
+        """Drop the reads of markers under `under` (a board was cleared)."""
+        with self._lock:
+            for k in [k for k in self._slots if k[1].startswith(under)]:
+                del self._slots[k]
+
+
+SHARED_READS = SharedReads()
+
+
 class Board:
     """JSON markers of a run, one file per key, each written atomically.
 
@@ -107,6 +154,7 @@ class Board:
         self.fs, root = open_storage(run_url, storage_options)
         self.root = join(root, "control")
         self.poll_s = poll_interval(self.fs, poll_s)
+        self._shared = not is_local(self.fs) and "memory" not in str(self.fs.protocol)  # reads there cost a request each
 
     def _path(self, key: str) -> str:
         return join(self.root, f"{key}.json")
@@ -115,6 +163,8 @@ class Board:
         write_marker(self.fs, self._path(key), {**value, "time": time.time()})
 
     def get(self, key: str) -> dict[str, Any] | None:
+        if self._shared:
+            return SHARED_READS.read(self.fs, self._path(key), self.poll_s / 2)
         try:
             return read_marker(self.fs, self._path(key))
         except FileNotFoundError:
@@ -125,6 +175,7 @@ class Board:
         if self.fs.exists(self.root):
             self.fs.rm(self.root, recursive=True)
         self.fs.invalidate_cache()
+        SHARED_READS.forget(self.root + "/")
 
     def wait(
         self,

@@ -103,6 +103,13 @@ def is_local(fs: fsspec.AbstractFileSystem) -> bool:
     return "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
 
 
+def file_exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
+    """Whether the file `path` exists (a commit marker, say). On S3 one HEAD: s3fs's `exists`
+    lists the prefix as well when the key is missing, in case it names a directory."""
+    probe = getattr(fs, "file_exists", None)
+    return probe(path) if probe is not None else fs.exists(path)
+
+
 def poll_interval(fs: fsspec.AbstractFileSystem, configured: float | None = None) -> float:
     """Seconds between looks at storage for news: `configured`, else cheap on local disk, gentle on object stores."""
     if configured is not None:
@@ -147,6 +154,17 @@ def wait_news(seen: int, timeout_s: float, under: str | None = None) -> None:
 
     with _NEWS:
         _NEWS.wait_for(arrived, timeout_s)
+
+
+def written_since(seen: int, path: str) -> bool:
+    """Whether this process wrote `path` after `news()` was `seen` (True when unsure: the record of
+    some writes fell off)."""
+    with _NEWS:
+        if _news_seq == seen:
+            return False
+        if not _news_paths or _news_paths[0][0] > seen + 1:
+            return True
+        return any(seq > seen and p == path for seq, p in _news_paths)
 
 
 def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsync: bool = True) -> None:
@@ -364,6 +382,36 @@ def _resilient_s3_class() -> type:
 
         call_s3 = sync_wrapper(_call_s3)  # s3fs binds the sync twin to its own _call_s3: rebind it to this one
 
+        async def _cat_file(self, path: str, version_id: str | None = None, start: int | None = None, end: int | None = None, chunksize: int | None = None, max_concurrency: int | None = None) -> bytes:
+            """A whole object in one GET up to `default_block_size`; larger ones in concurrent ranges.
+
+            s3fs asks for the size first (a HEAD) before every whole read, and a missing key costs
+            it a HEAD and a listing; board markers, commit records and configs are polled and read
+            all the time, so that doubled every request a run makes. The first block's GET tells
+            the size instead (its Content-Range), and a missing key is its 404."""
+            if start is not None or end is not None or (max_concurrency or self.max_concurrency) <= 1:
+                return await super()._cat_file(path, version_id, start, end, chunksize, max_concurrency)
+            from s3fs.core import version_id_kw
+
+            bucket, key, vers = self.split_path(path)
+            block, versions = chunksize or self.default_block_size, version_id_kw(version_id or vers)
+            try:
+                resp = await self._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{block - 1}", **versions)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(path) from e  # as s3fs's own miss says it: the path, not S3's "key does not exist"
+            except OSError as e:
+                if getattr(e.__cause__, "response", {}).get("Error", {}).get("Code") == "InvalidRange":  # an empty object has no byte 0
+                    return b""
+                raise
+            try:
+                first = await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+            total = int(str(resp.get("ContentRange") or f"/{len(first)}").rsplit("/", 1)[1])
+            if total <= len(first):
+                return first
+            return await self._cat_file_concurrent(bucket, key, total, block, max_concurrency, version_id=version_id or vers)
+
         async def _exists(self, path: str) -> bool:
             bucket, key, _ = self.split_path(path)
             if bucket and not key:
@@ -378,6 +426,20 @@ def _resilient_s3_class() -> type:
             return await super()._exists(path)
 
         exists = sync_wrapper(_exists)
+
+        async def _file_exists(self, path: str) -> bool:
+            from s3fs.core import version_id_kw
+
+            bucket, key, vers = self.split_path(path)
+            if not key:
+                return await self._exists(path)
+            try:
+                await self._call_s3("head_object", Bucket=bucket, Key=key, **version_id_kw(vers))
+                return True
+            except FileNotFoundError:
+                return False
+
+        file_exists = sync_wrapper(_file_exists)
 
         def _url(self, kwargs: dict[str, Any]) -> str:
             return "s3://" + "/".join(p for p in (kwargs.get("Bucket"), kwargs.get("Key") or kwargs.get("Prefix")) if p)

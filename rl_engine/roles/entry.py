@@ -65,6 +65,13 @@ def role_names(num_explorers: int) -> list[str]:
     return [role_name()] + [role_name(i) for i in range(num_explorers)]
 
 
+def watched_peers(name: str, num_explorers: int) -> list[str]:
+    """The roles whose heartbeats role `name` watches: the trainer watches every explorer, an
+    explorer the trainer. A silent explorer stops the run through the trainer's stop request,
+    which every role sees; explorers watching each other too would read N x N markers a check."""
+    return role_names(num_explorers)[1:] if name == role_name() else [role_name()]
+
+
 @dataclasses.dataclass
 class RoleResult:
     """What a role leaves behind: its step metrics, and the stop request that ended it early, if
@@ -84,7 +91,7 @@ class Role:
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         self.attempt, self.at, generation = read_start(self.board, cfg.synchronizer.wait_timeout_s)
         self.fence = Fence(run.url, run.storage_options, generation)  # checked before every commit of this role
-        peers = [r for r in role_names(cfg.explorer.count) if r != name]
+        peers = watched_peers(name, cfg.explorer.count)
         p = cfg.placement
         self.stop = RoleSignals(self.board, name, peers, self.attempt, p.heartbeat_s, p.heartbeat_timeout_s)
         self.metrics: list[dict[str, Any]] = []

@@ -287,28 +287,39 @@ class Explorer:
         return trainer
 
     def pick_up_newest(self, e: int, stop: StopSignal) -> int:
-        """Decoupled, before explorer step e: load the newest published version if newer, then
-        wait while admission control forbids starting the batch. Its number among all the
+        """Decoupled, before explorer step e: wait while admission control forbids starting the
+        batch, then load the newest published version if newer. Its number among all the
         explorers' batches is fixed in advance (`batch_number`: round robin), and the trainer
-        consumes batches in that order, so the bound admission checks is the one training keeps."""
-        cfg = self.cfg
-        trainer = self._install_newest(stop)
-        explorer_batch = cfg.explorer.batch_size * cfg.algorithm.repeat_times
-        b = batch_number(self.explorer_id, e, cfg.explorer.count)
+        consumes batches in that order, so the bound admission checks is the one training keeps.
+        The wait judges the newest published version, and only an admitted batch loads it: an
+        explorer waiting its turn behind the others would otherwise download every version
+        meanwhile. A broadcast waits for every explorer, so there each version is joined as it comes."""
+        b = batch_number(self.explorer_id, e, self.cfg.explorer.count)
+        trainer = self.board.get(TRAINER_KEY) or {}
         while not stop.is_set():
-            why = admission_wait(
-                b - 1, self.engine.version, trainer.get("version", 0), explorer_batch,
-                cfg.trainer.train_batch_size, cfg.synchronizer.max_staleness, cfg.synchronizer.max_backlog_steps,
-            )
-            if b > (needed := batches_needed(cfg.trainer.total_steps, explorer_batch, cfg.trainer.train_batch_size, trainer.get("lost_rows", 0))):
-                why = f"the trainer to finish: its {cfg.trainer.total_steps} steps train {needed} batches, none past them"
+            if self.receiver.joins_every_version:
+                trainer = self._install_newest(stop)
+            why = self._why_wait(b, max(self.engine.version, trainer.get("published", -1)), trainer)
             if why is None:
-                break
+                trainer = self._install_newest(stop)
+                if (why := self._why_wait(b, self.engine.version, trainer)) is None:  # a delta chain's fallback may leave it older
+                    break
             seen = _trainer_state(trainer)
             with self.timeline.span("wait", step=e, version=self.engine.version):
-                self.board.wait(TRAINER_KEY, lambda m: _trainer_state(m) != seen, what=why, timeout_s=cfg.synchronizer.wait_timeout_s, stop=stop)
-            trainer = self._install_newest(stop)
+                self.board.wait(TRAINER_KEY, lambda m: _trainer_state(m) != seen, what=why, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
+            trainer = self.board.get(TRAINER_KEY) or {}
         return self.engine.version
+
+    def _why_wait(self, b: int, version: int, trainer: dict[str, Any]) -> str | None:
+        """Why batch b may not start yet with weights `version` (admission control), or None."""
+        cfg = self.cfg
+        explorer_batch = cfg.explorer.batch_size * cfg.algorithm.repeat_times
+        if b > (needed := batches_needed(cfg.trainer.total_steps, explorer_batch, cfg.trainer.train_batch_size, trainer.get("lost_rows", 0))):
+            return f"the trainer to finish: its {cfg.trainer.total_steps} steps train {needed} batches, none past them"
+        return admission_wait(
+            b - 1, version, trainer.get("version", 0), explorer_batch,
+            cfg.trainer.train_batch_size, cfg.synchronizer.max_staleness, cfg.synchronizer.max_backlog_steps,
+        )
 
     def close(self) -> None:
         self.timeline.flush()

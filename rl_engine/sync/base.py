@@ -58,6 +58,7 @@ class WeightReceiver(Protocol):
     Each sync is `prepare(v)` (collective: join the broadcast) then `receive(engine, v)`."""
 
     method: str
+    joins_every_version: bool  # a send waits for every explorer (a broadcast), so none may skip a version
 
     def connect(self, engine: Any, stop: StopSignal | None = None) -> None:
         """Join from the engine's inference workers (collective) or nothing (checkpoint)."""

@@ -243,6 +243,7 @@ class CheckpointReceiver:
     """Explorer side: finds committed versions and loads one into a live engine."""
 
     method = "checkpoint"
+    joins_every_version = False
 
     def __init__(self, run_url: str, options: dict[str, Any] | None, board: Board, explorer_id: int = 0, timeout_s: float = 600.0):
         self.fs, self.root = storage.open_storage(run_url, options)
@@ -265,7 +266,7 @@ class CheckpointReceiver:
             return WaitTimeout(f"waited {self.timeout_s:.0f} s for {what} under {self.root}/checkpoints (synchronizer.wait_timeout_s)")
 
         interval = storage.poll_interval(self.fs)
-        poll_until(lambda: any(self.fs.exists(m) for m in markers), what=what, timeout_s=self.timeout_s, interval_s=interval, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
+        poll_until(lambda: any(storage.file_exists(self.fs, m) for m in markers), what=what, timeout_s=self.timeout_s, interval_s=interval, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
 
     def committed_versions(self) -> list[int]:
         """Every version with a commit marker, ascending."""

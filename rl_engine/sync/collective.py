@@ -247,6 +247,7 @@ class CollectiveReceiver:
     """Explorer side: puts this explorer's inference workers into the group and loads what arrives."""
 
     method = "collective"
+    joins_every_version = True
 
     def __init__(self, c: CollectiveConfig, board: Board, explorer_id: int, num_explorers: int, workers_per_engine: int, wait_timeout_s: float):
         if not 0 <= explorer_id < num_explorers:

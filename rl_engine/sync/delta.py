@@ -215,6 +215,7 @@ class DeltaCheckpointReceiver:
     receive got its version."""
 
     method = "checkpoint"
+    joins_every_version = False  # a skipped version's delta stays in the chain the next receive applies
 
     def __init__(self, full: CheckpointReceiver):
         self.full = full

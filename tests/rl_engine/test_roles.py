@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_key, silent_roles
-from rl_engine.roles.entry import Role
+from rl_engine.roles.entry import Role, watched_peers
 from rl_engine.run.context import ResumePoint, post_start, read_start, start_run
 from tests.rl_engine.rollout.engines import make_config
 
@@ -70,6 +70,13 @@ def test_a_silent_peer_of_this_attempt_stops_the_run_naming_it(tmp_path):
         assert silent_roles(board, ["explorer-0", "explorer-1", "trainer"], "a1", 0.5) == ["explorer-0"]
     finally:
         trainer.close("stopped")
+
+
+def test_the_trainer_watches_every_explorer_and_each_explorer_the_trainer():
+    # Heartbeat reads per check grow with the explorers, not with their square.
+    assert watched_peers("trainer", 3) == ["explorer-0", "explorer-1", "explorer-2"]
+    assert watched_peers("explorer-1", 3) == ["trainer"]
+    assert sum(len(watched_peers(r, 16)) for r in ["trainer"] + [f"explorer-{i}" for i in range(16)]) == 32
 
 
 def test_a_peer_that_finished_is_not_silent(tmp_path):
