@@ -11,7 +11,8 @@ model `rft fetch-model` converts and the word-arithmetic tasks. Reported:
   are greedy; `_t1` the temperature-1 ones);
 - `s_per_step`: wall time from the engine being up to the last trainer step's end, per step;
   `startup_s` apart; `gen_tokens_per_s`: response tokens over the rollout spans' time;
-  `train_tokens_per_s`: the trained tokens over the train spans' time;
+  `train_tokens_per_s`: the trained tokens over the train spans' time; `sync_s_trainer` /
+  `sync_s_explorer`: the median weight sync (the trainer's send; an explorer's receive and load);
 - `logprob_gap_fp32` / `logprob_gap_bf16`: mean |vLLM - trainer| logprob per response token with
   both in that dtype (harness.real_model.logprob_gap);
 - `peak_rss_gb`: the largest resident memory of this process and all its children together
@@ -67,8 +68,9 @@ class PeakRss:
         self._thread.join(5)
 
 
-def run_figures(summary: dict[str, Any]) -> dict[str, float]:
-    """s_per_step, startup_s, gen_tokens_per_s and train_tokens_per_s of a finished run."""
+def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
+    """s_per_step, startup_s, gen_tokens_per_s, train_tokens_per_s, and the weight sync's median
+    seconds on each side (sync_s_trainer: the send; sync_s_explorer: receive and load) of a finished run."""
     from rl_engine.run.context import open_run
     from rl_engine.run.report import load_metrics
     from rl_engine.run.timeline import load_spans, startup_end
@@ -83,7 +85,13 @@ def run_figures(summary: dict[str, Any]) -> dict[str, float]:
         "startup_s": t0 - min(s.start for s in spans),
         "gen_tokens_per_s": sum(m["tokens"] for m in explorer_metrics) / sum(s.duration for s in rollout),
         "train_tokens_per_s": sum(m["tokens"] for m in trainer_metrics) / sum(s.duration for s in train),
+        **{f"sync_s_{side}": _median_sync(spans, side) for side in ("trainer", "explorer")},
     }
+
+
+def _median_sync(spans: list, side: str) -> float | None:
+    d = [s.duration for s in spans if s.kind == "sync" and s.component.startswith(side)]
+    return statistics.median(d) if d else None  # a 1-step run syncs nothing
 
 
 def run_batch(run_url: str, rows: int, pad_id: int) -> dict[str, Any]:
@@ -195,7 +203,7 @@ def main() -> None:
             "held_out_before_t1": round(before["t1_exact"], 4),
             "held_out_after_t1": round(after["t1_exact"], 4),
             "held_out_gain_points": round(100 * (after["greedy_exact"] - before["greedy_exact"]), 1),
-            **{k: round(v, 3) for k, v in figures.items()},
+            **{k: None if v is None else round(v, 3) for k, v in figures.items()},
             "logprob_gap_fp32": gaps["float32"]["mean"],
             "logprob_gap_bf16": gaps["bfloat16"]["mean"],
             "peak_rss_gb": round(rss.peak / 2**30, 2),

@@ -313,8 +313,10 @@ def test_real(smollm2_dir, tmp_path):
     (root / "models").mkdir(parents=True)
     (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)  # fetched once per session
     r = run_bench("real", "--smoke", "--root", str(root), timeout_s=540, tmp_path=tmp_path)
-    has_keys(r, "steps", "heldout_tasks", "held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1", "s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "logprob_gap_fp32", "logprob_gap_bf16", "peak_rss_gb", "train_step_over_reference")
+    has_keys(r, "steps", "heldout_tasks", "held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1", "s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "logprob_gap_fp32", "logprob_gap_bf16", "peak_rss_gb", "train_step_over_reference", "sync_s_trainer", "sync_s_explorer")
     assert r["steps"] == 1 and r["heldout_tasks"] == 4
+    for k in ("sync_s_trainer", "sync_s_explorer"):  # None when the one step synced nothing
+        assert r[k] is None or r[k] > 0, r[k]
     for k in ("held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1"):
         fraction(r[k])
     for k in ("s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "peak_rss_gb", "train_step_over_reference"):
