@@ -179,6 +179,11 @@ def test_multi_explorer_both_contribute_nothing_lost(method, prefect_server, tin
     if method == "collective":
         # One group, one broadcast per published version: both explorers load each of them.
         assert got[0] == got[1] == sent
+    else:
+        # An explorer loads a checkpoint only once its next batch may start: never two loads between batches.
+        for i in (0, 1):
+            lane = ",".join(s.kind for s in sorted(spans, key=lambda s: s.start) if s.component == f"explorer-{i}" and s.kind in ("sync", "rollout"))
+            assert "sync,sync" not in lane, lane
     # Every role's engine start is its own span, once, before its first step, which starts after it.
     for lane, work in (("explorer-0", "rollout"), ("explorer-1", "rollout"), ("trainer", "train")):
         mine = sorted((s for s in spans if s.component == lane), key=lambda s: s.start)
