@@ -28,7 +28,7 @@ import threading
 import time
 from typing import Any, Callable, Protocol, TypeVar
 
-from rl_engine.storage import is_local, join, news, open_storage, poll_interval, read_marker, wait_news, write_marker, written_since
+from rl_engine.storage import is_remote, join, news, open_storage, poll_interval, read_marker, wait_news, write_marker, written_since
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class Board:
         self.fs, root = open_storage(run_url, storage_options)
         self.root = join(root, "control")
         self.poll_s = poll_interval(self.fs, poll_s)
-        self._shared = not is_local(self.fs) and "memory" not in str(self.fs.protocol)  # reads there cost a request each
+        self._shared = is_remote(self.fs)  # reads there cost a request each
 
     def _path(self, key: str) -> str:
         return join(self.root, f"{key}.json")

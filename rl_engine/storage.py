@@ -110,11 +110,16 @@ def file_exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
     return probe(path) if probe is not None else fs.exists(path)
 
 
+def is_remote(fs: fsspec.AbstractFileSystem) -> bool:
+    """True for an object store (S3), where every look at storage is a request; not local disk or memory."""
+    return not (is_local(fs) or "memory" in str(fs.protocol))
+
+
 def poll_interval(fs: fsspec.AbstractFileSystem, configured: float | None = None) -> float:
     """Seconds between looks at storage for news: `configured`, else cheap on local disk, gentle on object stores."""
     if configured is not None:
         return configured
-    return 0.005 if is_local(fs) or "memory" in str(fs.protocol) else 0.1
+    return 0.1 if is_remote(fs) else 0.005
 
 
 # --------------------------------------------------------------------------- in-process news

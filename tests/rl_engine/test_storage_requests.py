@@ -7,6 +7,9 @@ are the object's every time.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from rl_engine.storage import open_storage, read_marker, write_marker
@@ -73,8 +76,6 @@ def test_a_commit_marker_probe_is_one_head(counted):
 
 
 def test_roles_of_one_process_share_their_board_reads(counted, s3_bucket):
-    import threading
-
     from rl_engine.board import Board
 
     fs, root, sent = counted
@@ -96,8 +97,6 @@ def test_roles_of_one_process_share_their_board_reads(counted, s3_bucket):
     assert boards[5].get("trainer")["version"] == 2
     fs.pipe_file(f"{root}/control/trainer.json", b'{"version": 3}')  # written behind this process's back
     assert boards[5].get("trainer")["version"] == 2
-    import time
-
     time.sleep(1.05)
     assert boards[5].get("trainer")["version"] == 3
     assert boards[2].get("missing") is None and boards[3].get("missing") is None
