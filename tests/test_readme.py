@@ -80,8 +80,8 @@ EXERCISED: dict[str, list[str]] = {
     "prefect flow-run": ["tests/deployments/test_live_operations.py::test_cancelled_worker_run_publishes_its_report"],  # logs ID
     "NIGHTLY=one-step-off-policy/one-step-off-policy-nightly": ["tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on"],
     "SCHEDULE=$(curl": ["tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on"],
-    "curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],  # the REST call, run from the README's text
-    "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field"],
+    "curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field", "tests/deployments/test_readme_rest_retry.py::test_readme_rest_calls_print_only_the_answer_after_a_busy_503"],  # the REST call, run from the README's text
+    "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field", "tests/deployments/test_readme_rest_retry.py::test_readme_rest_calls_print_only_the_answer_after_a_busy_503"],
     "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],
     "python -m torch.distributed.run": ["tests/flows/test_trainer_ranks.py::test_a_killed_trainer_rank_fails_the_run_naming_it"],  # what the trainer role starts
     **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "ops", "train", "faults", "real", "logits_memory", "algorithms", "workflows", "scale", "engine_start")},
