@@ -306,9 +306,9 @@ def test_faults(tmp_path):
 
 
 def test_real(smollm2_dir, tmp_path):
-    """The real model's benchmark end to end at its smallest. Its logprob gaps are held to bounds:
-    fp32 as tests/rl_engine/sync/test_real_model.py holds it (measured mean 9.6e-6), bf16 within
-    0.15 (measured mean 0.049, max 0.22 over 209 tokens: bf16 rounding on both sides, not a bug)."""
+    """The real model's benchmark end to end at its smallest. Its bf16 logprob gap is held within
+    0.15 (measured mean 0.049, max 0.22 over 209 tokens: bf16 rounding on both sides, not a bug);
+    --smoke skips the fp32 one, which tests/rl_engine/sync/test_real_model.py holds (mean 9.6e-6)."""
     root = tmp_path / "runs"
     (root / "models").mkdir(parents=True)
     (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)  # fetched once per session
@@ -321,7 +321,7 @@ def test_real(smollm2_dir, tmp_path):
         fraction(r[k])
     for k in ("s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "peak_rss_gb", "train_step_over_reference"):
         positive(r[k])
-    assert 0 < r["logprob_gap_fp32"] < 1e-4 and r["logprob_gap_fp32"] < r["logprob_gap_bf16"] < 0.15
+    assert r["logprob_gap_fp32"] is None and 0 < r["logprob_gap_bf16"] < 0.15
 
 
 def test_logits_memory(tiny_model_dir, tmp_path):
