@@ -238,8 +238,7 @@ def exit_now(code: int) -> None:
 def entry() -> None:
     """The `rft` console script: `main`, then `exit_now` with its exit status. An exception
     main() lets through takes the interpreter's own path (traceback, exit 1)."""
-    code = main()
-    exit_now(code if isinstance(code, int) else 0)
+    exit_now(main())
 
 
 if __name__ == "__main__":

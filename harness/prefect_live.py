@@ -197,6 +197,11 @@ class LiveServer:
     def flow_run(self, flow_run_id: str) -> dict[str, Any]:
         return self.api("GET", f"/flow_runs/{flow_run_id}")
 
+    def cancel(self, flow_run_id: str) -> None:
+        """Ask for the flow run's cancellation (CANCELLING, as the UI's Cancel button): the worker
+        stops its process and the run ends Cancelled."""
+        self.api("POST", f"/flow_runs/{flow_run_id}/set_state", json={"state": {"type": "CANCELLING"}, "force": True})
+
     def deployment(self, name: str) -> dict[str, Any]:
         """A deployment by its full name, 'flow-name/deployment-name'."""
         return self.api("GET", f"/deployments/name/{name}")

@@ -211,7 +211,7 @@ def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_
     procs = [p for m in role_markers(str(run_dir)).values() for p in process_tree(m["pid"])]
     parents = on_live_server.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["multi-explorer"]}}, "limit": 200})
     [parent] = [r for r in parents if r["parameters"].get("cfg", {}).get("name") == "cancel-roles"]
-    on_live_server.api("POST", f"/flow_runs/{parent['id']}/set_state", json={"state": {"type": "CANCELLING"}, "force": True})
+    on_live_server.cancel(parent["id"])
     cancelled_at = time.monotonic()
     thread.join(120)
     assert not thread.is_alive(), "the run did not stop after its cancellation"
