@@ -11,8 +11,8 @@ version if any; wait only when admission control requires it: `max_staleness`, o
 without it, see `rl_engine.schedule.admission_wait`). How the weights travel, and the
 board keys of that handshake, are the sync method's business (`rl_engine.sync`).
 
-Engines are expensive to start (~20 s on CPU, and vLLM's first generate call pays a one-off
-warm-up of ~2 s more, which `warm_up` takes before the first step). The explorer records both as
+Engines are expensive to start (~20 s on CPU, and vLLM's first generate call may pay one-off
+set-up costs, which `warm_up` takes before the first step). The explorer records both as
 its `engine_start` span, so rollout 1 is generation only. `ENGINES` keeps engines warm across
 runs of one process when RFT_KEEP_ENGINES=1 (tests, benchmarks; Prefect's `serve` and workers
 start each flow run in a new process, where it keeps nothing): a reused engine is reset to the run's base
@@ -61,8 +61,9 @@ WORKFLOW_METRICS = ("episodes", "turns_mean", "env_token_frac", "workflow_errors
 
 
 def warm_up(engine: Any, sampling: Any) -> None:
-    """One tiny generate call with the run's sampling settings: vLLM's first call is slow once
-    (~2 s on CPU), and that belongs to start-up, not to rollout 1. A one-token prompt is shorter
+    """One tiny generate call with the run's sampling settings: what vLLM's first call pays once
+    (kernel set-up; on CPU 1.8-4 s of torch.compile before the engine ran without dynamo, now 0.02 s)
+    belongs to start-up, not to rollout 1. A one-token prompt is shorter
     than a KV block, so nothing of it stays in the prefix cache; the per-request seeds of later
     calls make their samples independent of this one."""
     token = engine.tokenizer.eos_token_id or 0

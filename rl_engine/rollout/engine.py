@@ -302,6 +302,12 @@ class VLLMRolloutEngine:
             kwargs["enable_chunked_prefill"] = False
             kwargs["max_num_batched_tokens"] = max(_CPU_TOKEN_BUDGET, max_model_len)
             env["VLLM_CPU_KVCACHE_SPACE"] = None
+            # The CPU build runs eager (enforce_eager), yet vLLM's sampler torch.compiles one
+            # helper (token ranks of sampled logprobs) with inductor on its first call: 1.8 s of
+            # dynamo tracing and cache-key hashing in every engine start (~4 s on a cold inductor
+            # cache), for a row-wise count that eager computes alike (bench.engine_start warm_up_s:
+            # 1.84 -> 0.02 s). Dynamo off in the engine's processes only.
+            env["TORCHDYNAMO_DISABLE"] = "1"
             env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_thread_bind(engine.num_threads, explorer_id) or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
         else:
             kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization

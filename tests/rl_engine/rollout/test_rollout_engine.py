@@ -192,3 +192,18 @@ def test_prompt_longer_than_context_is_a_user_error(engine):
         engine.generate([[]], 1, _sampling(engine), seed=0)
     # The engine is still usable afterwards.
     assert len(engine.generate([[5, 6]], 1, _sampling(engine), seed=0)[0]) == 1
+
+
+@pytest.mark.slow
+def test_an_engine_start_hands_the_starting_process_its_environment_back(engine):
+    """The engine's processes start with their own variables (TORCHDYNAMO_DISABLE=1 on CPU: vLLM's
+    sampler would torch.compile its token-rank helper on the first call, 1.8-4 s per engine start;
+    bench.engine_start's warm_up_s shows it); the process that started the engine, where a
+    trainer may use torch.compile, gets its environment back, and sampled logprobs still come."""
+    import os
+
+    from rl_engine.run.owner_watch import OWNER_PID_ENV
+
+    assert "TORCHDYNAMO_DISABLE" not in os.environ and OWNER_PID_ENV not in os.environ
+    out = engine.generate([engine.tokenizer.encode("12+7=")], 2, _sampling(engine), seed=3)
+    assert all(len(r.logprobs) == len(r.response_ids) > 0 for r in out[0])
