@@ -46,7 +46,7 @@ demo-real: setup
 
 # Two pytest-xdist workers, each taking a whole test file at a time (module fixtures and test order
 # kept). Most of a slow test's time is one process importing, spawning or waiting, so two of them
-# share 2 cores well: the suite took 39 min on the 2-core dev machine, one at a time ~55.
+# share 2 cores well: the suite took 39 min on the 2-core dev machine (59-63 min one at a time).
 # PYTEST_WORKERS=0 runs the tests in the pytest process itself.
 PYTEST_WORKERS ?= 2
 test: setup

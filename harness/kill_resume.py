@@ -58,9 +58,9 @@ def run_env(root: Path) -> dict[str, str]:
 WORKFLOW = {"type": "guess_number", "max_turns": 2}
 
 
-def trial_config(model: str, tasks: str, root: Path, mode: str, name: str, workflow: bool = False) -> str:
+def trial_config(model: str, tasks: str, root: Path, mode: str, name: str, workflow: bool = False, checkpoint_interval: int = 2) -> str:
     sync = dict(MODES[mode])
-    data = partial_config(model, tasks, str(root), name=name, total_steps=TOTAL_STEPS, checkpoint_interval=2, **sync)
+    data = partial_config(model, tasks, str(root), name=name, total_steps=TOTAL_STEPS, checkpoint_interval=checkpoint_interval, **sync)
     if workflow:
         del data["explorer"]["partial"]
         data["taskset"]["workflow"] = dict(WORKFLOW)
@@ -106,7 +106,8 @@ def _sync_marks(run_dir: Path) -> tuple[int, frozenset[str]]:
 
 def wait_for_point(point: str, run_dir: Path, proc: subprocess.Popen, log: Path, rng: random.Random) -> None:
     """Return at the kill point: EARLY as soon as the trainer reached version 1 (its first state
-    comes at 2), the others once the trainer reached version 2 and saved a checkpoint."""
+    comes at the last step: `kill_trial`), the others once the trainer reached version 2 and saved
+    a checkpoint."""
     if point == EARLY:
         _wait("trainer version 1", lambda: _trainer_version(run_dir) >= 1, proc, log)
         if _state_steps(run_dir):
@@ -171,7 +172,11 @@ def kill_trial(model: str, tasks: str, root: Path, mode: str, scope: str, point:
     (`WORKFLOW`) instead of partial rollouts."""
     name = f"kill-{mode.replace('_', '-')}-{scope}{'-workflow' if workflow else ''}"
     run_dir, log = root / name, root / f"{name}.log"
-    config, env = trial_config(model, tasks, root, mode, name, workflow), run_env(root)
+    # EARLY kills between the trainer's first step and its first state: with a state every 2 steps
+    # that window was one step (~40 ms), which a poller on a busy machine (two test workers) can
+    # miss; with none before the last step it spans the run.
+    interval = TOTAL_STEPS if point == EARLY else 2
+    config, env = trial_config(model, tasks, root, mode, name, workflow, checkpoint_interval=interval), run_env(root)
     started = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen([RFT, "run", config], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)

@@ -7,7 +7,7 @@ per session here and shared. Markers: `slow` (starts real engines/servers), `gpu
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -53,6 +53,32 @@ def engine_server(tiny_model_dir, tmp_path_factory):
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
     with serve(root / "config.yaml", root / "logs") as srv:
         yield srv
+
+
+def _real_model_turn() -> Iterator[None]:
+    """Hold the machine's one turn for a real-model run: SmolLM2 runs take 6-10 GB each (engine and
+    KV cache, trainer, reference), and two at once on the two test workers left vLLM no room for
+    its KV cache on this 24 GiB machine. An flock beside the models (released if its holder dies)."""
+    import fcntl
+    from pathlib import Path
+
+    lock = Path(__file__).resolve().parents[1] / "runs" / ".real-model-turn.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture
+def real_model_turn() -> Iterator[None]:
+    """One test's turn (a test that runs the real model in a process of its own)."""
+    yield from _real_model_turn()
+
+
+@pytest.fixture(scope="module")
+def real_model_module_turn() -> Iterator[None]:
+    """A module's turn (its module fixtures keep the real model's engine and trainer up)."""
+    yield from _real_model_turn()
 
 
 @pytest.fixture(scope="session")

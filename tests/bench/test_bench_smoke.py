@@ -305,7 +305,7 @@ def test_faults(tmp_path):
         assert r[k] == 0, f"{k} = {r[k]}"
 
 
-def test_real(smollm2_dir, tmp_path):
+def test_real(smollm2_dir, real_model_turn, tmp_path):
     """The real model's benchmark end to end at its smallest. Its bf16 logprob gap is held within
     0.15 (measured mean 0.049, max 0.22 over 209 tokens: bf16 rounding on both sides, not a bug);
     --smoke skips the fp32 one, which tests/rl_engine/sync/test_real_model.py holds (mean 9.6e-6)."""

@@ -29,7 +29,7 @@ SHRINK = [
 
 
 @pytest.mark.timeout(600)
-def test_demo_real_scores_trains_and_scores_again(smollm2_dir, tmp_path):
+def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, tmp_path):
     from safetensors import safe_open
 
     root = tmp_path / "runs"

@@ -97,7 +97,7 @@ def test_a_prompt_longer_than_the_context_names_its_task_and_the_fix(tok):
 
 
 @pytest.fixture(scope="module")
-def real_engine(smollm2_dir):
+def real_engine(smollm2_dir, real_model_module_turn):
     from rl_engine.rollout.engine import build_rollout_engine
 
     eng = build_rollout_engine(real_config(smollm2_dir))
@@ -106,7 +106,7 @@ def real_engine(smollm2_dir):
 
 
 @pytest.fixture(scope="module")
-def real_trainer(smollm2_dir):
+def real_trainer(smollm2_dir, real_model_module_turn):
     from rl_engine.trainer import build_trainer
 
     return build_trainer(real_trainer_settings(real_config(smollm2_dir)))
