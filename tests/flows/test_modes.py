@@ -80,11 +80,15 @@ def test_fully_async_never_waits_without_bound(method, prefect_server, tiny_mode
         if before.kind == "wait" and (before.step is None or before.step <= 6):
             assert after is not None and after.kind == "sync" and after.start - before.end < 0.05, (before, after)
     assert max(s.step for s in lane if s.kind == "rollout") == 6
-    # Every version it used is one the trainer published (multiples of sync_interval), and it took
-    # each published one up between its steps (also after its last batch: a broadcast needs it).
+    # Every version it used is one the trainer published (multiples of sync_interval), loaded by a sync.
     used = {v for vs in versions_by_step(stored_experiences(summary["run"])).values() for v in vs}
-    assert used <= {0, 2, 4, 6}
-    assert {2, 4} <= {s.version for s in lane if s.kind == "sync"}
+    synced = {s.version for s in lane if s.kind == "sync"}
+    assert used <= {0} | synced and synced <= {2, 4, 6}, (used, synced)
+    if method == "collective":  # a broadcast needs every member: it joined each one, also after its last batch
+        assert {2, 4} <= synced, synced
+    # Checkpoint sync loads the newest version published before a batch: one the trainer publishes
+    # after the explorer's last batch it need not load, and on a busy machine (two test workers)
+    # the unbounded explorer made all 6 batches before the trainer published version 2.
     assert summary["final_version"] == 6
     # The run published its report as Prefect artifacts under the mode flow's keys (latest: this run):
     # metrics table, timeline and reward curve (markdown images, tests/flows/test_operations.py).
