@@ -57,8 +57,9 @@ def engine_server(tiny_model_dir, tmp_path_factory):
 
 def _real_model_turn() -> Iterator[None]:
     """Hold the machine's one turn for a real-model run: SmolLM2 runs take 6-10 GB each (engine and
-    KV cache, trainer, reference), and two at once on the two test workers left vLLM no room for
-    its KV cache on this 24 GiB machine. An flock beside the models (released if its holder dies)."""
+    KV cache, trainer, reference), and two at once on the two test workers would leave vLLM no room
+    for its KV cache on this 24 GiB machine (one found 0.49 GiB, run in a worker right after a
+    module that had held one). An flock beside the models (released if its holder dies)."""
     import fcntl
     from pathlib import Path
 
