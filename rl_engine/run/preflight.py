@@ -55,6 +55,14 @@ REWARDS_NEEDING_ANSWER = ("arithmetic", "countdown", "final_answer")
 def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> RFTConfig:
     """Check everything a run needs that can be checked without an engine; returns the config the
     run will use (on resume: the run's saved one). Raises UserError naming the problem and the fix."""
+    cfg, tasks = check_inputs(cfg, resume, source)
+    check_model(cfg, tasks, resume)
+    return cfg
+
+
+def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> tuple[RFTConfig, list[Any]]:
+    """Preflight's first part, milliseconds on local storage: the run, storage, reward, workflow,
+    task set and the model directory's files. Returns the run's config and its tasks (for `check_model`)."""
     opts = cfg.buffer.storage.fs_options()
     check_reachable(resume or cfg.buffer.storage.url, opts)
     if resume is None:
@@ -73,17 +81,23 @@ def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the conf
     reward = cfg.taskset.reward.type
     tasks = load_taskset(cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None)
     check_model_paths(cfg.model)
+    config, _ = check_model_dir(cfg.model.path)
+    check_context_length(cfg.model.max_model_len, config, cfg.model.path)
+    return cfg, tasks
+
+
+def check_model(cfg: RFTConfig, tasks: list[Any], resume: str | None = None) -> None:
+    """Preflight's second part, seconds (it imports transformers and torch): the tokenizer, the
+    prompts' lengths, the weights against config.json, a resumed run's trainer state, the devices."""
     model = cfg.model.path
     config, weights = check_model_dir(model)
-    check_context_length(cfg.model.max_model_len, config, model)
     vocab = config.get("vocab_size")
     tokenizer = check_tokenizer(cfg.model.tokenizer_path or model, "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path", vocab if isinstance(vocab, int) else None)
     check_prompts(tokenizer, tasks, cfg)
     params = check_weights_fit(model, weights)
     if resume is not None:
-        check_trainer_state(resume, opts, params)
+        check_trainer_state(resume, cfg.buffer.storage.fs_options(), params)
     check_devices(cfg, visible_gpus())
-    return cfg
 
 
 # --------------------------------------------------------------------------- devices

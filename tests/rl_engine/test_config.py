@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import glob
 import re
 import typing
@@ -345,6 +347,7 @@ def test_run_prints_the_warnings_before_it_starts(tmp_path, tiny_model_dir, monk
 
     started = []
     monkeypatch.setattr(cli.run, "check_prefect_api", lambda: None)  # whatever Prefect profile this machine has
+    monkeypatch.setattr(cli.run, "prefect_server_ahead", contextlib.nullcontext)  # no flow runs here: no server
     monkeypatch.setattr(cli.run, "run_watched", lambda cfg, resume=None: started.append(cfg) or "stopped")
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"question": "1+1=", "answer": "2"}\n')
