@@ -20,8 +20,17 @@ KV cache, warm-up inside the worker). Then, with one `rft engine serve` of the s
 `served_start_s`: what the explorer's start costs with `explorer.engine.servers` (the client, its
 claim, the base weights loaded again, its first generate), in a fresh process too.
 
+Last, the command a user types: `rft run` of a synchronous run of that model (one trainer step,
+an arithmetic task set), timed from the command's start to its first rollout's start (the run's
+timeline): `rft_run_to_roles_s` until the roles begin (CLI, preflight, the ephemeral Prefect
+server, the flow), `rft_run_to_first_rollout_s` until the first rollout, and the same with the
+engine server (`served_rft_run_to_first_rollout_s`). Goal (issue 25): <= 15 s on a warm machine.
+--smoke times the served run only (the local one is the same command and costs ~35 s more).
+
 JSON keys: `engine_start_s`, `served_start_s`, `engine_start_saved_s`, one `<part>_s` per part
-above (medians) and `load_weights_s`, `init_engine_s`.
+above (medians) and `load_weights_s`, `init_engine_s`; `rft_run_to_roles_s`,
+`rft_run_to_first_rollout_s` (null with --smoke), `served_rft_run_to_roles_s`,
+`served_rft_run_to_first_rollout_s`.
 """
 
 from __future__ import annotations
@@ -114,6 +123,26 @@ def _local_parts(m: dict[str, float], out: str) -> dict[str, float]:
     return {f"{k}_s": v for k, v in parts.items()} | {"engine_start_s": sum(v for k, v in parts.items() if k != "imports")} | {f"{k}_s": v for k, v in vllm.items()}
 
 
+def _rft_run(cfg: str, log: Path, *overrides: str) -> dict[str, float]:
+    """`rft run CFG` (one trainer step) in a fresh process: seconds from its start to the roles'
+    first span and to the first rollout's start, read from the run's timeline."""
+    import time
+
+    from rl_engine.run.timeline import load_spans
+
+    sets = [a for o in ("trainer.total_steps=1", *overrides) for a in ("--set", o)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "VLLM_CPU_KVCACHE_SPACE"}
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "cli.main", "run", cfg, *sets], capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).resolve().parents[1])
+    log.write_text(p.stdout + p.stderr)
+    run = re.search(r"^run (\S+): engine and library logs", p.stdout, re.M)
+    if p.returncode != 0 or run is None:
+        raise RuntimeError(f"rft run failed (exit {p.returncode}); its output is in {log}:\n{(p.stdout + p.stderr)[-3000:]}")
+    spans = load_spans(run.group(1))
+    rollout = min(s.start for s in spans if s.kind == "rollout")
+    return {"to_roles": min(s.start for s in spans) - t0, "to_first_rollout": rollout - t0}
+
+
 def main(argv: list[str] | None = None) -> int:
     from harness.engine_server import engine_server
     from harness.runs import write_config
@@ -129,21 +158,41 @@ def main(argv: list[str] | None = None) -> int:
         from rl_engine.tiny_model import make_tiny_model
 
         model = str(make_tiny_model(root / "model", seed=0))
-        cfg = write_config(root / "config.yaml", {"model": {"path": model, "max_model_len": 128}, "taskset": {"path": "unused.jsonl"}, "explorer": {"engine": {"kv_cache_space_gib": 0.25}, "sampling": {"max_tokens": 8}}})
+        from rl_engine.rewards import write_arithmetic_taskset
+
+        tasks = str(root / "tasks.jsonl")
+        write_arithmetic_taskset(tasks, n=64, seed=1)
+        cfg = write_config(
+            root / "config.yaml",
+            {
+                "model": {"path": model, "max_model_len": 128},
+                "taskset": {"path": tasks, "prompt_key": "question", "answer_key": "answer", "reward": {"type": "arithmetic"}},
+                "explorer": {"batch_size": 4, "engine": {"kv_cache_space_gib": 0.25}, "sampling": {"max_tokens": 8}},
+                "algorithm": {"repeat_times": 4},
+                "trainer": {"micro_batch_size": 16},
+                "buffer": {"storage": {"url": str(root / "runs")}},
+            },
+        )
         local = [_local_parts(*_run(_LOCAL, cfg, log=root / f"local-{i}.log")) for i in range(n)]
+        cli = [] if args.smoke else [_rft_run(cfg, root / f"rft-run-{i}.log") for i in range(n)]
         with engine_server(cfg, root / "logs") as srv:
             served = []
             for i in range(n + 1):  # the first pays the server's own first-generate warm-up: not counted
                 m, _ = _run(_SERVED, cfg, srv.url, log=root / f"served-{i}.log")
                 served.append(m["ready"] - m["begin"])
             served = served[1:]
+            served_cli = [_rft_run(cfg, root / f"rft-run-served-{i}.log", f'explorer.engine.servers=["{srv.url}"]') for i in range(n)]
     rows = [{"start": f"local {i + 1}", **{k.removesuffix("_s"): round(v, 3) for k, v in r.items()}} for i, r in enumerate(local)]
     rows += [{"start": f"served {i + 1}", "engine_start": round(s, 3)} for i, s in enumerate(served)]
     print_table(rows, title="explorer engine start, seconds (fresh process each; tiny model; engine_start excludes imports)")
     med = {k: round(statistics.median(r[k] for r in local), 3) for k in local[0]}
     served_s = round(statistics.median(served), 3)
     print(f"engine server kept up: the explorer's start is {served_s:.2f} s instead of {med['engine_start_s']:.2f} s (+{med['imports_s']:.1f} s of imports it shares with the run's set-up)")
-    emit_json(med | {"served_start_s": served_s, "engine_start_saved_s": round(med["engine_start_s"] - served_s, 3), "starts": n})
+    runs = [{"rft run": f"{kind} {i + 1}", **{k: round(v, 2) for k, v in r.items()}} for kind, rs in (("local", cli), ("served", served_cli)) for i, r in enumerate(rs)]
+    print_table(runs, title="`rft run` (synchronous, 1 step): seconds from the command's start (goal: first rollout <= 15 s)")
+    cli_med = {f"rft_run_{k}_s": (round(statistics.median(r[k] for r in cli), 2) if cli else None) for k in ("to_roles", "to_first_rollout")}
+    served_med = {f"served_rft_run_{k}_s": round(statistics.median(r[k] for r in served_cli), 2) for k in ("to_roles", "to_first_rollout")}
+    emit_json(med | {"served_start_s": served_s, "engine_start_saved_s": round(med["engine_start_s"] - served_s, 3), "starts": n} | cli_med | served_med)
     return 0
 
 

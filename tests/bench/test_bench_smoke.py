@@ -283,6 +283,10 @@ def test_engine_start(tmp_path):
         positive(r[k])
     assert sum(r[k] for k in parts) == pytest.approx(r["engine_start_s"], abs=0.01)
     assert r["engine_start_saved_s"] == pytest.approx(r["engine_start_s"] - r["served_start_s"], abs=0.01)
+    # `rft run` with the engine server: the roles begin, then the first rollout, after the command started.
+    has_keys(r, "rft_run_to_roles_s", "rft_run_to_first_rollout_s", "served_rft_run_to_roles_s", "served_rft_run_to_first_rollout_s")
+    assert r["rft_run_to_first_rollout_s"] is None  # --smoke: the local-engine run is left out
+    assert 0 < r["served_rft_run_to_roles_s"] < r["served_rft_run_to_first_rollout_s"]
 
 
 def test_faults(tmp_path):
