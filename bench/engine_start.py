@@ -8,12 +8,13 @@ vLLM's first generate call (the warm-up the explorer takes before its first step
 one clock (process start times from /proc, to the clock tick):
 
     imports        torch + vLLM in the explorer's process
-    to_enginecore  LLM(): config resolution until vLLM's EngineCore process exists (spawned)
-    enginecore     EngineCore: its own Python, torch and vLLM imports until it spawns its worker
-    worker         the worker process: imports, model load, KV cache, vLLM's profile run, until LLM() returns
+    to_worker      LLM(): config resolution and the EngineCore's set-up (in the explorer's process
+                   on CPU, rl_engine.rollout.engine) until vLLM's worker process exists (spawned)
+    worker         the worker process: its own Python, torch and vLLM imports, model load, KV cache,
+                   vLLM's profile run, until LLM() returns
     warm_up        vLLM's first generate call
-    engine_start   imports excluded: to_enginecore + enginecore + worker + warm_up (the explorer's
-                   `engine_start` span; the imports happen while a run is set up)
+    engine_start   imports excluded: to_worker + worker + warm_up (the explorer's `engine_start`
+                   span; the imports happen while a run is set up)
 
 vLLM's own figures, from its log: `load_weights_s` (model weights) and `init_engine_s` (profile,
 KV cache, warm-up inside the worker). Then, with one `rft engine serve` of the same config up,
@@ -47,7 +48,7 @@ from pathlib import Path
 
 from bench._report import emit_json, print_table
 
-PARTS = ("imports", "to_enginecore", "enginecore", "worker", "warm_up")
+PARTS = ("imports", "to_worker", "worker", "warm_up")
 
 # Run in a fresh interpreter: prints one JSON line of time.time() marks.
 _LOCAL = r"""
@@ -66,7 +67,6 @@ def main():
     warm_up(engine, cfg.explorer.sampling)
     t["warm"] = time.time()
     from bench.ops import _started_at
-    t["enginecore"] = _started_at(engine._procs.cores[0].pid)
     t["worker"] = min(_started_at(p.pid) for p, _ in engine._procs.workers)
     print("MARKS " + json.dumps(t), flush=True)
     engine.close()
@@ -111,8 +111,7 @@ def _local_parts(m: dict[str, float], out: str) -> dict[str, float]:
     # The interpreter's own start (before `start` was taken in the parent) counts as imports.
     parts = {
         "imports": m["imported"] - m["start"],
-        "to_enginecore": m["enginecore"] - m["llm"],
-        "enginecore": m["worker"] - m["enginecore"],
+        "to_worker": m["worker"] - m["llm"],
         "worker": m["ready"] - m["worker"],
         "warm_up": m["warm"] - m["ready"],
     }

@@ -18,14 +18,19 @@ With top_k / top_p on, it is the truncated, renormalised distribution (tokens ou
 nucleus have probability 0); a trainer that wants to match must apply the same truncation.
 At temperature 0 (greedy) vLLM returns log_softmax(logits) (temperature 1).
 
-Dead engines: vLLM's synchronous client waits for outputs and utility replies without a
-timeout and is never woken when its EngineCore dies, so a call could wait forever. Here every
-blocking vLLM call runs in a helper thread; the caller waits on it and meanwhile polls the
-engine's processes (EngineCore and workers) every `_POLL_S` s. Once one is gone it fails what is
-pending inside vLLM (so the helper returns too) and raises `EngineDiedError` naming the explorer
-and the process, within `_POLL_S + _WAKE_GRACE_S` s of the death even if vLLM never wakes.
-`close()` never waits for a call in flight. The engine processes also exit by themselves when
-the process that built the engine dies (see `rl_engine.sync.worker_ext`).
+Processes: on CPU vLLM's EngineCore (scheduler and step loop) runs in the process that builds
+the engine and only its worker (the model) is spawned; vLLM's default, which the CUDA build
+keeps, spawns the EngineCore too. Each spawned process imports torch and vLLM again, 6-7 s on
+2 cores, and the EngineCore's process was one more hop in every model step.
+
+Dead engines: vLLM's calls can wait without a timeout on a process that died (its synchronous
+client is never woken when a spawned EngineCore dies). Here every blocking vLLM call runs in a
+helper thread; the caller waits on it and meanwhile polls the engine's processes (EngineCore
+and workers) every `_POLL_S` s. Once one is gone it fails what is pending inside vLLM (so the
+helper returns too) and raises `EngineDiedError` naming the explorer and the process, within
+`_POLL_S + _WAKE_GRACE_S` s of the death even if vLLM never wakes. `close()` never waits for a
+call in flight. The engine processes also exit by themselves when the process that built the
+engine dies (see `rl_engine.sync.worker_ext`).
 """
 
 from __future__ import annotations
@@ -136,6 +141,24 @@ def _engine_env(changes: dict[str, str | None]):
                 os.environ[k] = v
 
 
+@contextlib.contextmanager
+def _in_process_core():
+    """What an EngineCore built in this process does to it, undone for the next engine and the
+    rest of the process: vLLM caches its environment variables at the end of an EngineCore's
+    set-up (the next engine would get this one's, its CPU binding included), and freezes the
+    garbage collector's heap (everything alive then, never collected)."""
+    import gc
+
+    import vllm.envs as vllm_envs
+
+    vllm_envs.disable_envs_cache()
+    try:
+        yield
+    finally:
+        vllm_envs.disable_envs_cache()
+        gc.unfreeze()
+
+
 def _pin_own_devices() -> None:
     """Start this process's CUDA driver (cuInit reads CUDA_VISIBLE_DEVICES once) before an engine
     start changes the variable for its processes: a trainer that starts CUDA in another thread of
@@ -166,15 +189,24 @@ def _describe_exit(code: int | None) -> str:
 
 
 class _EngineProcesses:
-    """The processes of one vLLM engine: its EngineCore(s) (multiprocessing children of this
-    process) and their workers (grandchildren, as psutil handles: safe against PID reuse)."""
+    """The processes of one vLLM engine, as psutil handles (safe against PID reuse): its workers,
+    children of this process where the EngineCore runs here (CPU), else grandchildren under
+    spawned EngineCore(s), which are then multiprocessing children of this process (`cores`)."""
 
     def __init__(self, llm: Any):
         import psutil
 
-        manager = getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
+        client = llm.llm_engine.engine_core
+        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
         self.cores: list[Any] = list(getattr(manager, "processes", None) or [])
         self.workers: list[tuple[Any, str]] = []  # (psutil.Process, its name at start)
+        self._own: dict[int, Any] = {}  # pid -> multiprocessing handle of a worker this process spawned
+        # An EngineCore in this process (the CPU default here): its executor's workers are our children.
+        for handle in getattr(getattr(getattr(client, "engine_core", None), "model_executor", None), "workers", None) or []:
+            with contextlib.suppress(psutil.Error):
+                child = psutil.Process(handle.proc.pid)
+                self.workers.append((child, child.name()))
+                self._own[child.pid] = handle.proc
         for core in self.cores:
             with contextlib.suppress(psutil.Error):
                 for child in psutil.Process(core.pid).children(recursive=True):
@@ -210,7 +242,8 @@ class _EngineProcesses:
             except psutil.Error:
                 gone = True
             if gone:
-                return f"{name} pid {w.pid} exited"
+                own = self._own.get(w.pid)
+                return f"{name} pid {w.pid} {_describe_exit(own.exitcode) if own is not None else 'exited'}"
         return None
 
     def kill(self, timeout: float) -> None:
@@ -230,6 +263,18 @@ class _EngineProcesses:
                 core.join(max(0.0, deadline - time.monotonic()))
         with contextlib.suppress(Exception):
             psutil.wait_procs([w for w, _ in self.workers], timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _shutdown_in_process_core(core: Any) -> None:
+    """vLLM 0.32's EngineCore.shutdown() without its last step, cleanup_dist_env_and_memory(),
+    which destroys this process's torch.distributed default group (the trainer's, here) and
+    unfreezes the heap (`_in_process_core` did already): the executor stops its workers, the
+    scheduler and the structured-output backend let go of theirs."""
+    core.structured_output_manager.clear_backend()
+    if core.model_executor:
+        core.model_executor.shutdown()
+    if core.scheduler:
+        core.scheduler.shutdown()
 
 
 def _wake_pending_calls(client: Any) -> None:
@@ -309,6 +354,15 @@ class VLLMRolloutEngine:
             # 1.84 -> 0.02 s). Dynamo off in the engine's processes only.
             env["TORCHDYNAMO_DISABLE"] = "1"
             env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_thread_bind(engine.num_threads, explorer_id) or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+            # The EngineCore (scheduler, the loop of model steps) runs in this process; only the
+            # worker (the model, torch.distributed, its OpenMP threads) is spawned. vLLM's default
+            # on CPU spawns the EngineCore too, a second process importing torch and vLLM: 6-7 s of
+            # every engine start, and a hop (and a spinning reader on a core) in every model step.
+            # (bench.engine_start: LLM() 14.4 -> 8.2 s; 64 x 8 tokens of the demo model 41.6 -> 29.7 ms,
+            # and beside a training loop in this process 55.1 -> 38.4 ms while that loop's step
+            # went 47.7 -> 38.6 ms.)
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            kwargs["distributed_executor_backend"] = "mp"
         else:
             kwargs["gpu_memory_utilization"] = engine.gpu_memory_utilization
             if cuda_visible is not None:
@@ -317,10 +371,20 @@ class VLLMRolloutEngine:
                 # devices only, and are spawned (a fork after this process's CUDA start cannot use CUDA).
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible
                 env["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") or "spawn"
-        with _START_LOCK, _engine_env(env):
+        with _START_LOCK, _engine_env(env), _in_process_core():
             self._llm = LLM(**kwargs)
         self._tokenizer = self._llm.get_tokenizer()
         self._client = self._llm.llm_engine.engine_core
+        self._shutdown: Callable[[], None] = self._client.shutdown
+        core = getattr(self._client, "engine_core", None)  # an EngineCore in this process (vLLM's InprocClient)
+        if core is not None:
+            # Its own teardown (EngineCore.shutdown, also the client's finalizer when it is collected)
+            # ends in cleanup_dist_env_and_memory(): torch.distributed's default process group is
+            # destroyed, and in this process that group is the trainer's.
+            finalizer = getattr(self._client, "_finalizer", None)
+            if finalizer is not None:
+                finalizer.detach()
+            self._shutdown = lambda: _shutdown_in_process_core(core)
         self._procs = _EngineProcesses(self._llm)
         bind = _cpu_thread_bind(engine.num_threads, explorer_id) if current_platform.is_cpu() else None
         if bind:
@@ -519,7 +583,7 @@ class VLLMRolloutEngine:
         client = self._client
         # vLLM's own shutdown (SIGTERM, wait, SIGKILL, close sockets) in a helper thread: on a
         # wedged client it can block, and close() must return.
-        stopper = threading.Thread(target=lambda: client.shutdown(), daemon=True, name=f"rft-engine-close-{self.explorer_id}")
+        stopper = threading.Thread(target=self._shutdown, daemon=True, name=f"rft-engine-close-{self.explorer_id}")
         stopper.start()
         stopper.join(_SHUTDOWN_S)
         self._procs.kill(_KILL_WAIT_S)  # whatever survived, workers of a dead EngineCore included

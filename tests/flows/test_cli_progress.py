@@ -136,7 +136,8 @@ def test_rft_run_prints_progress_and_logs_engines_to_the_run(tiny_model_dir, tas
     run_dir = Path(re.search(r"^run:\s+(\S+)", res.stdout, re.M).group(1))
     log = (run_dir / "logs" / "engines.log").read_text()
     assert f"engine and library logs in {run_dir}/logs/engines.log" in out[0]
-    assert re.search(r"\(EngineCore pid=\d+\) INFO .*Initializing a V1 LLM engine", log), log[-2000:]  # the engine process's own lines
+    assert re.search(r"\(MainProcess pid=\d+\) INFO .*Initializing a V1 LLM engine", log), log[-2000:]  # vLLM's EngineCore (in the run's process on CPU)
+    assert re.search(r"\(VllmWorker-0 pid=\d+\) INFO ", log), log[-2000:]  # the engine's worker process's own lines
     assert "Flow run 'synchronous-" in log and "train t=   3" in log  # Prefect's INFO lines: the file and the UI, not the terminal
 
 

@@ -20,12 +20,13 @@ from rl_engine.config import validate_config
 pytestmark = pytest.mark.slow
 
 
-def engine_cores() -> list[psutil.Process]:
-    """This test process's vLLM EngineCore processes (vLLM titles them `VLLM::EngineCore...`)."""
+def engine_workers() -> list[psutil.Process]:
+    """This test process's vLLM worker processes (vLLM titles them `VLLM::Worker...`): on CPU its
+    children (the EngineCore runs in this process), on GPU the EngineCores' children."""
     out = []
     for p in psutil.Process().children(recursive=True):
         try:
-            if "EngineCore" in " ".join(p.cmdline()):
+            if "VLLM::Worker" in p.name() or "VLLM::Worker" in " ".join(p.cmdline()):
                 out.append(p)
         except psutil.Error:
             pass
@@ -33,18 +34,18 @@ def engine_cores() -> list[psutil.Process]:
 
 
 def kill_engine_mid_run(data: dict, tmp_path: Path) -> None:
-    """Run `data` (many steps), SIGKILL explorer 0's EngineCore once the trainer trained a step:
+    """Run `data` (many steps), SIGKILL explorer 0's worker once the trainer trained a step:
     the run fails naming explorer 0's engine, the process and its signal, within the heartbeat timeout."""
     data["placement"] = {**data.get("placement", {}), "type": "local", "heartbeat_s": 1.0, "heartbeat_timeout_s": 20.0}
     data["seed"] = 4242  # an engine of its own: the session's engine pool never hands a killed one to another test
-    before = {p.pid for p in engine_cores()}  # warm engines of earlier runs (RFT_KEEP_ENGINES): not this run's
+    before = {p.pid for p in engine_workers()}  # warm engines of earlier runs (RFT_KEEP_ENGINES): not this run's
     killed: list[tuple[int, float]] = []
 
     def kill_core() -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not killed:
             if list(tmp_path.glob("*/metrics/role=trainer/step=*.json")):
-                for p in engine_cores():
+                for p in engine_workers():
                     if p.pid not in before:
                         p.kill()
                         killed.append((p.pid, time.monotonic()))
@@ -53,7 +54,7 @@ def kill_engine_mid_run(data: dict, tmp_path: Path) -> None:
 
     killer = threading.Thread(target=kill_core, daemon=True)
     killer.start()
-    with pytest.raises(Exception, match=r"the vLLM engine of explorer 0 died \(EngineCore\S* pid \d+ killed by SIGKILL") as failed:
+    with pytest.raises(Exception, match=r"the vLLM engine of explorer 0 died \(VLLM::Worker\S* pid \d+ (killed by SIGKILL|exited)") as failed:
         run_config(validate_config(data))
     killer.join(5)
     assert killed, "the run's engine never came up"

@@ -21,7 +21,7 @@ from rl_engine.config import validate_config
 from rl_engine.errors import UserError
 from rl_engine.run.devices import PLAN_FILE, cuda_visible
 from rl_engine.run.timeline import load_spans
-from tests.flows.test_killed_engine import engine_cores, kill_engine_mid_run
+from tests.flows.test_killed_engine import engine_workers, kill_engine_mid_run
 from tests.flows.test_trainer_ranks import assert_synchronous_run_kept_logprobs, kill_rank_1_mid_run
 from tests.gpu.helpers import needs_gpus
 
@@ -55,24 +55,24 @@ def test_one_gpu_run_with_checkpoint_sync(prefect_server, tiny_model_dir, task_f
 
 @needs_gpus(1)
 def test_collective_sync_on_one_gpu_is_refused_before_any_engine_starts(prefect_server, tiny_model_dir, task_file, tmp_path):
-    before = {p.pid for p in engine_cores()}
+    before = {p.pid for p in engine_workers()}
     with pytest.raises(UserError, match=r"collective on a single GPU.*NCCL refuses.*use sync_method: checkpoint"):
         _run(tiny_model_dir, task_file, tmp_path, "collective", "refused", devices={"trainer": [0], "explorers": [[0]]})
-    assert {p.pid for p in engine_cores()} <= before
+    assert {p.pid for p in engine_workers()} <= before
 
 
 @needs_gpus(2)
 def test_two_gpu_run_with_collective_nccl_sync_keeps_vllms_logprobs_the_trainers(prefect_server, tiny_model_dir, task_file, tmp_path):
     import torch
 
-    before = {p.pid for p in engine_cores()}
+    before = {p.pid for p in engine_workers()}
     summary = _run(tiny_model_dir, task_file, tmp_path, "collective", "two-gpus")  # the default split: trainer GPU 0, engine GPU 1
     assert_synchronous_run_kept_logprobs(summary, TOTAL)
     plan = _plan(summary)
     assert (plan["trainer"], plan["explorers"]) == ([0], [[1]])
     assert {s.method for s in load_spans(summary["run"]) if s.kind == "sync"} == {"collective"}
     assert torch.cuda.max_memory_allocated(0) > 0 and torch.cuda.max_memory_allocated(1) == 0  # GPU 1 is the engine's alone
-    ours = [p for p in engine_cores() if p.pid not in before]  # kept warm after the run (RFT_KEEP_ENGINES)
+    ours = [p for p in engine_workers() if p.pid not in before]  # kept warm after the run (RFT_KEEP_ENGINES)
     assert ours and all(p.environ().get("CUDA_VISIBLE_DEVICES") == cuda_visible([1]) for p in ours)
 
 

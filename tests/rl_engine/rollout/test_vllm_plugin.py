@@ -1,5 +1,5 @@
 """rl_engine/rollout/vllm_plugin.py: vLLM loads the plugin from the installed entry point, it freezes
-the heap at exit in engine processes only, and a healthy engine's close() lets its EngineCore exit
+the heap at exit in engine processes only, and a healthy engine's close() lets its process exit
 by itself instead of running into vLLM's shutdown timeout.
 
 Measured on the 2-core dev machine (tiny model, one engine, seed 0): close() 5.0 s -> 1.3-1.4 s;
@@ -52,16 +52,15 @@ def test_the_plugin_freezes_the_heap_at_exit_in_engine_processes_only(tmp_path):
 
 
 @pytest.mark.slow
-def test_close_lets_a_healthy_engine_core_exit_by_itself(tiny_model_dir):
-    """Without the plugin the EngineCore was still collecting garbage when vLLM's 5 s shutdown
-    timeout ran out, and vLLM killed it (exit code -9); now it exits 0 and close() is quicker."""
+def test_close_lets_a_healthy_engine_exit_by_itself(tiny_model_dir):
+    """Without the plugin an engine process was still collecting garbage when vLLM's shutdown
+    timeout ran out, and vLLM killed it (exit code -9); now it exits 0 and close() is quicker.
+    (On CPU the EngineCore runs in this process: the engine's process is its worker.)"""
     discard(EXPLORER)
     eng = shared_engine(tiny_model_dir, EXPLORER)
-    (core,) = eng._procs.cores  # the EngineCore process (vLLM's engine manager's)
-    workers = list(eng._procs.workers)
-    assert workers, "no worker process found"
+    ((worker, _),) = eng._procs.workers
+    own = eng._procs._own[worker.pid]  # the multiprocessing handle: it knows the exit code
     t0 = time.monotonic()
     discard(EXPLORER)
     print(f"close() of a healthy engine: {time.monotonic() - t0:.2f} s")
-    assert core.exitcode == 0, f"the EngineCore did not exit by itself: exit code {core.exitcode}"
-    assert not any(w.is_running() for w, _ in workers), "a worker outlived close()"
+    assert own.exitcode == 0, f"the worker did not exit by itself: exit code {own.exitcode}"

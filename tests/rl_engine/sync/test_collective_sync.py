@@ -71,17 +71,16 @@ def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2, tmp_p
 
 
 @pytest.mark.slow
-def test_killed_engine_core_raises_engine_died(engine2):
+def test_killed_engine_raises_engine_died(engine2):
     """Runs after the two-engine test (same file, later): explorer 1's engine is not needed afterwards."""
-    import os
-    import signal
+    import psutil
 
     from rl_engine.rollout.engine import EngineDiedError
     from tests.rl_engine.rollout.engines import discard
 
-    proc = engine2.llm.llm_engine.engine_core.resources.engine_manager.processes[0]
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.join(timeout=30)
+    ((worker, _),) = engine2._procs.workers  # its EngineCore runs in this process on CPU
+    worker.kill()
+    psutil.wait_procs([worker], timeout=30)
     try:
         # In threads with a timeout: a call that waited forever on the dead engine must fail the test, not hang it.
         for call in (lambda: rollouts(engine2), lambda: engine2.rpc("rft_version", timeout=30)):
