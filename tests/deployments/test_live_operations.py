@@ -216,7 +216,7 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
     run_lines = lines_of_run(rft_worker.log_path.read_text().splitlines()[worker_lines:], {run_id, created["name"], run_name})
     assert len(run_lines) < 30 and f"engine and library output in {run_dir}/logs/engines.log" in "\n".join(run_lines), "\n".join(run_lines)
     engines = (run_dir / "logs" / "engines.log").read_text()
-    assert "EngineCore" in engines and "Failed to load weights" not in engines, engines[-3000:]
+    assert "Initializing a V1 LLM engine" in engines and "(VllmWorker-0 pid=" in engines and "Failed to load weights" not in engines, engines[-3000:]
     print(f"worker terminal: {len(run_lines)} lines for the run; engines.log: {len(engines.splitlines())} lines")
     assert "run summary:" in prefect_live.cli("flow-run", "logs", run_id).stdout  # the flow run's own lines, where the README says
     # How to resume it, and the model it reached, as artifacts; the artifact's command resumes it on the worker.
