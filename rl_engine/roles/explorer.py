@@ -11,7 +11,7 @@ version if any; wait only when admission control requires it: `max_staleness`, o
 without it, see `rl_engine.schedule.admission_wait`). How the weights travel, and the
 board keys of that handshake, are the sync method's business (`rl_engine.sync`).
 
-Engines are expensive to start (~20 s on CPU, and vLLM's first generate call may pay one-off
+Engines are expensive to start (~12 s on 2 CPU cores, and vLLM's first generate call may pay one-off
 set-up costs, which `warm_up` takes before the first step). The explorer records both as
 its `engine_start` span, so rollout 1 is generation only. `ENGINES` keeps engines warm across
 runs of one process when RFT_KEEP_ENGINES=1 (tests, benchmarks; Prefect's `serve` and workers

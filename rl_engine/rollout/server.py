@@ -1,7 +1,7 @@
 """A rollout engine that stays up between runs: vLLM's own server, and the explorer's client of it.
 
-Starting a vLLM engine costs ~20-25 s on 2 CPU cores (the CPU build spawns two processes, an
-EngineCore and its worker, and each imports torch and vLLM again; the model itself loads in
+Starting a vLLM engine costs ~12 s on 2 CPU cores (it spawns a worker process, which imports
+torch and vLLM again, and vLLM's set-up runs in both; the model itself loads in
 milliseconds). Runs that start often (scheduled retraining, API-triggered runs of a lineage) can
 skip it: keep an engine server up and point the runs' explorers at it.
 
