@@ -237,12 +237,16 @@ class _EngineProcesses:
             if code is not None:
                 return f"{core.name} pid {core.pid} {_describe_exit(code)}"
         for w, name in self.workers:
+            own = self._own.get(w.pid)
             try:
                 gone = not w.is_running() or w.status() == psutil.STATUS_ZOMBIE  # unreaped counts as gone
             except psutil.Error:
                 gone = True
             if gone:
-                own = self._own.get(w.pid)
+                if own is not None:
+                    # vLLM's own monitor may be reaping it this moment (its exit code is set a
+                    # moment after): the handle's sentinel is ready, so this returns at once.
+                    own.join(1.0)
                 return f"{name} pid {w.pid} {_describe_exit(own.exitcode) if own is not None else 'exited'}"
         return None
 
