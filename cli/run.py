@@ -69,14 +69,10 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
     traceback Prefect would log for it."""
     from cli.main import migration_warnings, print_warnings
     from rl_engine.config import config_warnings, migrate, read_yaml
-    from rl_engine.run.preflight import check_inputs, check_model
-
     source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
     cfg = load_config(config, overrides)
     check_prefect_api()
-    cfg, tasks = check_inputs(cfg, resume, source)
-    with prefect_server_ahead():
-        check_model(cfg, tasks, resume)
+    cfg = checked(cfg, resume, source)
     print_warnings(config_warnings(cfg) + migration_warnings(config, migrate(read_yaml(config))[1]))
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     summary = run_watched(cfg, resume)
@@ -85,6 +81,17 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
         return 1
     print_summary(summary)
     return 0
+
+
+def checked(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> RFTConfig:
+    """rl_engine.run.preflight's checks as `rft run` makes them: its model checks (seconds of
+    imports) beside the start of the run's ephemeral Prefect server. Returns the run's config."""
+    from rl_engine.run.preflight import check_inputs, check_model
+
+    inputs = check_inputs(cfg, resume, source)
+    with prefect_server_ahead():
+        check_model(inputs, resume)
+    return inputs.cfg
 
 
 @contextmanager
@@ -150,7 +157,6 @@ def print_summary(summary: dict[str, Any]) -> None:
 def demo(root: str = "runs") -> int:
     """Build the demo's model and tasks if missing, then run configs/demo.yaml under `root`."""
     from rl_engine.rewards import write_arithmetic_taskset
-    from rl_engine.run.preflight import check_inputs, check_model
     from rl_engine.warmstart import main as warmstart
 
     model, tasks = Path(root, "models", "tiny-arith-sft"), Path(root, "data", "arith-train.jsonl")
@@ -161,9 +167,7 @@ def demo(root: str = "runs") -> int:
         write_arithmetic_taskset(str(tasks), n=2000, seed=1)
     cfg = load_config(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"])
     check_prefect_api()
-    cfg, task_list = check_inputs(cfg)
-    with prefect_server_ahead():
-        check_model(cfg, task_list)
+    cfg = checked(cfg)
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     summary = run_watched(cfg)
     if not isinstance(summary, dict):

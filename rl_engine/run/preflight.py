@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rl_engine.config import ConfigError, ModelConfig, RFTConfig
 from rl_engine.errors import UserError
@@ -55,14 +55,23 @@ REWARDS_NEEDING_ANSWER = ("arithmetic", "countdown", "final_answer")
 def preflight(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> RFTConfig:
     """Check everything a run needs that can be checked without an engine; returns the config the
     run will use (on resume: the run's saved one). Raises UserError naming the problem and the fix."""
-    cfg, tasks = check_inputs(cfg, resume, source)
-    check_model(cfg, tasks, resume)
-    return cfg
+    inputs = check_inputs(cfg, resume, source)
+    check_model(inputs, resume)
+    return inputs.cfg
 
 
-def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> tuple[RFTConfig, list[Any]]:
+class Inputs(NamedTuple):
+    """What `check_inputs` read, for `check_model`: the run's config, its tasks, the model's config.json and weight shapes."""
+
+    cfg: RFTConfig
+    tasks: list[Any]
+    config: dict[str, Any]
+    weights: dict[str, tuple[int, ...]]
+
+
+def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> Inputs:
     """Preflight's first part, milliseconds on local storage: the run, storage, reward, workflow,
-    task set and the model directory's files. Returns the run's config and its tasks (for `check_model`)."""
+    task set and the model directory's files."""
     opts = cfg.buffer.storage.fs_options()
     check_reachable(resume or cfg.buffer.storage.url, opts)
     if resume is None:
@@ -81,16 +90,16 @@ def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the c
     reward = cfg.taskset.reward.type
     tasks = load_taskset(cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None)
     check_model_paths(cfg.model)
-    config, _ = check_model_dir(cfg.model.path)
+    config, weights = check_model_dir(cfg.model.path)
     check_context_length(cfg.model.max_model_len, config, cfg.model.path)
-    return cfg, tasks
+    return Inputs(cfg, tasks, config, weights)
 
 
-def check_model(cfg: RFTConfig, tasks: list[Any], resume: str | None = None) -> None:
+def check_model(inputs: Inputs, resume: str | None = None) -> None:
     """Preflight's second part, seconds (it imports transformers and torch): the tokenizer, the
     prompts' lengths, the weights against config.json, a resumed run's trainer state, the devices."""
+    cfg, tasks, config, weights = inputs
     model = cfg.model.path
-    config, weights = check_model_dir(model)
     vocab = config.get("vocab_size")
     tokenizer = check_tokenizer(cfg.model.tokenizer_path or model, "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path", vocab if isinstance(vocab, int) else None)
     check_prompts(tokenizer, tasks, cfg)
