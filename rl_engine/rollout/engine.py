@@ -51,6 +51,7 @@ from typing import Any, Literal, Protocol, Sequence
 from rl_engine.config import EngineConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
+from rl_engine.rollout import inproc
 
 log = logging.getLogger(__name__)
 
@@ -139,24 +140,6 @@ def _engine_env(changes: dict[str, str | None]):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-@contextlib.contextmanager
-def _in_process_core():
-    """What an EngineCore built in this process does to it, undone for the next engine and the
-    rest of the process: vLLM caches its environment variables at the end of an EngineCore's
-    set-up (the next engine would get this one's, its CPU binding included), and freezes the
-    garbage collector's heap (everything alive then, never collected)."""
-    import gc
-
-    import vllm.envs as vllm_envs
-
-    vllm_envs.disable_envs_cache()
-    try:
-        yield
-    finally:
-        vllm_envs.disable_envs_cache()
-        gc.unfreeze()
 
 
 def _pin_own_devices() -> None:
@@ -269,18 +252,6 @@ class _EngineProcesses:
             psutil.wait_procs([w for w, _ in self.workers], timeout=max(0.0, deadline - time.monotonic()))
 
 
-def _shutdown_in_process_core(core: Any) -> None:
-    """vLLM 0.32's EngineCore.shutdown() without its last step, cleanup_dist_env_and_memory(),
-    which destroys this process's torch.distributed default group (the trainer's, here) and
-    unfreezes the heap (`_in_process_core` did already): the executor stops its workers, the
-    scheduler and the structured-output backend let go of theirs."""
-    core.structured_output_manager.clear_backend()
-    if core.model_executor:
-        core.model_executor.shutdown()
-    if core.scheduler:
-        core.scheduler.shutdown()
-
-
 def _wake_pending_calls(client: Any) -> None:
     """Fail every call blocked inside vLLM's synchronous client (SyncMPClient, vLLM 0.32).
 
@@ -375,20 +346,13 @@ class VLLMRolloutEngine:
                 # devices only, and are spawned (a fork after this process's CUDA start cannot use CUDA).
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible
                 env["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") or "spawn"
-        with _START_LOCK, _engine_env(env), _in_process_core():
+        with _START_LOCK, _engine_env(env), inproc.starting():
             self._llm = LLM(**kwargs)
         self._tokenizer = self._llm.get_tokenizer()
         self._client = self._llm.llm_engine.engine_core
         self._shutdown: Callable[[], None] = self._client.shutdown
-        core = getattr(self._client, "engine_core", None)  # an EngineCore in this process (vLLM's InprocClient)
-        if core is not None:
-            # Its own teardown (EngineCore.shutdown, also the client's finalizer when it is collected)
-            # ends in cleanup_dist_env_and_memory(): torch.distributed's default process group is
-            # destroyed, and in this process that group is the trainer's.
-            finalizer = getattr(self._client, "_finalizer", None)
-            if finalizer is not None:
-                finalizer.detach()
-            self._shutdown = lambda: _shutdown_in_process_core(core)
+        if getattr(self._client, "engine_core", None) is not None:  # an EngineCore in this process (vLLM's InprocClient)
+            self._shutdown = inproc.adopt(self._client)
         self._procs = _EngineProcesses(self._llm)
         bind = _cpu_thread_bind(engine.num_threads, explorer_id) if current_platform.is_cpu() else None
         if bind:
