@@ -8,20 +8,17 @@ own, and this module undoes or replaces each:
   torch to one thread (`starting`);
 - its teardown destroys torch.distributed's default group, which here is the trainer's
   (`adopt` detaches it and returns a shutdown without that step);
-- it busy-waits for the worker's reply to every model step (`adopt`: it sleeps instead).
+- it busy-waits for the worker's reply to every model step (`adopt`: it sleeps instead, `shm_wait`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import os
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-_SPIN_S = 0.0002  # right after a message, the next is often a moment away: yield the core, do not sleep
-_MAX_SLEEP_S = 0.001  # the most a reply can wait unseen once it arrives
+from rl_engine.rollout.shm_wait import wait_with_backoff
 
 
 @contextlib.contextmanager
@@ -58,7 +55,7 @@ def adopt(client: Any) -> Callable[[], None]:
     if finalizer is not None:
         finalizer.detach()
     for queue in getattr(core.model_executor, "response_mqs", None) or []:
-        _wait_with_backoff(queue)
+        wait_with_backoff(queue)  # its reply to each model step: sleep, not spin (shm_wait)
     return lambda: _shutdown(core)
 
 
@@ -71,33 +68,3 @@ def _shutdown(core: Any) -> None:
         core.model_executor.shutdown()
     if core.scheduler:
         core.scheduler.shutdown()
-
-
-class _BackoffWait:
-    """What a reader of one of vLLM's shared-memory queues does while its next message is not
-    there: yield for `_SPIN_S` after the last message, then sleep, each sleep a tenth of the time
-    waited so far and at most `_MAX_SLEEP_S` (a reply is seen at most ~10% or 1 ms late).
-
-    vLLM's own wait (SpinCondition.wait) spins with sched_yield for a second after every message.
-    In a process of its own, pinned to the worker's core, that cost nothing; here it holds a core
-    of the trainer's through every model step of the real model (~0.1-0.3 s each): bench.real's
-    overlapped trainer step got 25% slower. Its other mode, a zmq notification, is no fix: a
-    notification can be dropped (its PUB socket keeps one), and the reader then sleeps out vLLM's
-    5 s recheck (the demo's synchronous step median went 0.10 -> 5.1 s)."""
-
-    def __init__(self, condition: Any):
-        self._condition = condition
-
-    def __call__(self, timeout_ms: int | None = None) -> None:
-        waited = time.monotonic() - self._condition.last_read
-        if waited < _SPIN_S:
-            os.sched_yield()
-            return
-        sleep = min(_MAX_SLEEP_S, waited / 10)
-        time.sleep(sleep if timeout_ms is None else min(sleep, timeout_ms / 1000))
-
-
-def _wait_with_backoff(queue: Any) -> None:
-    condition = getattr(queue, "_spin_condition", None)
-    if condition is not None and condition.is_reader:
-        condition.wait = _BackoffWait(condition)

@@ -1,7 +1,7 @@
-"""The in-process EngineCore's waits (rl_engine.rollout.inproc): a reader of vLLM's shared-memory
-queue sleeps with backoff instead of spinning, and still gets every message.
+"""rl_engine.rollout.shm_wait: a reader of vLLM's shared-memory queue sleeps with backoff instead
+of spinning, and still gets every message.
 
-    .venv/bin/python -m pytest tests/rl_engine/rollout/test_inproc.py -q
+    .venv/bin/python -m pytest tests/rl_engine/rollout/test_shm_wait.py -q
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from rl_engine.rollout import inproc
+from rl_engine.rollout import shm_wait
 
 
 class _Condition:
@@ -30,10 +30,10 @@ class _Condition:
 )
 def test_backoff_sleeps_a_tenth_of_the_wait_capped(monkeypatch, waited, timeout_ms, sleep):
     slept, yielded = [], []
-    monkeypatch.setattr(inproc.time, "monotonic", lambda: 100.0)
-    monkeypatch.setattr(inproc.time, "sleep", slept.append)
-    monkeypatch.setattr(inproc.os, "sched_yield", lambda: yielded.append(1))
-    inproc._BackoffWait(_Condition(last_read=100.0 - waited))(timeout_ms)
+    monkeypatch.setattr(shm_wait.time, "monotonic", lambda: 100.0)
+    monkeypatch.setattr(shm_wait.time, "sleep", slept.append)
+    monkeypatch.setattr(shm_wait.os, "sched_yield", lambda: yielded.append(1))
+    shm_wait.backoff_wait(_Condition(last_read=100.0 - waited), timeout_ms)
     assert slept == ([] if sleep is None else [pytest.approx(sleep)])
     assert yielded == ([1] if sleep is None else [])
 
@@ -46,8 +46,7 @@ def test_a_backoff_reader_gets_every_message_without_spinning():
 
     writer = MessageQueue(n_reader=1, n_local_reader=1, max_chunk_bytes=1 << 16, max_chunks=4)
     reader = MessageQueue.create_from_handle(writer.export_handle(), 0)
-    inproc._wait_with_backoff(reader)
-    assert isinstance(reader._spin_condition.wait, inproc._BackoffWait)
+    shm_wait.wait_with_backoff(reader)
     ready = threading.Thread(target=writer.wait_until_ready, daemon=True)
     ready.start()
     reader.wait_until_ready()
