@@ -39,7 +39,6 @@ import contextlib
 import hashlib
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +51,7 @@ from rl_engine.config import EngineConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
 from rl_engine.rollout import inproc
+from rl_engine.rollout.processes import EngineProcesses, wake_pending_calls
 
 log = logging.getLogger(__name__)
 
@@ -162,119 +162,6 @@ def _cpu_thread_bind(num_threads: int | None, explorer_id: int) -> str | None:
     return ",".join(str(c) for c in cores)
 
 
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exited"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
-
-
-class _EngineProcesses:
-    """The processes of one vLLM engine, as psutil handles (safe against PID reuse): its workers,
-    children of this process where the EngineCore runs here (CPU), else grandchildren under
-    spawned EngineCore(s), which are then multiprocessing children of this process (`cores`)."""
-
-    def __init__(self, llm: Any):
-        import psutil
-
-        client = llm.llm_engine.engine_core
-        manager = getattr(getattr(client, "resources", None), "engine_manager", None)
-        self.cores: list[Any] = list(getattr(manager, "processes", None) or [])
-        self.workers: list[tuple[Any, str]] = []  # (psutil.Process, its name at start)
-        self._own: dict[int, Any] = {}  # pid -> multiprocessing handle of a worker this process spawned
-        # An EngineCore in this process (the CPU default here): its executor's workers are our children.
-        for handle in getattr(getattr(getattr(client, "engine_core", None), "model_executor", None), "workers", None) or []:
-            with contextlib.suppress(psutil.Error):
-                child = psutil.Process(handle.proc.pid)
-                self.workers.append((child, child.name()))
-                self._own[child.pid] = handle.proc
-        for core in self.cores:
-            with contextlib.suppress(psutil.Error):
-                for child in psutil.Process(core.pid).children(recursive=True):
-                    # A resource tracker is bookkeeping, not part of the engine; it exits on its own.
-                    with contextlib.suppress(psutil.Error):
-                        if "resource_tracker" not in " ".join(child.cmdline()):
-                            self.workers.append((child, child.name()))
-
-    def pin_cores(self, cores: list[int]) -> None:
-        """Keep the EngineCore processes on the worker's cores. Between model steps the EngineCore
-        busy-waits on vLLM's shared-memory queue (it spins for a second after every message);
-        unpinned, that spinning takes a core from whatever runs beside the engine, such as the
-        trainer (bench.partial, one core each, seed 0, one run: explorer step without partial
-        rollouts 0.74 -> 0.57 s, trainer step 0.77 -> 0.61 s). Pinned, it yields to the worker
-        it waits for."""
-        import psutil
-
-        for core in self.cores:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(core.pid).cpu_affinity(cores)
-
-    def first_dead(self) -> str | None:
-        """'<name> pid <pid> <how>' of the first engine process that is gone, else None."""
-        import psutil
-
-        for core in self.cores:
-            code = core.exitcode
-            if code is not None:
-                return f"{core.name} pid {core.pid} {_describe_exit(code)}"
-        for w, name in self.workers:
-            own = self._own.get(w.pid)
-            try:
-                gone = not w.is_running() or w.status() == psutil.STATUS_ZOMBIE  # unreaped counts as gone
-            except psutil.Error:
-                gone = True
-            if gone:
-                if own is not None:
-                    # vLLM's own monitor may be reaping it this moment (its exit code is set a
-                    # moment after): the handle's sentinel is ready, so this returns at once.
-                    own.join(1.0)
-                return f"{name} pid {w.pid} {_describe_exit(own.exitcode) if own is not None else 'exited'}"
-        return None
-
-    def kill(self, timeout: float) -> None:
-        """SIGKILL every engine process still running and wait up to `timeout` s for them to exit."""
-        import psutil
-
-        for core in self.cores:
-            with contextlib.suppress(Exception):
-                if core.exitcode is None:
-                    core.kill()
-        for w, _ in self.workers:
-            with contextlib.suppress(psutil.Error):
-                w.kill()
-        deadline = time.monotonic() + timeout
-        for core in self.cores:
-            with contextlib.suppress(Exception):
-                core.join(max(0.0, deadline - time.monotonic()))
-        with contextlib.suppress(Exception):
-            psutil.wait_procs([w for w, _ in self.workers], timeout=max(0.0, deadline - time.monotonic()))
-
-
-def _wake_pending_calls(client: Any) -> None:
-    """Fail every call blocked inside vLLM's synchronous client (SyncMPClient, vLLM 0.32).
-
-    vLLM's own monitor marks a dead EngineCore but leaves `generate` blocked on
-    `outputs_queue.get()` and utility calls (`collective_rpc`, `reset_prefix_cache`) on futures
-    nobody completes (and it does not watch the workers at all).
-    Internals, hence every step guarded: the caller's bounded wait (`_call`) is the backstop.
-    """
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    resources = getattr(client, "resources", None)
-    if resources is not None:
-        resources.engine_dead = True  # set first: a call that sends after this fails in ensure_alive()
-    outputs = getattr(client, "outputs_queue", None)
-    if outputs is not None:
-        with contextlib.suppress(Exception):
-            outputs.put_nowait(EngineDeadError(suppress_context=True))
-    for fut in list((getattr(client, "utility_results", None) or {}).values()):
-        with contextlib.suppress(Exception):
-            if not fut.done():
-                fut.set_exception(EngineDeadError(suppress_context=True))
-
-
 class VLLMRolloutEngine:
     """A live vLLM `LLM` with the RFT worker extension; thread-safe (one call at a time).
 
@@ -353,7 +240,7 @@ class VLLMRolloutEngine:
         self._shutdown: Callable[[], None] = self._client.shutdown
         if getattr(self._client, "engine_core", None) is not None:  # an EngineCore in this process (vLLM's InprocClient)
             self._shutdown = inproc.adopt(self._client)
-        self._procs = _EngineProcesses(self._llm)
+        self._procs = EngineProcesses(self._llm)
         bind = _cpu_thread_bind(engine.num_threads, explorer_id) if current_platform.is_cpu() else None
         if bind:
             self._procs.pin_cores([int(c) for c in bind.split(",")])
@@ -529,7 +416,7 @@ class VLLMRolloutEngine:
         if self._dead is None:
             self._dead = which
             log.warning("explorer %d: vLLM engine process %s; failing its pending calls", self.explorer_id, which)
-        _wake_pending_calls(self._client)
+        wake_pending_calls(self._client)
 
     def _raise_if_dead(self, e: BaseException) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -555,7 +442,7 @@ class VLLMRolloutEngine:
         stopper.start()
         stopper.join(_SHUTDOWN_S)
         self._procs.kill(_KILL_WAIT_S)  # whatever survived, workers of a dead EngineCore included
-        _wake_pending_calls(client)
+        wake_pending_calls(client)
         self._llm = None
 
     def __enter__(self) -> "VLLMRolloutEngine":

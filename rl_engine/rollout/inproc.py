@@ -5,7 +5,7 @@ builds it and spawns only the worker. Three things vLLM 0.32 does there assume a
 own, and this module undoes or replaces each:
 
 - its set-up caches vLLM's environment variables, freezes the garbage collector's heap and sets
-  torch to one thread (`starting`);
+  torch to one thread (`starting` undoes the first two and skips the third);
 - its teardown destroys torch.distributed's default group, which here is the trainer's
   (`adopt` detaches it and returns a shutdown without that step);
 - it busy-waits for the worker's reply to every model step (`adopt`: it sleeps instead, `shm_wait`).
@@ -25,20 +25,29 @@ from rl_engine.rollout.shm_wait import wait_with_backoff
 def starting() -> Iterator[None]:
     """Around one engine start: vLLM's environment cache cleared before and after (the next engine
     would get this one's, its CPU binding included), the heap vLLM froze unfrozen (everything
-    alive at the end of the start would never be collected), and torch's thread count put back.
+    alive at the end of the start would never be collected), and torch's thread count untouched.
 
-    vLLM's executor sets torch to one thread for serving (set_torch_threads_for_runtime), right
-    for a process that only schedules; here the setting is the default of every thread started
-    after it, the trainer's included: bench.real's trainer step went 13.9 -> 23.4 s, and its
-    plain-torch reference step, run later in the same process, 14.6 -> 27.2 s."""
+    vLLM sets torch to one thread for serving (its executor: set_torch_threads_for_runtime; its
+    chat-template warm-up: set_default_torch_num_threads(1)), right for a process that only
+    schedules. Here that count is the process's: a thread takes it at its first torch op, and
+    keeps it. A trainer that loaded its model during the engine's start trained its first 9 steps
+    of bench.real at ~40 s each, then ~19 s; the bench's plain-torch reference step, run after,
+    took 27.2 s instead of 14.6 s. Both calls are skipped while this engine starts (the starts are
+    serialised), and the count is put back at the end in case another path set it."""
     import torch
     import vllm.envs as vllm_envs
+    import vllm.renderers.base as renderers
+    import vllm.v1.executor.multiproc_executor as executor
 
     threads = torch.get_num_threads()
+    kept = executor.set_torch_threads_for_runtime, renderers.set_default_torch_num_threads
+    executor.set_torch_threads_for_runtime = lambda: None
+    renderers.set_default_torch_num_threads = lambda num_threads=None: contextlib.nullcontext()
     vllm_envs.disable_envs_cache()
     try:
         yield
     finally:
+        executor.set_torch_threads_for_runtime, renderers.set_default_torch_num_threads = kept
         vllm_envs.disable_envs_cache()
         gc.unfreeze()
         torch.set_num_threads(threads)
