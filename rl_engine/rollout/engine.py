@@ -241,9 +241,6 @@ class VLLMRolloutEngine:
         if getattr(self._client, "engine_core", None) is not None:  # an EngineCore in this process (vLLM's InprocClient)
             self._shutdown = inproc.adopt(self._client)
         self._procs = EngineProcesses(self._llm)
-        bind = _cpu_thread_bind(engine.num_threads, explorer_id) if current_platform.is_cpu() else None
-        if bind:
-            self._procs.pin_cores([int(c) for c in bind.split(",")])
 
     # ---- properties
 

@@ -48,19 +48,6 @@ class EngineProcesses:
                         if "resource_tracker" not in " ".join(child.cmdline()):
                             self.workers.append((child, child.name()))
 
-    def pin_cores(self, cores: list[int]) -> None:
-        """Keep the EngineCore processes on the worker's cores. Between model steps the EngineCore
-        busy-waits on vLLM's shared-memory queue (it spins for a second after every message);
-        unpinned, that spinning takes a core from whatever runs beside the engine, such as the
-        trainer (bench.partial, one core each, seed 0, one run: explorer step without partial
-        rollouts 0.74 -> 0.57 s, trainer step 0.77 -> 0.61 s). Pinned, it yields to the worker
-        it waits for."""
-        import psutil
-
-        for core in self.cores:
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(core.pid).cpu_affinity(cores)
-
     def first_dead(self) -> str | None:
         """'<name> pid <pid> <how>' of the first engine process that is gone, else None."""
         import psutil

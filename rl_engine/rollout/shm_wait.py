@@ -3,9 +3,9 @@ worker's reply to each model step: sleeping with backoff instead of vLLM's spinn
 takes a core from the trainer beside it.
 
 vLLM 0.32's reader (MessageQueue.acquire_read -> SpinCondition.wait) spins with sched_yield for a
-second after every message before it waits on a zmq notification. On the real model a model step
-takes 0.1-0.3 s, all of it spun through in the trainer's process (bench.real --quick, one run each:
-s_per_step 21.7 -> 20.9 s, generated tokens/s 70 -> 84 with the backoff). vLLM's idle mode is no
+second after every message before it waits on a zmq notification, so every model step is spun
+through in the trainer's process (bench.real --quick, one run each: s_per_step 21.7 -> 20.9 s,
+generated tokens/s 70 -> 84 with the backoff). vLLM's idle mode is no
 fix: a notification can be dropped (its PUB socket keeps one), and the reader then sleeps out
 vLLM's 5 s recheck (the demo's synchronous step median went 0.10 -> 5.1 s with the busy loop off).
 
