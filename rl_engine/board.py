@@ -214,6 +214,17 @@ def request_stop(board: Board, kind: str, reason: str, by: str) -> None:
         board.post(STOP_KEY, {"kind": kind, "reason": reason, "by": by})
 
 
+def restate_failure(board: Board, reason: str, by: str) -> None:
+    """Role `by` failed: post `reason` as the run's stop request in place of `by`'s own earlier
+    failure report, if that is what stopped the run (another role's request stays, as with
+    `request_stop`). The trainer's launcher uses it: it sees every rank, while trainer rank 0, which
+    reports its own failure first, sees only its side: a peer rank killed mid-collective reached
+    rank 0 as "Connection reset by peer", and the run said that instead of the killed rank."""
+    req = board.get(STOP_KEY)
+    if req is None or (req.get("by") == by and req.get("kind") == "failed"):
+        board.post(STOP_KEY, {"kind": "failed", "reason": reason, "by": by})
+
+
 class RoleSignals:
     """One role's link to the run's board, kept up by a background thread.
 

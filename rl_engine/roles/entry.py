@@ -27,7 +27,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 from rl_engine.config import RendezvousSync
-from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_name
+from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, restate_failure, role_name
 from rl_engine.roles.evaluation import Evaluator, OnEval, save_due_weights
 from rl_engine.roles.explorer import Explorer
 from rl_engine.run.lease import Fence, LeaseLost
@@ -181,7 +181,7 @@ def _trainer_ranks(run: RunContext, on_step: OnStep | None, env: dict[str, str])
         t = run.cfg.trainer
         run_ranks(ranks_command(run.url, run.storage_options, t.num_ranks, t.nodes, 0, t.rendezvous), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s, env=env)
     except RanksFailed as e:
-        request_stop(board, "failed", f"trainer failed: {e}", by=role_name())
+        restate_failure(board, f"trainer failed: {e}", by=role_name())  # torchrun's account of every rank over rank 0's own
         raise
     req = board.get(STOP_KEY)
     return RoleResult(steps.metrics, req if req is not None and req.get("kind") != "finished" else None)

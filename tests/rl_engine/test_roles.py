@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, role_key, silent_roles
+from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, request_stop, restate_failure, role_key, silent_roles
 from rl_engine.roles.entry import Role, watched_peers
 from rl_engine.run.context import ResumePoint, post_start, read_start, start_run
 from tests.rl_engine.rollout.engines import make_config
@@ -43,6 +43,23 @@ def test_stop_request_reaches_every_role_and_the_first_reason_wins(tmp_path):
     finally:
         a.close("stopped"), b.close("stopped")
     assert board.get(role_key("trainer"))["state"] == "stopped"
+
+
+def test_a_role_restates_its_own_failure_but_never_another_roles_request(tmp_path):
+    """The trainer's launcher names the killed rank in place of rank 0's "connection reset" (both
+    the trainer's); a stop that another role asked for first stays the run's reason."""
+    own, other, empty = (Board(str(tmp_path / d)) for d in ("own", "other", "empty"))
+    request_stop(own, "failed", "trainer failed: RuntimeError: Connection reset by peer", by="trainer")
+    request_stop(other, "failed", "explorer-0 failed: EngineDiedError: worker gone", by="explorer-0")
+    for board in (own, other, empty):
+        restate_failure(board, "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)", by="trainer")
+    assert own.get(STOP_KEY)["reason"] == empty.get(STOP_KEY)["reason"] == "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)"
+    assert (own.get(STOP_KEY)["kind"], own.get(STOP_KEY)["by"]) == ("failed", "trainer")
+    assert other.get(STOP_KEY)["reason"] == "explorer-0 failed: EngineDiedError: worker gone"
+    cancelled = Board(str(tmp_path / "cancelled"))
+    request_stop(cancelled, "cancelled", "the flow run was cancelled", by="trainer")  # not a failure report: stays
+    restate_failure(cancelled, "trainer failed: late", by="trainer")
+    assert cancelled.get(STOP_KEY)["kind"] == "cancelled"
 
 
 def test_heartbeats_refresh_the_role_marker(tmp_path):
