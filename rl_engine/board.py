@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # ---- the key schema (one file per key under <run>/control/)
 START_KEY = "start"  # the attempt's start marker: attempt id, trainer version and explorer steps to start from (run.context.post_start)
-STOP_KEY = "stop"  # the run's stop request: kind, reason, by (request_stop)
+STOP_KEY = "stop"  # the run's stop request: kind, reason, by, failure_of (request_stop, restate_failure)
 TRAINER_KEY = "trainer"  # the trainer role's progress: version, newest published version, lost rows
 TRAINER = "trainer"  # the trainer role's name (explorers are `explorer-<i>`, role_name)
 
@@ -207,22 +207,23 @@ def role_key(role: str) -> str:
     return f"role-{role}"
 
 
-def request_stop(board: Board, kind: str, reason: str, by: str) -> None:
+def request_stop(board: Board, kind: str, reason: str, by: str, failure_of: str | None = None) -> None:
     """Ask every role of the run to stop: kind `finished` (training done), `cancelled`, or `failed`.
-    The first request wins: a later one never hides why the run stopped."""
+    The first request wins: a later one never hides why the run stopped. `failure_of` names the
+    role whose own failure the request reports (its loop raised), which that role may restate."""
     if board.get(STOP_KEY) is None:
-        board.post(STOP_KEY, {"kind": kind, "reason": reason, "by": by})
+        board.post(STOP_KEY, {"kind": kind, "reason": reason, "by": by, **({"failure_of": failure_of} if failure_of else {})})
 
 
-def restate_failure(board: Board, reason: str, by: str) -> None:
-    """Role `by` failed: post `reason` as the run's stop request in place of `by`'s own earlier
-    failure report, if that is what stopped the run (another role's request stays, as with
-    `request_stop`). The trainer's launcher uses it: it sees every rank, while trainer rank 0, which
-    reports its own failure first, sees only its side: a peer rank killed mid-collective reached
-    rank 0 as "Connection reset by peer", and the run said that instead of the killed rank."""
+def restate_failure(board: Board, reason: str, role: str) -> None:
+    """`role` failed: post `reason` as the run's stop request in place of `role`'s own earlier
+    report of that failure, or as the first request; any other request stays (a peer's failure, a
+    silent peer, a cancel). The trainer's launcher uses it: it sees every rank, while trainer rank
+    0, which reports its own failure first, sees only its side: a peer rank killed mid-collective
+    reached rank 0 as "Connection reset by peer", and the run said that, not the killed rank."""
     req = board.get(STOP_KEY)
-    if req is None or (req.get("by") == by and req.get("kind") == "failed"):
-        board.post(STOP_KEY, {"kind": "failed", "reason": reason, "by": by})
+    if req is None or req.get("failure_of") == role:
+        board.post(STOP_KEY, {"kind": "failed", "reason": reason, "by": role, "failure_of": role})
 
 
 class RoleSignals:
@@ -248,6 +249,11 @@ class RoleSignals:
 
     def request_stop(self, kind: str, reason: str) -> None:
         request_stop(self.board, kind, reason, by=self.role)
+        self._stop.set()
+
+    def report_failure(self, error: str) -> None:
+        """This role failed (`error`): stop the run, saying so (a request its launcher may restate)."""
+        request_stop(self.board, "failed", f"{self.role} failed: {error}", by=self.role, failure_of=self.role)
         self._stop.set()
 
     def _check(self, now: float) -> None:

@@ -125,7 +125,7 @@ class Role:
                 self.stop.close("stopped", f"{type(e).__name__}: {e}")
                 return
             error = f"{type(e).__name__}: {e}"
-            self.stop.request_stop("failed", f"{self.name} failed: {error}")
+            self.stop.report_failure(error)
             self.stop.close("failed", error)
             raise
         else:
@@ -181,7 +181,7 @@ def _trainer_ranks(run: RunContext, on_step: OnStep | None, env: dict[str, str])
         t = run.cfg.trainer
         run_ranks(ranks_command(run.url, run.storage_options, t.num_ranks, t.nodes, 0, t.rendezvous), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s, env=env)
     except RanksFailed as e:
-        restate_failure(board, f"trainer failed: {e}", by=role_name())  # torchrun's account of every rank over rank 0's own
+        restate_failure(board, f"trainer failed: {e}", role_name())  # torchrun's account of every rank over rank 0's own
         raise
     req = board.get(STOP_KEY)
     return RoleResult(steps.metrics, req if req is not None and req.get("kind") != "finished" else None)

@@ -46,20 +46,27 @@ def test_stop_request_reaches_every_role_and_the_first_reason_wins(tmp_path):
 
 
 def test_a_role_restates_its_own_failure_but_never_another_roles_request(tmp_path):
-    """The trainer's launcher names the killed rank in place of rank 0's "connection reset" (both
-    the trainer's); a stop that another role asked for first stays the run's reason."""
-    own, other, empty = (Board(str(tmp_path / d)) for d in ("own", "other", "empty"))
-    request_stop(own, "failed", "trainer failed: RuntimeError: Connection reset by peer", by="trainer")
-    request_stop(other, "failed", "explorer-0 failed: EngineDiedError: worker gone", by="explorer-0")
-    for board in (own, other, empty):
-        restate_failure(board, "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)", by="trainer")
-    assert own.get(STOP_KEY)["reason"] == empty.get(STOP_KEY)["reason"] == "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)"
-    assert (own.get(STOP_KEY)["kind"], own.get(STOP_KEY)["by"]) == ("failed", "trainer")
-    assert other.get(STOP_KEY)["reason"] == "explorer-0 failed: EngineDiedError: worker gone"
-    cancelled = Board(str(tmp_path / "cancelled"))
-    request_stop(cancelled, "cancelled", "the flow run was cancelled", by="trainer")  # not a failure report: stays
-    restate_failure(cancelled, "trainer failed: late", by="trainer")
-    assert cancelled.get(STOP_KEY)["kind"] == "cancelled"
+    """The trainer's launcher names the killed rank in place of rank 0's "connection reset" (the
+    trainer's own failure report); any other request stays the run's reason: another role's
+    failure, a silent peer the trainer reported, a cancel."""
+    boards = {d: Board(str(tmp_path / d)) for d in ("own", "none", "other", "silent", "cancel")}
+    own = signals(boards["own"], "trainer", [])
+    own.report_failure("RuntimeError: Connection reset by peer")  # what Role.running posts
+    own.close("failed")
+    other = signals(boards["other"], "explorer-0", [])
+    other.report_failure("EngineDiedError: worker gone")
+    other.close("failed")
+    request_stop(boards["silent"], "failed", "explorer-0 went silent: no heartbeat for 61 s", by="trainer")
+    request_stop(boards["cancel"], "cancelled", "the flow run was cancelled", by="trainer")
+    before = {d: b.get(STOP_KEY) for d, b in boards.items()}
+    assert before["own"]["reason"] == "trainer failed: RuntimeError: Connection reset by peer"
+    for b in boards.values():
+        restate_failure(b, "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)", "trainer")
+    after = {d: b.get(STOP_KEY) for d, b in boards.items()}
+    for d in ("own", "none"):
+        assert (after[d]["kind"], after[d]["reason"], after[d]["by"]) == ("failed", "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)", "trainer")
+    for d in ("other", "silent", "cancel"):
+        assert after[d] == before[d], d
 
 
 def test_heartbeats_refresh_the_role_marker(tmp_path):
