@@ -56,10 +56,14 @@ def test_a_role_restates_its_own_failure_but_never_another_roles_request(tmp_pat
     other = signals(boards["other"], "explorer-0", [])
     other.report_failure("EngineDiedError: worker gone")
     other.close("failed")
-    request_stop(boards["silent"], "failed", "explorer-0 went silent: no heartbeat for 61 s", by="trainer")
+    boards["silent"].post(role_key("explorer-0"), {"state": "running", "attempt": "a1", "pid": 4242, "host": "h"})
+    watcher = signals(boards["silent"], "trainer", ["explorer-0"])  # the trainer's own request about a peer
+    watcher.close("stopped")
+    watcher._check(time.time() + 61)  # 61 s on: explorer-0 went silent
     request_stop(boards["cancel"], "cancelled", "the flow run was cancelled", by="trainer")
     before = {d: b.get(STOP_KEY) for d, b in boards.items()}
     assert before["own"]["reason"] == "trainer failed: RuntimeError: Connection reset by peer"
+    assert before["silent"]["reason"].startswith("explorer-0 went silent") and before["silent"]["by"] == "trainer"
     for b in boards.values():
         restate_failure(b, "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)", "trainer")
     after = {d: b.get(STOP_KEY) for d, b in boards.items()}
