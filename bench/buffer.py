@@ -9,18 +9,18 @@ the number of files. Goal: buffer / pyarrow >= 0.8 for write and read on local d
 
 Both sides write the same bytes (the buffer's data file equals pyarrow's file byte for byte,
 uncompressed), on the same filesystem, and both reads open and read the whole file; neither
-side fsyncs (the fsync variant has its own pass). Where the time goes (a shared 2-core VM,
-ext4, one 5.6 MB file of 256; issue 25): the write's data path (serialise once into an
-exact-size buffer, XXH3 of it, 1 MiB writes, rename) costs what pyarrow's own writer does
-(0.99-1.04 of it); the rest is the commit: a new step folder and a commit record, two inode
-creations more than pyarrow's one, 0.1 to 1 ms each on that disk depending on the load, so the
-write ratio moves between 0.3 and 0.8 with the filesystem's metadata cost. The read's floor,
-the record + the whole file + XXH3 + parse + schema check and nothing else, is 0.77-0.80 of
-pyarrow's reader (which reads buffer by buffer: a whole-file read with the same parse is
-0.75-0.8 of its time); a poll's listing of the commit window (13 bucket folders, ~0.1 ms) brings
-it to 0.61-0.64, and the cursor's FIFO bookkeeping (GRPO group order, ~0.05 ms) to the measured
-0.55-0.7. So 0.8 is out of reach on read without dropping the checksum, the record or the
-listing, and on write without a cheap inode creation.
+side fsyncs (the fsync variant has its own pass).
+
+The floor, measured in the same run against its own raw pass (`floor_*`, local disk): the least
+a buffer that keeps its promises could cost. Write: pyarrow's write of the file plus one small
+record file beside it (the commit: a second inode). Read: the commit record, the whole file, its
+XXH3, the Arrow parse and the schema check (`_files.read_data`), with no listing and no cursor.
+Between the floor and the buffer lies the buffer's own work: on write the temp-then-rename of
+both files (so `pyarrow.dataset` never sees a partial file), the step folder (hive
+partitions), serialising into one buffer to checksum it; on read the poll that discovers the
+commit (the commit window's bucket folders) and the cursor's FIFO and exactly-once bookkeeping,
+which runs on caches the 5.6 MB read has just flushed. On a shared 2-core VM (ext4) the floors
+came out at 0.87-0.97 of pyarrow, the buffer at 0.52-0.59 (issue 25's closing notes).
 
 Polling cost: two runs whose trainer has consumed 10 and 10,000 (`--commits`) commits, made one
 second apart and ending two minutes ago (a run at one step per second; the records are copies
@@ -36,7 +36,8 @@ Goal: poll time at 10,000 commits / at 10 <= 1.5, on local disk and on S3.
     python -m bench.buffer --quick    # N = 1024 (local), 256 (S3), 3 repeats; 10,000 commits
     python -m bench.buffer --smoke    # CI smoke test (seconds): N = 256, 1 repeat, 100 commits, a few polls
 
-Last line: JSON with write_ratio_vs_pyarrow, read_ratio_vs_pyarrow (local disk), batch_read_ms
+Last line: JSON with write_ratio_vs_pyarrow, read_ratio_vs_pyarrow (local disk), their floors
+write_floor_ratio_vs_pyarrow and read_floor_ratio_vs_pyarrow, batch_read_ms
 (one read_batch(256), local), s3_* ratios and the absolute rates; poll_s_at_10k_over_10 and
 batch_read_s_at_10k_over_10 ({"local", "s3"}), poll_ms_at_10k, full_listing_ms_at_10k, commits.
 """
@@ -60,7 +61,7 @@ from rl_engine.buffer.reader import STATE_FORMAT
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
 from rl_engine.experience import ExperienceBatch
-from rl_engine.storage import is_local, open_storage
+from rl_engine.storage import is_local, join, open_storage
 
 BATCH = 256
 
@@ -85,6 +86,26 @@ def _raw_read(fs, path: str) -> int:
     return pa.ipc.open_file(source).read_all().num_rows
 
 
+def _floor_write(fs, path: str, table: pa.Table) -> None:
+    """The least a committed write costs: pyarrow's write of the file, then one small record file
+    beside it (the commit). No temp-then-rename, no step folder: what the buffer adds beyond this
+    is its own choice (atomic names for Arrow tools reading buffer/, hive partitions)."""
+    _raw_write(fs, path, table)
+    with open(f"{path}.json", "wb") if is_local(fs) else fs.open(f"{path}.json", "wb") as f:
+        f.write(_FLOOR_RECORD)
+
+
+_FLOOR_RECORD = b'{"committed_at": 1790000000.0, "explorer_id": 0, "explorer_step": 1, "format": 2, "min_version": 0, "num_rows": 256, "path": "explorer=0/step=1/part-0123456789abcdef0123456789abcdef.arrow", "size": 5600000, "xxh3_64": 1234567890123456789}'
+
+
+def _floor_read(fs, root: str, record_path: str) -> None:
+    """The least a verified read costs: the commit record, the whole file, its checksum, the Arrow
+    parse and the schema check (`_files.read_data`); no listing, no cursor."""
+    record = _files.read_record(fs, record_path)
+    path = join(_files.buffer_root(root), record["path"])
+    _files.read_data(fs, path, size=record["size"], checksum=_files.checksum_of(record), uri=path, num_rows=record["num_rows"])
+
+
 def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, variants: bool) -> dict[str, float]:
     """Seconds per operation over all files: (median seconds of one call) x (number of files).
 
@@ -100,13 +121,17 @@ def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, 
     calls: dict[str, list[float]] = {}
     passes = [("buffer_write", "raw_write"), ("buffer_read", "raw_read")]
     if variants:
-        passes = [passes[0], ("buffer_write_fsync", "raw_write@fsync"), passes[1], ("buffer_read_unverified", "raw_read@unverified")]
+        passes = [
+            passes[0], ("buffer_write_fsync", "raw_write@fsync"), ("floor_write", "raw_write@floor"),
+            passes[1], ("buffer_read_unverified", "raw_read@unverified"), ("floor_read", "raw_read@floor"),
+        ]  # fmt: skip
     for r in range(repeat):
         url = f"{base_url}/{uuid.uuid4().hex[:8]}"
         fs, root = open_storage(url, options)
         writer, fsync_writer = BufferWriter(url, options, 0), BufferWriter(f"{url}/fsync", options, 0, fsync=True)
         readers = {k: BufferReader(url, options, BufferConfig(verify_checksums=k == "buffer_read")) for k in ("buffer_read", "buffer_read_unverified")}
-        raw_paths = {k: [f"{root}/{k}/part-{i}.arrow" for i in range(len(tables))] for k in ("raw", "raw_fsync_pass")}
+        raw_paths = {k: [f"{root}/{k}/part-{i}.arrow" for i in range(len(tables))] for k in ("raw", "raw_fsync_pass", "floor", "raw_floor_pass")}
+        records: list[str] = []  # the buffer's own commit records, listed once its write pass is done
         ops = {
             # tables come from make_batch, already validated: ExperienceBatch(t) skips re-validation
             "buffer_write": lambda i: writer.write(i + 1, ExperienceBatch(tables[i])),
@@ -117,8 +142,14 @@ def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, 
             "raw_read": lambda i: _raw_read(fs, raw_paths["raw"][i]),
             "buffer_read_unverified": lambda i: readers["buffer_read_unverified"].read_batch(BATCH, timeout_s=0),
             "raw_read@unverified": lambda i: _raw_read(fs, raw_paths["raw"][i]),
+            "floor_write": lambda i: _floor_write(fs, raw_paths["floor"][i], tables[i]),
+            "raw_write@floor": lambda i: _raw_write(fs, raw_paths["raw_floor_pass"][i], tables[i]),
+            "floor_read": lambda i: _floor_read(fs, root, records[i]),
+            "raw_read@floor": lambda i: _raw_read(fs, raw_paths["raw"][i]),
         }
         for pair in passes:
+            if pair[0] == "floor_read":
+                records[:] = [path for _, path in _files.list_commits(fs, root)]
             for i in range(len(tables)):
                 for name in pair if (i + r) % 2 == 0 else pair[::-1]:
                     t0 = time.perf_counter()
@@ -137,6 +168,8 @@ _LABELS = {
     "buffer_read": ("read", "rl_engine.buffer"),
     "buffer_read_unverified": ("read", "rl_engine.buffer no checksum check"),
     "raw_read": ("read", "pyarrow IPC"),
+    "floor_write": ("write", "floor: pyarrow IPC + a record file"),
+    "floor_read": ("read", "floor: record + file + checksum + parse"),
 }
 
 
@@ -254,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         batch_read_ms=round(local["batch"] * 1e3, 2),
         write_ratio_fsync_vs_pyarrow=round(local["raw_write@fsync"] / local["buffer_write_fsync"], 3),
         read_ratio_unverified_vs_pyarrow=round(local["raw_read@unverified"] / local["buffer_read_unverified"], 3),
+        write_floor_ratio_vs_pyarrow=round(local["raw_write@floor"] / local["floor_write"], 3),
+        read_floor_ratio_vs_pyarrow=round(local["raw_read@floor"] / local["floor_read"], 3),
         local_write_mb_s=round(mb / local["buffer_write"], 1),
         local_read_mb_s=round(mb / local["buffer_read"], 1),
     )

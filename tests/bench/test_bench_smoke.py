@@ -117,7 +117,7 @@ def per(result: dict[str, Any], key: str, names: set[str], check) -> None:
 
 def test_buffer(tmp_path):
     r = run_bench("buffer", "--smoke", timeout_s=180, tmp_path=tmp_path)
-    figures = ("write_ratio_vs_pyarrow", "read_ratio_vs_pyarrow", "batch_read_ms", "s3_write_ratio_vs_pyarrow", "s3_read_ratio_vs_pyarrow", "s3_batch_read_ms", "local_write_mb_s", "local_read_mb_s")
+    figures = ("write_ratio_vs_pyarrow", "read_ratio_vs_pyarrow", "batch_read_ms", "s3_write_ratio_vs_pyarrow", "s3_read_ratio_vs_pyarrow", "s3_batch_read_ms", "local_write_mb_s", "local_read_mb_s", "write_floor_ratio_vs_pyarrow", "read_floor_ratio_vs_pyarrow")
     polling = ("poll_s_at_10k_over_10", "batch_read_s_at_10k_over_10", "poll_ms_at_10k", "full_listing_ms_at_10k")  # {"local", "s3"} each
     has_keys(r, "commits", *figures, *polling)
     for k in figures:
