@@ -28,6 +28,15 @@ says whether the mode's mean final reward lies within synchronous' seed range wi
 own spread (the "same quality" check). The PNG draws each mode's batch reward against wall-clock
 seconds (seed 0), the figure a user picks a mode by; it is written to --png (default
 `runs/bench-learning.png`; the README shows a copy in docs/).
+
+The synchronous step against its floor (`step_floor`, after the runs, on the synchronous run of the
+first seed): `step_floor_s` = `floor_generate_s` (vLLM's own generate of the run's first step on its
+warm engine) + `floor_train_s` (a plain torch step on the run's first batch at its trainer threads)
++ `floor_reload_s` (the engine's in-place reload of the weights), each measured alone here;
+`trainer_step_s` is the DeepSpeed trainer's step on that batch and `sync_step_over_floor` the
+synchronous `step_s_median` over the floor. A synchronous step runs the three one after another, so
+no synchronous step on this machine is shorter than their sum (2-core dev machine, --quick:
+0.085 s = 0.041 + 0.033 + 0.011, against a step of 0.12 s).
 """
 
 from __future__ import annotations
@@ -99,6 +108,7 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int,
     return {
         "mode": mode,
         "seed": seed,
+        "run": summary["run"],
         "wall_s": t1 - t0,
         "startup_s": t0 - min(s.start for s in spans),
         "engine_start_s": max((s.duration for s in spans if s.kind == "engine_start" and s.component in explorers), default=0.0),
@@ -139,6 +149,70 @@ def _evaluation_figures(run, spans: list, t0: float, t1: float) -> dict:
         "evaluations": len(records),
         "heldout_pass1_final": curve[-1][1] if curve else None,
         "eval_curve": curve,
+    }
+
+
+def step_floor(run_url: str, repeats: int) -> dict[str, float]:
+    """The least a synchronous step of `run_url`'s config costs on this machine: the three parts a
+    synchronous step runs one after another, each measured at its floor in this process, after
+    the runs (median of `repeats` after a warm-up).
+
+    - `floor_generate_s`: vLLM's own `LLM.generate` of the run's first step (its prompts, n and
+      sampling) on the run's warm engine, nothing around it (bench.rollout's raw side);
+    - `floor_train_s`: a plain torch/transformers step (AdamW, the same GRPO loss and
+      micro-batches) on the run's own first batch, at the run's trainer threads (bench.real's
+      reference step; `trainer_step_s` is the DeepSpeed trainer's on the same batch);
+    - `floor_reload_s`: the engine's in-place reload of the weights from memory, which every
+      weight sync ends with; the transfer itself (1.2 MB for the demo) is left out.
+
+    `step_floor_s` is their sum: no synchronous step on this machine, with vLLM generating and the
+    model training, can be shorter. The buffer hand-off, the sync handshake and the explorer's
+    rows sit above it.
+    """
+    import pyarrow.dataset as ds
+    import torch
+    from vllm.inputs import TokensPrompt
+
+    from bench.real import reference_step_ratio
+    from rl_engine.roles.explorer import ENGINES
+    from rl_engine.run.context import open_run
+
+    def timed(fn) -> float:
+        times = []
+        for _ in range(repeats + 1):  # the first warms up
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return median(times[1:])
+
+    run = open_run(run_url)
+    cfg = run.cfg
+    rows = ds.dataset(f"{run_url}/buffer", format="ipc", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]).to_table(columns=["explorer_step", "group_id", "prompt_ids"])
+    first: dict[str, list[int]] = {}
+    for step, group, prompt in zip(*(rows.column(c).to_pylist() for c in ("explorer_step", "group_id", "prompt_ids"))):
+        if step == 1:
+            first.setdefault(group, prompt)
+    prompts = list(first.values())  # [tasks per step] prompt ids
+    engine = ENGINES.acquire(run, 0)
+    try:
+        params = engine.sampling_params(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=0)
+        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+        generate = timed(lambda: engine.llm.generate(inputs, params, use_tqdm=False))
+        reload = median(engine.rpc("rft_profile_reload", cfg.model.path, timeout=120)[0]["reload"] for _ in range(repeats))
+    finally:
+        ENGINES.release(run, 0, engine)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.trainer.num_threads or threads)
+    try:
+        train = reference_step_ratio(cfg, run_url, repeats)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "step_floor_s": generate + train["reference_step_s"] + reload,
+        "floor_generate_s": generate,
+        "floor_train_s": train["reference_step_s"],
+        "floor_reload_s": reload,
+        "trainer_step_s": train["trainer_step_s"],
     }
 
 
@@ -289,10 +363,14 @@ def main() -> None:
         for seed in seeds:
             for mode in MODES:
                 rows.append(run_one(mode, model, tasks, f"{root}/runs", steps, seed, evaluation=evaluation))
+        floor = step_floor(next(r["run"] for r in rows if r["mode"] == "synchronous"), repeats=1 if a.smoke else 5)
     title = f"bench.learning: demo task, tiny arithmetic warm start, {steps} trainer steps, seeds {seeds}"
-    print_table([{k: v for k, v in r.items() if k not in ("curve", "eval_curve")} for r in rows], title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})")
+    print_table([{k: v for k, v in r.items() if k not in ("curve", "eval_curve", "run")} for r in rows], title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})")
+    sync_step = median(r["step_s_median"] for r in rows if r["mode"] == "synchronous")
+    print_table([{"synchronous step_s_median": sync_step, **floor}], title="the synchronous step against its floor on this machine (step_floor: generate + train + reload, each measured alone)")
     plot(rows, a.png, title)
     out = {"steps": steps, "reward_start": round(start["expected_exact_t1"], 4), "png": a.png, "bench_s": round(time.time() - started, 1), **summarize(rows)}
+    out.update({k: round(v, 4) for k, v in floor.items()}, sync_step_over_floor=round(sync_step / floor["step_floor_s"], 3))
     if evaluation:
         # What sets the overhead: an evaluation's samples against the samples trained between two
         # (8 tasks x 8 rollouts a step); generating one costs the same either way.

@@ -227,6 +227,9 @@ def test_learning(tmp_path):
     for k in ("wasted_fraction", "trainer_busy", "explorer_busy", "eval_overhead_fraction", "heldout_pass1_final"):
         per(r, k, MODES, fraction)
     assert all(v > 0 for v in r["eval_overhead_fraction"].values())  # evaluated at start and end: explorer 0's eval spans
+    for k in ("floor_generate_s", "floor_train_s", "floor_reload_s", "trainer_step_s", "sync_step_over_floor"):
+        positive(r[k])
+    assert r["step_floor_s"] == pytest.approx(r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-4)
 
 
 def test_algorithms(tmp_path):
