@@ -37,7 +37,6 @@ from __future__ import annotations
 import heapq
 import logging
 import multiprocessing
-import signal
 import threading
 import time
 from concurrent.futures import CancelledError, Future, InvalidStateError
@@ -45,6 +44,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
 
 import pebble
+
+from rl_engine.errors import describe_exit
 
 log = logging.getLogger(__name__)
 
@@ -180,21 +181,12 @@ def _map_error(error: BaseException, call: UserCodeCall) -> BaseException:
         # pebble's own; a TimeoutError the function raised carries its remote traceback as cause
         return UserCodeTimeout(f"{call.label} ran past its timeout of {call.timeout_s:g} s; its worker was killed and replaced")
     if isinstance(error, pebble.ProcessExpired):
-        return UserCodeCrashed(f"{call.label}: its worker process {error.pid} died ({_exit_reason(error.exitcode)}); it is replaced")
+        return UserCodeCrashed(f"{call.label}: its worker process {error.pid} died ({describe_exit(error.exitcode)}); it is replaced")
     if isinstance(error, BrokenProcessPool):
         return UserCodeCrashed(f"{call.label}: the worker pool broke ({error}); it is restarted on the next call")
     if isinstance(error, CancelledError):
         return UserCodeCrashed(f"{call.label}: cancelled by the pool")
     return error
-
-
-def _exit_reason(code: int | None) -> str:
-    if code is not None and code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def _stop(pool: pebble.ProcessPool, name: str) -> None:

@@ -7,18 +7,10 @@ polls these while a call waits, so a dead worker fails the call within a bounded
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from typing import Any
 
-
-def describe_exit(code: int | None) -> str:
-    if code is None:
-        return "exited"
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
+from rl_engine.errors import describe_exit
 
 
 class EngineProcesses:

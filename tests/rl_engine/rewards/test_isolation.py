@@ -53,7 +53,7 @@ def test_a_reward_that_sleeps_forever_scores_failed_reward_and_its_worker_is_rep
     assert _pid(pool) != before  # the killed worker was replaced; the pool goes on
 
 
-@pytest.mark.parametrize("response, reason", [("segv", "killed by signal SIGSEGV"), ("exit", "exit code 3")])
+@pytest.mark.parametrize("response, reason", [("segv", "killed by SIGSEGV"), ("exit", "exit code 3")])
 def test_a_reward_that_kills_its_worker_is_a_crash(pool, response, reason):
     before = _pid(pool)
     result = score_rollouts(_reward(), _samples("ab", response, "abc"), pool)
