@@ -19,8 +19,9 @@ Between the floor and the buffer lies the buffer's own work: on write the temp-t
 both files (so `pyarrow.dataset` never sees a partial file), the step folder (hive
 partitions), serialising into one buffer to checksum it; on read the poll that discovers the
 commit (the commit window's bucket folders) and the cursor's FIFO and exactly-once bookkeeping,
-which runs on caches the 5.6 MB read has just flushed. On a shared 2-core VM (ext4) the floors
-came out at 0.87-0.97 of pyarrow, the buffer at 0.52-0.59 (issue 25's closing notes).
+which runs on caches the 5.6 MB read has just flushed. On a shared 2-core VM (ext4; --quick and
+full runs): read 0.52-0.66 of pyarrow against a floor of 0.87-0.92, write 0.55-0.72 against
+0.73-0.98 (issue 25's closing notes).
 
 Polling cost: two runs whose trainer has consumed 10 and 10,000 (`--commits`) commits, made one
 second apart and ending two minutes ago (a run at one step per second; the records are copies
