@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
 from pydantic import Field, field_validator, model_validator
 
 from rl_engine.config.base import _Model
@@ -31,12 +33,23 @@ class EngineConfig(_Model):
     kv_cache_space_gib: float = Field(default=1.0, gt=0.0, le=1024, description="CPU KV cache size in GiB (sets VLLM_CPU_KVCACHE_SPACE); ignored on GPU.")
     gpu_memory_utilization: float = Field(default=0.5, gt=0.0, le=1.0, description="Fraction of GPU memory vLLM may use; ignored on CPU.")
     tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM tensor parallel size.")
-    num_threads: int | None = Field(default=None, ge=1, description="CPU threads for the engine (VLLM_CPU_OMP_THREADS_BIND); null lets vLLM decide.")
+    num_threads: Annotated[int, Field(ge=1)] | Literal["all"] | None = Field(
+        default=None,
+        description="CPU threads for the engine (VLLM_CPU_OMP_THREADS_BIND): a number, `all` (every core the process starting the engine may run on: "
+        "for a synchronous run on CPU, whose engine and trainer take turns), or null to let vLLM decide (on 2 cores: one for the engine, one for its scheduler).",
+    )
     servers: list[str] = Field(
         default_factory=list,
         description="Engine servers to use instead of starting engines: explorer i uses servers[i] (one per explorer), e.g. "
         "[\"http://127.0.0.1:8100\"] from `rft engine serve CONFIG --port 8100`, which keeps an engine up between runs. Empty: each explorer starts its own.",
     )
+
+    @field_validator("num_threads", mode="before")
+    @classmethod
+    def _threads(cls, v: object) -> object:
+        if v is None or v == "all" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError(f"{v!r} is no thread count: give a number >= 1, `all` (every core of the process that starts the engine) or null (vLLM decides)")
 
     @field_validator("servers")
     @classmethod

@@ -151,10 +151,13 @@ def _pin_own_devices() -> None:
     torch.cuda.is_available()  # cudaGetDeviceCount: initialises the driver
 
 
-def _cpu_thread_bind(num_threads: int | None, explorer_id: int) -> str | None:
-    """VLLM_CPU_OMP_THREADS_BIND for one engine: explorer x gets cores [x*n, (x+1)*n) (wrapping)."""
+def _cpu_thread_bind(num_threads: int | str | None, explorer_id: int) -> str | None:
+    """VLLM_CPU_OMP_THREADS_BIND for one engine: explorer x gets cores [x*n, (x+1)*n) (wrapping);
+    "all": every core this process may run on (its affinity, resolved here, where the engine starts)."""
     if num_threads is None:
         return None
+    if num_threads == "all":
+        return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
     ncpu = os.cpu_count() or 1
     n = min(num_threads, ncpu)
     start = (explorer_id * n) % ncpu

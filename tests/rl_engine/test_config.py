@@ -200,6 +200,8 @@ BAD = [
     ({"explorer": {"partial": {"enabled": True, "max_response_tokens": 600}}}, ["explorer.partial.max_response_tokens = 600", "model.max_model_len"]),
     ({"explorer": {"sampling": {"max_tokens": 600}}}, ["explorer.sampling.max_tokens = 600", "model.max_model_len"]),
     ({"model": {"dtype": "int4"}}, ["model.dtype", "'int4'", "float32"]),
+    ({"explorer": {"engine": {"num_threads": "most"}}}, ["explorer.engine.num_threads", "'most' is no thread count", "`all`"]),
+    ({"explorer": {"engine": {"num_threads": 0}}}, ["explorer.engine.num_threads", "0 is no thread count", "a number >= 1"]),
     ({"trainer": {"num_ranks": 3, "nodes": 2, "rendezvous": "h:1"}}, ["trainer.num_ranks = 3", "trainer.nodes = 2"]),
     ({"trainer": {"num_ranks": 2, "nodes": 2}}, ["trainer.nodes = 2", "trainer.rendezvous = 'host:port'"]),
     ({"trainer": {"rendezvous": "node0"}}, ["trainer.rendezvous", "'node0'"]),

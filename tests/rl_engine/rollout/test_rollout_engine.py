@@ -74,6 +74,18 @@ def test_dead_engine_core_maps_to_engine_died():
         eng._raise_if_dead(EngineDeadError())
 
 
+def test_engine_threads_bind_cores_by_explorer_or_all_of_this_process():
+    import os
+
+    from rl_engine.rollout.engine import _cpu_thread_bind
+
+    ncpu = os.cpu_count() or 1
+    assert _cpu_thread_bind(None, 0) is None  # vLLM decides
+    assert _cpu_thread_bind(1, 0) == "0" and _cpu_thread_bind(1, 1) == str(1 % ncpu)  # explorer x: cores [x*n, (x+1)*n)
+    assert _cpu_thread_bind(ncpu + 5, 0) == ",".join(map(str, range(ncpu)))  # never more threads than cores
+    assert _cpu_thread_bind("all", 3) == ",".join(map(str, sorted(os.sched_getaffinity(0))))  # this process's cores, whatever the explorer
+
+
 def test_sampled_logprobs_from_flat_logprobs():
     from vllm.logprobs import Logprob, create_sample_logprobs
 
