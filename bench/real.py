@@ -1,10 +1,11 @@
 """Benchmark of a real pretrained model end to end: SmolLM2-135M-Instruct learning word arithmetic.
 
-    python -m bench.real [--quick] [--steps N] [--heldout N] [--root DIR]
+    python -m bench.real [--quick] [--steps N] [--heldout N] [--root DIR] [--set KEY=VALUE ...]
 
-The run is `make demo-real`'s: configs/smollm2.yaml (one-step off-policy GRPO, collective sync,
+The run is `make demo-real`'s: configs/smollm2.yaml (synchronous GRPO, collective sync, the engine on every core,
 4 tasks x 8 rollouts of up to 32 tokens per step, 30 trainer steps) as a real Prefect flow, on the
-model `rft fetch-model` converts and the word-arithmetic tasks. Reported:
+model `rft fetch-model` converts and the word-arithmetic tasks; `--set KEY=VALUE` changes the
+config as `rft run --set` does (the JSON says the run's `mode` and the `overrides`). Reported:
 
 - held-out exact match (rl_engine.evaluate: the run's reward on the 320 held-out problems no train
   task asks), greedy and at temperature 1, before and after (`held_out_before` / `held_out_after`
@@ -163,6 +164,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="trainer steps (default 30; 3 with --quick)")
     ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320; 32 with --quick)")
     ap.add_argument("--root", default="runs", help="where the model, tasks and run go (default ./runs, as `make demo-real`: the model is fetched once)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override on top of configs/smollm2.yaml, as `rft run --set` (repeatable), e.g. synchronizer.mode=synchronous")
     a = ap.parse_args()
     steps = a.steps or (1 if a.smoke else 3 if a.quick else 30)
     heldout_n = a.heldout or (4 if a.smoke else 32 if a.quick else None)
@@ -181,7 +183,7 @@ def main() -> None:
     started = time.time()
     with PeakRss() as rss:
         shrink = ["explorer.batch_size=2", "algorithm.repeat_times=4", "trainer.micro_batch_size=8", "explorer.sampling.max_tokens=16"] if a.smoke else []
-        cfg, heldout = real_config(root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink])
+        cfg, heldout = real_config(root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink, *a.set])
         cfg = preflight(cfg)
         before = held_out(cfg, cfg.model.path, heldout, heldout_n)
         with prefect_test_harness(server_startup_timeout=120):
@@ -200,6 +202,8 @@ def main() -> None:
     emit_json(
         {
             "steps": steps,
+            "mode": cfg.synchronizer.mode,
+            "overrides": a.set,
             "heldout_tasks": int(before["tasks"]),
             "held_out_before": round(before["greedy_exact"], 4),
             "held_out_after": round(after["greedy_exact"], 4),

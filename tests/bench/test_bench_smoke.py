@@ -319,7 +319,10 @@ def test_real(smollm2_dir, real_model_turn, tmp_path):
     root = tmp_path / "runs"
     (root / "models").mkdir(parents=True)
     (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)  # fetched once per session
-    r = run_bench("real", "--smoke", "--root", str(root), timeout_s=540, tmp_path=tmp_path)
+    # --set reaches the run: one-step off-policy here (tests/flows/test_demo_real.py runs the shipped synchronous config)
+    overrides = ["synchronizer.mode=one_step_off_policy", "synchronizer.sync_offset=1", "explorer.engine.num_threads=null"]
+    r = run_bench("real", "--smoke", "--root", str(root), *(x for o in overrides for x in ("--set", o)), timeout_s=540, tmp_path=tmp_path)
+    assert r["mode"] == "one_step_off_policy" and r["overrides"] == overrides
     has_keys(r, "steps", "heldout_tasks", "held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1", "s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "logprob_gap_fp32", "logprob_gap_bf16", "peak_rss_gb", "train_step_over_reference", "sync_s_trainer", "sync_s_explorer")
     assert r["steps"] == 1 and r["heldout_tasks"] == 4
     for k in ("sync_s_trainer", "sync_s_explorer"):  # None when the one step synced nothing
