@@ -157,7 +157,8 @@ def _cpu_thread_bind(num_threads: int | str | None, explorer_id: int) -> str | N
     if num_threads is None:
         return None
     if num_threads == "all":
-        return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)  # no affinity API off Linux
+        return ",".join(str(c) for c in sorted(cores))
     ncpu = os.cpu_count() or 1
     n = min(num_threads, ncpu)
     start = (explorer_id * n) % ncpu

@@ -86,6 +86,16 @@ def test_engine_threads_bind_cores_by_explorer_or_all_of_this_process():
     assert _cpu_thread_bind("all", 3) == ",".join(map(str, sorted(os.sched_getaffinity(0))))  # this process's cores, whatever the explorer
 
 
+def test_all_engine_threads_fall_back_to_every_core_where_there_is_no_affinity(monkeypatch):
+    import os
+
+    from rl_engine.rollout.engine import _cpu_thread_bind
+
+    monkeypatch.delattr(os, "sched_getaffinity")  # macOS has none
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert _cpu_thread_bind("all", 0) == "0,1,2"
+
+
 def test_sampled_logprobs_from_flat_logprobs():
     from vllm.logprobs import Logprob, create_sample_logprobs
 
