@@ -88,11 +88,12 @@ def _raw_read(fs, path: str) -> int:
 
 
 def _floor_write(fs, path: str, table: pa.Table) -> None:
-    """The least a committed write costs: pyarrow's write of the file, then one small record file
-    beside it (the commit). No temp-then-rename, no step folder: what the buffer adds beyond this
-    is its own choice (atomic names for Arrow tools reading buffer/, hive partitions)."""
+    """The least a committed write costs on local disk (the only pass that measures it): pyarrow's
+    write of the file, then one small record file beside it (the commit). No temp-then-rename, no
+    step folder: what the buffer adds beyond this is its own choice (atomic names for Arrow tools
+    reading buffer/, hive partitions)."""
     _raw_write(fs, path, table)
-    with open(f"{path}.json", "wb") if is_local(fs) else fs.open(f"{path}.json", "wb") as f:
+    with open(f"{path}.json", "wb") as f:
         f.write(_FLOOR_RECORD)
 
 

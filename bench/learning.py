@@ -173,17 +173,9 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
     import torch
     from vllm.inputs import TokensPrompt
 
-    from bench.real import reference_step_ratio
+    from bench.real import median_s, reference_step_ratio
     from rl_engine.roles.explorer import ENGINES
     from rl_engine.run.context import open_run
-
-    def timed(fn) -> float:
-        times = []
-        for _ in range(repeats + 1):  # the first warms up
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return median(times[1:])
 
     run = open_run(run_url)
     cfg = run.cfg
@@ -197,7 +189,7 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
     try:
         params = engine.sampling_params(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=0)
         inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        generate = timed(lambda: engine.llm.generate(inputs, params, use_tqdm=False))
+        generate = median_s(lambda: engine.llm.generate(inputs, params, use_tqdm=False), repeats)
         reload = median(engine.rpc("rft_profile_reload", cfg.model.path, timeout=120)[0]["reload"] for _ in range(repeats))
     finally:
         ENGINES.release(run, 0, engine)

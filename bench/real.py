@@ -111,6 +111,16 @@ def run_batch(run_url: str, rows: int, pad_id: int) -> dict[str, Any]:
     return ExperienceBatch.from_table(table).to_tensors(pad_id)
 
 
+def median_s(fn: Any, repeats: int) -> float:
+    """Median seconds of `repeats` calls of `fn`, after one more call that warms up."""
+    times = []
+    for _ in range(repeats + 1):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
 def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, float]:
     """Median step time of the DeepSpeed trainer and of a plain torch step on the same batch."""
     import torch
@@ -123,15 +133,7 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, floa
     trainer = build_trainer(trainer_settings(cfg))
     batch = run_batch(run_url, trainer.local_batch_size, trainer.pad_token_id)
 
-    def timed(step: Any) -> float:
-        times = []
-        for _ in range(repeats + 1):  # the first is a warm-up
-            t = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - t)
-        return statistics.median(times[1:])
-
-    trainer_s = timed(lambda: trainer.train_step(dict(batch)))
+    trainer_s = median_s(lambda: trainer.train_step(dict(batch)), repeats)
     trainer.close()
     del trainer
 
@@ -152,7 +154,7 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, floa
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    reference_s = timed(reference)
+    reference_s = median_s(reference, repeats)
     return {"trainer_step_s": trainer_s, "reference_step_s": reference_s, "train_step_over_reference": trainer_s / reference_s}
 
 
