@@ -12,16 +12,18 @@ uncompressed), on the same filesystem, and both reads open and read the whole fi
 side fsyncs (the fsync variant has its own pass).
 
 The floor, measured in the same run against its own raw pass (`floor_*`, local disk): the least
-a buffer that keeps its promises could cost. Write: pyarrow's write of the file plus one small
-record file beside it (the commit: a second inode). Read: the commit record, the whole file, its
-XXH3, the Arrow parse and the schema check (`_files.read_data`), with no listing and no cursor.
-Between the floor and the buffer lies the buffer's own work: on write the temp-then-rename of
-both files (so `pyarrow.dataset` never sees a partial file), the step folder (hive
-partitions), serialising into one buffer to checksum it; on read the poll that discovers the
-commit (the commit window's bucket folders) and the cursor's FIFO and exactly-once bookkeeping,
-which runs on caches the 5.6 MB read has just flushed. On a shared 2-core VM (ext4; --quick and
-full runs): read 0.52-0.66 of pyarrow against a floor of 0.87-0.92, write 0.55-0.72 against
-0.73-0.98 (issue 25's closing notes).
+a buffer that keeps its promises could cost. Write: pyarrow's write of the file, an XXH3 over as
+many bytes, and one small record file beside it (the commit: a second inode). Read: the commit
+record, the whole file, its XXH3, the Arrow parse and the schema check (`_files.read_data`), with
+no listing and no cursor. Between the floor and the buffer lies the buffer's own work: on write
+the temp-then-rename of both files (so `pyarrow.dataset` never sees a partial file), the step
+folder (hive partitions), the row checks (ids, oldest version); on read the poll that discovers
+the commit (the commit window's bucket folders) and the cursor's FIFO and exactly-once
+bookkeeping, which runs on caches the 5.6 MB read has just flushed. On a shared 2-core VM (ext4),
+two full runs each, before/after the writer streamed into its file and the reader checksummed as
+it read (issue 25, stop 41): read 0.46-0.49 -> 0.55-0.62 of pyarrow against a floor of 0.69-0.76,
+write 0.43 -> 0.44-0.52 against 0.63-0.68 (earlier sessions on a quieter machine: read 0.52-0.66,
+write 0.55-0.72).
 
 Polling cost: two runs whose trainer has consumed 10 and 10,000 (`--commits`) commits, made one
 second apart and ending two minutes ago (a run at one step per second; the records are copies
@@ -54,6 +56,7 @@ import uuid
 
 import numpy as np
 import pyarrow as pa
+import xxhash
 
 from bench._report import emit_json, print_table
 from rl_engine.buffer import BufferReader, BufferWriter, _files
@@ -89,10 +92,17 @@ def _raw_read(fs, path: str) -> int:
 
 def _floor_write(fs, path: str, table: pa.Table) -> None:
     """The least a committed write costs on local disk (the only pass that measures it): pyarrow's
-    write of the file, then one small record file beside it (the commit). No temp-then-rename, no
-    step folder: what the buffer adds beyond this is its own choice (atomic names for Arrow tools
+    write of the file, a checksum over as many bytes (the table's buffers, in memory: what a reader
+    will verify), then one small record file beside it (the commit). No temp-then-rename, no step
+    folder: what the buffer adds beyond this is its own choice (atomic names for Arrow tools
     reading buffer/, hive partitions)."""
     _raw_write(fs, path, table)
+    h = xxhash.xxh3_64()
+    for batch in table.to_batches():
+        for column in batch.columns:
+            for buf in column.buffers():
+                if buf is not None:
+                    h.update(memoryview(buf))
     with open(f"{path}.json", "wb") as f:
         f.write(_FLOOR_RECORD)
 
@@ -170,7 +180,7 @@ _LABELS = {
     "buffer_read": ("read", "rl_engine.buffer"),
     "buffer_read_unverified": ("read", "rl_engine.buffer no checksum check"),
     "raw_read": ("read", "pyarrow IPC"),
-    "floor_write": ("write", "floor: pyarrow IPC + a record file"),
+    "floor_write": ("write", "floor: pyarrow IPC + checksum + record"),
     "floor_read": ("read", "floor: record + file + checksum + parse"),
 }
 

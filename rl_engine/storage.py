@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 import fsspec
 import yaml
@@ -181,8 +181,15 @@ def write_bytes_atomic(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsyn
     """
     if not is_local(fs):
         fs.pipe_file(path, _bytes(data))
+        _written(path)
     else:
-        _write_local(path, data, fsync, os.replace)
+        write_local_atomic(path, lambda f: write_chunks(f, data), fsync)
+
+
+def write_local_atomic(path: str, fill: Callable[[BinaryIO], None], fsync: bool = True) -> None:
+    """`write_bytes_atomic` on local disk for a file written piece by piece: `fill(f)` writes into
+    the temp file (an open binary file), which then becomes `path` by one rename."""
+    _write_local(path, fill, fsync, os.replace)
     _written(path)
 
 
@@ -202,7 +209,7 @@ def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsync:
             os.remove(tmp)
 
         try:
-            _write_local(path, data, fsync, link)
+            _write_local(path, lambda f: write_chunks(f, data), fsync, link)
         except FileExistsError:
             return False
         _written(path)
@@ -227,15 +234,21 @@ def _bytes(data: Any) -> bytes:
 _WRITE_CHUNK = 1 << 20
 
 
-def _write_local(path: str, data: Any, fsync: bool, place: Any) -> None:
-    """Write `data` to a temp file beside `path`, then `place(tmp, path)`; no temp file stays."""
+def write_chunks(f: BinaryIO, data: Any) -> None:
+    """Write bytes or any buffer to `f` in calls of at most `_WRITE_CHUNK` bytes."""
+    with memoryview(data) as raw, raw.cast("B") as view:
+        for start in range(0, view.nbytes, _WRITE_CHUNK):
+            f.write(view[start : start + _WRITE_CHUNK])
+
+
+def _write_local(path: str, fill: Callable[[BinaryIO], None], fsync: bool, place: Any) -> None:
+    """`fill` a temp file beside `path`, then `place(tmp, path)`; no temp file stays."""
     parent = path.rsplit("/", 1)[0]
     tmp = f"{parent}/.tmp-{uuid.uuid4().hex}"
     try:
         os.makedirs(parent, exist_ok=True)
-        with open(tmp, "wb") as f, memoryview(data) as raw, raw.cast("B") as view:
-            for start in range(0, view.nbytes, _WRITE_CHUNK):
-                f.write(view[start : start + _WRITE_CHUNK])
+        with open(tmp, "wb") as f:
+            fill(f)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -280,7 +293,7 @@ def write_marker(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
         return
     parent, name = path.rsplit("/", 1)
     target = f".{name}.{uuid.uuid4().hex}"
-    _write_local(f"{parent}/{target}", data, False, os.replace)  # a new name: no file is replaced
+    _write_local(f"{parent}/{target}", lambda f: write_chunks(f, data), False, os.replace)  # a new name: no file is replaced
     link = f"{parent}/.tmp-{uuid.uuid4().hex}"
     try:
         os.symlink(target, link)

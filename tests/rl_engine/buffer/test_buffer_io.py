@@ -6,10 +6,12 @@
 from __future__ import annotations
 
 import uuid
+import zlib
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+import xxhash
 
 from rl_engine.buffer import BufferReader, BufferTimeout, BufferWriter, _files
 from rl_engine.buffer.synthetic import make_batch, make_experiences
@@ -117,3 +119,19 @@ def test_files_are_plain_arrow(tmp_path):
     path = next((tmp_path / "buffer/explorer=1/step=2").glob("part-*.arrow"))
     with pa.ipc.open_file(str(path)) as f:
         assert f.read_all().num_rows == 3
+
+
+@pytest.mark.parametrize("url", ["local", "memory"])
+def test_the_record_holds_size_and_checksum_of_the_bytes_written(tmp_path, url):
+    """Local disk streams the file through a checksumming sink, other stores PUT it whole: both
+    write pyarrow's own IPC file, and record its size and XXH3 (CRC-32 for format-1 writers)."""
+    run = str(tmp_path / "run") if url == "local" else f"memory://t-{uuid.uuid4().hex}/run"
+    fs, root = open_storage(run, {})
+    table = make_batch(64, response_len=300).to_table()
+    expected = _files.table_to_ipc(table).to_pybytes()
+    for kind, value in (("xxh3_64", xxhash.xxh3_64_intdigest(expected)), ("crc32", zlib.crc32(expected))):
+        path = f"{root}/{kind}.arrow"
+        info = _files.write_data(fs, path, table, fsync=False, checksum=kind)
+        assert fs.cat_file(path) == expected
+        assert info == {"size": len(expected), kind: value}
+        assert _files.read_data(fs, path, size=info["size"], checksum=(kind, info[kind]), uri=path).to_table().equals(table)

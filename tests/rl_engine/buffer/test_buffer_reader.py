@@ -35,6 +35,18 @@ def test_whole_groups_never_split(tmp_path):
     assert _ids(b) == ["e0-s1-3", "e0-s1-4", "e0-s1-5", "e0-s2-2", "e0-s2-3"]
 
 
+def test_a_file_taken_whole_keeps_its_row_order_and_one_taken_in_parts_goes_group_by_group(tmp_path):
+    run = str(tmp_path)
+    w = BufferWriter(run, {}, 0)
+    for step in (1, 2):  # rows 0..3 in groups g0 g1 g0 g1: interleaved, as no explorer writes them
+        t = make_batch(4, group_size=2, explorer_step=step).to_table()
+        w.write(step, ExperienceBatch(t.set_column(t.schema.get_field_index("group_id"), "group_id", pa.array(["g0", "g1", "g0", "g1"]))))
+    reader = BufferReader(run, {}, BufferConfig(whole_groups=True))
+    assert _ids(reader.read_batch(4, timeout_s=0)) == ["e0-s1-0", "e0-s1-1", "e0-s1-2", "e0-s1-3"]
+    assert _ids(reader.read_batch(2, timeout_s=0)) == ["e0-s2-0", "e0-s2-2"]  # g0 whole, first appearing
+    assert _ids(reader.read_batch(2, timeout_s=0)) == ["e0-s2-1", "e0-s2-3"]
+
+
 def test_group_larger_than_batch_is_an_error(tmp_path):
     BufferWriter(str(tmp_path), {}, 0).write(1, make_batch(4, group_size=4))
     with pytest.raises(ValueError, match="group of 4 experiences does not fit a batch of 3"):
