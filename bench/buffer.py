@@ -17,13 +17,17 @@ many bytes, and one small record file beside it (the commit: a second inode). Re
 record, the whole file, its XXH3, the Arrow parse and the schema check (`_files.read_data`), with
 no listing and no cursor. Between the floor and the buffer lies the buffer's own work: on write
 the temp-then-rename of both files (so `pyarrow.dataset` never sees a partial file), the step
-folder (hive partitions), the row checks (ids, oldest version); on read the poll that discovers
+folder (hive partitions), the check of the rows' ids; on read the poll that discovers
 the commit (the commit window's bucket folders) and the cursor's FIFO and exactly-once
-bookkeeping, which runs on caches the 5.6 MB read has just flushed. On a shared 2-core VM (ext4),
-two full runs each, before/after the writer streamed into its file and the reader checksummed as
-it read (issue 25, stop 41): read 0.46-0.49 -> 0.55-0.62 of pyarrow against a floor of 0.69-0.76,
-write 0.43 -> 0.44-0.52 against 0.63-0.68 (earlier sessions on a quieter machine: read 0.52-0.66,
-write 0.55-0.72).
+bookkeeping, which runs on caches the 5.6 MB read has just flushed. Each pass starts after an
+`os.sync()`: without it a pass ran while the disk still wrote back the one before (the fsync
+pass's journal commits), which stalled the buffer's renames and record files more than the raw
+writes (the buffer's write measured 0.43 of pyarrow that way, 0.53 without the stall). On a
+shared 2-core VM (ext4), two full runs each, before/after the writer streamed into its file and
+the reader checksummed as it read (issue 25, stop 40): read 0.42-0.47 -> 0.51-0.54 of pyarrow
+against a floor of 0.69-0.72, write 0.53-0.54 -> 0.58-0.60 against a floor of 0.70-0.72
+(earlier sessions, on a quieter machine and without the checksum in the write floor: read
+0.52-0.66, write 0.55-0.72).
 
 Polling cost: two runs whose trainer has consumed 10 and 10,000 (`--commits`) commits, made one
 second apart and ending two minutes ago (a run at one step per second; the records are copies
@@ -107,7 +111,7 @@ def _floor_write(fs, path: str, table: pa.Table) -> None:
         f.write(_FLOOR_RECORD)
 
 
-_FLOOR_RECORD = b'{"committed_at": 1790000000.0, "explorer_id": 0, "explorer_step": 1, "format": 2, "min_version": 0, "num_rows": 256, "path": "explorer=0/step=1/part-0123456789abcdef0123456789abcdef.arrow", "size": 5600000, "xxh3_64": 1234567890123456789}'
+_FLOOR_RECORD = b'{"committed_at": 1790000000.0, "explorer_id": 0, "explorer_step": 1, "format": 2, "num_rows": 256, "path": "explorer=0/step=1/part-0123456789abcdef0123456789abcdef.arrow", "size": 5600000, "xxh3_64": 1234567890123456789}'
 
 
 def _floor_read(fs, root: str, record_path: str) -> None:
@@ -160,6 +164,8 @@ def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, 
             "raw_read@floor": lambda i: _raw_read(fs, raw_paths["raw"][i]),
         }
         for pair in passes:
+            if is_local(fs):
+                os.sync()  # each pass starts with the disk idle, not still writing back the pass before it (the fsync pass: a journal commit)
             if pair[0] == "floor_read":
                 records[:] = [path for _, path in _files.list_commits(fs, root)]
             for i in range(len(tables)):

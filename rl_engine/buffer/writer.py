@@ -75,7 +75,6 @@ class BufferWriter:
                 "explorer_id": self.explorer_id,
                 "explorer_step": int(explorer_step),
                 "num_rows": len(batch),
-                "min_version": _min_version(table),
                 "committed_at": key.time_ns / 1e9,
                 **info,
             }
@@ -104,13 +103,3 @@ class BufferWriter:
                 f"explorer_id {bad_id} / explorer_step {bad_step}; they must match the writer and the step"
             )
 
-
-def _min_version(table) -> int | None:
-    """min(ExperienceBatch.min_versions()) in one pass over the token versions: -1 if a row has
-    no response tokens, None for no rows."""
-    if not table.num_rows:
-        return None
-    versions = table.column("versions")
-    if pc.list_value_length(versions).to_numpy().min() == 0:
-        return -1
-    return int(pc.list_flatten(versions).to_numpy().min())
