@@ -85,14 +85,19 @@ def test_grad_accumulation_equals_one_big_micro_batch(tiny_model_dir, loss_agg):
         results.append((metrics, weights(tr)))
     (m2, w2), (m4, w4) = results
     assert m4["clip_frac"] > 0 and m4["kl"] > 0
-    for key in ("loss", "pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "grad_norm"):
+    for key in ("pg_loss", "kl", "entropy", "clip_frac", "approx_kl", "grad_norm"):
         assert m2[key] == pytest.approx(m4[key], rel=1e-5, abs=1e-7), key
+    # The loss is pg_loss + 0.1 kl, which nearly cancel with seq-mean-token-mean (-0.1414 + 0.1372
+    # = -0.0043): its error is its parts' (1e-5 of them), not 1e-5 of the small difference.
+    assert m2["loss"] == pytest.approx(m4["loss"], abs=1e-5 * (abs(m4["pg_loss"]) + 0.1 * abs(m4["kl"])))
     # Adam divides by sqrt(v): where a gradient entry is ~0, fp32 summation-order noise moves
     # the update by a visible fraction of lr (1e-3). The head runs on each micro-batch's trained
-    # positions only, so the two splits multiply differently shaped matrices: up to 1.9e-5 seen,
-    # on 1 of 8192 entries; 3e-5 = 3% of one update step (a wrong gradient moves whole rows by ~lr).
+    # positions only, so the two splits multiply differently shaped matrices, and step 2 starts
+    # from step 1's noise: up to 1.9e-5 seen on one machine, 4.0e-5 on another (AMD EPYC), on a
+    # few of 8192 entries; 1e-4 = 10% of one update step (a wrong gradient moves whole rows by ~lr,
+    # and shifts the metrics above by far more than their tolerance).
     for name in w4:
-        torch.testing.assert_close(w2[name], w4[name], rtol=1e-5, atol=3e-5)
+        torch.testing.assert_close(w2[name], w4[name], rtol=1e-5, atol=1e-4)
 
 
 def test_recompute_old_logprobs_and_version_gap_mask(tiny_model_dir):
