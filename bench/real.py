@@ -18,9 +18,15 @@ config as `rft run --set` does (the JSON says the run's `mode` and the `override
   both in that dtype (harness.real_model.logprob_gap);
 - `peak_rss_gb`: the largest resident memory of this process and all its children together
   (engines, trainer), sampled every 0.5 s over the whole benchmark;
-- `train_step_over_reference`: the DeepSpeed trainer's step time over a plain torch/transformers
-  step (AdamW, the same GRPO loss, the same micro-batches, full logits) on the same batch of the
-  run's own experiences, timed here one after the other (median of 3 after a warm-up).
+- the step against its floor on this machine (bench.learning's `step_floor`, after the run, on its
+  kept engine): `floor_generate_s` (vLLM's own generate of the run's first step),
+  `floor_train_s` (a plain torch/transformers step: AdamW, the same GRPO loss, the same
+  micro-batches, full logits, on the run's first batch, at the trainer's threads),
+  `floor_reload_s` (the engine's in-place reload of the weights, which every weight sync ends
+  with: `sync_s_explorer` cannot go below it), their sum `step_floor_s`, and `step_over_floor`
+  (`s_per_step` over it; a synchronous step runs the three one after another);
+  `train_step_over_reference`: the DeepSpeed trainer's step (`trainer_step_s`) over
+  `floor_train_s` on the same batch, one after the other (median of 3 after a warm-up).
 
 --quick: 3 trainer steps, 32 held-out problems; --smoke (CI): 1 step of 2 tasks x 4 rollouts of up to
 16 tokens, 4 held-out problems, the bf16 gap only (on 2 prompts; `logprob_gap_fp32` is null: each gap
@@ -173,9 +179,8 @@ def main() -> None:
     gap_prompts, repeats = (2, 1) if a.smoke else (8, 3)
     gap_dtypes = ("bfloat16",) if a.smoke else ("float32", "bfloat16")
 
-    from prefect.testing.utilities import prefect_test_harness
-
     from bench._report import emit_json, print_table
+    from bench.learning import shared_engines, step_floor
     from cli.demo_real import held_out, real_config
     from cli.run import run_config
     from harness.real_model import logprob_gap
@@ -188,18 +193,19 @@ def main() -> None:
         cfg, heldout = real_config(root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink, *a.set])
         cfg = preflight(cfg)
         before = held_out(cfg, cfg.model.path, heldout, heldout_n)
-        with prefect_test_harness(server_startup_timeout=120):
+        with shared_engines():  # the run's engine is kept for its floor, then closed
             summary = run_config(cfg)
+            figures = run_figures(summary)
+            floor = step_floor(summary["run"], repeats)
         after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_n)
-        figures = run_figures(summary)
-        step = reference_step_ratio(cfg, summary["run"], repeats)
         gaps = {dtype: logprob_gap(cfg.model.path, dtype, n_prompts=gap_prompts) for dtype in gap_dtypes}
     rows = [
         {"model": "before", "greedy_exact": before["greedy_exact"], "t1_exact": before["t1_exact"], "greedy_tokens": before["greedy_response_tokens"]},
         {"model": "after", "greedy_exact": after["greedy_exact"], "t1_exact": after["t1_exact"], "greedy_tokens": after["greedy_response_tokens"]},
     ]
     print_table(rows, title=f"bench.real: SmolLM2-135M-Instruct, word arithmetic, {steps} trainer steps, {int(before['tasks'])} held-out problems")
-    print_table([{**figures, **step, "reward_first": summary["reward_first"], "reward_last": summary["reward_last"]}], title="run")
+    print_table([{**figures, "reward_first": summary["reward_first"], "reward_last": summary["reward_last"]}], title="run")
+    print_table([{"s_per_step": figures["s_per_step"], **floor}], title="the step against its floor on this machine (generate + train + reload, each measured alone)")
     print_table([{"dtype": d, **g} for d, g in gaps.items()], title="vLLM vs trainer logprobs (mean |diff| per response token)")
     emit_json(
         {
@@ -216,7 +222,9 @@ def main() -> None:
             "logprob_gap_fp32": gaps["float32"]["mean"] if "float32" in gaps else None,
             "logprob_gap_bf16": gaps["bfloat16"]["mean"],
             "peak_rss_gb": round(rss.peak / 2**30, 2),
-            "train_step_over_reference": round(step["train_step_over_reference"], 3),
+            **{k: round(v, 3) for k, v in floor.items()},
+            "step_over_floor": round(figures["s_per_step"] / floor["step_floor_s"], 3),
+            "train_step_over_reference": round(floor["trainer_step_s"] / floor["floor_train_s"], 3),
             "bench_s": round(time.time() - started, 1),
         }
     )

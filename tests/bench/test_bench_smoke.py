@@ -329,8 +329,10 @@ def test_real(smollm2_dir, real_model_turn, tmp_path):
         assert r[k] is None or r[k] > 0, r[k]
     for k in ("held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1"):
         fraction(r[k])
-    for k in ("s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "peak_rss_gb", "train_step_over_reference"):
+    for k in ("s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "peak_rss_gb", "train_step_over_reference", "floor_generate_s", "floor_train_s", "floor_reload_s", "trainer_step_s", "step_over_floor"):
         positive(r[k])
+    assert r["step_floor_s"] == pytest.approx(r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-3)
+    assert r["train_step_over_reference"] == pytest.approx(r["trainer_step_s"] / r["floor_train_s"], rel=0.02)
     assert r["logprob_gap_fp32"] is None and 0 < r["logprob_gap_bf16"] < 0.15
 
 
