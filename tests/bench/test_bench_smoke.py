@@ -230,6 +230,7 @@ def test_learning(tmp_path):
     for k in ("floor_generate_s", "floor_train_s", "floor_reload_s", "trainer_step_s", "sync_step_over_floor"):
         positive(r[k])
     assert r["step_floor_s"] == pytest.approx(r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-4)
+    assert r["floor_train_s"] == min(r["trainer_step_s"], r["reference_step_s"])
 
 
 def test_algorithms(tmp_path):
@@ -332,7 +333,8 @@ def test_real(smollm2_dir, real_model_turn, tmp_path):
     for k in ("s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "peak_rss_gb", "train_step_over_reference", "floor_generate_s", "floor_train_s", "floor_reload_s", "trainer_step_s", "step_over_floor"):
         positive(r[k])
     assert r["step_floor_s"] == pytest.approx(r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-3)
-    assert r["train_step_over_reference"] == pytest.approx(r["trainer_step_s"] / r["floor_train_s"], rel=0.02)
+    assert r["train_step_over_reference"] == pytest.approx(r["trainer_step_s"] / r["reference_step_s"], rel=0.02)
+    assert r["floor_train_s"] == min(r["trainer_step_s"], r["reference_step_s"])
     assert r["logprob_gap_fp32"] is None and 0 < r["logprob_gap_bf16"] < 0.15
 
 
