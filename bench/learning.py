@@ -31,13 +31,13 @@ seconds (seed 0), the figure a user picks a mode by; it is written to --png (def
 
 The synchronous step against its floor (`step_floor`, after the runs, on the synchronous run of the
 first seed): `step_floor_s` = `floor_generate_s` (vLLM's own generate of the run's first step on its
-warm engine) + `floor_train_s` (a plain torch step on the run's first batch at its trainer threads)
-+ `floor_reload_s` (the engine's in-place reload of the weights), each measured alone here
-(`floor_train_s` is the faster of the plain torch step, `reference_step_s`, and the DeepSpeed
-trainer's step on that batch, `trainer_step_s`); `sync_step_over_floor` is the
-synchronous `step_s_median` over the floor. A synchronous step runs the three one after another, so
-no synchronous step on this machine is shorter than their sum (2-core dev machine, --quick:
-0.085 s = 0.041 + 0.033 + 0.011, against a step of 0.12 s).
+warm engine) + `floor_train_s` (the faster of a plain torch step, `reference_step_s`, and the
+DeepSpeed trainer's step, `trainer_step_s`, on the run's first batch at its trainer threads)
++ `floor_reload_s` (the engine's in-place reload of the weights), each measured alone here;
+`sync_step_over_floor` is the synchronous `step_s_median` over the floor. A synchronous step runs
+the three one after another, so no synchronous step on this machine is shorter than their sum
+(2-core dev machine, --quick: 0.085 s = 0.041 + 0.033 + 0.011, the train part then the plain
+torch step's, against a step of 0.12 s).
 """
 
 from __future__ import annotations
