@@ -3,7 +3,7 @@
 Each of `processes` spawned processes takes part in every round: all wait at a barrier, then
 call `RunLease(<url>/race-<r>).acquire()` at once; winners hold until every racer has tried, then
 release. With `slow_s`, every write a racer makes on local disk lands up to that much later (a
-slow disk or a paused process), which is what a read-write-read-back lease loses to. Used by tests/rl_engine/test_lease.py and `python -m bench.faults` (`lease_double_wins`).
+slow disk or a paused process), which is what a read-write-read-back lease loses to. Used by tests/rl_engine/run/test_lease.py and `python -m bench.faults` (`lease_double_wins`).
 
     wins = race("runs/lease-race", {}, processes=4, rounds=200)    # [1, 1, 1, ...]
 """

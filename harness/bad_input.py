@@ -5,7 +5,7 @@ whose message matches the row's `problem` (what is wrong: the field, file or row
 (what to do) patterns, or, where the design says so, in a counted, excluded sample; and nothing
 that was stored before the mistake may change. Checks that `rl_engine.run.preflight` makes before any
 engine starts are called the way `rft run` calls them; rows that need an engine are `slow`.
-`run_case(case, Env(...))` meets one row; tests/rl_engine/test_bad_input.py runs each row as a
+`run_case(case, Env(...))` meets one row; tests/rl_engine/run/test_bad_input.py runs each row as a
 test, `python -m bench.faults --quick` the same table as a report.
 
 `before` records what the row gave before the bad-input work of issue 13 (item 6): `clean` (a

@@ -18,6 +18,9 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from harness.prefect_live import start_server, start_worker  # noqa: E402 - after the environment above
 from rl_engine.trainer.dist import free_port  # noqa: E402
+from rl_engine.run.starts import count_start  # noqa: E402
+
+pytest_plugins = ["tests.suite_report"]  # the suite's time, starts and reruns, printed at the end of a run
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,6 +41,16 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from rl_engine.tiny_model import make_tiny_model
 
     return str(make_tiny_model(tmp_path_factory.mktemp("models") / "tiny", seed=0))
+
+
+@pytest.fixture(scope="session")
+def task_file(tmp_path_factory) -> str:
+    """200 arithmetic tasks (seed 3), written once per session."""
+    from rl_engine.rewards import write_arithmetic_taskset
+
+    path = tmp_path_factory.mktemp("data") / "arith.jsonl"
+    write_arithmetic_taskset(str(path), n=200, seed=3)
+    return str(path)
 
 
 @pytest.fixture(scope="session")
@@ -122,6 +135,7 @@ def s3_server():
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    count_start("moto_s3")
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
     yield endpoint, {"client_kwargs": {"endpoint_url": endpoint}}

@@ -17,12 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 # command (its first words) -> the tests (path::function) or scripts that run it
 EXERCISED: dict[str, list[str]] = {
-    "make demo": ["tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary", "tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
-    "make test": [".ci/run", "tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
-    "make test-fast": ["tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make demo": ["tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary", "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make test": [".ci/run", "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make test-fast": ["tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
     "make setup": [".ci/run"],
     **dict.fromkeys(("make setup-gpu", "make test-gpu", "make check-gpu-lock", "make lock-gpu"), ["tests/test_locks.py::test_make_gpu_targets_run_the_commands_the_readme_says"]),  # dry-run: CI has no GPU
-    "make demo-real": ["tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again", "tests/rl_engine/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make demo-real": ["tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again", "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
     "rft demo": ["tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again"],  # --model smollm2 (`make demo` runs the other)
     "rft fetch-model": ["tests/rl_engine/test_fetch_model.py::test_rft_fetch_model_prints_the_directory"],  # `make test` depends on it
     "rft warmstart": [
@@ -37,24 +37,24 @@ EXERCISED: dict[str, list[str]] = {
     ],
     "rft make-tiny-model": ["tests/rl_engine/test_tiny_model.py::test_deterministic_per_seed"],
     "rft run": [
-        "tests/flows/test_cli_progress.py::test_rft_run_prints_progress_and_logs_engines_to_the_run",
+        "tests/cli/test_progress.py::test_rft_run_prints_progress_and_logs_engines_to_the_run",
         "tests/flows/test_kill_resume.py::test_kill_anywhere_then_resume_exactly_once",  # --resume
         "tests/flows/test_placement_deployments.py::test_readme_command_runs_every_role_on_the_worker",  # --set placement.type=deployments
         "tests/flows/test_modes.py::test_every_shipped_config_runs_a_smoke_flow",  # configs/*.yaml
         "tests/bench/test_bench_smoke.py::test_algorithms",  # fully_async with algorithm.preset=decoupled_ppo, as bench.algorithms runs it
-        "tests/rl_engine/test_preflight_devices.py::test_the_readmes_gpu_configs_validate_with_the_plans_it_shows",  # gpu8*.yaml: validated with 8 GPUs stubbed, not run (no GPU here)
+        "tests/rl_engine/run/test_preflight_devices.py::test_the_readmes_gpu_configs_validate_with_the_plans_it_shows",  # gpu8*.yaml: validated with 8 GPUs stubbed, not run (no GPU here)
     ],
     "rft validate": [
-        "tests/rl_engine/test_config.py::test_every_shipped_config_validates",
-        "tests/rl_engine/test_config.py::test_validate_print_writes_the_resolved_config",
-        "tests/rl_engine/test_config.py::test_rft_validate_print_shows_what_a_preset_expanded_to",  # --set algorithm.preset=...
-        "tests/rl_engine/test_config.py::test_cli_schema_is_json",
-        "tests/rl_engine/test_preflight_devices.py::test_rft_validate_print_shows_the_plan",
-        "tests/rl_engine/test_preflight_devices.py::test_the_readmes_gpu_configs_validate_with_the_plans_it_shows",  # gpu8.yaml, 8 GPUs stubbed
+        "tests/rl_engine/config/test_config.py::test_every_shipped_config_validates",
+        "tests/rl_engine/config/test_config.py::test_validate_print_writes_the_resolved_config",
+        "tests/rl_engine/config/test_config.py::test_rft_validate_print_shows_what_a_preset_expanded_to",  # --set algorithm.preset=...
+        "tests/rl_engine/config/test_config.py::test_cli_schema_is_json",
+        "tests/rl_engine/run/test_preflight_devices.py::test_rft_validate_print_shows_the_plan",
+        "tests/rl_engine/run/test_preflight_devices.py::test_the_readmes_gpu_configs_validate_with_the_plans_it_shows",  # gpu8.yaml, 8 GPUs stubbed
     ],
     "rft config": [
-        "tests/rl_engine/test_config.py::test_rft_config_migrate_rewrites_a_file_that_then_loads_without_migration",
-        "tests/rl_engine/test_config.py::test_rft_config_migrate_refuses_a_value_without_meaning_and_leaves_the_file",
+        "tests/rl_engine/config/test_config.py::test_rft_config_migrate_rewrites_a_file_that_then_loads_without_migration",
+        "tests/rl_engine/config/test_config.py::test_rft_config_migrate_refuses_a_value_without_meaning_and_leaves_the_file",
     ],
     "rft trainer-node": ["tests/flows/test_trainer_ranks.py::test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0"],
     "rft buffer": ["tests/rl_engine/buffer/test_buffer_stats.py::test_stats_text_and_corrupt", "tests/rl_engine/buffer/test_buffer_stats.py::test_stats_json"],
@@ -66,7 +66,7 @@ EXERCISED: dict[str, list[str]] = {
         "tests/rl_engine/rollout/test_engine_server.py::test_a_served_engine_samples_what_a_local_engine_samples",  # its fixture starts `rft engine serve` (harness/engine_server.py)
         "tests/flows/test_engine_server_flow.py::test_synchronous_runs_on_a_served_engine_one_after_another",  # runs with explorer.engine.servers
     ],
-    "rft timeline": ["tests/rl_engine/test_timeline.py::test_cli_main_on_run_dir"],
+    "rft timeline": ["tests/rl_engine/run/test_timeline.py::test_cli_main_on_run_dir"],
     "prefect server": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],  # its fixture starts `prefect server start` (harness/prefect_live.py)
     "prefect work-pool": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect worker": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],

@@ -33,7 +33,7 @@ never lost or continued twice. The task stream's position is saved in the same w
 
 Groups, group ids and the rows they become are shared with plain rollouts (`rl_engine.roles.groups`).
 
-Tests: `.venv/bin/python -m pytest tests/rl_engine/test_partial.py tests/rl_engine/sync/test_partial_engine.py`.
+Tests: `.venv/bin/python -m pytest tests/rl_engine/roles/test_partial.py tests/rl_engine/sync/test_partial_engine.py`.
 """
 
 from __future__ import annotations

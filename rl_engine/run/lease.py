@@ -21,7 +21,7 @@ lost its lease (paused past its ttl, partitioned) cannot commit over the new hol
     lease.release()
 
 Generations below the newest are deleted by the acquirer (best effort). `python -m bench.faults`
-races acquirers (`lease_double_wins`, goal 0); tests: tests/rl_engine/test_lease.py.
+races acquirers (`lease_double_wins`, goal 0); tests: tests/rl_engine/run/test_lease.py.
 """
 
 from __future__ import annotations

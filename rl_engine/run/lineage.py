@@ -22,7 +22,7 @@ Consumed tasks are those a run drew: every task id in its committed buffer and i
 continuation stores (groups still pending). Runs that failed or were cancelled are recorded but
 consume nothing: their tasks are drawn again. Used by flows/common.py:run_mode; no Prefect here.
 
-Tests: `.venv/bin/python -m pytest tests/rl_engine/test_lineage.py tests/flows/test_lineage_flows.py`.
+Tests: `.venv/bin/python -m pytest tests/rl_engine/run/test_lineage.py tests/flows/test_lineage_flows.py`.
 """
 
 from __future__ import annotations

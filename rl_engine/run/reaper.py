@@ -12,7 +12,7 @@ takes the reaper along.
 Processes started in the last `interval_s` before the death are not seen; they are children of
 ones that are (or, like vLLM's, watch for themselves).
 
-    .venv/bin/python -m pytest tests/rl_engine/test_reaper.py
+    .venv/bin/python -m pytest tests/rl_engine/run/test_reaper.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The `rft` command's exit (cli.main.exit_now): what the interpreter's exit does that a finished
 command needs, without the module teardown (~2 s once torch, vLLM and Prefect are imported).
 
-    .venv/bin/python -m pytest tests/test_cli_exit.py -q
+    .venv/bin/python -m pytest tests/cli/test_main.py -q
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import atexit, sys, threading, time

@@ -4,7 +4,7 @@ Each case runs in its own Python process, as `rft run` does, with its own PREFEC
 process must be launched inside the block, answer when the block ends, and be gone once the
 process has exited, also when the block fails (a model check that finds a problem).
 
-    .venv/bin/python -m pytest tests/test_cli_prefect_ahead.py -q
+    .venv/bin/python -m pytest tests/cli/test_run.py -q
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import json, sys, time

@@ -26,10 +26,3 @@ def deployed(prefect_live: LiveServer, rft_worker) -> dict[str, dict]:
     return {f"{flows[d['flow_id']]}/{d['name']}": d for d in rows}
 
 
-@pytest.fixture(scope="session")
-def task_file(tmp_path_factory) -> str:
-    from rl_engine.rewards import write_arithmetic_taskset
-
-    path = tmp_path_factory.mktemp("data") / "arith.jsonl"
-    write_arithmetic_taskset(str(path), n=200, seed=3)
-    return str(path)

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from rl_engine.run.starts import count_start
+
 
 @pytest.fixture(scope="session")
 def prefect_server():
@@ -15,20 +17,12 @@ def prefect_server():
     os.environ["RFT_KEEP_ENGINES"] = "1"  # engines stay warm between flow runs (reset to version 0 on reuse)
     from prefect.testing.utilities import prefect_test_harness
 
+    count_start("prefect_server")
     with prefect_test_harness(server_startup_timeout=120):
         yield
     from rl_engine.roles.explorer import ENGINES
 
     ENGINES.close_all()
-
-
-@pytest.fixture(scope="session")
-def task_file(tmp_path_factory) -> str:
-    from rl_engine.rewards import write_arithmetic_taskset
-
-    path = tmp_path_factory.mktemp("data") / "arith.jsonl"
-    write_arithmetic_taskset(str(path), n=200, seed=3)
-    return str(path)
 
 
 def flatten(d: Any, path: str = "") -> dict[str, Any]:

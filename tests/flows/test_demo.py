@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flows.test_cli_progress import rft
+from tests.cli.test_progress import rft
 
 pytestmark = pytest.mark.slow
 

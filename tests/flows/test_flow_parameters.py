@@ -14,7 +14,7 @@ from flows.common import SET_EXAMPLE
 from flows.decoupled import fully_async, multi_explorer
 from flows.rendezvous import one_step_off_policy, synchronous
 from rl_engine.config import validate_config
-from tests.rl_engine.test_config import bare_placeholders, descriptions
+from tests.rl_engine.config.test_config import bare_placeholders, descriptions
 
 
 @pytest.mark.parametrize("mode_flow", [synchronous, one_step_off_policy, fully_async, multi_explorer], ids=lambda f: f.name)

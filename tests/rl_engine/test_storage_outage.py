@@ -39,7 +39,7 @@ def test_outage_limit_reaches_the_filesystem():
 def test_checks_before_a_run_wait_seconds_the_run_keeps_its_limit(monkeypatch):
     """Preflight (and start_run's storage check) give a store that does not answer PREFLIGHT_OUTAGE_S,
     or the run's own limit if shorter; the options the run goes on with keep buffer.storage.outage_timeout_s
-    (tests/rl_engine/test_bad_input.py: a refused endpoint fails preflight in about 5 s, not 2 x 120 s)."""
+    (tests/rl_engine/run/test_bad_input.py: a refused endpoint fails preflight in about 5 s, not 2 x 120 s)."""
     import rl_engine.run.storage_checks as pf
     from rl_engine.storage import OUTAGE_KEY
 

@@ -29,9 +29,9 @@ from rl_engine.config import (
     validate_config,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
-CONFIGS = sorted(glob.glob(str(Path(__file__).parents[2] / "configs" / "*.yaml")))
+CONFIGS = sorted(glob.glob(str(Path(__file__).parents[3] / "configs" / "*.yaml")))
 
 
 def base(model_dir: str) -> dict:

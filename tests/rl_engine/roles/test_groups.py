@@ -2,9 +2,9 @@
 partial rollouts use (rl_engine/roles/groups.py), column by column, with one group-id format.
 
 The engine is scripted (no vLLM engine starts): it returns fixed rollouts, so every column of
-every row is known. Partial rollouts' own rows are checked in tests/rl_engine/test_partial.py.
+every row is known. Partial rollouts' own rows are checked in tests/rl_engine/roles/test_partial.py.
 
-    .venv/bin/python -m pytest tests/rl_engine/test_groups.py
+    .venv/bin/python -m pytest tests/rl_engine/roles/test_groups.py
 """
 
 from __future__ import annotations

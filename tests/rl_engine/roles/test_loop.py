@@ -3,7 +3,7 @@ GRPO raise the expected reward, with vLLM's behavior logprobs matching the train
 
 Slow (warm start ~15 s on idle cores, up to a few minutes on a busy machine; vLLM start ~20 s):
 
-    .venv/bin/python -m pytest tests/rl_engine/test_loop.py -m slow -q
+    .venv/bin/python -m pytest tests/rl_engine/roles/test_loop.py -m slow -q
 """
 
 from __future__ import annotations

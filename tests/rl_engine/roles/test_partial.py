@@ -5,7 +5,7 @@ The engine here is scripted: each prompt's continuation is a fixed string, hande
 ended as vLLM ends a request, repetition detection on the segment's own tokens included. That
 isolates the segment logic; the real-engine tests are in tests/rl_engine/sync/test_partial_engine.py.
 
-    .venv/bin/python -m pytest tests/rl_engine/test_partial.py
+    .venv/bin/python -m pytest tests/rl_engine/roles/test_partial.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Bad input, one table (harness/bad_input.py): each row a mistake a user makes, run as a test
 that asserts the row ends in a clear error and changes nothing stored; and what must still pass.
 
-    .venv/bin/python -m pytest tests/rl_engine/test_bad_input.py -q
+    .venv/bin/python -m pytest tests/rl_engine/run/test_bad_input.py -q
     .venv/bin/python -m bench.faults --quick        # the same table as a report
 """
 

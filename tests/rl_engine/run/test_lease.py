@@ -1,9 +1,9 @@
 """The lease (rl_engine/run/lease.py): processes racing for it, exactly one wins, on local disk and on
 S3 (moto); a holder that lost it commits nothing; a killed holder's lease is free at once on its
-machine and never elsewhere before its ttl (tests/rl_engine/test_roles.py covers a live holder
+machine and never elsewhere before its ttl (tests/rl_engine/roles/test_entry.py covers a live holder
 and the ttl itself).
 
-    .venv/bin/python -m pytest tests/rl_engine/test_lease.py -m "slow or not slow"
+    .venv/bin/python -m pytest tests/rl_engine/run/test_lease.py -m "slow or not slow"
 """
 
 from __future__ import annotations

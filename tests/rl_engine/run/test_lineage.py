@@ -1,7 +1,7 @@
 """rl_engine/run/lineage.py without engines (the S3 cases, marked slow, use moto's server): the latest pointer, runs.jsonl, unused-task selection over a
 folder where new task files arrive (local and S3), the lineage's lock, and begin/end of a run.
 
-    .venv/bin/python -m pytest tests/rl_engine/test_lineage.py
+    .venv/bin/python -m pytest tests/rl_engine/run/test_lineage.py
 """
 
 from __future__ import annotations

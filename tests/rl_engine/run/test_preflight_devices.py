@@ -2,7 +2,7 @@
 2, 4 and 8 visible GPUs (the count stubbed: no GPU needed), and what NCCL or vLLM would refuse
 refused before any engine starts, naming the field and the fix.
 
-    .venv/bin/python -m pytest tests/rl_engine/test_preflight_devices.py
+    .venv/bin/python -m pytest tests/rl_engine/run/test_preflight_devices.py
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def test_the_readmes_gpu_configs_validate_with_the_plans_it_shows(tmp_path, monk
     import rl_engine.run.preflight as preflight
     from cli.main import main as rft
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme[readme.index("## On GPUs") :]
     section = section[: section.index("\n## ")]
     base, placement = (yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)[:2])

@@ -1,7 +1,7 @@
 """rl_engine.run.reaper: a SIGKILLed main process leaves nothing it started running; a main process
 that exits without stopping its children gets them stopped too.
 
-    .venv/bin/python -m pytest tests/rl_engine/test_reaper.py
+    .venv/bin/python -m pytest tests/rl_engine/run/test_reaper.py
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ rl_engine/run/retention.py and the checkpoint sender, rl_engine/sync/checkpoint.
 mode on hand-written cases, pruning on local disk and S3, a delete killed after the marker (a
 real run that keeps 2 of each and resumes: tests/flows/test_retention_flows.py).
 
-    .venv/bin/python -m pytest tests/rl_engine/test_retention.py -q -m "slow or not slow"
+    .venv/bin/python -m pytest tests/rl_engine/run/test_retention.py -q -m "slow or not slow"
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from rl_engine.sync import build_weight_sender
 from rl_engine.sync.base import post_loaded
 from rl_engine.sync.checkpoint import CHECKPOINTS, needed_checkpoints
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 # --------------------------------------------------------------------------- policy
