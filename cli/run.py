@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 from rl_engine.config import RFTConfig, load_config, validate_config
 from rl_engine.errors import UserError, hide_user_error_tracebacks
 from rl_engine.model_dir import is_model_dir
+from rl_engine.run.starts import count_start
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,6 +114,7 @@ def prefect_server_ahead() -> Iterator[None]:
     def start() -> None:
         from prefect.server.api.server import SubprocessASGIServer
 
+        count_start("prefect_server")
         try:
             SubprocessASGIServer().start()
         except Exception:  # reported by Prefect's own start when the flow begins

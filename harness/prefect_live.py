@@ -40,6 +40,7 @@ from typing import Any, Iterable
 import httpx
 
 from rl_engine.trainer.dist import free_port
+from rl_engine.run.starts import count_start
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent  # tests run with the project's venv: .venv/bin
@@ -234,6 +235,7 @@ def start_server(root: Path, *, timeout_s: float = SERVER_START_TIMEOUT_S, ui: b
         **extra_env,
     )
     env.pop("PREFECT_API_URL")  # the server serves it; it does not call it
+    count_start("prefect_server")
     with open(server.log_path, "wb") as log:
         server.proc = subprocess.Popen(
             [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],

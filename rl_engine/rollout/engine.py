@@ -52,6 +52,7 @@ from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
 from rl_engine.rollout import inproc
 from rl_engine.rollout.processes import EngineProcesses, wake_pending_calls
+from rl_engine.run.starts import count_start
 
 log = logging.getLogger(__name__)
 
@@ -237,6 +238,7 @@ class VLLMRolloutEngine:
                 # devices only, and are spawned (a fork after this process's CUDA start cannot use CUDA).
                 env["CUDA_VISIBLE_DEVICES"] = cuda_visible
                 env["VLLM_WORKER_MULTIPROC_METHOD"] = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") or "spawn"
+        count_start("vllm_engine")
         with _START_LOCK, _engine_env(env), inproc.starting():
             self._llm = LLM(**kwargs)
         self._tokenizer = self._llm.get_tokenizer()

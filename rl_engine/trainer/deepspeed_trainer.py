@@ -35,6 +35,7 @@ from torch import Tensor
 from rl_engine.algorithms import policy_loss, prepare_batch_rows, row_metrics, sft_loss, token_sum_divisor, version_mask
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
+from rl_engine.run.starts import count_start
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
 from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS, head_logprobs, plain_lm_head
@@ -112,6 +113,7 @@ class DeepSpeedTrainer:
             "wall_clock_breakdown": False,
         }
         preload_deepspeed_ops()  # a build lock left by a killed trainer would hang initialize forever
+        count_start("deepspeed_init")
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
         return engine
 

@@ -27,6 +27,7 @@ from typing import Any
 import psutil
 
 from rl_engine.run.owner_watch import OWNER_PID_ENV
+from rl_engine.run.starts import count_start
 from rl_engine.trainer.dist import OWNER
 
 RANK_MAIN = "rl_engine.roles.trainer_rank"
@@ -63,6 +64,7 @@ def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: f
     plan, CUDA_VISIBLE_DEVICES), calling `poll()` every `poll_s` until it exits; then stop whatever
     it left (also when `poll` raises or this thread is interrupted). Raises RanksFailed on failure."""
     env = {**launcher_env(), **(env or {}), OWNER_PID_ENV: str(os.getpid())}
+    count_start("torchrun")
     proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
     tail: collections.deque[str] = collections.deque(maxlen=400)
     echo = threading.Thread(target=_echo, args=(proc.stderr, tail), name="trainer-ranks-stderr", daemon=True)
