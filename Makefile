@@ -10,7 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-gpu demo demo-real test test-fast test-gpu bench lock lock-gpu check-gpu-lock clean
+.PHONY: setup setup-gpu demo demo-real test test-fast test-gpu lint format bench lock lock-gpu check-gpu-lock clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,16 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# ruff over the whole tree (rules and line length in pyproject.toml); .ci/run runs it before the tests.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# Rewrites the tree to ruff's format and applies its safe fixes.
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 # The `gpu`-marked tests (tests/gpu/; each skips without CUDA, the two-GPU ones below two GPUs).
 test-gpu: setup-gpu

@@ -78,6 +78,9 @@ def test_make_targets_the_readme_shows_run_the_commands_it_says():
     assert "rft demo" in dry("demo")
     assert "rft demo --model smollm2" in dry("demo-real")
     assert "-m bench.modes --quick --synthetic" in dry("bench")
+    assert "ruff check ." in dry("lint") and "ruff format --check ." in dry("lint")
+    assert "ruff check --fix ." in dry("format") and "ruff format ." in dry("format")
+    assert "make lint" in (REPO / ".ci" / "run").read_text()  # CI lints before it tests
 
 
 def test_minimal_config_gets_defaults_and_resolves(tiny_model_dir):
