@@ -8,12 +8,23 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import to_jsonable_python
 
+from rl_engine.config.algorithm import PRESETS, AlgorithmConfig
 from rl_engine.config.base import ConfigError, redact
 from rl_engine.config.migrate import migrate
 from rl_engine.config.model import _REWARD_TAGS
+from rl_engine.config.placement import DeploymentsPlacement, LocalPlacement
 from rl_engine.config.root import RFTConfig
-from rl_engine.config.synchronizer import SYNC_TAGS, UNKNOWN_MODE, misplaced
+from rl_engine.config.synchronizer import (
+    DECOUPLED_MODES,
+    RENDEZVOUS_MODES,
+    SYNC_TAGS,
+    UNKNOWN_MODE,
+    DecoupledSync,
+    RendezvousSync,
+    misplaced,
+)
 
 
 def _format_errors(source: str, err: ValidationError, data: Any) -> str:
@@ -83,8 +94,44 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {text!r}: {part!r} is a value ({child!r}), not a section")
             node = child
+        old = node.get(path[-1], _ABSENT)
         node[path[-1]] = value
+        _switch_variant(tuple(path), node, old, value)
     return data
+
+
+_ABSENT = object()
+
+
+def _switch_variant(path: tuple[str, ...], section: dict[str, Any], old: Any, new: Any) -> None:
+    """An override changed the key that selects `section`'s variant (`placement.type`,
+    `synchronizer.mode`) or its preset (`algorithm.preset`) from `old` to `new`: drop what only
+    stood for the old one, so the new one's defaults apply. A validated config's dump (a
+    deployment's `cfg`, a run's config.yaml) holds every field: `placement.devices: null` of the
+    local variant was an unknown key of the deployments one, grpo's expanded knobs hid a new
+    preset's. Dropped: the old variant's fields the new one lacks that hold the old one's default
+    (a value given otherwise stays, for validation to name), and the knobs that hold the old
+    preset's expansion (knobs set otherwise stay, laid over the new preset)."""
+    if old is _ABSENT or old == new or not isinstance(old, str) or not isinstance(new, str):
+        return
+    if path == ("algorithm", "preset"):
+        if old in PRESETS and new in PRESETS:
+            expanded = AlgorithmConfig.model_validate({"preset": old}).model_dump(mode="json")
+            for knob in {k for knobs in PRESETS.values() for k in knobs}:
+                if knob in section and section[knob] == expanded.get(knob):
+                    del section[knob]
+        return
+    variants: dict[Any, Any] = {
+        ("placement", "type"): {"local": LocalPlacement, "deployments": DeploymentsPlacement},
+        ("synchronizer", "mode"): {**dict.fromkeys(RENDEZVOUS_MODES, RendezvousSync), **dict.fromkeys(DECOUPLED_MODES, DecoupledSync)},
+    }.get(path, {})
+    before, after = variants.get(old), variants.get(new)
+    if before is None or after is None:
+        return
+    for name, field in before.model_fields.items():
+        stood_for_old = name in section and name not in after.model_fields and not field.is_required()
+        if stood_for_old and section[name] == to_jsonable_python(field.get_default(call_default_factory=True)):
+            del section[name]
 
 
 class _DuplicateKey(yaml.YAMLError):
