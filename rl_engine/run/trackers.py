@@ -155,6 +155,13 @@ class TensorBoard:
 MLFLOW_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 
 
+def mlflow_name(name: str) -> str:
+    """`name` as MLflow takes a metric's name (alphanumerics, `_ - . : /` and spaces): `@` as `_at_`
+    (the evaluation's `heldout/pass@1` is `heldout/pass_at_1`), any other character as `_`. MLflow
+    refuses a batch holding one other name, which turned the tracker off for the run."""
+    return re.sub(r"[^\w\-.: /]", "_", name.replace("@", "_at_"))
+
+
 class MLflow:
     """An MLflow run in `experiment` at `tracking_uri` (else MLFLOW_TRACKING_URI), named after the run."""
 
@@ -190,7 +197,7 @@ class MLflow:
     def log_metrics(self, metrics: dict[str, float], step: int, wall_time: float, prefix: str) -> None:
         from mlflow.entities import Metric
 
-        rows = [Metric(f"{prefix}/{k}", v, int(wall_time * 1000), step) for k, v in metrics.items() if math.isfinite(v)]
+        rows = [Metric(mlflow_name(f"{prefix}/{k}"), v, int(wall_time * 1000), step) for k, v in metrics.items() if math.isfinite(v)]
         for i in range(0, len(rows), 1000):  # MLflow's batch limit
             self.client.log_batch(self.run_id, metrics=rows[i : i + 1000])
 

@@ -112,3 +112,29 @@ def test_set_algorithm_preset_on_a_validated_config_takes_the_presets_knobs():
         assert with_overrides(base_config(), [f"algorithm.preset={preset}"]).algorithm == fresh
     tuned = with_overrides(base_config(), ["algorithm.loss.clip_eps_high=0.3"])
     assert with_overrides(tuned, ["algorithm.preset=rloo"]).algorithm.loss.clip_eps_high == 0.3
+
+
+def test_mlflow_gets_the_evaluations_metrics(tmp_path):
+    # An evaluation's metrics are named `<set>/pass@1`, `<set>/avg@2`: MLflow refuses `@`, and one refused
+    # name fails the batch, which turned the tracker off for the run (issue 42, item 6, defect b).
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from rl_engine.run.context import start_run
+    from rl_engine.run.report import record_step
+    from rl_engine.run.trackers import TrackerFeed, build_trackers, load_tracker_state
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    data = {"name": "r", "model": {"path": str(tmp_path / "model")}, "taskset": {"path": str(tmp_path / "tasks.jsonl")}, "buffer": {"storage": {"url": str(tmp_path / "runs")}}}
+    data["monitor"] = {"trackers": [{"type": "mlflow", "tracking_uri": store, "experiment": "unit"}]}
+    run = start_run(validate_config(data))
+    warnings: list[str] = []
+    with TrackerFeed(run, build_trackers(run.cfg.monitor, run, warn=lambda m, *a: warnings.append(m % a)), poll_s=0.1, warn=lambda m, *a: warnings.append(m % a)):
+        record_step(run, "trainer", 1, {"step": 1, "version": 1, "reward_mean": 0.5})
+        record_step(run, "eval", 1, {"version": 1, "heldout/pass@1": 0.25, "heldout/avg@2": 0.25, "heldout/reward_mean": 0.5})
+        time.sleep(0.3)
+    assert warnings == []
+    run_id = load_tracker_state(run, "mlflow")["run_id"]
+    logged = MlflowClient(store).get_run(run_id).data.metrics
+    assert logged["eval/heldout/pass_at_1"] == logged["eval/heldout/avg_at_2"] == 0.25 and logged["trainer/reward_mean"] == 0.5
