@@ -4,8 +4,10 @@
 
 The run is `make demo-real`'s: configs/smollm2.yaml (synchronous GRPO, collective sync, the engine on every core,
 4 tasks x 8 rollouts of up to 32 tokens per step, 30 trainer steps) as a real Prefect flow, on the
-model `rft fetch-model` converts and the word-arithmetic tasks; `--set KEY=VALUE` changes the
-config as `rft run --set` does (the JSON says the run's `mode` and the `overrides`). Reported:
+model `rft fetch-model` converts and the word-arithmetic tasks, run by `rft demo --model smollm2`'s
+own code (cli.demo_real.demo_real, whose lines come first on stdout), measured on the way;
+`--set KEY=VALUE` changes the config as `rft demo --set` does (the JSON says the run's `mode` and
+the `overrides`). Reported:
 
 - held-out exact match (rl_engine.evaluate: the run's reward on the 320 held-out problems no train
   task asks), greedy and at temperature 1, before and after (`held_out_before` / `held_out_after`
@@ -165,6 +167,26 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, floa
     return {"trainer_step_s": trainer_s, "reference_step_s": reference_s, "train_step_over_reference": trainer_s / reference_s}
 
 
+class RealBench:
+    """What bench.real measures around `rft demo --model smollm2`'s run (cli.demo_real.demo_real's `bench`)."""
+
+    def __init__(self, repeats: int):
+        self.repeats = repeats
+
+    def engines(self) -> Any:
+        from bench.learning import shared_engines
+
+        return shared_engines()  # the run's engine is kept for its floor, then closed
+
+    def run_done(self, summary: dict[str, Any]) -> None:
+        from bench.learning import step_floor
+
+        self.summary, self.figures, self.floor = summary, run_figures(summary), step_floor(summary["run"], self.repeats)
+
+    def scored(self, cfg: Any, before: dict[str, float], after: dict[str, float]) -> None:
+        self.cfg, self.before, self.after = cfg, before, after
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
@@ -181,24 +203,18 @@ def main() -> None:
     gap_dtypes = ("bfloat16",) if a.smoke else ("float32", "bfloat16")
 
     from bench._report import emit_json, print_table
-    from bench.learning import shared_engines, step_floor
-    from cli.demo_real import held_out, real_config
-    from cli.run import run_config
+    from cli.demo_real import demo_real
     from harness.real_model import logprob_gap
-    from rl_engine.run.preflight import preflight
 
-    root = a.root
+    shrink = ["explorer.batch_size=2", "algorithm.repeat_times=4", "trainer.micro_batch_size=8", "explorer.sampling.max_tokens=16"] if a.smoke else []
+    bench = RealBench(repeats)
     started = time.time()
     with PeakRss() as rss:
-        shrink = ["explorer.batch_size=2", "algorithm.repeat_times=4", "trainer.micro_batch_size=8", "explorer.sampling.max_tokens=16"] if a.smoke else []
-        cfg, heldout = real_config(root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink, *a.set])
-        cfg = preflight(cfg)
-        before = held_out(cfg, cfg.model.path, heldout, heldout_n)
-        with shared_engines():  # the run's engine is kept for its floor, then closed
-            summary = run_config(cfg)
-            figures = run_figures(summary)
-            floor = step_floor(summary["run"], repeats)
-        after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_n)
+        # `rft demo --model smollm2`'s own code path (its lines are printed above the tables), measured on the way
+        rc = demo_real(a.root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink, *a.set], heldout_n, bench=bench)
+        if rc != 0:
+            raise SystemExit(rc)
+        cfg, before, after, summary, figures, floor = bench.cfg, bench.before, bench.after, bench.summary, bench.figures, bench.floor
         gaps = {dtype: logprob_gap(cfg.model.path, dtype, n_prompts=gap_prompts) for dtype in gap_dtypes}
     rows = [
         {"model": "before", "greedy_exact": before["greedy_exact"], "t1_exact": before["t1_exact"], "greedy_tokens": before["greedy_response_tokens"]},

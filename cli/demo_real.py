@@ -59,7 +59,12 @@ def describe(before: dict[str, float], after: dict[str, float]) -> str:
     )
 
 
-def demo_real(root: str = "runs", overrides: list[str] | tuple[str, ...] = (), heldout_limit: int | None = None) -> int:
+def demo_real(root: str = "runs", overrides: list[str] | tuple[str, ...] = (), heldout_limit: int | None = None, bench: Any = None) -> int:
+    """`bench` (bench.real's, None for `rft demo`) measures the same run: the run goes inside its
+    `engines()` context, `bench.run_done(summary)` is called there after the summary is printed,
+    and `bench.scored(cfg, before, after)` at the end."""
+    import contextlib
+
     from transformers.utils import logging as hf_logging
 
     from cli.run import check_prefect_api, print_summary, run_watched
@@ -74,11 +79,16 @@ def demo_real(root: str = "runs", overrides: list[str] | tuple[str, ...] = (), h
     print("scoring the base model on the held-out problems ...", flush=True)
     before = held_out(cfg, cfg.model.path, heldout, heldout_limit)
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
-    summary: Any = run_watched(cfg)
-    if not isinstance(summary, dict):
-        print(f"run ended: {summary}")
-        return 1
-    print_summary(summary)
+    with bench.engines() if bench is not None else contextlib.nullcontext():
+        summary: Any = run_watched(cfg)
+        if not isinstance(summary, dict):
+            print(f"run ended: {summary}")
+            return 1
+        print_summary(summary)
+        if bench is not None:
+            bench.run_done(summary)
     after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_limit)
     print(describe(before, after) + f"; trained model: {summary['run']}/model")
+    if bench is not None:
+        bench.scored(cfg, before, after)
     return 0
