@@ -3,6 +3,8 @@
     python -m bench.ops --quick     # one measured run (after the warm-up run)
     python -m bench.ops             # three measured runs, medians
     python -m bench.ops --smoke     # CI smoke test: one measured run, no warm-up run (a cold worker and cold caches)
+    python -m bench.ops --smoke --attach API_URL --worker-log PATH [--model DIR --tasks FILE]
+                                    # the same against a server and worker already up, deployed (the tests' session ones)
 
 Against a real `prefect server start` on loopback and a real process worker (harness/prefect_live.py),
 with the project's deployments (`prefect deploy --all`, prefect.yaml): the `synchronous/synchronous`
@@ -164,6 +166,52 @@ def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
     return live, worker, dep, stop
 
 
+class _AttachedWorker:
+    """A worker this benchmark did not start: its terminal's log is all it reads of it."""
+
+    def __init__(self, log_path: Path):
+        self.log_path = log_path
+
+    def log_tail(self, n: int = 80) -> str:
+        from harness.prefect_live import log_tail
+
+        return log_tail(self.log_path, n)
+
+
+class _Restore:
+    """Puts the deployment's parameters back (as `stop()`, with the servers a setup started)."""
+
+    def __init__(self, live: Any, dep: dict[str, Any]):
+        self.live, self.dep = live, dep
+
+    def stop(self) -> None:
+        self.live.api("PATCH", f"/deployments/{self.dep['id']}", json={"parameters": self.dep["parameters"]})
+
+
+def attach(root: Path, api_url: str, worker_log: Path, model: str | None, tasks: str | None) -> tuple[Any, Any, dict[str, Any], list[Any]]:
+    """`setup` against a server already up, with the README's pool polled by a worker whose terminal
+    goes to `worker_log` and `prefect deploy --all` done (the tests' session fixtures): only the
+    deployment's config is PATCHed (put back at the end), around `model` and `tasks` if given."""
+    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.tiny_model import make_tiny_model
+    from harness.runs import small_config
+    from harness.prefect_live import LiveServer
+
+    live = LiveServer(api_url=api_url, home=Path(), log_path=Path())
+    dep = live.deployment("synchronous/synchronous")
+    if model is None:
+        model = str(make_tiny_model(root / "model", seed=0))
+    if tasks is None:
+        tasks = str(root / "tasks.jsonl")
+        write_arithmetic_taskset(tasks, n=200, seed=3)
+    cfg = small_config(model, tasks, str(root / "runs"), mode="synchronous", total_steps=1)
+    cfg["synchronizer"]["collective"]["port"] = None
+    cfg["monitor"]["artifacts"] = False
+    live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": {"cfg": cfg}})
+    (root / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return live, _AttachedWorker(worker_log), dep, [_Restore(live, dep)]
+
+
 def _warm_engine_runs(live: Any, worker: Any, dep: dict[str, Any], root: Path, runs: int, warm_up: bool) -> tuple[list[dict[str, Any]], float]:
     """The same runs against an engine server kept up between them (`rft engine serve`, the
     deployment's config; runs get `explorer.engine.servers`); returns (rows, server start seconds)."""
@@ -182,12 +230,18 @@ def main(argv: list[str] | None = None) -> int:
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="one measured run instead of three")
     size.add_argument("--smoke", action="store_true", help="CI smoke test: one measured run and no warm-up run")
+    ap.add_argument("--attach", metavar="API_URL", help="a Prefect server already up (its API URL), with the rft-cpu pool's worker and `prefect deploy --all` done")
+    ap.add_argument("--worker-log", type=Path, help="with --attach: the file that worker's terminal goes to")
+    ap.add_argument("--model", help="with --attach: the tiny model for the runs (default: one made here)")
+    ap.add_argument("--tasks", help="with --attach: their task file (default: one written here)")
     args = ap.parse_args(argv)
+    if bool(args.attach) != bool(args.worker_log):
+        ap.error("--attach and --worker-log go together")
     rows: list[dict[str, Any]] = []
     runs = 1 if args.quick or args.smoke else 3
     with tempfile.TemporaryDirectory(prefix="rft-bench-ops-") as tmp:
         root = Path(tmp)
-        live, worker, dep, stop = setup(root)
+        live, worker, dep, stop = attach(root, args.attach, args.worker_log, args.model, args.tasks) if args.attach else setup(root)
         try:
             if not args.smoke:
                 t0 = time.monotonic()

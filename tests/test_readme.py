@@ -89,10 +89,11 @@ EXERCISED: dict[str, list[str]] = {
     "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field", "tests/deployments/test_readme_rest_retry.py::test_readme_rest_calls_print_only_the_answer_after_a_busy_503"],
     "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],
     "python -m torch.distributed.run": ["tests/flows/test_trainer_ranks.py::test_a_killed_trainer_rank_fails_the_run_naming_it"],  # what the trainer role starts
-    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "ops", "train", "faults", "logits_memory", "algorithms", "workflows", "scale", "engine_start")},
+    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "train", "faults", "logits_memory", "algorithms", "workflows", "scale", "engine_start")},
     # --device cuda: refused here without CUDA; on GPUs not run yet (README, On GPUs)
     **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}", "tests/bench/test_bench_smoke.py::test_device_cuda_is_refused_without_cuda"] for b in ("sync", "train")},
     "python -m bench.modes": ["tests/bench/test_bench_smoke.py::test_modes_synthetic"],
+    "python -m bench.ops": ["tests/deployments/test_live_operations.py::test_bench_ops"],  # --smoke --attach: the module's server, worker and deployments
     "python -m bench.real": [  # one run with `rft demo --model smollm2`'s test: bench.real runs the demo's code
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",
         "tests/flows/test_demo_real.py::test_bench_real_set_reaches_the_config",  # --set synchronizer.mode=one_step_off_policy ...

@@ -259,24 +259,8 @@ def test_algorithms(tmp_path):
     boolean(r["corrected_within_sync_spread"])
 
 
-def test_ops(tmp_path):
-    r = run_bench("ops", "--smoke", timeout_s=720, tmp_path=tmp_path)
-    parts = ("api_call_s", "worker_pickup_s", "process_spawn_s", "flow_import_s", "run_setup_s", "engine_start_s", "to_rollout_s")
-    has_keys(r, "api_to_first_rollout_s", "runs", "worker_terminal_lines_per_run", "op_rebuilt_during_runs", *parts)
-    assert r["runs"] == 1 and r["op_rebuilt_during_runs"] in (0, 1)  # smoke: no warm-up run, so the op may be built in it
-    assert 0 < r["worker_terminal_lines_per_run"] < 100  # at least the worker's own lines, never the engines' hundreds
-    for k in parts:
-        if k != "worker_pickup_s":
-            non_negative(r[k])
-    # The worker may take the run before the POST that created it has returned, not before it was sent
-    # (the process's start time is read to the clock tick, 10 ms).
-    assert number(r["worker_pickup_s"]) >= -r["api_call_s"] - 0.02
-    positive(r["api_to_first_rollout_s"])
-    assert sum(r[k] for k in parts) == pytest.approx(r["api_to_first_rollout_s"], abs=0.01)  # one run: its parts add up
-    # The same run against an engine server kept up (`rft engine serve`): its explorer starts no engine.
-    has_keys(r, "engine_server_start_s", "server_api_to_first_rollout_s", *(f"server_{k}" for k in parts))
-    positive(r["engine_server_start_s"])
-    assert sum(r[f"server_{k}"] for k in parts) == pytest.approx(r["server_api_to_first_rollout_s"], abs=0.01)
+# bench.ops's smoke is tests/deployments/test_live_operations.py::test_bench_ops (--attach): it shares that
+# module's Prefect server, worker and `prefect deploy --all` instead of starting its own.
 
 
 def test_engine_start(tmp_path):

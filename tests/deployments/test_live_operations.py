@@ -226,3 +226,33 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
     resumed = flow_run_id_from_cli(prefect_live.cli(*shlex.split(command)[1:]).stdout)
     wait_flow_run(prefect_live, resumed, ["COMPLETED"], timeout_s=600, worker=rft_worker)
     assert json.loads((run_dir / "report" / "summary.json").read_text())["final_version"] == CANCELLED_TOTAL
+
+
+@pytest.mark.timeout(780)
+def test_bench_ops(prefect_live, test_deployment, rft_worker, tiny_model_dir, task_file, tmp_path):
+    """`python -m bench.ops --smoke` (its smallest path end to end, tests/bench/test_bench_smoke.py's
+    way) on this module's server, worker and deployments (--attach): no server, worker or `prefect
+    deploy --all` of its own."""
+    from tests.bench.test_bench_smoke import has_keys, non_negative, number, positive, run_bench
+
+    params = prefect_live.deployment("synchronous/synchronous")["parameters"]
+    attached = ("--attach", prefect_live.api_url, "--worker-log", str(rft_worker.log_path), "--model", tiny_model_dir, "--tasks", task_file)
+    r = run_bench("ops", "--smoke", *attached, timeout_s=720, tmp_path=tmp_path)
+    parts = ("api_call_s", "worker_pickup_s", "process_spawn_s", "flow_import_s", "run_setup_s", "engine_start_s", "to_rollout_s")
+    has_keys(r, "api_to_first_rollout_s", "runs", "worker_terminal_lines_per_run", "op_rebuilt_during_runs", *parts)
+    assert r["runs"] == 1 and r["op_rebuilt_during_runs"] in (0, 1)  # smoke: no warm-up run, so the op may be built in it
+    assert 0 < r["worker_terminal_lines_per_run"] < 100  # at least the worker's own lines, never the engines' hundreds
+    for k in parts:
+        if k != "worker_pickup_s":
+            non_negative(r[k])
+    # The worker may take the run before the POST that created it has returned, not before it was sent
+    # (the process's start time is read to the clock tick, 10 ms).
+    assert number(r["worker_pickup_s"]) >= -r["api_call_s"] - 0.02
+    positive(r["api_to_first_rollout_s"])
+    assert sum(r[k] for k in parts) == pytest.approx(r["api_to_first_rollout_s"], abs=0.01)  # one run: its parts add up
+    # The same run against an engine server kept up (`rft engine serve`): its explorer starts no engine.
+    has_keys(r, "engine_server_start_s", "server_api_to_first_rollout_s", *(f"server_{k}" for k in parts))
+    positive(r["engine_server_start_s"])
+    assert sum(r[f"server_{k}"] for k in parts) == pytest.approx(r["server_api_to_first_rollout_s"], abs=0.01)
+    # --attach leaves the deployment's config as it found it
+    assert prefect_live.deployment("synchronous/synchronous")["parameters"] == params
