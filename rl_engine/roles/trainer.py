@@ -28,7 +28,7 @@ from rl_engine.run.lease import Fence
 from rl_engine.run.state import STATE_DIR, latest_state_step
 from rl_engine.run.context import RunContext
 from rl_engine.storage import join
-from rl_engine.sync import build_weight_sender
+from rl_engine.sync import build_weight_sender, drop_versions_from
 from rl_engine.run.timeline import STARTUP, TimelineRecorder
 from rl_engine.trainer import build_trainer, trainer_settings
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
@@ -75,6 +75,8 @@ class TrainerRole:
             extra = self.trainer.load_state(self._state_url(t), run.storage_options)
             self.reader.load_state_dict(extra["cursor"])
             self.resumed_from = t
+        if resume:  # the stopped attempt's published weights from here on: published again, each announced before it is written
+            drop_versions_from(cfg, self.resumed_from or 0)
         self.published = -1
         self._sending: threading.Thread | None = None
         self._skipped: int | None = None  # a decoupled publish skipped while a send was in flight

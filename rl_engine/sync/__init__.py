@@ -4,6 +4,6 @@ Entry points (factory.py): `build_weight_sender(cfg)`, `build_weight_receiver(cf
 """
 
 from rl_engine.sync.base import WeightReceiver, WeightSender
-from rl_engine.sync.factory import build_weight_receiver, build_weight_sender
+from rl_engine.sync.factory import build_weight_receiver, build_weight_sender, drop_versions_from
 
-__all__ = ["WeightReceiver", "WeightSender", "build_weight_receiver", "build_weight_sender"]
+__all__ = ["WeightReceiver", "WeightSender", "build_weight_receiver", "build_weight_sender", "drop_versions_from"]

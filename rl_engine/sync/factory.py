@@ -14,10 +14,12 @@ import torch
 
 from rl_engine.board import Board
 from rl_engine.config import RFTConfig
+from rl_engine.pruning import delete, list_dirs
+from rl_engine.storage import open_storage
 from rl_engine.sync.base import WeightReceiver, WeightSender
-from rl_engine.sync.checkpoint import CheckpointReceiver, CheckpointSender
+from rl_engine.sync.checkpoint import CHECKPOINTS, CheckpointReceiver, CheckpointSender
 from rl_engine.sync.collective import CollectiveReceiver, CollectiveSender
-from rl_engine.sync.delta import DeltaCheckpointReceiver, DeltaCheckpointSender
+from rl_engine.sync.delta import DELTAS, DeltaCheckpointReceiver, DeltaCheckpointSender
 
 
 def wire_dtype(cfg: RFTConfig) -> torch.dtype:
@@ -49,3 +51,23 @@ def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) ->
         full_receiver = CheckpointReceiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
         return DeltaCheckpointReceiver(full_receiver) if s.delta.enabled else full_receiver
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
+
+
+def drop_versions_from(cfg: RFTConfig, version: int) -> list[int]:
+    """A resumed trainer, before it announces any version: delete the weights of versions >=
+    `version` that the stopped attempt published (full checkpoints and deltas); returns their
+    numbers. The trainer publishes `version` and every later one again, announcing each before it
+    writes it: an explorer told one would otherwise find the stopped attempt's files committed
+    under its number and load them while the trainer deletes or rewrites them (a fully_async
+    delta run's resume failed: `no *.safetensors files in checkpoint directory .../version=3`).
+    Collective sync stores nothing."""
+    if cfg.synchronizer.sync_method != "checkpoint":
+        return []
+    fs, root = open_storage(cfg.run_url, cfg.buffer.storage.fs_options())
+    dropped: set[int] = set()
+    for kind in (CHECKPOINTS, DELTAS):
+        committed, uncommitted = list_dirs(fs, root, kind)
+        doomed = [n for n in committed + uncommitted if n >= version]
+        delete(fs, root, kind, doomed)
+        dropped.update(doomed)
+    return sorted(dropped)

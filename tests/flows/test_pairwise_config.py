@@ -138,3 +138,36 @@ def test_mlflow_gets_the_evaluations_metrics(tmp_path):
     run_id = load_tracker_state(run, "mlflow")["run_id"]
     logged = MlflowClient(store).get_run(run_id).data.metrics
     assert logged["eval/heldout/pass_at_1"] == logged["eval/heldout/avg_at_2"] == 0.25 and logged["trainer/reward_mean"] == 0.5
+
+
+def test_resumed_trainer_drops_the_stopped_attempts_weights_from_its_version(tmp_path):
+    # A resumed trainer announces each version before writing it; the stopped attempt's files of that
+    # number were still committed: an explorer loaded them while the trainer deleted them (a fully_async
+    # delta run's resume: `no *.safetensors files in checkpoint directory .../version=3`). The matrix's
+    # row 2 (fully_async, checkpoint+delta, cancelled and resumed) found it.
+    import fsspec
+
+    from rl_engine.pruning import list_dirs
+    from rl_engine.sync import drop_versions_from
+    from rl_engine.sync.checkpoint import CHECKPOINTS
+    from rl_engine.sync.delta import DELTAS
+
+    cfg = with_set(["synchronizer.sync_method=checkpoint", "synchronizer.delta.enabled=true", f"buffer.storage.url={tmp_path}"]).resolved()
+    for kind, numbers in ((CHECKPOINTS, [1, 2, 4]), (DELTAS, [3, 5])):
+        for n in numbers:
+            d = Path(kind.dir(str(tmp_path / "pairwise"), n))
+            d.mkdir(parents=True)
+            (d / kind.marker).write_text("{}")
+    Path(DELTAS.dir(str(tmp_path / "pairwise"), 6)).mkdir()  # uncommitted: a write the stop cut short
+    assert drop_versions_from(cfg, 3) == [3, 4, 5, 6]
+    root = str(tmp_path / "pairwise")
+    fs = fsspec.filesystem("file")
+    assert list_dirs(fs, root, CHECKPOINTS) == ([1, 2], [])
+    assert list_dirs(fs, root, DELTAS) == ([], [])
+    assert drop_versions_from(with_set(["synchronizer.sync_method=collective"]).resolved(), 0) == []
+
+
+def with_set(overrides: list[str]) -> RFTConfig:
+    from flows.common import with_overrides
+
+    return with_overrides(base_config(), overrides)
