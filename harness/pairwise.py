@@ -62,7 +62,9 @@ def row_pairs(row: dict[str, str], dims: dict[str, list[str]]) -> set[Pair]:
     return {((x, row[x]), (y, row[y])) for x, y in itertools.combinations(names, 2)}
 
 
-def covering_rows(dims: dict[str, list[str]], forbidden: list[Pair], seed: int, candidates: int = 20) -> list[dict[str, str]]:
+def covering_rows(
+    dims: dict[str, list[str]], forbidden: list[Pair], seed: int, candidates: int = 20
+) -> list[dict[str, str]]:
     """Rows (one value per dimension) holding every pair of `all_pairs(dims)` but the forbidden
     ones, none holding a forbidden pair; the same rows for the same arguments."""
     order = list(dims)
@@ -96,7 +98,9 @@ def covering_rows(dims: dict[str, list[str]], forbidden: list[Pair], seed: int, 
     return rows
 
 
-def invalid_rows(rows: list[dict[str, str]], forbidden: list[tuple[tuple[str, str], tuple[str, str], str]]) -> list[dict[str, Any]]:
+def invalid_rows(
+    rows: list[dict[str, str]], forbidden: list[tuple[tuple[str, str], tuple[str, str], str]]
+) -> list[dict[str, Any]]:
     """For each forbidden pair: the first row holding its first value, with the second put in; and the field its error names."""
     out = []
     for (x, u), (y, v), field in forbidden:
@@ -112,6 +116,7 @@ def matrix() -> dict[str, Any]:
 
 
 # ---- a row as `set` overrides
+
 
 # A user workflow (taskset.workflow type python): a turn, the environment's reply, the answer turn,
 # which the task set's reward scores.
@@ -137,7 +142,11 @@ def row_overrides(row: dict[str, str], ctx: dict[str, Any]) -> list[str]:
     sync += {
         "collective": ["synchronizer.sync_method=collective"],
         "checkpoint": ["synchronizer.sync_method=checkpoint"],
-        "checkpoint+delta": ["synchronizer.sync_method=checkpoint", "synchronizer.delta.enabled=true", "synchronizer.delta.full_every=2"],
+        "checkpoint+delta": [
+            "synchronizer.sync_method=checkpoint",
+            "synchronizer.delta.enabled=true",
+            "synchronizer.delta.full_every=2",
+        ],
     }[row["sync"]]
     out = sync + [f"explorer.partial={_y(PARTIAL)}" if row["partial"] == "on" else "explorer.partial.enabled=false"]
     out += {
@@ -152,7 +161,11 @@ def row_overrides(row: dict[str, str], ctx: dict[str, Any]) -> list[str]:
     else:
         out.append("eval.tasksets=[]")
     if row["trackers"] == "all":
-        trackers = ["tensorboard", {"type": "mlflow", "tracking_uri": ctx["mlflow_uri"], "experiment": "pairwise"}, {"type": "wandb", "mode": "offline", "project": "pairwise"}]
+        trackers = [
+            "tensorboard",
+            {"type": "mlflow", "tracking_uri": ctx["mlflow_uri"], "experiment": "pairwise"},
+            {"type": "wandb", "mode": "offline", "project": "pairwise"},
+        ]
         out.append(f"monitor.trackers={_y(trackers)}")
     else:
         out.append("monitor.trackers=[]")

@@ -54,12 +54,23 @@ def mlflow_store(tmp_path_factory) -> str:
     return uri
 
 
-def row_run_config(row: dict[str, str], name: str, total: int, tiny_model_dir: str, task_file: str, storage: str, s3: tuple | None, mlflow_uri: str):
+def row_run_config(
+    row: dict[str, str],
+    name: str,
+    total: int,
+    tiny_model_dir: str,
+    task_file: str,
+    storage: str,
+    s3: tuple | None,
+    mlflow_uri: str,
+):
     """The row's config: its overrides as a flow run's `set` parameter on a small run's config;
     placement `deployments` is run as `local` (module docstring)."""
     from flows.common import with_overrides
 
-    base = validate_config(small_config(tiny_model_dir, task_file, storage, name=name, total_steps=total, checkpoint_interval=2))
+    base = validate_config(
+        small_config(tiny_model_dir, task_file, storage, name=name, total_steps=total, checkpoint_interval=2)
+    )
     overrides = row_overrides(row, {"tasks": task_file, "storage": storage, "s3": s3, "mlflow_uri": mlflow_uri})
     cfg = with_overrides(base, overrides)
     assert cfg.placement.type == row["placement"]
@@ -73,13 +84,18 @@ def stored(run: RunContext) -> list[dict]:
     records = [json.loads(fs.cat_file(p)) for p in fs.glob(join(root, "buffer", "_commits", "*", "*.json"))]
     files = [join(root, "buffer", r["path"]) for r in records]
     table = ds.dataset(files, format="ipc", filesystem=fs).to_table()
-    return table.select(["experience_id", "explorer_id", "explorer_step", "group_id", "versions", "segments"]).to_pylist()
+    return table.select(
+        ["experience_id", "explorer_id", "explorer_step", "group_id", "versions", "segments"]
+    ).to_pylist()
 
 
 def recorded_steps(run: RunContext, role: str) -> set[int]:
     fs, root = run.fs()
     fs.invalidate_cache()
-    return {int(p.rsplit("step=", 1)[1].split(".")[0]) for p in fs.glob(join(root, "metrics", f"role={role}", "step=*.json"))}
+    return {
+        int(p.rsplit("step=", 1)[1].split(".")[0])
+        for p in fs.glob(join(root, "metrics", f"role={role}", "step=*.json"))
+    }
 
 
 def local_trackers_dir(run: RunContext, tmp_path: Path) -> Path:
@@ -91,7 +107,9 @@ def local_trackers_dir(run: RunContext, tmp_path: Path) -> Path:
     return Path(run.url, "trackers")
 
 
-def cancel_mid_run(run_url: str, options: dict, name: str, done: threading.Event, cancelled: list, timeout_s: float = 200) -> None:
+def cancel_mid_run(
+    run_url: str, options: dict, name: str, done: threading.Event, cancelled: list, timeout_s: float = 200
+) -> None:
     """From another thread: once the trainer reached version KILL_AT (on the run's board, any
     storage), cancel the run's flow run through the Prefect API (tests/flows/test_cancel_resume.py)."""
     from prefect.client.orchestration import get_client
@@ -115,7 +133,9 @@ def cancel_mid_run(run_url: str, options: dict, name: str, done: threading.Event
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("i", range(len(ROWS)), ids=[f"{i}-{r['mode']}-{r['sync']}-{r['workflow']}" for i, r in enumerate(ROWS)])
+@pytest.mark.parametrize(
+    "i", range(len(ROWS)), ids=[f"{i}-{r['mode']}-{r['sync']}-{r['workflow']}" for i, r in enumerate(ROWS)]
+)
 def test_pairwise_row_end_to_end(i, request, prefect_server, tiny_model_dir, task_file, mlflow_store, tmp_path):
     row = ROWS[i]
     s3 = request.getfixturevalue("s3_bucket") if row["storage"] == "s3" else None
@@ -155,7 +175,9 @@ def test_pairwise_row_end_to_end(i, request, prefect_server, tiny_model_dir, tas
     assert schedule_breaks({"run": run, "rows": rows, "before": set()}) == []
     s = cfg.synchronizer
     if row["partial"] == "off":
-        assert summary["max_staleness_seen"] <= (s.max_staleness if s.mode in ("fully_async", "multi_explorer") else s.sync_interval - 1 + s.sync_offset)
+        assert summary["max_staleness_seen"] <= (
+            s.max_staleness if s.mode in ("fully_async", "multi_explorer") else s.sync_interval - 1 + s.sync_offset
+        )
     assert all(v <= total for r in rows for v in r["versions"])
     assert recorded_steps(run, "trainer") == set(range(1, total + 1))
 
@@ -171,11 +193,15 @@ def test_pairwise_row_end_to_end(i, request, prefect_server, tiny_model_dir, tas
         ids = {t: load_tracker_state(run, t) for t in ("tensorboard", "mlflow", "wandb")}
         assert all(ids.values()), ids
         client = MlflowClient(mlflow_store)
-        assert {m.step for m in client.get_metric_history(ids["mlflow"]["run_id"], "trainer/reward_mean")} == set(range(1, total + 1))
+        assert {m.step for m in client.get_metric_history(ids["mlflow"]["run_id"], "trainer/reward_mean")} == set(
+            range(1, total + 1)
+        )
         logged = client.get_run(ids["mlflow"]["run_id"]).data.metrics
         if row["eval"] == "on":
             assert "eval/heldout/pass_at_1" in logged and "eval/heldout/avg_at_2" in logged, sorted(logged)
         trackers = local_trackers_dir(run, tmp_path)
-        assert {st for st, _, _ in tensorboard_scalars(str(trackers / "tensorboard"))["trainer/reward_mean"]} == set(range(1, total + 1))
+        assert {st for st, _, _ in tensorboard_scalars(str(trackers / "tensorboard"))["trainer/reward_mean"]} == set(
+            range(1, total + 1)
+        )
         history = wandb_history(str(trackers / "wandb"), ids["wandb"]["run_id"])
         assert {json.loads(h["trainer/step"]) for h in history if "trainer/step" in h} == set(range(1, total + 1))

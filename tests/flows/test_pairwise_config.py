@@ -16,7 +16,12 @@ from harness.runs import small_config
 from rl_engine.config import ConfigError, RFTConfig, load_config, to_yaml, validate_config
 
 ROWS_FILE = Path(__file__).with_name("pairwise_rows.json")
-CTX = {"tasks": "/data/arith.jsonl", "storage": "/runs", "s3": ("s3://bucket/runs", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}), "mlflow_uri": "sqlite:////runs/mlflow.db"}
+CTX = {
+    "tasks": "/data/arith.jsonl",
+    "storage": "/runs",
+    "s3": ("s3://bucket/runs", {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}),
+    "mlflow_uri": "sqlite:////runs/mlflow.db",
+}
 
 
 def base_config() -> RFTConfig:
@@ -41,7 +46,9 @@ def row_config(row: dict[str, str], tmp_path: Path | None = None) -> RFTConfig:
 
 
 def test_rows_file_is_the_generators():
-    assert json.loads(ROWS_FILE.read_text()) == json.loads(json.dumps(matrix())), "regenerate: python -m harness.pairwise > tests/flows/pairwise_rows.json"
+    assert json.loads(ROWS_FILE.read_text()) == json.loads(json.dumps(matrix())), (
+        "regenerate: python -m harness.pairwise > tests/flows/pairwise_rows.json"
+    )
 
 
 def test_every_valid_pair_is_in_a_valid_row():
@@ -62,9 +69,16 @@ def test_valid_row_is_accepted(i, tmp_path):
     assert cfg.synchronizer.delta.enabled == (row["sync"] == "checkpoint+delta")
     assert cfg.explorer.partial.enabled == (row["partial"] == "on")
     assert cfg.taskset.workflow.type == row["workflow"]
-    assert cfg.algorithm == validate_config(small_config("/m", "/t", "/s") | {"algorithm": {"preset": row["preset"], "repeat_times": 2}}).algorithm
+    assert (
+        cfg.algorithm
+        == validate_config(
+            small_config("/m", "/t", "/s") | {"algorithm": {"preset": row["preset"], "repeat_times": 2}}
+        ).algorithm
+    )
     assert cfg.eval.enabled == (row["eval"] == "on")
-    assert sorted(t.type for t in cfg.monitor.trackers) == ([] if row["trackers"] == "none" else ["mlflow", "tensorboard", "wandb"])
+    assert sorted(t.type for t in cfg.monitor.trackers) == (
+        [] if row["trackers"] == "none" else ["mlflow", "tensorboard", "wandb"]
+    )
     assert cfg.placement.type == row["placement"]
     assert cfg.buffer.storage.url.startswith("s3://") == (row["storage"] == "s3")
 
@@ -90,14 +104,18 @@ def test_set_placement_type_alone_switches_the_variant():
     assert with_overrides(deployed, ["placement.type=local"]).placement.type == "local"
     # A value the user gave that the new variant has no field for is still refused, naming it.
     with pytest.raises(ConfigError, match=r"placement\.deployments\.devices|placement\.devices"):
-        with_overrides(base_config(), ["placement.devices={trainer: [0], explorers: [[1]]}", "placement.type=deployments"])
+        with_overrides(
+            base_config(), ["placement.devices={trainer: [0], explorers: [[1]]}", "placement.type=deployments"]
+        )
 
 
 def test_set_synchronizer_mode_alone_switches_the_variant():
     from flows.common import with_overrides
 
     decoupled = with_overrides(base_config(), ["synchronizer.mode=fully_async"])
-    assert with_overrides(decoupled, ["synchronizer.mode=synchronous"]).synchronizer.mode == "synchronous"  # max_backlog_steps: 8 (the default) was refused
+    assert (
+        with_overrides(decoupled, ["synchronizer.mode=synchronous"]).synchronizer.mode == "synchronous"
+    )  # max_backlog_steps: 8 (the default) was refused
     with pytest.raises(ConfigError, match="synchronizer.max_backlog_steps"):
         with_overrides(decoupled, ["synchronizer.max_backlog_steps=2", "synchronizer.mode=synchronous"])
 
@@ -108,7 +126,9 @@ def test_set_algorithm_preset_on_a_validated_config_takes_the_presets_knobs():
     from flows.common import with_overrides
 
     for preset in ("gspo", "dapo", "rloo"):
-        fresh = validate_config(small_config("/m", "/t", "/s") | {"algorithm": {"preset": preset, "repeat_times": 2}}).algorithm
+        fresh = validate_config(
+            small_config("/m", "/t", "/s") | {"algorithm": {"preset": preset, "repeat_times": 2}}
+        ).algorithm
         assert with_overrides(base_config(), [f"algorithm.preset={preset}"]).algorithm == fresh
     tuned = with_overrides(base_config(), ["algorithm.loss.clip_eps_high=0.3"])
     assert with_overrides(tuned, ["algorithm.preset=rloo"]).algorithm.loss.clip_eps_high == 0.3
@@ -126,18 +146,33 @@ def test_mlflow_gets_the_evaluations_metrics(tmp_path):
     from rl_engine.run.trackers import TrackerFeed, build_trackers, load_tracker_state
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    data = {"name": "r", "model": {"path": str(tmp_path / "model")}, "taskset": {"path": str(tmp_path / "tasks.jsonl")}, "buffer": {"storage": {"url": str(tmp_path / "runs")}}}
+    data = {
+        "name": "r",
+        "model": {"path": str(tmp_path / "model")},
+        "taskset": {"path": str(tmp_path / "tasks.jsonl")},
+        "buffer": {"storage": {"url": str(tmp_path / "runs")}},
+    }
     data["monitor"] = {"trackers": [{"type": "mlflow", "tracking_uri": store, "experiment": "unit"}]}
     run = start_run(validate_config(data))
     warnings: list[str] = []
-    with TrackerFeed(run, build_trackers(run.cfg.monitor, run, warn=lambda m, *a: warnings.append(m % a)), poll_s=0.1, warn=lambda m, *a: warnings.append(m % a)):
+    with TrackerFeed(
+        run,
+        build_trackers(run.cfg.monitor, run, warn=lambda m, *a: warnings.append(m % a)),
+        poll_s=0.1,
+        warn=lambda m, *a: warnings.append(m % a),
+    ):
         record_step(run, "trainer", 1, {"step": 1, "version": 1, "reward_mean": 0.5})
-        record_step(run, "eval", 1, {"version": 1, "heldout/pass@1": 0.25, "heldout/avg@2": 0.25, "heldout/reward_mean": 0.5})
+        record_step(
+            run, "eval", 1, {"version": 1, "heldout/pass@1": 0.25, "heldout/avg@2": 0.25, "heldout/reward_mean": 0.5}
+        )
         time.sleep(0.3)
     assert warnings == []
     run_id = load_tracker_state(run, "mlflow")["run_id"]
     logged = MlflowClient(store).get_run(run_id).data.metrics
-    assert logged["eval/heldout/pass_at_1"] == logged["eval/heldout/avg_at_2"] == 0.25 and logged["trainer/reward_mean"] == 0.5
+    assert (
+        logged["eval/heldout/pass_at_1"] == logged["eval/heldout/avg_at_2"] == 0.25
+        and logged["trainer/reward_mean"] == 0.5
+    )
 
 
 def test_resumed_trainer_drops_the_stopped_attempts_weights_from_its_version(tmp_path):
@@ -152,7 +187,9 @@ def test_resumed_trainer_drops_the_stopped_attempts_weights_from_its_version(tmp
     from rl_engine.sync.checkpoint import CHECKPOINTS
     from rl_engine.sync.delta import DELTAS
 
-    cfg = with_set(["synchronizer.sync_method=checkpoint", "synchronizer.delta.enabled=true", f"buffer.storage.url={tmp_path}"]).resolved()
+    cfg = with_set(
+        ["synchronizer.sync_method=checkpoint", "synchronizer.delta.enabled=true", f"buffer.storage.url={tmp_path}"]
+    ).resolved()
     for kind, numbers in ((CHECKPOINTS, [1, 2, 4]), (DELTAS, [3, 5])):
         for n in numbers:
             d = Path(kind.dir(str(tmp_path / "pairwise"), n))
