@@ -3,7 +3,7 @@
     python -m bench.ops --quick     # one measured run (after the warm-up run)
     python -m bench.ops             # three measured runs, medians
     python -m bench.ops --smoke     # CI smoke test: one measured run, no warm-up run (a cold worker and cold caches)
-    python -m bench.ops --smoke --attach API_URL --worker-log PATH [--model DIR --tasks FILE]
+    python -m bench.ops --smoke --attach API_URL --worker-log PATH [--model DIR --tasks FILE] [--engine-server URL START_S]
                                     # the same against a server and worker already up, deployed (the tests' session ones)
 
 Against a real `prefect server start` on loopback and a real process worker (harness/prefect_live.py),
@@ -212,12 +212,16 @@ def attach(root: Path, api_url: str, worker_log: Path, model: str | None, tasks:
     return live, _AttachedWorker(worker_log), dep, [_Restore(live, dep)]
 
 
-def _warm_engine_runs(live: Any, worker: Any, dep: dict[str, Any], root: Path, runs: int, warm_up: bool) -> tuple[list[dict[str, Any]], float]:
+def _warm_engine_runs(live: Any, worker: Any, dep: dict[str, Any], root: Path, runs: int, warm_up: bool, served: tuple[str, float] | None = None) -> tuple[list[dict[str, Any]], float]:
     """The same runs against an engine server kept up between them (`rft engine serve`, the
-    deployment's config; runs get `explorer.engine.servers`); returns (rows, server start seconds)."""
+    deployment's config; runs get `explorer.engine.servers`); returns (rows, server start seconds).
+    `served`: (URL, start seconds) of a server already up, of the runs' model, used instead."""
+    import contextlib
+    from types import SimpleNamespace
+
     from harness.engine_server import engine_server
 
-    with engine_server(root / "config.yaml", root / "logs") as srv:
+    with contextlib.nullcontext(SimpleNamespace(url=served[0], start_s=served[1])) if served else engine_server(root / "config.yaml", root / "logs") as srv:
         sets = (f'explorer.engine.servers=["{srv.url}"]',)
         if warm_up:  # the server's first generate pays vLLM's one-off warm-up (~2 s)
             measure(live, worker, dep["id"], root / "runs-server-warmup", steps=1, sets=sets)
@@ -234,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-log", type=Path, help="with --attach: the file that worker's terminal goes to")
     ap.add_argument("--model", help="with --attach: the tiny model for the runs (default: one made here)")
     ap.add_argument("--tasks", help="with --attach: their task file (default: one written here)")
+    ap.add_argument("--engine-server", nargs=2, metavar=("URL", "START_S"), help="with --attach: an engine server already up, of --model (its URL, and the seconds its start took), for the served runs")
     args = ap.parse_args(argv)
     if bool(args.attach) != bool(args.worker_log):
         ap.error("--attach and --worker-log go together")
@@ -252,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"run": i + 1, **measure(live, worker, dep["id"], root / f"runs-{i}", steps=1)})
             after = _op_library()
             rebuilds = int(op is None or after is None or (op.st_ino, op.st_mtime_ns) != (after.st_ino, after.st_mtime_ns))
-            served, server_start_s = _warm_engine_runs(live, worker, dep, root, runs, warm_up=not args.smoke)
+            up = (args.engine_server[0], float(args.engine_server[1])) if args.engine_server else None
+            served, server_start_s = _warm_engine_runs(live, worker, dep, root, runs, warm_up=not args.smoke, served=up)
         finally:
             for s in stop:
                 s.stop()

@@ -93,7 +93,7 @@ EXERCISED: dict[str, list[str]] = {
     # --device cuda: refused here without CUDA; on GPUs not run yet (README, On GPUs)
     **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}", "tests/bench/test_bench_smoke.py::test_device_cuda_is_refused_without_cuda"] for b in ("sync", "train")},
     "python -m bench.modes": ["tests/bench/test_bench_smoke.py::test_modes_synthetic"],
-    "python -m bench.ops": ["tests/deployments/test_live_operations.py::test_bench_ops"],  # --smoke --attach: the module's server, worker and deployments
+    "python -m bench.ops": ["tests/deployments/test_live_operations.py::test_bench_ops"],  # --smoke --attach: the module's server, worker, deployments and engine server
     "python -m bench.real": [  # one run with `rft demo --model smollm2`'s test: bench.real runs the demo's code
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",
         "tests/flows/test_demo_real.py::test_bench_real_set_reaches_the_config",  # --set synchronizer.mode=one_step_off_policy ...

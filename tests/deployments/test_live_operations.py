@@ -2,8 +2,8 @@
 `prefect server start` and a real process worker, with the README's own commands.
 
 The README's `synchronous/synchronous` deployment (`prefect deploy --all`) gets a test config
-for the test (tiny model, storage under the test's tmp dir; PATCHed as a UI user would edit it,
-restored after); then the bash block of "Operate it with Prefect" that starts runs with `set`
+for the test (tiny model, storage under the test's tmp dir, the session's engine server; PATCHed
+as a UI user would edit it, restored after; the pool runs one run at a time meanwhile); then the bash block of "Operate it with Prefect" that starts runs with `set`
 (`prefect deployment run ... --param set=...` and `curl ... /create_flow_run`) runs as written.
 Both runs complete; each stored config differs from the deployment's `cfg` exactly in the
 overridden field; their artifacts sit under the deployment's stable keys and their results are
@@ -98,9 +98,24 @@ def lines_of_run(lines: list[str], names: set[str]) -> list[str]:
     return [ln for ln in lines if all(m in names for m in named.findall(ln))]
 
 
+@pytest.fixture
+def one_run_at_a_time(prefect_live):
+    """The README's pool runs one flow run at a time while the test runs (its limit put back after)."""
+    limit = prefect_live.api("GET", "/work_pools/rft-cpu")["concurrency_limit"]
+    prefect_live.api("PATCH", "/work_pools/rft-cpu", json={"concurrency_limit": 1})
+    try:
+        yield
+    finally:
+        prefect_live.api("PATCH", "/work_pools/rft-cpu", json={"concurrency_limit": limit})
+
+
 @pytest.mark.timeout(900)
-def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deployment, rft_worker):
+def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deployment, rft_worker, engine_server, one_run_at_a_time):
     dep, cfg, storage = test_deployment
+    # Both runs generate on the session's engine server (no engine start of their own), which
+    # serves one run at a time: the pool runs them one after the other.
+    cfg = {**cfg, "explorer": {**cfg["explorer"], "engine": {**cfg["explorer"]["engine"], "servers": [engine_server.url]}}}
+    prefect_live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": {"cfg": cfg}})
     block = readme_set_block()
     overrides = set(re.findall(r'"(trainer\.total_steps=\d+)"', block))
     assert len(overrides) == 1, block
@@ -115,7 +130,7 @@ def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deploy
     t0 = time.monotonic()
     for how, run_id in runs.items():
         wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=600, worker=rft_worker)
-    print(f"CLI and REST runs with set, side by side on the worker: {time.monotonic() - t0:.0f} s to both Completed")
+    print(f"CLI and REST runs with set, one after the other on the worker and the engine server: {time.monotonic() - t0:.0f} s to both Completed")
 
     given = flatten(validate_config(cfg).resolved().model_dump(mode="json"))
     for how, run_id in runs.items():
@@ -229,14 +244,14 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
 
 
 @pytest.mark.timeout(780)
-def test_bench_ops(prefect_live, test_deployment, rft_worker, tiny_model_dir, task_file, tmp_path):
+def test_bench_ops(prefect_live, test_deployment, rft_worker, engine_server, tiny_model_dir, task_file, tmp_path):
     """`python -m bench.ops --smoke` (its smallest path end to end, tests/bench/test_bench_smoke.py's
-    way) on this module's server, worker and deployments (--attach): no server, worker or `prefect
-    deploy --all` of its own."""
+    way) on this module's server, worker and deployments (--attach) and the session's engine server
+    (the README runs' above): no server, worker, `prefect deploy --all` or engine server of its own."""
     from tests.bench.test_bench_smoke import has_keys, non_negative, number, positive, run_bench
 
     params = prefect_live.deployment("synchronous/synchronous")["parameters"]
-    attached = ("--attach", prefect_live.api_url, "--worker-log", str(rft_worker.log_path), "--model", tiny_model_dir, "--tasks", task_file)
+    attached = ("--attach", prefect_live.api_url, "--worker-log", str(rft_worker.log_path), "--model", tiny_model_dir, "--tasks", task_file, "--engine-server", engine_server.url, str(engine_server.start_s))
     r = run_bench("ops", "--smoke", *attached, timeout_s=720, tmp_path=tmp_path)
     parts = ("api_call_s", "worker_pickup_s", "process_spawn_s", "flow_import_s", "run_setup_s", "engine_start_s", "to_rollout_s")
     has_keys(r, "api_to_first_rollout_s", "runs", "worker_terminal_lines_per_run", "op_rebuilt_during_runs", *parts)
