@@ -5,12 +5,13 @@ one-feature tests check: every experience written once, in whole groups, explore
 gaps, the staleness bound, every trainer step recorded, tracker metrics present (MLflow's
 evaluation metrics too), evaluation records, and a run stopped mid-run resuming to the end.
 
-Two values are covered at the config level only (tests/flows/test_pairwise_config.py), to keep
-the matrix within minutes: placement `deployments` (each role a flow run of its own process on a
-Prefect worker: engines started cold per role and run) runs here with placement `local`, the rest
-of its row as given; resume `kill` cancels the run's flow run mid-run through the Prefect API (as
-tests/flows/test_cancel_resume.py does) in this process, then resumes it from its last trainer
-checkpoint, rather than SIGKILLing an `rft run` (tests/flows/test_kill_resume.py does that, per mode).
+To keep the matrix within minutes, two values stand in for what they name: placement
+`deployments` (each role a flow run of its own process on a Prefect worker, engines started cold
+per role and run) is covered at the config level only (tests/flows/test_pairwise_config.py) and
+runs here as `local`, the rest of its row as given; resume `kill` cancels the run mid-run in this
+process (its board's stop request and the flow run's cancel through the Prefect API, as
+tests/flows/test_retention_flows.py and test_cancel_resume.py do), then resumes it from its last
+trainer checkpoint, rather than SIGKILLing an `rft run` (tests/flows/test_kill_resume.py does that).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from harness.kill_resume import schedule_breaks
 from harness.pairwise import row_overrides
 from harness.runs import small_config
 from harness.trackers import tensorboard_scalars, wandb_history
-from rl_engine.board import TRAINER_KEY, Board
+from rl_engine.board import TRAINER_KEY, Board, request_stop
 from rl_engine.config import validate_config
 from rl_engine.run.context import RunContext, open_run
 from rl_engine.run.report import load_evaluations, read_best
@@ -111,7 +112,9 @@ def cancel_mid_run(
     run_url: str, options: dict, name: str, done: threading.Event, cancelled: list, timeout_s: float = 200
 ) -> None:
     """From another thread: once the trainer reached version KILL_AT (on the run's board, any
-    storage), cancel the run's flow run through the Prefect API (tests/flows/test_cancel_resume.py)."""
+    storage), cancel the run: the stop request the flow's cancel watcher posts, on the board at once
+    (tests/flows/test_retention_flows.py; the watcher polls every second, by when a tiny run's few
+    steps may all be done), and the flow run's cancel through the Prefect API (test_cancel_resume.py)."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
@@ -123,6 +126,8 @@ def cancel_mid_run(
         except Exception:  # noqa: BLE001 - the run directory may not exist yet
             version = 0
         if version >= KILL_AT:
+            request_stop(board, "cancelled", "pairwise test: cancelled mid-run", by="test")
+            cancelled.append(version)
             break
         time.sleep(0.05)
     with get_client(sync_client=True) as client:
@@ -154,8 +159,10 @@ def test_pairwise_row_end_to_end(i, request, prefect_server, tiny_model_dir, tas
             first = e
         done.set()
         canceller.join(30)
-        assert cancelled and not isinstance(first, dict), f"the run was not stopped mid-run: {first}"
-        assert max(recorded_steps(open_run(url, options), "trainer")) < total
+        assert cancelled, f"the run ended before the trainer reached version {KILL_AT}: {first}"
+        assert max(recorded_steps(open_run(url, options), "trainer")) < total, (
+            f"the run was not stopped mid-run: {first}"
+        )
         summary = run_config(open_run(url, options).cfg, resume=url)
     else:
         summary = run_config(cfg)
