@@ -98,16 +98,16 @@ def test_rft_demo_smollm2_runs_demo_real_with_its_arguments(monkeypatch, tmp_pat
     assert calls == [((str(tmp_path), SHRINK[:2], 8), {})]
 
 
-def test_bench_real_set_reaches_the_config(smollm2_dir, tmp_path, monkeypatch):
+def test_bench_real_set_reaches_the_config(tmp_path, monkeypatch):
     """bench.real's --set (the README's one-step off-policy command) reaches the config its run uses:
-    demo_real gets them after bench.real's own, and real_config applies them last."""
+    demo_real gets them after bench.real's own, and real_config applies them last (on
+    configs/smollm2.yaml; the model and tasks are not built here)."""
     import bench.real
     import cli.demo_real
 
     overrides = ["synchronizer.mode=one_step_off_policy", "synchronizer.sync_offset=1", "explorer.engine.num_threads=null"]
     root = tmp_path / "runs"
-    (root / "models").mkdir(parents=True)
-    (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)
+    monkeypatch.setattr(cli.demo_real, "prepare_real", lambda root: (f"{root}/models/smollm2-135m", f"{root}/data/words-train.jsonl", f"{root}/data/words-heldout.jsonl"))
     seen = []
     monkeypatch.setattr(cli.demo_real, "demo_real", lambda root, sets, heldout, bench: seen.append(cli.demo_real.real_config(root, sets)[0]) or 1)
     monkeypatch.setattr("sys.argv", ["bench.real", "--smoke", "--root", str(root), *(x for o in overrides for x in ("--set", o))])
