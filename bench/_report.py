@@ -14,7 +14,8 @@ import json
 import os
 import platform
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 
 def _fmt(v: Any) -> str:

@@ -134,7 +134,7 @@ def _rft_run(cfg: str, log: Path, *overrides: str) -> dict[str, float]:
     t0 = time.time()
     p = subprocess.run([sys.executable, "-m", "cli.main", "run", cfg, *sets], capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).resolve().parents[1])
     log.write_text(p.stdout + p.stderr)
-    run = re.search(r"^run (\S+): engine and library logs", p.stdout, re.M)
+    run = re.search(r"^run (\S+): engine and library logs", p.stdout, re.MULTILINE)
     if p.returncode != 0 or run is None:
         raise RuntimeError(f"rft run failed (exit {p.returncode}); its output is in {log}:\n{(p.stdout + p.stderr)[-3000:]}")
     spans = load_spans(run.group(1))

@@ -47,8 +47,9 @@ import argparse
 import os
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench._report import emit_json, print_table
 
@@ -90,7 +91,16 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
     """Kill trials over the modes (`--quick`: one), each started, killed and resumed through `rft`."""
     import random
 
-    from harness.kill_resume import EARLY, POINTS, SCOPES, kill_trial, prompt_order_breaks, schedule_breaks, trained_twice, untrained
+    from harness.kill_resume import (
+        EARLY,
+        POINTS,
+        SCOPES,
+        kill_trial,
+        prompt_order_breaks,
+        schedule_breaks,
+        trained_twice,
+        untrained,
+    )
     from harness.runs import MODES
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
@@ -259,7 +269,7 @@ def late_repeats(run: Any) -> tuple[int, int]:
     """(rows whose response holds a complete repetition, rows that go on past its first complete
     occurrence) among a partial-rollouts run's stored experiences: the detector looks at the whole
     response across segments, so every such row must end exactly there."""
-    import pyarrow.ipc as ipc
+    from pyarrow import ipc
 
     from rl_engine.buffer.stats import committed_files
     from rl_engine.roles.partial import repeat_cut
@@ -297,10 +307,10 @@ class _S3:
             self.value = (endpoint, {"client_kwargs": {"endpoint_url": endpoint}})
         return self.value
 
-    def __enter__(self) -> "_S3":
+    def __enter__(self) -> _S3:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.server is not None:
             self.server.stop()
 

@@ -46,10 +46,10 @@ import argparse
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from statistics import mean, median
-from typing import Iterator
 
 if __name__ == "__main__":
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -77,8 +77,8 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int,
     from bench.modes import busy_fraction
     from cli.run import run_config
     from rl_engine.config import validate_config
-    from rl_engine.run.report import load_metrics
     from rl_engine.run.context import open_run
+    from rl_engine.run.report import load_metrics
     from rl_engine.run.timeline import load_spans, startup_end
     from rl_engine.warmstart import evaluate_dir
 

@@ -80,9 +80,9 @@ def first_step_over_steady(spans: list) -> float:
 
 def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool, placement: str = "local") -> dict:
     from cli.run import run_config
+    from harness.runs import small_config
     from rl_engine.config import validate_config
     from rl_engine.run.timeline import load_spans, startup_end
-    from harness.runs import small_config
 
     spec = dict(MODES[name])
     if synthetic:
@@ -165,9 +165,9 @@ def main() -> None:
     if a.synthetic and placements != ["local"]:
         ap.error("--synthetic patches this process's engine and trainer: it measures placement local only")
 
-    from bench._report import emit_json, print_table
     from prefect.testing.utilities import prefect_test_harness
 
+    from bench._report import emit_json, print_table
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
 

@@ -80,8 +80,8 @@ def _started_at(pid: int) -> float:
 
 def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int, sets: tuple[str, ...] = ()) -> dict[str, float]:
     """One run started over REST (`sets`: more `set` overrides); its timeline split into COMPONENTS (seconds)."""
-    from rl_engine.run.timeline import load_spans
     from harness.prefect_live import wait_flow_run
+    from rl_engine.run.timeline import load_spans
 
     storage.mkdir(parents=True)
     lines_before = _lines(worker.log_path)
@@ -139,10 +139,10 @@ def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
     """A live server, the README's pool and a worker, `prefect deploy --all`, a tiny model and tasks;
     returns (server, worker, the synchronous deployment, things to stop). The deployment's config
     is also written to `<root>/config.yaml` (the engine server's)."""
+    from harness.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
+    from harness.runs import small_config
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
-    from harness.runs import small_config
-    from harness.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
 
     live = start_server(root / "server", ui=False)
     stop = [live]
@@ -192,10 +192,10 @@ def attach(root: Path, api_url: str, worker_log: Path, model: str | None, tasks:
     """`setup` against a server already up, with the README's pool polled by a worker whose terminal
     goes to `worker_log` and `prefect deploy --all` done (the tests' session fixtures): only the
     deployment's config is PATCHed (put back at the end), around `model` and `tasks` if given."""
+    from harness.prefect_live import LiveServer
+    from harness.runs import small_config
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
-    from harness.runs import small_config
-    from harness.prefect_live import LiveServer
 
     live = LiveServer(api_url=api_url, home=Path(), log_path=Path())
     dep = live.deployment("synchronous/synchronous")

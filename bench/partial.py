@@ -79,8 +79,8 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     from bench.modes import busy_fraction, steady_state
     from cli.run import run_config
     from rl_engine.config import validate_config
-    from rl_engine.run.report import load_metrics
     from rl_engine.run.context import open_run
+    from rl_engine.run.report import load_metrics
     from rl_engine.run.timeline import load_spans, startup_end
     from rl_engine.warmstart import evaluate_dir
 
@@ -133,9 +133,9 @@ def isolated_step_s(run_url: str, steps: int, skip: int) -> float:
     the machine: no trainer beside it, no buffer writes, the warm start's weights. The prefix
     cache is dropped before every step, as a weight sync does, so continuations re-prefill."""
     from rl_engine.buffer import ContinuationStore
+    from rl_engine.rewards import TaskIterator, build_reward, load_taskset
     from rl_engine.roles.explorer import ENGINES, generate_experiences, partial_settings
     from rl_engine.roles.partial import PartialRollouts
-    from rl_engine.rewards import TaskIterator, build_reward, load_taskset
     from rl_engine.run.context import open_run
 
     run = open_run(run_url)
@@ -177,8 +177,8 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from bench._report import emit_json, print_table
-    from rl_engine.roles.explorer import ENGINES
     from rl_engine.rewards import write_countdown_taskset
+    from rl_engine.roles.explorer import ENGINES
     from rl_engine.warmstart import COUNTDOWN, DEFAULTS, evaluate_dir, warmstart
 
     root = tempfile.mkdtemp(prefix="bench-partial-")

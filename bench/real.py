@@ -71,11 +71,11 @@ class PeakRss:
                     pass  # a child that just exited
             self.peak = max(self.peak, total)
 
-    def __enter__(self) -> "PeakRss":
+    def __enter__(self) -> PeakRss:
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(5)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from rl_engine.errors import UserError
 
@@ -28,7 +28,16 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 def cmd_validate(a: argparse.Namespace) -> int:
     import json
 
-    from rl_engine.config import RendezvousSync, RFTConfig, config_warnings, load_config, migrate, read_yaml, step_volume, to_yaml
+    from rl_engine.config import (
+        RendezvousSync,
+        RFTConfig,
+        config_warnings,
+        load_config,
+        migrate,
+        read_yaml,
+        step_volume,
+        to_yaml,
+    )
     from rl_engine.run.preflight import check_devices, check_model_paths, visible_gpus
 
     if a.schema:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any, Iterator, TextIO
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from rl_engine.run.report import METRICS_DIR
 from rl_engine.storage import is_local, join, open_storage, read_json

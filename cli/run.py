@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from rl_engine.config import RFTConfig, load_config, validate_config
 from rl_engine.errors import UserError, hide_user_error_tracebacks

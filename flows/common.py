@@ -14,7 +14,8 @@ import contextvars
 import json
 import os
 import threading
-from typing import Annotated, Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Annotated, Any
 
 from prefect import flow
 from prefect.context import get_run_context

@@ -18,9 +18,8 @@ from prefect.logging import get_run_logger
 from prefect.states import Cancelling
 
 from flows.common import Cancel
-from rl_engine.config import DeploymentsPlacement
 from rl_engine.board import STOP_KEY, Board, request_stop, role_name, silent_roles
-from rl_engine.roles.entry import role_names
+from rl_engine.config import DeploymentsPlacement
 from rl_engine.run.context import RunContext
 
 POLL_S = 1.0

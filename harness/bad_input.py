@@ -25,8 +25,9 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -330,8 +331,8 @@ def _missing_bucket(start: bool) -> Callable[[Env], Callable[[], Any]]:
         import s3fs
 
         from rl_engine.config import validate_config
-        from rl_engine.run.preflight import preflight
         from rl_engine.run.context import start_run
+        from rl_engine.run.preflight import preflight
 
         assert env.s3 is not None
         _, options = env.s3()
@@ -625,7 +626,7 @@ def run_case(case: Case, env: Env) -> dict[str, Any]:
     if outcome != expected and not why:
         why.append(f"ended in {outcome!r}, expected {expected!r}")
     for what, pattern in (("problem", case.problem), ("fix", case.fix)):
-        if not re.search(pattern, message, re.S):
+        if not re.search(pattern, message, re.DOTALL):
             why.append(f"the message does not name the {what} (/{pattern}/)")
     after = snapshot(env.tmp)
     changed = sorted(p for p, h in stored.items() if after.get(p) != h)

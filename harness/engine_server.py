@@ -14,9 +14,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from harness.prefect_live import REPO, _base_env, kill_process_group, log_tail, reap_with_this_process
 

@@ -33,14 +33,15 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import httpx
 
-from rl_engine.trainer.dist import free_port
 from rl_engine.run.starts import count_start
+from rl_engine.trainer.dist import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent  # tests run with the project's venv: .venv/bin

@@ -87,7 +87,7 @@ def token_gaps(trainer: Any, batch: ExperienceBatch) -> torch.Tensor:
 def gaps(trainer: Any, groups: list[list[Any]]) -> dict[str, float]:
     """Mean and max |vLLM - trainer| logprob over every response token of `groups`, and their count."""
     d = token_gaps(trainer, experience_rows(groups)).double()
-    return {"mean": float(d.mean()) if len(d) else 0.0, "max": float(d.max()) if len(d) else 0.0, "tokens": int(len(d))}
+    return {"mean": float(d.mean()) if len(d) else 0.0, "max": float(d.max()) if len(d) else 0.0, "tokens": len(d)}
 
 
 def logprob_gap(model_dir: str, dtype: str, n_prompts: int = 8, max_tokens: int = 32, seed: int = 1) -> dict[str, Any]:

@@ -87,10 +87,10 @@ class OutageProxy:
         self.refuse()
         self._acceptor.join(timeout=5)
 
-    def __enter__(self) -> "OutageProxy":
+    def __enter__(self) -> OutageProxy:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- plumbing

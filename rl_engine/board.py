@@ -26,9 +26,20 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
-from rl_engine.storage import is_remote, join, news, open_storage, poll_interval, read_marker, wait_news, write_marker, written_since
+from rl_engine.storage import (
+    is_remote,
+    join,
+    news,
+    open_storage,
+    poll_interval,
+    read_marker,
+    wait_news,
+    write_marker,
+    written_since,
+)
 
 log = logging.getLogger(__name__)
 

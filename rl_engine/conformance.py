@@ -17,7 +17,6 @@ import inspect
 import textwrap
 from typing import Any
 
-
 _MISSING = object()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -117,7 +117,7 @@ class ExperienceBatch:
     # ---- construction and conversion
 
     @classmethod
-    def from_table(cls, table: pa.Table, source: str = "<table>", check_rows: bool = True) -> "ExperienceBatch":
+    def from_table(cls, table: pa.Table, source: str = "<table>", check_rows: bool = True) -> ExperienceBatch:
         """Validate `table` against EXPERIENCE_SCHEMA; errors name `source` and the column.
 
         Extra columns are dropped (a newer writer may add some without a version bump only if
@@ -149,7 +149,7 @@ class ExperienceBatch:
         return cls(out)
 
     @classmethod
-    def from_experiences(cls, experiences: Iterable[Experience]) -> "ExperienceBatch":
+    def from_experiences(cls, experiences: Iterable[Experience]) -> ExperienceBatch:
         rows = [_with_segments(e) for e in experiences]
         data = {f.name: [getattr(e, f.name) for e in rows] for f in EXPERIENCE_SCHEMA}
         data["reward_components"] = [list(d.items()) for d in data["reward_components"]]
@@ -160,11 +160,11 @@ class ExperienceBatch:
         return cls.from_table(table, source="<experiences>")
 
     @classmethod
-    def empty(cls) -> "ExperienceBatch":
+    def empty(cls) -> ExperienceBatch:
         return cls(EXPERIENCE_SCHEMA.empty_table())
 
     @classmethod
-    def concat(cls, batches: Sequence["ExperienceBatch"]) -> "ExperienceBatch":
+    def concat(cls, batches: Sequence[ExperienceBatch]) -> ExperienceBatch:
         if not batches:
             return cls.empty()
         if len(batches) == 1:
@@ -188,10 +188,10 @@ class ExperienceBatch:
     def __repr__(self) -> str:
         return f"ExperienceBatch({len(self)} experiences)"
 
-    def take(self, indices: Sequence[int] | np.ndarray) -> "ExperienceBatch":
+    def take(self, indices: Sequence[int] | np.ndarray) -> ExperienceBatch:
         return ExperienceBatch(self._table.take(pa.array(np.asarray(indices, dtype=np.int64))))
 
-    def slice(self, offset: int, length: int | None = None) -> "ExperienceBatch":
+    def slice(self, offset: int, length: int | None = None) -> ExperienceBatch:
         return ExperienceBatch(self._table.slice(offset, length))
 
     # ---- column helpers

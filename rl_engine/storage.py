@@ -32,7 +32,8 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, BinaryIO, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, BinaryIO
 
 import fsspec
 import yaml
@@ -130,7 +131,7 @@ def poll_interval(fs: fsspec.AbstractFileSystem, configured: float | None = None
 # machines are still found by polling; a waiter never relies on news, it only wakes sooner.
 _NEWS = threading.Condition()
 _news_seq = 0
-_news_paths: "collections.deque[tuple[int, str]]" = collections.deque(maxlen=256)  # (seq, path) of the latest writes
+_news_paths: collections.deque[tuple[int, str]] = collections.deque(maxlen=256)  # (seq, path) of the latest writes
 
 
 def news() -> int:
@@ -237,8 +238,7 @@ _WRITE_CHUNK = 1 << 20
 def write_chunks(f: BinaryIO, data: Any) -> None:
     """Write bytes or any buffer to `f` in calls of at most `_WRITE_CHUNK` bytes."""
     with memoryview(data) as raw, raw.cast("B") as view:
-        for start in range(0, view.nbytes, _WRITE_CHUNK):
-            f.write(view[start : start + _WRITE_CHUNK])
+        f.writelines(view[start : start + _WRITE_CHUNK] for start in range(0, view.nbytes, _WRITE_CHUNK))
 
 
 def _write_local(path: str, fill: Callable[[BinaryIO], None], fsync: bool, place: Any) -> None:

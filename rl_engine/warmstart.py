@@ -144,7 +144,7 @@ def _greedy_matches(trainer: Any, batch: dict[str, torch.Tensor]) -> torch.Tenso
     return ((pred == target) | ~mask).all(-1)
 
 
-def sft_settings(model_dir: str, batch_size: int, lr: float, warmup_steps: int, seed: int, threads: int | None = None) -> "TrainerSettings":
+def sft_settings(model_dir: str, batch_size: int, lr: float, warmup_steps: int, seed: int, threads: int | None = None) -> TrainerSettings:
     """The trainer's settings for SFT steps of `batch_size` examples (one micro-batch each),
     logprobs at temperature 1 (what `evaluate` measures)."""
     from rl_engine.trainer import TrainerSettings

@@ -4,7 +4,8 @@ publishing the run's evaluation table and held-out curve as artifacts beside the
 from __future__ import annotations
 
 import base64
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact

@@ -15,18 +15,25 @@ import contextlib
 import contextvars
 import logging
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 from uuid import UUID
 
 from prefect import task
-from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_progress_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from rl_engine.run.state import latest_state_step
-from rl_engine.run.report import build_report, rounded, summary_lines
 from rl_engine.run.context import RunContext, open_run
+from rl_engine.run.report import build_report, rounded, summary_lines
+from rl_engine.run.state import latest_state_step
 from rl_engine.run.trackers import TrackerFeed, build_trackers
 
 

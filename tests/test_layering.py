@@ -34,7 +34,7 @@ ALLOWED = {
 def floors() -> dict[str, int]:
     """`{name: floor}` from the floor list of rl_engine/__init__.py's docstring."""
     out = {}
-    for floor, names in re.findall(r"^\s+(\d+)\s+([a-z_. ]+)$", rl_engine.__doc__ or "", re.M):
+    for floor, names in re.findall(r"^\s+(\d+)\s+([a-z_. ]+)$", rl_engine.__doc__ or "", re.MULTILINE):
         out.update({n: int(floor) for n in names.split()})
     return out
 

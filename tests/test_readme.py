@@ -106,7 +106,7 @@ def readme_commands() -> list[str]:
     """Every command the README shows, as written (continuation lines joined, comments cut)."""
     text = (REPO / "README.md").read_text()
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
             cmd = line.split("  #", 1)[0].strip()
             if cmd and not cmd.startswith("#") and not cmd.startswith(NOT_COMMANDS):
@@ -132,7 +132,7 @@ def test_every_named_test_exists():
         for ref in where:
             path, _, name = ref.partition("::")
             source = (REPO / path).read_text()
-            assert not name or re.search(rf"^(async )?def {re.escape(name)}\b", source, re.M), f"{cmd}: {ref} does not exist"
+            assert not name or re.search(rf"^(async )?def {re.escape(name)}\b", source, re.MULTILINE), f"{cmd}: {ref} does not exist"
 
 
 def test_the_readme_shows_the_commands_this_file_knows():

@@ -88,7 +88,7 @@ def chunked_head_logprobs(
         with torch.no_grad():
             return picked, _entropy_rows(z.detach())  # [c], [c]
 
-    recompute = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", lambda: [])()))
+    recompute = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", list)()))
     parts = []
     for s in range(0, h.shape[0], chunk_tokens):
         args = (h[s : s + chunk_tokens], targets[s : s + chunk_tokens])

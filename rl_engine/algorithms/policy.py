@@ -17,7 +17,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rl_engine.algorithms.losses import aggregate, cispo_token_loss, gspo_token_loss, kimi_token_loss, kl_token, offpolicy_weights, ppo_clip_token_loss
+from rl_engine.algorithms.losses import (
+    aggregate,
+    cispo_token_loss,
+    gspo_token_loss,
+    kimi_token_loss,
+    kl_token,
+    offpolicy_weights,
+    ppo_clip_token_loss,
+)
 from rl_engine.config import AlgorithmConfig
 
 

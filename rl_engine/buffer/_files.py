@@ -70,7 +70,7 @@ class CommitKey(NamedTuple):
         return f"{self.time_ns:020d}-e{self.explorer_id}-{self.writer}-{self.seq:09d}"
 
     @classmethod
-    def parse(cls, name: str) -> "CommitKey | None":
+    def parse(cls, name: str) -> CommitKey | None:
         """Key of a record file name (basename, with or without .json); None if not a record."""
         return _parse_record_name(name.rsplit("/", 1)[-1])
 

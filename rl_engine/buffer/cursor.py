@@ -33,7 +33,7 @@ _STEP_RE = re.compile(r"^step=(\d+)\.json$")
 
 
 class _WriterState:
-    __slots__ = ("upto", "done", "partial")
+    __slots__ = ("done", "partial", "upto")
 
     def __init__(self, upto: int = 0, done=(), partial: dict[int, list[list[int]]] | None = None):
         self.upto = upto
@@ -85,7 +85,7 @@ class ConsumedSet:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "ConsumedSet":
+    def from_json(cls, data: dict[str, Any]) -> ConsumedSet:
         out = cls()
         for w, s in data.items():
             out._w[w] = _WriterState(int(s["upto"]), (int(x) for x in s["done"]), {int(k): v for k, v in s["partial"].items()})

@@ -57,15 +57,16 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
 from time import time_ns as _wall_ns
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
+from rl_engine.board import poll_until
 from rl_engine.buffer import _files
 from rl_engine.buffer.cursor import ConsumedSet
 from rl_engine.config import BufferConfig
-from rl_engine.board import poll_until
 from rl_engine.experience import ExperienceBatch
 from rl_engine.schedule import batch_number
 from rl_engine.storage import join, open_storage, poll_interval

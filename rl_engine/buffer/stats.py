@@ -31,10 +31,9 @@ import numpy as np
 import pyarrow.compute as pc
 
 from rl_engine.buffer import _files
-from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
+from rl_engine.buffer.continuations import UNFINISHED, ContinuationStore, store_explorer_ids
 from rl_engine.buffer.cursor import list_cursor_steps, load_cursor
 from rl_engine.errors import UserError
-from rl_engine.buffer.continuations import UNFINISHED
 from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options
 
 
@@ -88,7 +87,7 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
     return {
         "run": run_url,
         "committed_files": len(records),
-        "experiences": int(len(cols["reward"])),
+        "experiences": len(cols["reward"]),
         "corrupt_files": corrupt,
         "uncommitted_files": len([p for p in all_data if p not in committed]),
         "per_explorer": _per(cols["explorer"], cols["step"]),
@@ -159,7 +158,7 @@ def _per(explorer: np.ndarray, step: np.ndarray) -> list[dict[str, int]]:
     out = []
     for e in sorted(set(explorer.tolist())):
         s = step[explorer == e]
-        out.append({"explorer": int(e), "experiences": int(len(s)), "steps": len(set(s.tolist())), "first_step": int(s.min()), "last_step": int(s.max())})
+        out.append({"explorer": int(e), "experiences": len(s), "steps": len(set(s.tolist())), "first_step": int(s.min()), "last_step": int(s.max())})
     return out
 
 

@@ -14,7 +14,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from rl_engine.experience import EXPERIENCE_SCHEMA, FINISH_REASONS, SEGMENT_TYPE, Experience, ExperienceBatch, version_runs
+from rl_engine.experience import (
+    EXPERIENCE_SCHEMA,
+    FINISH_REASONS,
+    SEGMENT_TYPE,
+    Experience,
+    ExperienceBatch,
+    version_runs,
+)
 
 _WORDS = "the quick brown fox jumps over a lazy dog and then computes 17 * 23 = 391 "
 

@@ -26,20 +26,114 @@ from rl_engine.config.base import ConfigError, _Model
 from rl_engine.config.buffer import BufferConfig, StorageConfig
 from rl_engine.config.evaluation import EvalConfig, EvalTasksetConfig, KeepBestConfig
 from rl_engine.config.explorer import EngineConfig, ExplorerConfig, PartialRolloutConfig, SamplingConfig
-from rl_engine.config.loading import apply_overrides, load_config, migrate_file, parse_override, parse_yaml, read_yaml, to_yaml, validate_config
+from rl_engine.config.loading import (
+    apply_overrides,
+    load_config,
+    migrate_file,
+    parse_override,
+    parse_yaml,
+    read_yaml,
+    to_yaml,
+    validate_config,
+)
 from rl_engine.config.migrate import migrate
-from rl_engine.config.model import ArithmeticReward, CountdownReward, FinalAnswerReward, ModelConfig, PythonReward, RewardConfig, TasksetConfig
+from rl_engine.config.model import (
+    ArithmeticReward,
+    CountdownReward,
+    FinalAnswerReward,
+    ModelConfig,
+    PythonReward,
+    RewardConfig,
+    TasksetConfig,
+)
 from rl_engine.config.placement import DeploymentsPlacement, DeviceSplit, LocalPlacement, PlacementConfig
-from rl_engine.config.root import MAX_SEED, LineageConfig, MLflowTracker, MonitorConfig, RFTConfig, TensorBoardTracker, TrackerConfig, WandbTracker
-from rl_engine.config.synchronizer import DECOUPLED_MODES, RENDEZVOUS_MODES, CollectiveConfig, DecoupledSync, DeltaConfig, Mode, RendezvousSync, SynchronizerConfig
+from rl_engine.config.root import (
+    MAX_SEED,
+    LineageConfig,
+    MLflowTracker,
+    MonitorConfig,
+    RFTConfig,
+    TensorBoardTracker,
+    TrackerConfig,
+    WandbTracker,
+)
+from rl_engine.config.synchronizer import (
+    DECOUPLED_MODES,
+    RENDEZVOUS_MODES,
+    CollectiveConfig,
+    DecoupledSync,
+    DeltaConfig,
+    Mode,
+    RendezvousSync,
+    SynchronizerConfig,
+)
 from rl_engine.config.trainer import TrainerConfig
-from rl_engine.config.workflow import CalculatorWorkflow, GuessNumberWorkflow, PythonWorkflow, SingleTurnWorkflow, UserCodeConfig, WorkflowConfig
+from rl_engine.config.workflow import (
+    CalculatorWorkflow,
+    GuessNumberWorkflow,
+    PythonWorkflow,
+    SingleTurnWorkflow,
+    UserCodeConfig,
+    WorkflowConfig,
+)
 
 __all__ = [
-    "DECOUPLED_MODES", "MAX_SEED", "RENDEZVOUS_MODES", "AlgorithmConfig", "ArithmeticReward", "BufferConfig", "CollectiveConfig", "ConfigError", "CountdownReward", "DeltaConfig", "FinalAnswerReward",
-    "DecoupledSync", "DeploymentsPlacement", "DeviceSplit", "EvalConfig", "EvalTasksetConfig", "KeepBestConfig", "EngineConfig", "ExplorerConfig", "KLConfig", "LineageConfig", "LocalPlacement",
-    "MLflowTracker", "Mode", "ModelConfig", "MonitorConfig",
-    "PartialRolloutConfig", "PlacementConfig", "PythonReward", "RFTConfig", "RendezvousSync", "RewardConfig", "SamplingConfig", "StorageConfig", "SynchronizerConfig",
-    "TasksetConfig", "TensorBoardTracker", "TrackerConfig", "TrainerConfig", "WandbTracker", "CalculatorWorkflow", "GuessNumberWorkflow", "PythonWorkflow", "SingleTurnWorkflow", "UserCodeConfig", "WorkflowConfig", "_Model", "apply_overrides", "config_warnings", "load_config", "migrate", "migrate_file", "parse_override", "parse_yaml", "read_yaml",
-    "step_volume", "to_yaml", "validate_config",
+    "DECOUPLED_MODES",
+    "MAX_SEED",
+    "RENDEZVOUS_MODES",
+    "AlgorithmConfig",
+    "ArithmeticReward",
+    "BufferConfig",
+    "CalculatorWorkflow",
+    "CollectiveConfig",
+    "ConfigError",
+    "CountdownReward",
+    "DecoupledSync",
+    "DeltaConfig",
+    "DeploymentsPlacement",
+    "DeviceSplit",
+    "EngineConfig",
+    "EvalConfig",
+    "EvalTasksetConfig",
+    "ExplorerConfig",
+    "FinalAnswerReward",
+    "GuessNumberWorkflow",
+    "KLConfig",
+    "KeepBestConfig",
+    "LineageConfig",
+    "LocalPlacement",
+    "MLflowTracker",
+    "Mode",
+    "ModelConfig",
+    "MonitorConfig",
+    "PartialRolloutConfig",
+    "PlacementConfig",
+    "PythonReward",
+    "PythonWorkflow",
+    "RFTConfig",
+    "RendezvousSync",
+    "RewardConfig",
+    "SamplingConfig",
+    "SingleTurnWorkflow",
+    "StorageConfig",
+    "SynchronizerConfig",
+    "TasksetConfig",
+    "TensorBoardTracker",
+    "TrackerConfig",
+    "TrainerConfig",
+    "UserCodeConfig",
+    "WandbTracker",
+    "WorkflowConfig",
+    "_Model",
+    "apply_overrides",
+    "config_warnings",
+    "load_config",
+    "migrate",
+    "migrate_file",
+    "parse_override",
+    "parse_yaml",
+    "read_yaml",
+    "step_volume",
+    "to_yaml",
+    "validate_config",
 ]

@@ -12,7 +12,7 @@ in rl_engine/algorithms.
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -59,7 +59,7 @@ class ReinforcePPAdvantage(_Model):
     std: StdLevel = Field(default="batch", description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.")
 
 
-AdvantageConfig = Annotated[Union[GRPOAdvantage, DrGRPOAdvantage, RLOOAdvantage, ReinforcePPAdvantage], Field(discriminator="type")]
+AdvantageConfig = Annotated[GRPOAdvantage | DrGRPOAdvantage | RLOOAdvantage | ReinforcePPAdvantage, Field(discriminator="type")]
 
 # ---- policy losses (the ratio's denominator is `proximal`; the corrections below weight them)
 
@@ -95,7 +95,7 @@ class KimiLoss(_Model):
     tau: float = Field(default=0.1, gt=0.0, description="Weight tau of the squared log-ratio penalty.")
 
 
-LossConfig = Annotated[Union[PPOClipLoss, GSPOLoss, CISPOLoss, KimiLoss], Field(discriminator="type")]
+LossConfig = Annotated[PPOClipLoss | GSPOLoss | CISPOLoss | KimiLoss, Field(discriminator="type")]
 
 
 class CorrectionConfig(_Model):
@@ -112,7 +112,7 @@ class CorrectionConfig(_Model):
     high: float = Field(default=2.0, gt=0.0, description="Upper bound of the weight.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "CorrectionConfig":
+    def _ordered(self) -> CorrectionConfig:
         if self.low >= self.high:
             raise ValueError(f"algorithm.correction: low = {self.low} must be below high = {self.high}")
         return self
@@ -197,7 +197,7 @@ class AlgorithmConfig(_Model):
         return out
 
     @model_validator(mode="after")
-    def _check(self) -> "AlgorithmConfig":
+    def _check(self) -> AlgorithmConfig:
         if self.repeat_times < 2:
             raise ValueError(f"algorithm.repeat_times = {self.repeat_times}: group advantages need at least 2 rollouts per task to compare; set it >= 2")
         if self.token_sum_divisor is not None and self.aggregation != "seq-mean-token-sum":

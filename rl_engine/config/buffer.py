@@ -36,7 +36,7 @@ class StorageConfig(_Model):
         return v
 
     @model_validator(mode="after")
-    def _one_outage_limit(self) -> "StorageConfig":
+    def _one_outage_limit(self) -> StorageConfig:
         given = self.options.get("outage_timeout_s", self.outage_timeout_s)
         if given != self.outage_timeout_s:
             raise ValueError(f"options.outage_timeout_s = {given!r} disagrees with outage_timeout_s = {self.outage_timeout_s!r}; set only buffer.storage.outage_timeout_s")

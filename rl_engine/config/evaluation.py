@@ -25,7 +25,7 @@ class EvalTasksetConfig(_Model):
     max_tasks: int | None = Field(default=None, ge=1, description="Score only the first this many tasks of the file (file order); null: all.")
 
     @model_validator(mode="after")
-    def _greedy_once(self) -> "EvalTasksetConfig":
+    def _greedy_once(self) -> EvalTasksetConfig:
         if self.temperature < 1e-5 and self.n > 1:
             raise ValueError(f"eval set {self.name!r}: temperature {self.temperature} with n = {self.n}: greedy samples are identical; use n: 1 or a temperature > 0")
         return self
@@ -38,7 +38,7 @@ class KeepBestConfig(_Model):
     mode: str = Field(default="max", pattern="^(max|min)$", description="`max`: the highest value is best; `min`: the lowest.")
 
     @model_validator(mode="after")
-    def _shape(self) -> "KeepBestConfig":
+    def _shape(self) -> KeepBestConfig:
         name, _, metric = self.metric.partition("/")
         if not name or not _METRIC.match(metric):
             raise ValueError(f"eval.keep_best.metric = {self.metric!r}: write `<set name>/<metric>` with a metric among avg@<n>, pass@<k>, {', '.join(EVAL_METRICS)}")
@@ -61,7 +61,7 @@ class EvalConfig(_Model):
     )
 
     @model_validator(mode="after")
-    def _sets(self) -> "EvalConfig":
+    def _sets(self) -> EvalConfig:
         names = [s.name for s in self.tasksets]
         if len(set(names)) != len(names):
             raise ValueError(f"eval.tasksets: names {names} repeat; give every set its own name")

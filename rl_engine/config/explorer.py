@@ -72,7 +72,7 @@ class PartialRolloutConfig(_Model):
     repeat_penalty: float = Field(default=0.0, le=0.0, description="Reward added to trajectories stopped for repetition (<= 0).")
 
     @model_validator(mode="after")
-    def _budgets(self) -> "PartialRolloutConfig":
+    def _budgets(self) -> PartialRolloutConfig:
         if self.enabled and self.segment_max_tokens >= self.max_response_tokens:
             raise ValueError(
                 f"explorer.partial.segment_max_tokens = {self.segment_max_tokens} must be below "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -56,7 +56,7 @@ class PythonReward(_Model):
     )
 
 
-RewardConfig = Annotated[Union[ArithmeticReward, CountdownReward, FinalAnswerReward, PythonReward], Field(discriminator="type")]
+RewardConfig = Annotated[ArithmeticReward | CountdownReward | FinalAnswerReward | PythonReward, Field(discriminator="type")]
 _REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "python")
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -72,4 +72,4 @@ class DeploymentsPlacement(_Model):
         return v
 
 
-PlacementConfig = Annotated[Union[LocalPlacement, DeploymentsPlacement], Field(discriminator="type")]
+PlacementConfig = Annotated[LocalPlacement | DeploymentsPlacement, Field(discriminator="type")]

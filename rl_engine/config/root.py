@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
@@ -55,7 +55,7 @@ class WandbTracker(_Model):
     dir: str | None = Field(default=None, description="Local directory of W&B's files; null: `<run>/trackers/wandb` for a local run, a temporary directory copied there at the end for a remote one.")
 
 
-TrackerConfig = Annotated[Union[TensorBoardTracker, MLflowTracker, WandbTracker], Field(discriminator="type")]
+TrackerConfig = Annotated[TensorBoardTracker | MLflowTracker | WandbTracker, Field(discriminator="type")]
 
 
 class MonitorConfig(_Model):
@@ -147,7 +147,7 @@ class RFTConfig(_Model):
         return v
 
     @model_validator(mode="after")
-    def _explorers_fit_mode(self) -> "RFTConfig":
+    def _explorers_fit_mode(self) -> RFTConfig:
         s, x = self.synchronizer, self.explorer
         if x.partial.enabled and (x.partial.max_groups_in_flight or 2 * x.batch_size) < x.batch_size:
             raise ValueError(f"explorer.partial.max_groups_in_flight = {x.partial.max_groups_in_flight} is below explorer.batch_size = {x.batch_size}; a step could never fill its batch")
@@ -160,7 +160,7 @@ class RFTConfig(_Model):
         return self
 
     @model_validator(mode="after")
-    def _batches_fit(self) -> "RFTConfig":
+    def _batches_fit(self) -> RFTConfig:
         s = self.synchronizer
         group = self.explorer.batch_size * self.algorithm.repeat_times
         tbs = self.trainer.train_batch_size
@@ -185,7 +185,7 @@ class RFTConfig(_Model):
         return self
 
     @model_validator(mode="after")
-    def _devices_fit_roles(self) -> "RFTConfig":
+    def _devices_fit_roles(self) -> RFTConfig:
         d = getattr(self.placement, "devices", None)
         if d is None:
             return self
@@ -206,13 +206,13 @@ class RFTConfig(_Model):
         return self
 
     @model_validator(mode="after")
-    def _promote_best_needs_one(self) -> "RFTConfig":
+    def _promote_best_needs_one(self) -> RFTConfig:
         if self.lineage.promote == "best" and self.eval.keep_best is None:
             raise ValueError("lineage.promote = best needs eval.keep_best (the metric that names the best version) and eval.tasksets")
         return self
 
     @model_validator(mode="after")
-    def _eval_fits_schedule(self) -> "RFTConfig":
+    def _eval_fits_schedule(self) -> RFTConfig:
         n, s = self.eval.every_versions, self.synchronizer
         # With checkpoint sync a decoupled explorer 0 loads a due version it never held from the
         # trainer's saved weights; otherwise it evaluates the versions it receives, every sync_interval-th.
@@ -225,7 +225,7 @@ class RFTConfig(_Model):
         return self
 
     @model_validator(mode="after")
-    def _generation_fits(self) -> "RFTConfig":
+    def _generation_fits(self) -> RFTConfig:
         x = self.explorer
         if x.sampling.temperature < 1e-5 and self.algorithm.repeat_times > 1 and not x.partial.enabled:
             raise ValueError(
@@ -246,11 +246,11 @@ class RFTConfig(_Model):
 
     # ---- derived values (the one resolve step)
 
-    def resolved(self, now: _dt.datetime | None = None) -> "RFTConfig":
+    def resolved(self, now: _dt.datetime | None = None) -> RFTConfig:
         """Return a copy with every derived value filled in; the copy is what a run saves and uses."""
         out = self.model_copy(deep=True)
         if out.name is None:
-            stamp = (now or _dt.datetime.now(_dt.timezone.utc)).strftime("%Y%m%d-%H%M%S")
+            stamp = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y%m%d-%H%M%S")
             # The random tail keeps runs started in the same second (schedules, several users) apart.
             lineage = f"{out.lineage.name}-" if out.lineage.name else ""
             out.name = f"{out.synchronizer.mode}-{lineage}{stamp}-{os.urandom(3).hex()}"

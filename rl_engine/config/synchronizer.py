@@ -13,7 +13,8 @@ are declared in each, from one annotated type apiece, so both show every field i
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Hashable, Literal, Union
+from collections.abc import Hashable
+from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
@@ -86,7 +87,7 @@ class RendezvousSync(_Model):
     wait_timeout_s: WaitTimeout = 600.0
 
     @model_validator(mode="after")
-    def _offset_fits_mode(self) -> "RendezvousSync":
+    def _offset_fits_mode(self) -> RendezvousSync:
         if self.mode == "synchronous" and self.sync_offset != 0:
             raise ValueError(f"synchronizer.sync_offset = {self.sync_offset}: mode 'synchronous' has sync_offset 0; use mode 'one_step_off_policy' to let the explorer run ahead")
         if self.mode == "one_step_off_policy" and self.sync_offset < 1:
@@ -117,7 +118,7 @@ class DecoupledSync(_Model):
     wait_timeout_s: WaitTimeout = 600.0
 
     @model_validator(mode="after")
-    def _staleness_covers_interval(self) -> "DecoupledSync":
+    def _staleness_covers_interval(self) -> DecoupledSync:
         if self.max_staleness is not None and self.max_staleness < self.sync_interval - 1:
             raise ValueError(
                 f"synchronizer.max_staleness = {self.max_staleness}: weights are published every sync_interval = {self.sync_interval} trainer steps, "
@@ -136,7 +137,7 @@ def _variant(value: Any) -> Hashable | None:
 UNKNOWN_MODE = "unknown_mode"  # the error type of a synchronizer whose mode is none of the four
 
 SynchronizerConfig = Annotated[
-    Union[Annotated[RendezvousSync, Tag("rendezvous")], Annotated[DecoupledSync, Tag("decoupled")]],
+    Annotated[RendezvousSync, Tag("rendezvous")] | Annotated[DecoupledSync, Tag("decoupled")],
     Discriminator(
         _variant,
         custom_error_type=UNKNOWN_MODE,

@@ -48,7 +48,7 @@ class TrainerConfig(_Model):
     )
 
     @model_validator(mode="after")
-    def _nodes(self) -> "TrainerConfig":
+    def _nodes(self) -> TrainerConfig:
         if self.num_ranks % self.nodes:
             raise ValueError(f"trainer.num_ranks = {self.num_ranks} does not split over trainer.nodes = {self.nodes}; use a multiple of nodes")
         if self.nodes > 1 and self.rendezvous is None:

@@ -9,7 +9,7 @@ processes with a per-call timeout and a hard kill (`rl_engine.rewards.isolation`
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -49,7 +49,7 @@ class PythonWorkflow(_Model):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function (or the class).")
 
 
-WorkflowConfig = Annotated[Union[SingleTurnWorkflow, CalculatorWorkflow, GuessNumberWorkflow, PythonWorkflow], Field(discriminator="type")]
+WorkflowConfig = Annotated[SingleTurnWorkflow | CalculatorWorkflow | GuessNumberWorkflow | PythonWorkflow, Field(discriminator="type")]
 
 
 class UserCodeConfig(_Model):
@@ -69,7 +69,7 @@ class UserCodeConfig(_Model):
     )
 
     @model_validator(mode="after")
-    def _score_needs_a_reward(self) -> "UserCodeConfig":
+    def _score_needs_a_reward(self) -> UserCodeConfig:
         if self.on_episode_error == "score" and self.failed_reward is None:
             raise ValueError("taskset.user_code.on_episode_error = score needs taskset.user_code.failed_reward: the reward a failed episode is trained with")
         return self

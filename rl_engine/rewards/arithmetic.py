@@ -60,7 +60,7 @@ class ArithmeticRewardFn:
         self.correct_weight = correct_weight
         self.format_weight = format_weight
 
-    def __call__(self, prompt: str, response: str, task: "Task", finish_reason: str) -> dict[str, float]:
+    def __call__(self, prompt: str, response: str, task: Task, finish_reason: str) -> dict[str, float]:
         if task.answer is None:
             raise ValueError(f"task {task.task_id!r} has no answer; the arithmetic reward needs one")
         correct = response.strip() == task.answer.strip()

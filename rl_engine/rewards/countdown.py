@@ -87,7 +87,7 @@ class CountdownRewardFn:
         self.correct_weight = correct_weight
         self.close_weight = close_weight
 
-    def __call__(self, prompt: str, response: str, task: "Task", finish_reason: str) -> dict[str, float]:
+    def __call__(self, prompt: str, response: str, task: Task, finish_reason: str) -> dict[str, float]:
         if task.answer is None:
             raise ValueError(f"task {task.task_id!r} has no answer; the countdown reward needs one")
         want, got = task.answer.split(" "), response.split(" ")

@@ -39,9 +39,10 @@ import logging
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
-from typing import Any, Callable
+from typing import Any
 
 import pebble
 
@@ -138,7 +139,7 @@ class UserCodePool:
     def __enter__(self) -> UserCodePool:
         return self
 
-    def __exit__(self, *_: Any) -> None:
+    def __exit__(self, *_: object) -> None:
         self.close()
 
     # ----------------------------------------------------------------- internals

@@ -36,8 +36,9 @@ import logging
 import math
 import numbers
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from rl_engine.errors import UserError
 from rl_engine.rewards.arithmetic import ArithmeticRewardFn

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import random
 import re
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rl_engine.errors import UserError
 
@@ -75,7 +75,7 @@ class FinalAnswerRewardFn:
         self.correct_weight = correct_weight
         self.format_weight = format_weight
 
-    def __call__(self, prompt: str, response: str, task: "Task", finish_reason: str) -> dict[str, float]:
+    def __call__(self, prompt: str, response: str, task: Task, finish_reason: str) -> dict[str, float]:
         if task.answer is None:
             raise ValueError(f"task {task.task_id!r} has no answer; the final-answer reward needs one")
         final = final_number(response) if finish_reason == "stop" else None

@@ -24,17 +24,18 @@ import contextlib
 import dataclasses
 import logging
 import sys
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from rl_engine.config import RendezvousSync
 from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, restate_failure, role_name
+from rl_engine.config import RendezvousSync
 from rl_engine.roles.evaluation import Evaluator, OnEval, save_due_weights
 from rl_engine.roles.explorer import Explorer
-from rl_engine.run.lease import Fence, LeaseLost
 from rl_engine.roles.trainer import TrainerRole
-from rl_engine.run.report import StepFeed, record_step
 from rl_engine.run.context import ResumePoint, RunContext, open_run, read_start
 from rl_engine.run.devices import device_plan
+from rl_engine.run.lease import Fence, LeaseLost
+from rl_engine.run.report import StepFeed, record_step
 from rl_engine.schedule import decoupled_publish, resume_catch_up, resumed_rendezvous_syncs
 from rl_engine.trainer.launch import RanksFailed, ranks_command, run_ranks
 

@@ -37,7 +37,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rl_engine.evaluate import _exact, set_metrics
 from rl_engine.experience import ExperienceBatch

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rl_engine.buffer.continuations import UNFINISHED
 from rl_engine.experience import Experience, ExperienceBatch, version_runs

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
@@ -49,9 +50,9 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
 
     The first entry (step 0) holds the evaluation of the initial policy.
     """
+    from rl_engine.board import Board
     from rl_engine.rewards import TaskIterator, build_reward, load_taskset
     from rl_engine.rollout.engine import build_rollout_engine
-    from rl_engine.board import Board
     from rl_engine.run.devices import check_plan, device_plan
     from rl_engine.sync import build_weight_receiver, build_weight_sender
     from rl_engine.trainer import build_trainer, trainer_settings

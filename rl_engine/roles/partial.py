@@ -42,7 +42,8 @@ import dataclasses
 import hashlib
 import time
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rl_engine.buffer import ContinuationStore
 from rl_engine.buffer.continuations import UNFINISHED
@@ -51,7 +52,6 @@ from rl_engine.errors import UserError
 from rl_engine.experience import ExperienceBatch
 from rl_engine.rewards import Task, TaskIterator, encode_task
 from rl_engine.roles.groups import Generation, Group, experience_row, group_id, score_groups
-
 
 # --------------------------------------------------------------------------- ending a segment
 

@@ -20,20 +20,16 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from rl_engine.run import retention
+from rl_engine.board import TRAINER, TRAINER_KEY, Board, Stopped, StopSignal
 from rl_engine.buffer import BufferReader
 from rl_engine.config import DecoupledSync
-from rl_engine.board import TRAINER, TRAINER_KEY, Board, Stopped, StopSignal
+from rl_engine.run import retention
+from rl_engine.run.context import RunContext
 from rl_engine.run.lease import Fence
 from rl_engine.run.state import STATE_DIR, latest_state_step
-from rl_engine.run.context import RunContext
-from rl_engine.storage import join
-from rl_engine.sync import build_weight_sender, drop_versions_from
 from rl_engine.run.timeline import STARTUP, TimelineRecorder
+from rl_engine.sync import build_weight_sender, drop_versions_from
 from rl_engine.trainer import build_trainer, trainer_settings
-from rl_engine.trainer.checkpoint import COMMIT_MARKER
-
-
 
 
 def token_versions(batch: Any, trainer_version: int) -> dict[str, float]:

@@ -117,7 +117,7 @@ def calculator_workflow(task: Any, episode: Any, max_calls: int = 2) -> None:
         can_call = calls < max_calls
         turn = episode.generate(stop=[CALL_END] if can_call else None)
         if not (can_call and ended_at(episode, turn, CALL_END)):
-            return None  # the answer turn
+            return  # the answer turn
         expr = call_expression(turn.text)
         result = ERROR if expr is None else episode.call(calc, expr)
         calls += 1

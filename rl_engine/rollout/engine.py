@@ -41,11 +41,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol
 
 from rl_engine.config import EngineConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
@@ -448,10 +448,10 @@ class VLLMRolloutEngine:
         wake_pending_calls(client)
         self._llm = None
 
-    def __enter__(self) -> "VLLMRolloutEngine":
+    def __enter__(self) -> VLLMRolloutEngine:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -43,12 +43,23 @@ import os
 import sys
 import threading
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 from rl_engine.config import RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
-from rl_engine.rollout.engine import _CPU_TOKEN_BUDGET, _GIB, WORKER_EXTENSION, EngineDiedError, Rollout, _check_prompts, finish_reason, request_fields, sampling_fields
+from rl_engine.rollout.engine import (
+    _CPU_TOKEN_BUDGET,
+    _GIB,
+    WORKER_EXTENSION,
+    EngineDiedError,
+    Rollout,
+    _check_prompts,
+    finish_reason,
+    request_fields,
+    sampling_fields,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +140,9 @@ class ServerRolloutEngine:
             served = self._get("/v1/models")["data"][0]
             if int(served.get("max_model_len") or 0) < max_model_len:
                 raise UserError(f"the engine server at {self.url} serves {served['id']} with max_model_len {served.get('max_model_len')}, below the run's model.max_model_len = {max_model_len}; restart it with this config (`rft engine serve CONFIG`)")
-            from transformers import AutoTokenizer  # vLLM's own (the local engine's) wraps the same; importing vLLM here costs seconds
+            from transformers import (
+                AutoTokenizer,  # vLLM's own (the local engine's) wraps the same; importing vLLM here costs seconds
+            )
 
             self._tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
             self._claim()

@@ -16,14 +16,14 @@ lost its lease sweeps and records nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rl_engine.board import Board
 from rl_engine.buffer.sweep import remove_uncommitted
 from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
-from rl_engine.run.context import post_start
-from rl_engine.run.context import ResumePoint, RunContext, open_run, resume_point, start_run
+from rl_engine.run.context import ResumePoint, RunContext, open_run, post_start, resume_point, start_run
 from rl_engine.run.devices import device_plan, record_plan
 from rl_engine.run.lease import RunLease
 from rl_engine.run.lineage import LineageRun
@@ -46,10 +46,10 @@ class RunDriver:
         self.run: RunContext | None = None
         self.attempt: str | None = None
 
-    def __enter__(self) -> "RunDriver":
+    def __enter__(self) -> RunDriver:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def check(self) -> None:

@@ -125,7 +125,7 @@ class RunLease:
     def _free(self, cur: dict[str, Any]) -> bool:
         return bool(cur.get("released")) or time.time() - cur["time"] >= cur["ttl_s"] or self._holder_dead(cur)
 
-    def acquire(self) -> "RunLease":
+    def acquire(self) -> RunLease:
         """Hold the lease, or raise UserError naming its live holder."""
         gen, cur = _newest(self.fs, self.root)
         if cur is not None and not self._free(cur):

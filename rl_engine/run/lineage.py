@@ -30,15 +30,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
 from rl_engine.config import LineageConfig, RFTConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import Task, load_taskset
-from rl_engine.run.lease import RunLease
 from rl_engine.run.context import RunContext, open_run
+from rl_engine.run.lease import RunLease
 from rl_engine.storage import is_local, join, open_storage, read_json, write_bytes_atomic, write_json
 
 LINEAGES_DIR = "lineages"
@@ -175,8 +176,8 @@ def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str
     although this run does not draw them. Returns {explorer id: experience ids taken over}."""
     from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
     from rl_engine.experience import ExperienceBatch
-    from rl_engine.run.state import latest_state_step
     from rl_engine.run.context import last_committed_steps
+    from rl_engine.run.state import latest_state_step
 
     sources = store_explorer_ids(prev.url, prev.storage_options)
     if not sources or not run.cfg.explorer.partial.enabled:

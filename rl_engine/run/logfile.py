@@ -21,7 +21,8 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any, Iterator, TextIO
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from rl_engine.storage import is_local, join, open_storage
 

@@ -170,8 +170,8 @@ def check_not_complete(resume: str, saved: RFTConfig) -> None:
     """A run whose trainer reached trainer.total_steps (a committed trainer state there), whose model is
     saved and whose report is written has nothing left to do: resuming it would start every engine for
     nothing. (Killed before its report, it still resumes: the report and the lineage's record follow.)"""
-    from rl_engine.run.state import latest_state_step
     from rl_engine.run.context import RunContext
+    from rl_engine.run.state import latest_state_step
 
     run = RunContext(saved, resume.rstrip("/"))  # `saved` was read from it already (check_resume, open_run)
     step = latest_state_step(run)
@@ -298,8 +298,8 @@ def check_weights_fit(path: str, weights: dict[str, tuple[int, ...]]) -> dict[st
 
 def check_trainer_state(run_url: str, options: dict[str, Any] | None, params: dict[str, tuple[int, ...]]) -> None:
     """The trainer state a resume would load (the latest committed one) fits the model."""
-    from rl_engine.run.state import STATE_DIR, latest_state_step
     from rl_engine.run.context import open_run
+    from rl_engine.run.state import STATE_DIR, latest_state_step
     from rl_engine.trainer.checkpoint import check_fits
 
     run = open_run(run_url, options)

@@ -13,11 +13,12 @@ import dataclasses
 import io
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rl_engine.run.context import RunContext
-from rl_engine.storage import join, read_json, write_bytes_atomic, write_json
 from rl_engine.run.timeline import load_spans, render_gantt, summary_markdown, utilization
+from rl_engine.storage import join, read_json, write_bytes_atomic, write_json
 
 TABLE_KEYS = ("step", "version", "reward_mean", "reward_std", "loss", "kl", "entropy", "clip_frac", "grad_norm", "staleness_max", "wait_experience_s", "train_s")
 # Columns of the algorithm knobs that report them (a correction, dynamic sampling), shown when a step has them.

@@ -36,8 +36,9 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterator
+from typing import Any
 
 from rl_engine.errors import UserError
 from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options, write_bytes_atomic
@@ -136,10 +137,10 @@ class TimelineRecorder:
     def close(self) -> None:
         self.flush()
 
-    def __enter__(self) -> "TimelineRecorder":
+    def __enter__(self) -> TimelineRecorder:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

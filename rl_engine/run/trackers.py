@@ -27,7 +27,8 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from rl_engine.config import MLflowTracker as MLflowSettings
 from rl_engine.config import TrackerConfig
@@ -368,7 +369,7 @@ class TrackerFeed:
         while not self._done.wait(self.poll_s):
             self._safe_poll()
 
-    def start(self, run_in: Callable[..., Any] | None = None) -> "TrackerFeed":
+    def start(self, run_in: Callable[..., Any] | None = None) -> TrackerFeed:
         """Start following (`run_in(fn)` runs the thread's body, e.g. in a copied context)."""
         if self.trackers:
             body = (lambda: run_in(self._loop)) if run_in is not None else self._loop
@@ -389,8 +390,8 @@ class TrackerFeed:
         for t in self.trackers:
             t.close()
 
-    def __enter__(self) -> "TrackerFeed":
+    def __enter__(self) -> TrackerFeed:
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()

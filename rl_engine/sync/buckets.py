@@ -172,7 +172,7 @@ def broadcast_send(pg: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], v
     return n_params, n_bytes
 
 
-def broadcast_recv(pg: Any, device: torch.device, load: Callable[[list[tuple[str, torch.Tensor]]], Any], buffers: "ReceiveBuffers | None" = None) -> tuple[int, int]:
+def broadcast_recv(pg: Any, device: torch.device, load: Callable[[list[tuple[str, torch.Tensor]]], Any], buffers: ReceiveBuffers | None = None) -> tuple[int, int]:
     """Receiver side: receive the stream and `load` each bucket's (name, tensor) list; returns (version, parameters).
 
     `buffers` reuses receive memory across syncs (see ReceiveBuffers); by default every

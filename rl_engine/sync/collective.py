@@ -37,12 +37,18 @@ from typing import Any
 
 import torch
 
-from rl_engine.config import CollectiveConfig
 from rl_engine.board import Board, Stopped, StopSignal, WaitTimeout
+from rl_engine.config import CollectiveConfig
 from rl_engine.rollout.engine import EngineDiedError
 from rl_engine.sync.base import SyncError, post_loaded, wait_loaded
-from rl_engine.sync.buckets import broadcast_send, destroy_group, group_device, init_group, raw_broadcast, resolve_backend
-
+from rl_engine.sync.buckets import (
+    broadcast_send,
+    destroy_group,
+    group_device,
+    init_group,
+    raw_broadcast,
+    resolve_backend,
+)
 
 ADDRESS_KEY = "sync-address"
 GO_KEY = "sync"

@@ -69,7 +69,14 @@ from rl_engine.board import StopSignal
 from rl_engine.pruning import Kind, committed, delete, list_dirs, to_delete
 from rl_engine.run.failpoints import failpoint
 from rl_engine.sync.base import SyncError
-from rl_engine.sync.checkpoint import CHECKPOINTS, COMMIT, CheckpointReceiver, CheckpointSender, Damaged, version_to_load
+from rl_engine.sync.checkpoint import (
+    CHECKPOINTS,
+    COMMIT,
+    CheckpointReceiver,
+    CheckpointSender,
+    Damaged,
+    version_to_load,
+)
 from rl_engine.sync.collective import SyncStats
 from rl_engine.sync.delta_format import FORMAT, SEP, apply, diff, pack, payload_bytes, unpack
 

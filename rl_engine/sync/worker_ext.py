@@ -31,6 +31,7 @@ import torch
 
 from rl_engine.run.owner_watch import start_owner_watch
 
+
 def _refresh_tied_lm_heads(model: torch.nn.Module) -> None:
     """Re-run weight processing of an lm_head tied to the input embeddings.
 
@@ -78,7 +79,11 @@ class RFTWorkerExtension:
     @contextlib.contextmanager
     def _rft_reloading(self) -> Iterator[Any]:
         from vllm.config import set_current_vllm_config
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload, layerwise
+        from vllm.model_executor.model_loader.reload import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+            layerwise,
+        )
 
         model = self.model_runner.get_model()
         notice, quiet = logging.getLogger(layerwise.__name__), _ExpectedNotLoaded(tied_head=bool(_tied_lm_heads(model)))

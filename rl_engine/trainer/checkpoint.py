@@ -26,9 +26,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import struct
 import sys
-import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -384,10 +384,10 @@ def check_format(meta: dict[str, Any], url: str) -> None:
 
 __all__ = [
     "COMMIT_MARKER",
-    "Lazy",
-    "check_fits",
     "FORMAT",
     "FORMAT_VERSION",
+    "Lazy",
+    "check_fits",
     "check_format",
     "collect_state",
     "drain",

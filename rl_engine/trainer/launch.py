@@ -81,7 +81,7 @@ def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: f
         raise RanksFailed(describe_failure("".join(tail), proc.returncode))
 
 
-_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*(.*?)(?=\n-{8,}|\n={8,}|\Z)", re.S)
+_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*(.*?)(?=\n-{8,}|\n={8,}|\Z)", re.DOTALL)
 
 
 def describe_failure(output: str, returncode: int) -> str:

@@ -57,7 +57,7 @@ class TrainerSettings(BaseModel):
     )
 
 
-def trainer_settings(cfg: "RFTConfig", local_device: int = 0) -> TrainerSettings:
+def trainer_settings(cfg: RFTConfig, local_device: int = 0) -> TrainerSettings:
     """The settings of a run's trainer, from its config (train_batch_size from the resolve step
     when the config leaves it null) and, for a trainer alone in its process, its device from the
     run's device plan."""

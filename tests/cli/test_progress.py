@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from cli.progress import ProgressLine, follow
-from rl_engine.config import validate_config
-from rl_engine.run.report import record_step
-from rl_engine.run.context import start_run
 from harness.runs import small_config, write_config
+from rl_engine.config import validate_config
+from rl_engine.run.context import start_run
+from rl_engine.run.report import record_step
 
 RFT = str(Path(sys.executable).with_name("rft"))
 PROGRESS = re.compile(r"^step (\d+)/(\d+) \[[#.]{20}\] +\d+%  reward (-|\d+\.\d{3})(  (\d+\.\d) s/step)?  ETA (\d+:\d\d:\d\d|--:--:--)$")
@@ -133,7 +133,7 @@ def test_rft_run_prints_progress_and_logs_engines_to_the_run(tiny_model_dir, tas
     assert not noise, noise[:10]
     assert len(out) < 25, res.stdout  # header, progress, summary: not hundreds of lines
 
-    run_dir = Path(re.search(r"^run:\s+(\S+)", res.stdout, re.M).group(1))
+    run_dir = Path(re.search(r"^run:\s+(\S+)", res.stdout, re.MULTILINE).group(1))
     log = (run_dir / "logs" / "engines.log").read_text()
     assert f"engine and library logs in {run_dir}/logs/engines.log" in out[0]
     assert re.search(r"\(MainProcess pid=\d+\) INFO .*Initializing a V1 LLM engine", log), log[-2000:]  # vLLM's EngineCore (in the run's process on CPU)
@@ -146,8 +146,8 @@ def test_rft_run_prints_progress_and_logs_engines_to_the_run(tiny_model_dir, tas
 def test_a_failing_run_shows_its_error_on_the_terminal(tiny_model_dir, task_file, tmp_path):
     """The run fails inside its flow (its lineage is busy) while the terminal is redirected: the error
     and where the log is still reach stderr, exit code 2, no traceback."""
-    from rl_engine.run import lineage
     from rl_engine.config import LineageConfig
+    from rl_engine.run import lineage
 
     storage = tmp_path / "runs"
     data = small_config(tiny_model_dir, task_file, str(storage), total_steps=2) | {"lineage": {"name": "busy", "when_busy": "refuse"}}
@@ -157,7 +157,7 @@ def test_a_failing_run_shows_its_error_on_the_terminal(tiny_model_dir, task_file
     finally:
         held.release()
     assert res.returncode == 2, res.stdout[-3000:] + res.stderr[-3000:]
-    assert re.search(r"^error: lineage 'busy' is busy: .*when_busy", res.stderr, re.M), res.stderr
-    log = re.search(r"^the run's engine and library logs: (\S+)$", res.stderr, re.M).group(1)
+    assert re.search(r"^error: lineage 'busy' is busy: .*when_busy", res.stderr, re.MULTILINE), res.stderr
+    log = re.search(r"^the run's engine and library logs: (\S+)$", res.stderr, re.MULTILINE).group(1)
     assert "lineage 'busy' is busy" in Path(log).read_text()
     assert "Traceback" not in res.stdout + res.stderr

@@ -29,10 +29,17 @@ import psutil
 import pytest
 import yaml
 
-from rl_engine.config import validate_config
+from harness.prefect_live import (
+    REPO,
+    TERMINAL_STATES,
+    LiveServer,
+    assert_exited_cleanly,
+    flow_run_id_from_cli,
+    wait_flow_run,
+)
 from harness.runs import small_config
+from rl_engine.config import validate_config
 from tests.flows.conftest import flatten
-from harness.prefect_live import REPO, TERMINAL_STATES, LiveServer, assert_exited_cleanly, flow_run_id_from_cli, wait_flow_run
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +55,7 @@ CANCELLED_TOTAL = 100  # trainer steps of the run cancelled at version 2, then r
 
 def readme_set_block() -> str:
     """The README's bash block that starts deployment runs with `set`."""
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
     found = [b for b in blocks if "--param set=" in b]
     assert len(found) == 1, "README: one bash block with `prefect deployment run ... --param set=`"
     return found[0]

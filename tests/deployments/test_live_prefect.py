@@ -17,8 +17,15 @@ import pytest
 import yaml
 
 from flows.common import SET_EXAMPLE
+from harness.prefect_live import (
+    REPO,
+    ensure_process_pool,
+    flow_run_id_from_cli,
+    kill_process_group,
+    log_tail,
+    wait_flow_run,
+)
 from harness.runs import small_config
-from harness.prefect_live import REPO, ensure_process_pool, flow_run_id_from_cli, kill_process_group, log_tail, wait_flow_run
 
 pytestmark = pytest.mark.slow
 
@@ -145,7 +152,7 @@ def readme_schedule_snippet() -> str:
     """The README's Python snippet that creates a schedule with `set` overrides."""
     import re
 
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.S) if "create_deployment_schedules" in b]
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL) if "create_deployment_schedules" in b]
     assert len(blocks) == 1, "README: one python block creating a deployment schedule"
     return blocks[0]
 
@@ -254,7 +261,7 @@ def test_readme_turns_the_nightly_schedule_on(prefect_live, deployed):
     schedule is active; the test pauses it again and removes any run the scheduler made of it."""
     import re
 
-    blocks = [b for b in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S) if "schedule resume" in b]
+    blocks = [b for b in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL) if "schedule resume" in b]
     assert len(blocks) == 1, "README: one bash block turning the nightly schedule on"
     name = "one-step-off-policy/one-step-off-policy-nightly"
     (schedule,) = prefect_live.deployment(name)["schedules"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from deployments.serve import build_deployments
-from rl_engine.config import load_config
 from harness.prefect_live import REPO
+from rl_engine.config import load_config
 
 
 @pytest.mark.parametrize("mode", ["synchronous", "one_step_off_policy", "fully_async", "multi_explorer"])

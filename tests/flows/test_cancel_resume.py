@@ -12,11 +12,11 @@ import pytest
 from safetensors.torch import load_file
 
 from cli.run import run_config
+from harness.runs import small_config
 from rl_engine.config import validate_config
-from rl_engine.run.state import latest_state_step
 from rl_engine.rewards import TaskIterator, load_taskset
 from rl_engine.run.context import last_committed_steps, open_run
-from harness.runs import small_config
+from rl_engine.run.state import latest_state_step
 from tests.flows.conftest import artifacts_of
 from tests.flows.test_modes import stored_experiences
 

@@ -48,13 +48,13 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
     out = (tmp_path / "real.stdout").read_text(errors="replace")
 
     # The demo (`rft demo --model smollm2`'s lines)
-    run_dir = Path(re.search(r"^run:\s+(\S+)\s+\(mode synchronous\)$", out, re.M).group(1))
+    run_dir = Path(re.search(r"^run:\s+(\S+)\s+\(mode synchronous\)$", out, re.MULTILINE).group(1))
     # explorer.engine.num_threads: all reached vLLM's worker: bound to every core this machine lets the run use
     cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     assert f"VLLM_CPU_OMP_THREADS_BIND='{cores}'" in (run_dir / "logs" / "engines.log").read_text()
-    assert re.search(r"^trained:\s+2 steps -> version 2, 2 explorer steps$", out, re.M), out
-    assert re.search(r"^experiences: 16 generated, 16 trained, 0 dropped as stale, 0 left untrained$", out, re.M), out
-    m = re.search(r"^held-out exact match over 8 problems: greedy ([\d.]+)% -> ([\d.]+)%, temperature 1 ([\d.]+)% -> ([\d.]+)% \(before -> after GRPO\); trained model: (\S+)$", out, re.M)
+    assert re.search(r"^trained:\s+2 steps -> version 2, 2 explorer steps$", out, re.MULTILINE), out
+    assert re.search(r"^experiences: 16 generated, 16 trained, 0 dropped as stale, 0 left untrained$", out, re.MULTILINE), out
+    m = re.search(r"^held-out exact match over 8 problems: greedy ([\d.]+)% -> ([\d.]+)%, temperature 1 ([\d.]+)% -> ([\d.]+)% \(before -> after GRPO\); trained model: (\S+)$", out, re.MULTILINE)
     assert m and Path(m.group(5)) == run_dir / "model", out
     # The task sets were written; the held-out ones are never asked in training.
     train = {json.loads(line)["question"] for line in (root / "data" / "words-train.jsonl").read_text().splitlines()}

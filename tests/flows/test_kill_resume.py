@@ -26,7 +26,17 @@ from collections import Counter
 
 import pytest
 
-from harness.kill_resume import EARLY, GONE_TIMEOUT_S, POINTS, TOTAL_STEPS, kill_trial, prompt_order_breaks, schedule_breaks, trained_twice, untrained
+from harness.kill_resume import (
+    EARLY,
+    GONE_TIMEOUT_S,
+    POINTS,
+    TOTAL_STEPS,
+    kill_trial,
+    prompt_order_breaks,
+    schedule_breaks,
+    trained_twice,
+    untrained,
+)
 
 pytestmark = pytest.mark.slow
 

@@ -17,13 +17,13 @@ import pytest
 from safetensors.numpy import load_file
 
 from cli.run import run_config
-from rl_engine.run import lineage
+from harness.runs import PARTIAL, small_config
 from rl_engine.buffer import ContinuationStore
 from rl_engine.config import LineageConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import load_taskset
+from rl_engine.run import lineage
 from rl_engine.run.context import open_run
-from harness.runs import PARTIAL, small_config
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,11 @@ import pyarrow.dataset as ds
 import pytest
 
 from cli.run import run_config
-from rl_engine.config import validate_config
-from rl_engine.schedule import rendezvous_version
-from rl_engine.run.timeline import load_spans
-from rl_engine.trainer.dist import free_port
 from harness.runs import small_config
+from rl_engine.config import validate_config
+from rl_engine.run.timeline import load_spans
+from rl_engine.schedule import rendezvous_version
+from rl_engine.trainer.dist import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from flows.rendezvous import synchronous
+from harness.runs import small_config
 from rl_engine.config import ConfigError, validate_config
 from rl_engine.errors import UserError
-from harness.runs import small_config
 from tests.flows.conftest import artifacts_of, flatten
 
 pytestmark = pytest.mark.slow

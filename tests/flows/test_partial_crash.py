@@ -18,12 +18,12 @@ import pyarrow.dataset as ds
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
+from harness.runs import partial_config, stored_rows, write_config
 from rl_engine.buffer import ContinuationStore, _files
 from rl_engine.buffer.sweep import uncommitted_files
 from rl_engine.buffer.synthetic import make_batch
-from rl_engine.run.failpoints import ENV
 from rl_engine.run.context import last_committed_steps, open_run
-from harness.runs import partial_config, stored_rows, write_config
+from rl_engine.run.failpoints import ENV
 
 pytestmark = pytest.mark.slow
 

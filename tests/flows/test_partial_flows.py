@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from cli.run import run_config
+from harness.runs import MODES, partial_config, stored_rows
 from rl_engine.buffer import ContinuationStore
 from rl_engine.config import validate_config
 from rl_engine.run.context import open_run
-from rl_engine.schedule import rendezvous_version
 from rl_engine.run.timeline import load_spans
+from rl_engine.schedule import rendezvous_version
 from tasks.continuations import continuations_key
-from harness.runs import MODES, partial_config, stored_rows
 from tests.flows.test_cancel_resume import run_and_cancel
 
 pytestmark = pytest.mark.slow

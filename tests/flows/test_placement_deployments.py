@@ -21,13 +21,13 @@ import psutil
 import pytest
 
 from cli.run import run_config
-from rl_engine.config import validate_config
-from rl_engine.run.state import latest_state_step
-from rl_engine.run.context import last_committed_steps, open_run
-from rl_engine.schedule import rendezvous_version
-from harness.runs import small_config
-from tests.flows.test_modes import stored_experiences, versions_by_step
 from harness.prefect_live import DEPLOY_ALL, assert_exited_cleanly
+from harness.runs import small_config
+from rl_engine.config import validate_config
+from rl_engine.run.context import last_committed_steps, open_run
+from rl_engine.run.state import latest_state_step
+from rl_engine.schedule import rendezvous_version
+from tests.flows.test_modes import stored_experiences, versions_by_step
 
 pytestmark = pytest.mark.slow
 

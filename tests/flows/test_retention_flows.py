@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from cli.run import run_config
-from rl_engine.config import validate_config
+from harness.runs import small_config
 from rl_engine.board import Board, request_stop
+from rl_engine.config import validate_config
 from rl_engine.pruning import list_dirs
-from rl_engine.run.state import latest_state_step
 from rl_engine.run.context import RunContext, open_run
 from rl_engine.run.retention import STATES
+from rl_engine.run.state import latest_state_step
 from rl_engine.sync.checkpoint import CHECKPOINTS
-from harness.runs import small_config
 
 pytestmark = pytest.mark.slow
 

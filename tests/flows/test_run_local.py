@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-import flows.common as common
+from flows import common
 from rl_engine.roles.entry import SHARED_PROCESS_SWITCH_INTERVAL_S
 
 

@@ -15,10 +15,10 @@ import pytest
 import s3fs
 
 from cli.run import run_config
-from rl_engine.buffer.reader import BufferReader
-from rl_engine.config import BufferConfig, validate_config
 from harness.runs import small_config
 from harness.s3_outage import OutageProxy
+from rl_engine.buffer.reader import BufferReader
+from rl_engine.config import BufferConfig, validate_config
 
 pytestmark = pytest.mark.slow
 STALL_S = 20.0

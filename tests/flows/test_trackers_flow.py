@@ -91,7 +91,13 @@ def test_run_with_all_trackers_then_resume_continues_them(prefect_server, mlflow
 def flow_run_warnings(name: str, timeout_s: float = 30.0) -> list[str]:
     """The warnings (and worse) in the log of the flow run named `name`, as the Prefect API has them."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, LogFilter, LogFilterFlowRunId, LogFilterLevel
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterName,
+        LogFilter,
+        LogFilterFlowRunId,
+        LogFilterLevel,
+    )
 
     with get_client(sync_client=True) as client:
         (flow_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))

@@ -18,12 +18,12 @@ import pytest
 from safetensors.torch import load_file
 
 from cli.run import run_config
+from harness.runs import small_config
 from rl_engine.config import validate_config
-from rl_engine.run.report import load_metrics
 from rl_engine.run.context import open_run
+from rl_engine.run.report import load_metrics
 from rl_engine.schedule import rendezvous_version
 from rl_engine.trainer.dist import free_port
-from harness.runs import small_config
 from tests.flows.test_modes import stored_experiences, versions_by_step
 
 pytestmark = pytest.mark.slow

@@ -180,6 +180,6 @@ def test_the_readme_eval_config_validates(tiny_model_dir):
     from rl_engine.config import validate_config
 
     section = (Path(__file__).resolve().parents[2] / "README.md").read_text().split("## Evaluation during training", 1)[1]
-    shown = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    shown = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
     cfg = validate_config({"model": {"path": tiny_model_dir}, "taskset": {"path": "t.jsonl"}, **shown})
     assert cfg.eval.every_versions == 5 and cfg.eval.keep_best.metric == "heldout/pass@1" and cfg.eval.tasksets[0].n == 4

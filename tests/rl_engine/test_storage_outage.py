@@ -15,12 +15,12 @@ from collections import Counter
 
 import pytest
 
+from harness.s3_outage import buffer_outage_trial
 from rl_engine.buffer.reader import BufferReader
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.buffer.writer import BufferWriter
 from rl_engine.config import BufferConfig, StorageConfig
 from rl_engine.storage import StorageFullError, open_storage
-from harness.s3_outage import buffer_outage_trial
 
 OUTAGE_S = 20.0
 SHORT_LIMIT_S = 5.0

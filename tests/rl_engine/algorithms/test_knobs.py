@@ -12,8 +12,21 @@ import math
 import pytest
 import torch
 
-from rl_engine.algorithms import aggregate, cispo_token_loss, clipped_objective, group_advantages, gspo_token_loss, informative_rows, kimi_token_loss
-from rl_engine.algorithms import offpolicy_weights, overlong_penalty, policy_loss, ppo_clip_token_loss, prepare_rows, token_sum_divisor
+from rl_engine.algorithms import (
+    aggregate,
+    cispo_token_loss,
+    clipped_objective,
+    group_advantages,
+    gspo_token_loss,
+    informative_rows,
+    kimi_token_loss,
+    offpolicy_weights,
+    overlong_penalty,
+    policy_loss,
+    ppo_clip_token_loss,
+    prepare_rows,
+    token_sum_divisor,
+)
 from rl_engine.config import AlgorithmConfig
 
 LN = math.log

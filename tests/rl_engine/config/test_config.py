@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-
 import glob
 import re
 import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import yaml

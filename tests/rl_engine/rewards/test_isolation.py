@@ -14,7 +14,16 @@ import pytest
 import user_rewards
 
 from rl_engine.errors import UserError
-from rl_engine.rewards import PythonRewardFn, RewardError, RolloutSample, Task, UserCodeCrashed, UserCodePool, UserCodeTimeout, score_rollouts
+from rl_engine.rewards import (
+    PythonRewardFn,
+    RewardError,
+    RolloutSample,
+    Task,
+    UserCodeCrashed,
+    UserCodePool,
+    UserCodeTimeout,
+    score_rollouts,
+)
 from rl_engine.rewards.isolation import CLOSE_WAIT_S
 
 SPEC = f"{user_rewards.__name__}:by_response"

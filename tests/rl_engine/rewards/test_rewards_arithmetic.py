@@ -8,7 +8,14 @@ import pytest
 
 from rl_engine.config import ArithmeticReward, TasksetConfig
 from rl_engine.errors import UserError
-from rl_engine.rewards import ArithmeticRewardFn, Task, build_reward, load_taskset, make_arithmetic_tasks, write_arithmetic_taskset
+from rl_engine.rewards import (
+    ArithmeticRewardFn,
+    Task,
+    build_reward,
+    load_taskset,
+    make_arithmetic_tasks,
+    write_arithmetic_taskset,
+)
 from rl_engine.rewards.arithmetic import main
 
 

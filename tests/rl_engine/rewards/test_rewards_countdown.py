@@ -16,7 +16,14 @@ import yaml
 from cli.main import main as rft
 from rl_engine.config import CountdownReward, TasksetConfig, load_config
 from rl_engine.errors import UserError
-from rl_engine.rewards import CountdownRewardFn, Task, build_reward, load_taskset, make_countdown_tasks, write_countdown_taskset
+from rl_engine.rewards import (
+    CountdownRewardFn,
+    Task,
+    build_reward,
+    load_taskset,
+    make_countdown_tasks,
+    write_countdown_taskset,
+)
 from rl_engine.rewards.countdown import countdown_answer, countdown_weights
 
 REPO = Path(__file__).parents[3]

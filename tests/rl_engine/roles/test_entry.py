@@ -7,7 +7,6 @@ worker); here the board protocol is checked on its own, with short heartbeats.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
@@ -133,9 +132,8 @@ def test_start_marker_tells_every_role_where_the_attempt_starts(run):
 
 def test_a_failing_role_stops_the_others_with_its_error(run):
     role = Role(run, "explorer-0", on_step=None)
-    with pytest.raises(ValueError, match="boom"):
-        with role.running():
-            raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"), role.running():
+        raise ValueError("boom")
     board = Board(run.url)
     assert board.get(STOP_KEY)["reason"] == "explorer-0 failed: ValueError: boom"
     marker = board.get(role_key("explorer-0"))
@@ -197,10 +195,9 @@ def test_roles_sharing_a_process_pass_the_gil_sooner_and_the_interval_is_restore
     from rl_engine.roles.entry import SHARED_PROCESS_SWITCH_INTERVAL_S, roles_share_process
 
     before = sys.getswitchinterval()
-    with pytest.raises(RuntimeError, match="a role failed"):
-        with roles_share_process():
-            assert sys.getswitchinterval() == pytest.approx(SHARED_PROCESS_SWITCH_INTERVAL_S)
-            raise RuntimeError("a role failed")
+    with pytest.raises(RuntimeError, match="a role failed"), roles_share_process():
+        assert sys.getswitchinterval() == pytest.approx(SHARED_PROCESS_SWITCH_INTERVAL_S)
+        raise RuntimeError("a role failed")
     assert sys.getswitchinterval() == before
 
 
@@ -215,9 +212,8 @@ def test_a_role_whose_driver_lost_the_lease_posts_nothing_on_the_board(run):
     time.sleep(0.6)
     new = RunLease(run.url, ttl_s=60).acquire()  # a second driver took the run over
     try:
-        with pytest.raises(LeaseLost, match="generation 1, which generation 2"):
-            with role.running():
-                role.fence.check()  # what every commit of the role does first
+        with pytest.raises(LeaseLost, match="generation 1, which generation 2"), role.running():
+            role.fence.check()  # what every commit of the role does first
         assert Board(run.url).get(STOP_KEY) is None  # the new driver's run is not stopped
         assert Board(run.url).get(role_key("trainer"))["state"] == "running"  # its last word was its heartbeat
     finally:

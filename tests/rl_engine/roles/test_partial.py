@@ -17,9 +17,9 @@ from vllm.v1.core.sched.utils import check_sequence_repetition
 from rl_engine.buffer import BufferWriter, ContinuationStore, _files
 from rl_engine.buffer.stats import commit_records
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
+from rl_engine.rewards import Task, TaskIterator
 from rl_engine.roles.groups import Generation
 from rl_engine.roles.partial import PartialRollouts, PartialSettings, repeat_cut, response_text, stop_cut
-from rl_engine.rewards import Task, TaskIterator
 from rl_engine.rollout.engine import Rollout
 from rl_engine.storage import join, open_storage
 from rl_engine.tiny_model import build_tokenizer

@@ -10,9 +10,7 @@ a regression fails these tests instead of hanging the suite.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -25,7 +23,6 @@ import psutil
 import pytest
 
 from rl_engine.config import SamplingConfig
-from rl_engine.rollout import engine as engine_mod
 from rl_engine.rollout.engine import EngineDiedError
 from rl_engine.trainer.dist import free_port
 from tests.rl_engine.rollout.engines import discard, shared_engine

@@ -10,7 +10,13 @@ import json
 
 import pytest
 
-from rl_engine.rollout.guess_number import feedback, guess_number_workflow, make_guess_number_tasks, question, task_range
+from rl_engine.rollout.guess_number import (
+    feedback,
+    guess_number_workflow,
+    make_guess_number_tasks,
+    question,
+    task_range,
+)
 from tests.rl_engine.rollout.fake_episode import EOS_MARK, FakeEpisode, FakeTask
 
 

@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 
 from rl_engine.errors import UserError
-from rl_engine.rollout.engine import EngineDiedError, VLLMRolloutEngine, build_rollout_engine, finish_reason, request_fields, request_seeds
+from rl_engine.rollout.engine import (
+    EngineDiedError,
+    VLLMRolloutEngine,
+    build_rollout_engine,
+    finish_reason,
+    request_fields,
+    request_seeds,
+)
 from tests.rl_engine.rollout.engines import MAX_MODEL_LEN, load_hf, make_config, max_logprob_diff
 
 # fp32 on both sides; measured max |diff| ~1e-6 on the tiny model.

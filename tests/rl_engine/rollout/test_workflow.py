@@ -142,7 +142,6 @@ def calc_like(task, episode):
     episode.generate(max_tokens=6, stop=["7"])
     episode.append_text("=" + episode.call(calc, "3*4") + "\n")
     episode.generate(max_tokens=5)
-    return None
 
 
 def recording(workflow, appended: dict):
@@ -302,8 +301,8 @@ def test_the_readme_workflow_and_its_config(tiny_model_dir):
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme.split("## Multi-turn workflows and tools", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
     scope: dict = {}
     exec(code, scope)  # noqa: S102 - the README's own example
     eng = ScriptedEngine()

@@ -8,7 +8,6 @@ def tool_then_answer(task, episode, reply="=3\n"):
     episode.generate(max_tokens=3)
     episode.append_text(reply)
     episode.generate(max_tokens=2)
-    return None
 
 
 def breaks_on_odd_tasks(task, episode):

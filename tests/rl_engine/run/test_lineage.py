@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from rl_engine.run import lineage
 from rl_engine.config import LineageConfig, TasksetConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import load_taskset, write_taskset
-from rl_engine.run.lease import LEASE_DIR
+from rl_engine.run import lineage
 from rl_engine.run.context import start_run
+from rl_engine.run.lease import LEASE_DIR
 from rl_engine.storage import open_storage, write_json
 
 

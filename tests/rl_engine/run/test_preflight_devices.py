@@ -15,7 +15,14 @@ import pytest
 
 from rl_engine.config import ConfigError, RFTConfig, validate_config
 from rl_engine.errors import UserError
-from rl_engine.run.devices import PLAN_FILE, DevicePlan, check_plan, cuda_visible, device_plan, plan_devices, record_plan
+from rl_engine.run.devices import (
+    PLAN_FILE,
+    DevicePlan,
+    check_plan,
+    cuda_visible,
+    device_plan,
+    record_plan,
+)
 from rl_engine.run.preflight import check_devices
 
 MODES = ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
@@ -220,8 +227,8 @@ def test_the_plan_is_recorded_as_json(tmp_path):
 
 def test_rft_validate_print_shows_the_plan(tmp_path, monkeypatch, capsys):
     """`rft validate CONFIG --print`: the YAML on stdout, the plan of this machine's GPUs (stubbed) with the summary on stderr."""
-    import rl_engine.run.preflight as preflight
     from cli.main import main as rft
+    from rl_engine.run import preflight
 
     model = tmp_path / "m"
     model.mkdir()
@@ -245,13 +252,13 @@ def test_the_readmes_gpu_configs_validate_with_the_plans_it_shows(tmp_path, monk
 
     import yaml
 
-    import rl_engine.run.preflight as preflight
     from cli.main import main as rft
+    from rl_engine.run import preflight
 
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
     section = readme[readme.index("## On GPUs") :]
     section = section[: section.index("\n## ")]
-    base, placement = (yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S)[:2])
+    base, placement = (yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)[:2])
     shown = re.search(r"rft validate gpu8.yaml +# \.\.\. (.*?) \.\.\.", section).group(1)
     model = tmp_path / "model"
     model.mkdir()

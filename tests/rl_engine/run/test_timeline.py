@@ -47,10 +47,9 @@ def test_span_context_records_times_fields_and_exceptions(tmp_path, monkeypatch)
     with rec.span("sync", step=3, method="collective") as s:
         clock.t = T0 + 2.5
         s.version = 2  # learnt inside the span
-    with pytest.raises(RuntimeError):
-        with rec.span("rollout", step=4, version=2):
-            clock.t = T0 + 4.0
-            raise RuntimeError("engine died")
+    with pytest.raises(RuntimeError), rec.span("rollout", step=4, version=2):
+        clock.t = T0 + 4.0
+        raise RuntimeError("engine died")
     assert rec.flush() is not None
     assert rec.flush() is None  # nothing new: no empty file
     got = [_key(s) for s in load_spans(str(tmp_path / "run"))]

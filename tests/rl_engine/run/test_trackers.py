@@ -4,7 +4,6 @@ tracker whose server is down, and a resumed run continuing the same tracker runs
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 
@@ -14,7 +13,15 @@ from harness.trackers import tensorboard_scalars, wandb_history
 from rl_engine.config import ConfigError, validate_config
 from rl_engine.run.context import open_run, start_run
 from rl_engine.run.report import record_step
-from rl_engine.run.trackers import Guarded, TrackerFeed, build_trackers, flatten_metrics, hide_credentials, load_tracker_state, step_of
+from rl_engine.run.trackers import (
+    Guarded,
+    TrackerFeed,
+    build_trackers,
+    flatten_metrics,
+    hide_credentials,
+    load_tracker_state,
+    step_of,
+)
 from rl_engine.trainer.dist import free_port
 
 FAKE_TOKEN = "fake-secret-token-0123456789"

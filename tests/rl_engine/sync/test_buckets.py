@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_engine.config import CollectiveConfig
 from rl_engine.board import Board
+from rl_engine.config import CollectiveConfig
 from rl_engine.sync.buckets import ALIGN, broadcast_recv, destroy_group, group_device, init_group, pack_buckets
 from rl_engine.sync.collective import CollectiveSender, group_key
 from rl_engine.trainer.dist import free_port

@@ -13,11 +13,11 @@ import torch
 
 from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
-from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.rewards import Task, TaskIterator
+from rl_engine.roles.partial import PartialRollouts, PartialSettings
 from rl_engine.sync import build_weight_receiver, build_weight_sender
-from tests.rl_engine.rollout.engines import MAX_MODEL_LEN, load_hf
 from tests.rl_engine.roles.test_partial import run_step
+from tests.rl_engine.rollout.engines import MAX_MODEL_LEN, load_hf
 from tests.rl_engine.sync.helpers import named_weights, perturbed_hf
 from tests.rl_engine.sync.test_checkpoint_sync import _board, _cfg, restore_original  # noqa: F401  (fixture)
 

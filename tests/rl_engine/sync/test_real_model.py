@@ -65,7 +65,7 @@ def test_eos_is_trained_and_padding_after_it_is_masked(tok):
     rollouts = [Rollout(prompt, r, [-0.1 * (k + 1) for k in range(len(r))], "stop", 0) for r in (short, long)]
     t = experience_rows([rollouts]).to_tensors(pad_id=tok.pad_token_id)
     p, n, L = len(prompt), len(short), t["input_ids"].shape[1]
-    assert L == p + len(long)
+    assert p + len(long) == L
     row = 0
     assert t["input_ids"][row, p : p + n].tolist() == short
     assert t["input_ids"][row, p + n - 1] == eos and t["loss_mask"][row, p + n - 1] == 1  # eos is trained

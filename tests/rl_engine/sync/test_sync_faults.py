@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 import torch
 
-from rl_engine.config import CollectiveConfig
 from rl_engine.board import Board, Stopped, WaitTimeout
+from rl_engine.config import CollectiveConfig
 from rl_engine.rollout.engine import EngineDiedError, build_rollout_engine
 from rl_engine.sync.base import SyncError
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender

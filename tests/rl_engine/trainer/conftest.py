@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from trainer_helpers import make_cfg
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -14,7 +14,6 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-
 from trainer_helpers import grpo_case, make_cfg
 
 

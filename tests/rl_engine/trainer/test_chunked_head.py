@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainer_helpers import grpo_case, make_batch, make_cfg
 
 from rl_engine.trainer import build_trainer, trainer_settings
 from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS
-from trainer_helpers import grpo_case, make_batch, make_cfg
 
 pytestmark = pytest.mark.slow
 

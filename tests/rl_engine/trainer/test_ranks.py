@@ -7,7 +7,6 @@ resumes exactly.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_helpers import make_batch, make_cfg
 
 from rl_engine.errors import UserError
 from rl_engine.trainer import build_trainer, trainer_settings
-from trainer_helpers import make_batch, make_cfg
 
 pytestmark = pytest.mark.slow
 

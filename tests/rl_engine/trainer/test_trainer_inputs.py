@@ -10,10 +10,10 @@ import shutil
 
 import pytest
 from pydantic import ValidationError
+from trainer_helpers import make_cfg
 
 from rl_engine.errors import UserError
 from rl_engine.trainer import build_trainer, trainer_settings
-from trainer_helpers import make_cfg
 
 
 def test_missing_model_path(tiny_model_dir, tmp_path):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
+from trainer_helpers import make_cfg
 
 from rl_engine.trainer import TrainerSettings, trainer_settings
-from trainer_helpers import make_cfg
 
 
 def test_settings_carry_the_config_values(tiny_model_dir):

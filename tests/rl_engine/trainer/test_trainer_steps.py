@@ -14,9 +14,9 @@ import math
 
 import pytest
 import torch
+from trainer_helpers import make_batch, make_cfg
 
 from rl_engine.trainer import build_trainer, trainer_settings
-from trainer_helpers import make_batch, make_cfg
 
 pytestmark = pytest.mark.slow
 A = 0.5 / math.sqrt(0.5)  # GRPO advantage magnitude of rewards (1, 0)
@@ -43,7 +43,7 @@ def test_grpo_step_hand_computed_changes_weights_and_lowers_loss(shared_trainer)
     assert len(changed) == len(before), f"unchanged: {set(before) - set(changed)}"
     m2 = tr.train_step(batch)  # the same batch, scored by the updated policy
     assert m2["loss"] < m1["loss"] - 0.05
-    assert 0 < m2["approx_kl"] and m2["logprob_diff"] > 0
+    assert m2["approx_kl"] > 0 and m2["logprob_diff"] > 0
 
 
 def test_entropy_metric_matches_the_model(shared_trainer):
