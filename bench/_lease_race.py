@@ -35,7 +35,9 @@ def slow_local_writes(max_delay_s: float, seed: int) -> None:
         setattr(os, name, slow)
 
 
-def _racer(url: str, storage_options: dict[str, Any], rounds: int, slow_s: float, start: Any, tried: Any, results: Any) -> None:
+def _racer(
+    url: str, storage_options: dict[str, Any], rounds: int, slow_s: float, start: Any, tried: Any, results: Any
+) -> None:
     import os
 
     from rl_engine.errors import UserError
@@ -58,12 +60,19 @@ def _racer(url: str, storage_options: dict[str, Any], rounds: int, slow_s: float
             lease.release()
 
 
-def race(url: str, storage_options: dict[str, Any] | None, processes: int = 4, rounds: int = 200, slow_s: float = 0.0) -> list[int]:
+def race(
+    url: str, storage_options: dict[str, Any] | None, processes: int = 4, rounds: int = 200, slow_s: float = 0.0
+) -> list[int]:
     """Winners per round (one entry per round); `slow_s`: local writes land up to that much later
     (`slow_local_writes`). Raises if a racer failed other than by losing."""
     ctx = mp.get_context("spawn")  # no forked copies of a parent's threads (s3fs's loop, servers)
     start, tried, results = ctx.Barrier(processes), ctx.Barrier(processes), ctx.Queue()
-    procs = [ctx.Process(target=_racer, args=(url, storage_options or {}, rounds, slow_s, start, tried, results), daemon=True) for _ in range(processes)]
+    procs = [
+        ctx.Process(
+            target=_racer, args=(url, storage_options or {}, rounds, slow_s, start, tried, results), daemon=True
+        )
+        for _ in range(processes)
+    ]
     for p in procs:
         p.start()
     wins = [0] * rounds

@@ -24,7 +24,9 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def print_table(rows: Iterable[dict[str, Any]], columns: list[str] | None = None, title: str | None = None, file=None) -> None:
+def print_table(
+    rows: Iterable[dict[str, Any]], columns: list[str] | None = None, title: str | None = None, file=None
+) -> None:
     """Print dict rows as a table; columns default to the keys of the first row, in order."""
     rows = list(rows)
     out = file or sys.stdout
@@ -50,7 +52,12 @@ def emit_json(result: dict[str, Any]) -> None:
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:
     """`--device cpu|cuda` (default: cuda where a CUDA device is visible, else cpu)."""
-    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where to run: cuda needs a visible CUDA device (the CUDA build: make setup-gpu); default cuda if one is visible, else cpu")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="where to run: cuda needs a visible CUDA device (the CUDA build: make setup-gpu); default cuda if one is visible, else cpu",
+    )
 
 
 def cuda_devices() -> int:
@@ -67,9 +74,13 @@ def check_device(device: str | None, cpu_ok_with_cuda: bool = True) -> str:
     n = cuda_devices()
     device = device or ("cuda" if n else "cpu")
     if device == "cuda" and n == 0:
-        _refuse("--device cuda: no CUDA device is visible here (torch sees none); run on a GPU machine with the CUDA build (make setup-gpu), or use --device cpu")
+        _refuse(
+            "--device cuda: no CUDA device is visible here (torch sees none); run on a GPU machine with the CUDA build (make setup-gpu), or use --device cpu"
+        )
     if device == "cpu" and n and not cpu_ok_with_cuda:
-        _refuse(f"--device cpu: this machine shows {n} CUDA device(s) and vLLM's CUDA build runs its engine on them; use --device cuda (or the CPU build on a machine without CUDA)")
+        _refuse(
+            f"--device cpu: this machine shows {n} CUDA device(s) and vLLM's CUDA build runs its engine on them; use --device cuda (or the CPU build on a machine without CUDA)"
+        )
     return device
 
 

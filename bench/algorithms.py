@@ -65,13 +65,17 @@ MODES = ("synchronous", "fully_async")
 STALENESS = 4  # configs/fully_async.yaml's max_staleness, which the comparison is about
 
 
-def run_preset(preset: str, mode: str, model: str, tasks: str, root: str, steps: int, seed: int, reward_start: float) -> dict:
+def run_preset(
+    preset: str, mode: str, model: str, tasks: str, root: str, steps: int, seed: int, reward_start: float
+) -> dict:
     """One run of `preset` in `mode` (bench.learning.run_one), with its reward gained per second."""
     from bench.learning import run_one
 
     r = run_one(mode, model, tasks, f"{root}/runs/{preset}", steps, seed, algorithm={"preset": preset})
     if mode == "fully_async" and r["staleness_bound"] != STALENESS:
-        raise RuntimeError(f"{preset} fully_async ran with synchronizer.max_staleness {r['staleness_bound']}, not {STALENESS}: configs/fully_async.yaml changed?")
+        raise RuntimeError(
+            f"{preset} fully_async ran with synchronizer.max_staleness {r['staleness_bound']}, not {STALENESS}: configs/fully_async.yaml changed?"
+        )
     return {"preset": preset, **r, "reward_per_s": (r["final_reward"] - reward_start) / r["wall_s"]}
 
 
@@ -110,7 +114,11 @@ def summarize(rows: list[dict]) -> dict:
     def over_sync(rs: list[float] | None) -> float | None:
         return round(mean(rs) / mean(sync), 4) if sync and rs and mean(sync) > 0 else None
 
-    sync, plain, corrected = rewards("grpo", "synchronous"), rewards("grpo", "fully_async"), rewards("decoupled_ppo", "fully_async")
+    sync, plain, corrected = (
+        rewards("grpo", "synchronous"),
+        rewards("grpo", "fully_async"),
+        rewards("decoupled_ppo", "fully_async"),
+    )
     return {
         "presets": presets,
         "stale4_plain_vs_sync": over_sync(plain),
@@ -130,11 +138,15 @@ def plot(rows: list[dict], reward_start: float, path: str, title: str) -> None:
     names = list(dict.fromkeys(r["preset"] for r in rows))
     fig, ax = plt.subplots(figsize=(max(5.0, 1.1 * len(names) + 2), 4), dpi=110)
     width = 0.38
-    for i, (mode, label) in enumerate((("synchronous", "synchronous"), ("fully_async", f"fully async (max_staleness {STALENESS})"))):
+    for i, (mode, label) in enumerate(
+        (("synchronous", "synchronous"), ("fully_async", f"fully async (max_staleness {STALENESS})"))
+    ):
         finals = [[r["final_reward"] for r in rows if r["preset"] == p and r["mode"] == mode] for p in names]
         ys = [mean(f) for f in finals]
         below, above = [y - min(f) for y, f in zip(ys, finals)], [max(f) - y for y, f in zip(ys, finals)]
-        ax.bar([j + (i - 0.5) * width for j in range(len(names))], ys, width, yerr=[below, above], capsize=3, label=label)
+        ax.bar(
+            [j + (i - 0.5) * width for j in range(len(names))], ys, width, yerr=[below, above], capsize=3, label=label
+        )
     ax.axhline(reward_start, color="grey", linestyle="--", linewidth=1, label=f"start model ({reward_start:.3f})")
     ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
     ax.set_xlabel("algorithm.preset")
@@ -154,15 +166,29 @@ def plot(rows: list[dict], reward_start: float, path: str, title: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help=f"CI size: 2 seeds, presets {','.join(QUICK_PRESETS)}, 12 trainer steps")
-    size.add_argument("--smoke", action="store_true", help=f"CI smoke test: 1 seed, presets {','.join(SMOKE_PRESETS)}, 2 trainer steps, a 10-step warm start")
+    size.add_argument(
+        "--quick", action="store_true", help=f"CI size: 2 seeds, presets {','.join(QUICK_PRESETS)}, 12 trainer steps"
+    )
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help=f"CI smoke test: 1 seed, presets {','.join(SMOKE_PRESETS)}, 2 trainer steps, a 10-step warm start",
+    )
     ap.add_argument("--presets", default=None, help=f"comma-separated presets (default all: {','.join(PRESETS)})")
-    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 120, 12 with --quick, 2 with --smoke)")
-    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick; 0 with --smoke)")
-    ap.add_argument("--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)")
+    ap.add_argument(
+        "--steps", type=int, default=None, help="trainer steps per run (default 120, 12 with --quick, 2 with --smoke)"
+    )
+    ap.add_argument(
+        "--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick; 0 with --smoke)"
+    )
+    ap.add_argument(
+        "--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)"
+    )
     ap.add_argument("--png", default="runs/bench-algorithms.png", help="where to write the final-reward figure")
     a = ap.parse_args()
-    presets = a.presets.split(",") if a.presets else list(SMOKE_PRESETS if a.smoke else QUICK_PRESETS if a.quick else PRESETS)
+    presets = (
+        a.presets.split(",") if a.presets else list(SMOKE_PRESETS if a.smoke else QUICK_PRESETS if a.quick else PRESETS)
+    )
     if unknown := sorted(set(presets) - set(PRESETS)):
         ap.error(f"--presets: unknown {unknown}; the presets are {','.join(PRESETS)}")
     steps = a.steps or (2 if a.smoke else 12 if a.quick else 120)
@@ -181,12 +207,41 @@ def main() -> None:
                 for mode in MODES:
                     rows.append(run_preset(preset, mode, model, tasks, root, steps, seed, reward_start))
     title = f"bench.algorithms: demo task, tiny arithmetic warm start, {steps} trainer steps, seeds {seeds}"
-    columns = ["preset", "mode", "seed", "wall_s", "final_reward", "reward_per_s", "clip_frac", "offpolicy_clamped_frac", "offpolicy_masked_frac", "filtered_experiences", "max_staleness"]
+    columns = [
+        "preset",
+        "mode",
+        "seed",
+        "wall_s",
+        "final_reward",
+        "reward_per_s",
+        "clip_frac",
+        "offpolicy_clamped_frac",
+        "offpolicy_masked_frac",
+        "filtered_experiences",
+        "max_staleness",
+    ]
     print_table(rows, columns, title=f"{title} (warm start exact@T=1 {reward_start:.3f})")
     out = summarize(rows)
-    print_table([{"preset": p, "mode": m, **s} for p, modes in out["presets"].items() for m, s in modes.items()], title="over seeds: means (reward_spread: max - min)")
-    plot(rows, reward_start, a.png, f"bench.algorithms: final held-out reward per preset\ndemo task, tiny arithmetic warm start, {steps} trainer steps, seeds {seeds}")
-    emit_json({"steps": steps, "seeds": seeds, "reward_start": round(reward_start, 4), "png": a.png, "bench_s": round(time.time() - started, 1), **out})
+    print_table(
+        [{"preset": p, "mode": m, **s} for p, modes in out["presets"].items() for m, s in modes.items()],
+        title="over seeds: means (reward_spread: max - min)",
+    )
+    plot(
+        rows,
+        reward_start,
+        a.png,
+        f"bench.algorithms: final held-out reward per preset\ndemo task, tiny arithmetic warm start, {steps} trainer steps, seeds {seeds}",
+    )
+    emit_json(
+        {
+            "steps": steps,
+            "seeds": seeds,
+            "reward_start": round(reward_start, 4),
+            "png": a.png,
+            "bench_s": round(time.time() - started, 1),
+            **out,
+        }
+    )
 
 
 if __name__ == "__main__":

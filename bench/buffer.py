@@ -75,7 +75,10 @@ BATCH = 256
 
 
 def _tables(n: int) -> list[pa.Table]:
-    return [make_batch(BATCH, prompt_len=512, response_len=1024, explorer_step=s + 1, seed=s).to_table() for s in range(n // BATCH)]
+    return [
+        make_batch(BATCH, prompt_len=512, response_len=1024, explorer_step=s + 1, seed=s).to_table()
+        for s in range(n // BATCH)
+    ]
 
 
 def _raw_write(fs, path: str, table: pa.Table) -> None:
@@ -119,7 +122,9 @@ def _floor_read(fs, root: str, record_path: str) -> None:
     parse and the schema check (`_files.read_data`); no listing, no cursor."""
     record = _files.read_record(fs, record_path)
     path = join(_files.buffer_root(root), record["path"])
-    _files.read_data(fs, path, size=record["size"], checksum=_files.checksum_of(record), uri=path, num_rows=record["num_rows"])
+    _files.read_data(
+        fs, path, size=record["size"], checksum=_files.checksum_of(record), uri=path, num_rows=record["num_rows"]
+    )
 
 
 def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, variants: bool) -> dict[str, float]:
@@ -145,8 +150,14 @@ def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, 
         url = f"{base_url}/{uuid.uuid4().hex[:8]}"
         fs, root = open_storage(url, options)
         writer, fsync_writer = BufferWriter(url, options, 0), BufferWriter(f"{url}/fsync", options, 0, fsync=True)
-        readers = {k: BufferReader(url, options, BufferConfig(verify_checksums=k == "buffer_read")) for k in ("buffer_read", "buffer_read_unverified")}
-        raw_paths = {k: [f"{root}/{k}/part-{i}.arrow" for i in range(len(tables))] for k in ("raw", "raw_fsync_pass", "floor", "raw_floor_pass")}
+        readers = {
+            k: BufferReader(url, options, BufferConfig(verify_checksums=k == "buffer_read"))
+            for k in ("buffer_read", "buffer_read_unverified")
+        }
+        raw_paths = {
+            k: [f"{root}/{k}/part-{i}.arrow" for i in range(len(tables))]
+            for k in ("raw", "raw_fsync_pass", "floor", "raw_floor_pass")
+        }
         records: list[str] = []  # the buffer's own commit records, listed once its write pass is done
         ops = {
             # tables come from make_batch, already validated: ExperienceBatch(t) skips re-validation
@@ -231,7 +242,11 @@ def _poll_cost(base_url: str, options: dict, commits: int, tables: list[pa.Table
         reader.load_state_dict(state)
         t0 = time.perf_counter()
         reader.poll()  # the full listing of a reader's start
-        runs[n] = {"reader": reader, "writer": BufferWriter(url, options, 0), "full listing": [time.perf_counter() - t0]}
+        runs[n] = {
+            "reader": reader,
+            "writer": BufferWriter(url, options, 0),
+            "full listing": [time.perf_counter() - t0],
+        }
     for i in range(polls):
         for n in runs if i % 2 == 0 else list(runs)[::-1]:
             t0 = time.perf_counter()
@@ -251,14 +266,26 @@ def _poll_cost(base_url: str, options: dict, commits: int, tables: list[pa.Table
 
 
 def _poll_rows(storage: str, cost: dict) -> list[dict]:
-    ops = {"full listing": f"full listing (start; every {BufferConfig().full_listing_interval_s:g} s)", "poll": "poll, nothing new", "read_batch": "commit 256, then read_batch(256)"}
-    return [{"storage": storage, "commits": n, "op": label, "ms": cost[n][op] * 1e3} for n in cost for op, label in ops.items()]
+    ops = {
+        "full listing": f"full listing (start; every {BufferConfig().full_listing_interval_s:g} s)",
+        "poll": "poll, nothing new",
+        "read_batch": "commit 256, then read_batch(256)",
+    }
+    return [
+        {"storage": storage, "commits": n, "op": label, "ms": cost[n][op] * 1e3}
+        for n in cost
+        for op, label in ops.items()
+    ]
 
 
 def _s3_server():
     from moto.server import ThreadedMotoServer
 
-    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    for k, v in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(k, v)
     import socket
 
@@ -277,11 +304,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="Small sizes and 3 repeats (about a minute on 2 cores).")
-    size.add_argument("--smoke", action="store_true", help="CI smoke test: one file, one repeat, 100 commits (seconds; figures not meaningful).")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI smoke test: one file, one repeat, 100 commits (seconds; figures not meaningful).",
+    )
     ap.add_argument("--n", type=int, default=None, help="Experiences on local disk (multiple of 256).")
     ap.add_argument("--repeat", type=int, default=None, help="Alternating runs per figure (median is reported).")
     ap.add_argument("--no-s3", action="store_true", help="Skip the S3 (moto) part.")
-    ap.add_argument("--commits", type=int, default=None, help="Commits of the long run in the polling figure, compared with 10 (default 10,000; 100 with --smoke).")
+    ap.add_argument(
+        "--commits",
+        type=int,
+        default=None,
+        help="Commits of the long run in the polling figure, compared with 10 (default 10,000; 100 with --smoke).",
+    )
     args = ap.parse_args(argv)
     if args.commits is None:
         args.commits = 100 if args.smoke else 10_000
@@ -330,7 +366,10 @@ def main(argv: list[str] | None = None) -> int:
             s3_read_ratio_vs_pyarrow=round(s3["raw_read"] / s3["buffer_read"], 3),
             s3_batch_read_ms=round(s3["batch"] * 1e3, 2),
         )
-    print_table(rows, title=f"buffer vs raw pyarrow IPC: {n} experiences x (512 prompt + 1024 response tokens), {mb:.0f} MB, median per file of {repeat} runs")
+    print_table(
+        rows,
+        title=f"buffer vs raw pyarrow IPC: {n} experiences x (512 prompt + 1024 response tokens), {mb:.0f} MB, median per file of {repeat} runs",
+    )
     print()
     print_table(
         [r for storage, cost in polling.items() for r in _poll_rows("s3 (moto)" if storage == "s3" else storage, cost)],
@@ -340,7 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     result.update(
         commits=at,
         poll_s_at_10k_over_10={k: round(c[at]["poll"] / c[10]["poll"], 3) for k, c in polling.items()},
-        batch_read_s_at_10k_over_10={k: round(c[at]["read_batch"] / c[10]["read_batch"], 3) for k, c in polling.items()},
+        batch_read_s_at_10k_over_10={
+            k: round(c[at]["read_batch"] / c[10]["read_batch"], 3) for k, c in polling.items()
+        },
         poll_ms_at_10k={k: round(c[at]["poll"] * 1e3, 3) for k, c in polling.items()},
         full_listing_ms_at_10k={k: round(c[at]["full listing"] * 1e3, 1) for k, c in polling.items()},
     )

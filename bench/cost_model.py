@@ -34,15 +34,28 @@ class CostModelEngine:
     def tokenizer(self) -> Any:
         return self._tokenizer
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Any, seed: int, max_tokens: Any = None, repeat: Any = None) -> list[list[Rollout]]:
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: Any, seed: int, max_tokens: Any = None, repeat: Any = None
+    ) -> list[list[Rollout]]:
         time.sleep(self.rollout_s)
         rng = random.Random(seed)
         out = []
         for i, p in enumerate(prompts):
             group = []
             for _ in range(n):
-                ids = [rng.randrange(3, 200) for _ in range(sampling.max_tokens if max_tokens is None else max_tokens[i])]
-                group.append(Rollout(prompt_ids=p, response_ids=ids, logprobs=[-1.0] * len(ids), finish_reason="length", version=self._version, text=""))
+                ids = [
+                    rng.randrange(3, 200) for _ in range(sampling.max_tokens if max_tokens is None else max_tokens[i])
+                ]
+                group.append(
+                    Rollout(
+                        prompt_ids=p,
+                        response_ids=ids,
+                        logprobs=[-1.0] * len(ids),
+                        finish_reason="length",
+                        version=self._version,
+                        text="",
+                    )
+                )
             out.append(group)
         return out
 

@@ -98,7 +98,14 @@ def _run(script: str, *args: str, log: Path) -> tuple[dict[str, float], str]:
 
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-c", script, *args, *([str(t0)] if script is _LOCAL else [])], capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).resolve().parents[1])
+    p = subprocess.run(
+        [sys.executable, "-c", script, *args, *([str(t0)] if script is _LOCAL else [])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     out = p.stdout + p.stderr
     log.write_text(out)
     marks = [json.loads(line[6:]) for line in p.stdout.splitlines() if line.startswith("MARKS ")]
@@ -116,10 +123,17 @@ def _local_parts(m: dict[str, float], out: str) -> dict[str, float]:
         "warm_up": m["warm"] - m["ready"],
     }
     vllm = {}
-    for key, pattern in (("load_weights", r"Loading weights took ([\d.]+) seconds"), ("init_engine", r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")):
+    for key, pattern in (
+        ("load_weights", r"Loading weights took ([\d.]+) seconds"),
+        ("init_engine", r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+    ):
         found = re.findall(pattern, out)
         vllm[key] = float(found[-1]) if found else float("nan")
-    return {f"{k}_s": v for k, v in parts.items()} | {"engine_start_s": sum(v for k, v in parts.items() if k != "imports")} | {f"{k}_s": v for k, v in vllm.items()}
+    return (
+        {f"{k}_s": v for k, v in parts.items()}
+        | {"engine_start_s": sum(v for k, v in parts.items() if k != "imports")}
+        | {f"{k}_s": v for k, v in vllm.items()}
+    )
 
 
 def _rft_run(cfg: str, log: Path, *overrides: str) -> dict[str, float]:
@@ -132,11 +146,20 @@ def _rft_run(cfg: str, log: Path, *overrides: str) -> dict[str, float]:
     sets = [a for o in ("trainer.total_steps=1", *overrides) for a in ("--set", o)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "VLLM_CPU_KVCACHE_SPACE"}
     t0 = time.time()
-    p = subprocess.run([sys.executable, "-m", "cli.main", "run", cfg, *sets], capture_output=True, text=True, timeout=600, env=env, cwd=Path(__file__).resolve().parents[1])
+    p = subprocess.run(
+        [sys.executable, "-m", "cli.main", "run", cfg, *sets],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     log.write_text(p.stdout + p.stderr)
     run = re.search(r"^run (\S+): engine and library logs", p.stdout, re.MULTILINE)
     if p.returncode != 0 or run is None:
-        raise RuntimeError(f"rft run failed (exit {p.returncode}); its output is in {log}:\n{(p.stdout + p.stderr)[-3000:]}")
+        raise RuntimeError(
+            f"rft run failed (exit {p.returncode}); its output is in {log}:\n{(p.stdout + p.stderr)[-3000:]}"
+        )
     spans = load_spans(run.group(1))
     rollout = min(s.start for s in spans if s.kind == "rollout")
     return {"to_roles": min(s.start for s in spans) - t0, "to_first_rollout": rollout - t0}
@@ -165,7 +188,12 @@ def main(argv: list[str] | None = None) -> int:
             root / "config.yaml",
             {
                 "model": {"path": model, "max_model_len": 128},
-                "taskset": {"path": tasks, "prompt_key": "question", "answer_key": "answer", "reward": {"type": "arithmetic"}},
+                "taskset": {
+                    "path": tasks,
+                    "prompt_key": "question",
+                    "answer_key": "answer",
+                    "reward": {"type": "arithmetic"},
+                },
                 "explorer": {"batch_size": 4, "engine": {"kv_cache_space_gib": 0.25}, "sampling": {"max_tokens": 8}},
                 "algorithm": {"repeat_times": 4},
                 "trainer": {"micro_batch_size": 16},
@@ -180,18 +208,45 @@ def main(argv: list[str] | None = None) -> int:
                 m, _ = _run(_SERVED, cfg, srv.url, log=root / f"served-{i}.log")
                 served.append(m["ready"] - m["begin"])
             served = served[1:]
-            served_cli = [_rft_run(cfg, root / f"rft-run-served-{i}.log", f'explorer.engine.servers=["{srv.url}"]') for i in range(n)]
-    rows = [{"start": f"local {i + 1}", **{k.removesuffix("_s"): round(v, 3) for k, v in r.items()}} for i, r in enumerate(local)]
+            served_cli = [
+                _rft_run(cfg, root / f"rft-run-served-{i}.log", f'explorer.engine.servers=["{srv.url}"]')
+                for i in range(n)
+            ]
+    rows = [
+        {"start": f"local {i + 1}", **{k.removesuffix("_s"): round(v, 3) for k, v in r.items()}}
+        for i, r in enumerate(local)
+    ]
     rows += [{"start": f"served {i + 1}", "engine_start": round(s, 3)} for i, s in enumerate(served)]
-    print_table(rows, title="explorer engine start, seconds (fresh process each; tiny model; engine_start excludes imports)")
+    print_table(
+        rows, title="explorer engine start, seconds (fresh process each; tiny model; engine_start excludes imports)"
+    )
     med = {k: round(statistics.median(r[k] for r in local), 3) for k in local[0]}
     served_s = round(statistics.median(served), 3)
-    print(f"engine server kept up: the explorer's start is {served_s:.2f} s instead of {med['engine_start_s']:.2f} s (+{med['imports_s']:.1f} s of imports it shares with the run's set-up)")
-    runs = [{"rft run": f"{kind} {i + 1}", **{k: round(v, 2) for k, v in r.items()}} for kind, rs in (("local", cli), ("served", served_cli)) for i, r in enumerate(rs)]
-    print_table(runs, title="`rft run` (synchronous, 1 step): seconds from the command's start (goal: first rollout <= 15 s)")
-    cli_med = {f"rft_run_{k}_s": (round(statistics.median(r[k] for r in cli), 2) if cli else None) for k in ("to_roles", "to_first_rollout")}
-    served_med = {f"served_rft_run_{k}_s": round(statistics.median(r[k] for r in served_cli), 2) for k in ("to_roles", "to_first_rollout")}
-    emit_json(med | {"served_start_s": served_s, "engine_start_saved_s": round(med["engine_start_s"] - served_s, 3), "starts": n} | cli_med | served_med)
+    print(
+        f"engine server kept up: the explorer's start is {served_s:.2f} s instead of {med['engine_start_s']:.2f} s (+{med['imports_s']:.1f} s of imports it shares with the run's set-up)"
+    )
+    runs = [
+        {"rft run": f"{kind} {i + 1}", **{k: round(v, 2) for k, v in r.items()}}
+        for kind, rs in (("local", cli), ("served", served_cli))
+        for i, r in enumerate(rs)
+    ]
+    print_table(
+        runs, title="`rft run` (synchronous, 1 step): seconds from the command's start (goal: first rollout <= 15 s)"
+    )
+    cli_med = {
+        f"rft_run_{k}_s": (round(statistics.median(r[k] for r in cli), 2) if cli else None)
+        for k in ("to_roles", "to_first_rollout")
+    }
+    served_med = {
+        f"served_rft_run_{k}_s": round(statistics.median(r[k] for r in served_cli), 2)
+        for k in ("to_roles", "to_first_rollout")
+    }
+    emit_json(
+        med
+        | {"served_start_s": served_s, "engine_start_saved_s": round(med["engine_start_s"] - served_s, 3), "starts": n}
+        | cli_med
+        | served_med
+    )
     return 0
 
 

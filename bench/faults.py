@@ -71,7 +71,12 @@ def bad_inputs(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str
             case_dir = Path(tmp) / f"case-{i:02d}"
             case_dir.mkdir()
             out = run_case(case, Env(case_dir, model, s3=s3.start))
-            rows.append({**{k: out[k] for k in ("area", "case", "outcome", "clear", "before")}, "message": _short(out["why"] or out["message"])})
+            rows.append(
+                {
+                    **{k: out[k] for k in ("area", "case", "outcome", "clear", "before")},
+                    "message": _short(out["why"] or out["message"]),
+                }
+            )
     summary = {
         "bad_inputs": len(rows),
         "bad_inputs_clear": sum(r["clear"] for r in rows),
@@ -106,13 +111,34 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
     from rl_engine.tiny_model import make_tiny_model
 
     if args.smoke:  # the same trial runs in CI as tests/flows/test_kill_resume.py
-        return [], {k: 0 for k in ("kill_trials", "kill_errors", "kill_lost", "kill_untrained", "kill_trained_twice", "kill_survivors", "kill_resume_failed", "kill_order_breaks",
-                                   "kill_schedule_breaks", "duplicated", "repeat_rows", "repeat_late", "kills", "lost", "orphans")} | {"kill_seed": args.seed}
+        return [], {
+            k: 0
+            for k in (
+                "kill_trials",
+                "kill_errors",
+                "kill_lost",
+                "kill_untrained",
+                "kill_trained_twice",
+                "kill_survivors",
+                "kill_resume_failed",
+                "kill_order_breaks",
+                "kill_schedule_breaks",
+                "duplicated",
+                "repeat_rows",
+                "repeat_late",
+                "kills",
+                "lost",
+                "orphans",
+            )
+        } | {"kill_seed": args.seed}
     rng = random.Random(args.seed)
     # Multi-explorer also killed before its first trainer state, as often as after: twice the trials.
-    plan = [("one_step_off_policy", rng.choice(SCOPES), rng.choice(POINTS))] if args.quick else [
-        (mode, SCOPES[i % 2], rng.choice(POINTS)) for mode in MODES for i in range(args.trials_per_mode)
-    ] + [("multi_explorer", SCOPES[i % 2], EARLY) for i in range(args.trials_per_mode)]
+    plan = (
+        [("one_step_off_policy", rng.choice(SCOPES), rng.choice(POINTS))]
+        if args.quick
+        else [(mode, SCOPES[i % 2], rng.choice(POINTS)) for mode in MODES for i in range(args.trials_per_mode)]
+        + [("multi_explorer", SCOPES[i % 2], EARLY) for i in range(args.trials_per_mode)]
+    )
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rft-kills-") as tmp:
         model = str(make_tiny_model(Path(tmp) / "model", seed=0))
@@ -123,17 +149,38 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
             root.mkdir()
             try:
                 t = kill_trial(model, tasks, root, mode, scope, point, random.Random(rng.random()))
-            except (AssertionError, OSError, subprocess.SubprocessError) as e:  # the run never reached its kill point, or hung
+            except (
+                AssertionError,
+                OSError,
+                subprocess.SubprocessError,
+            ) as e:  # the run never reached its kill point, or hung
                 rows.append({"mode": mode, "killed": scope, "at": point, "error": _short(str(e))})
                 continue
             repeats, late = late_repeats(t["run"])
-            rows.append({
-                "mode": mode, "killed": scope, "at": point, "after_s": t["killed_after_s"], "checkpoint": t["saved"], "repeats": repeats, "repeat_late": late,
-                "stored": len(t["before"]), "pending": len(t["held"]), "survivors": len(t["survivors"]), "resumed": t["resume_rc"] == 0,
-                "lost": len(t["lost"]), "untrained": bool(untrained(t)) if t["resume_rc"] == 0 else False, "continuations_lost": len(t["continuations_lost"]), "duplicated": len(t["duplicated"]),
-                "trained_twice": len(trained_twice(t)), "order_breaks": len(prompt_order_breaks(t)), "schedule_breaks": len(schedule_breaks(t)),
-                "trial_s": t["total_s"], "error": "",
-            })
+            rows.append(
+                {
+                    "mode": mode,
+                    "killed": scope,
+                    "at": point,
+                    "after_s": t["killed_after_s"],
+                    "checkpoint": t["saved"],
+                    "repeats": repeats,
+                    "repeat_late": late,
+                    "stored": len(t["before"]),
+                    "pending": len(t["held"]),
+                    "survivors": len(t["survivors"]),
+                    "resumed": t["resume_rc"] == 0,
+                    "lost": len(t["lost"]),
+                    "untrained": bool(untrained(t)) if t["resume_rc"] == 0 else False,
+                    "continuations_lost": len(t["continuations_lost"]),
+                    "duplicated": len(t["duplicated"]),
+                    "trained_twice": len(trained_twice(t)),
+                    "order_breaks": len(prompt_order_breaks(t)),
+                    "schedule_breaks": len(schedule_breaks(t)),
+                    "trial_s": t["total_s"],
+                    "error": "",
+                }
+            )
     done = [r for r in rows if not r["error"]]
     rows = done + [r for r in rows if r["error"]]  # the table's columns come from its first row
     summary = {
@@ -150,7 +197,13 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
         "repeat_rows": sum(r["repeats"] for r in done),
         "repeat_late": sum(r["repeat_late"] for r in done),
     }
-    return rows, {**summary, "kills": summary["kill_trials"], "lost": summary["kill_lost"], "orphans": summary["kill_survivors"], "kill_seed": args.seed}
+    return rows, {
+        **summary,
+        "kills": summary["kill_trials"],
+        "lost": summary["kill_lost"],
+        "orphans": summary["kill_survivors"],
+        "kill_seed": args.seed,
+    }
 
 
 def storage_outages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -163,7 +216,9 @@ def storage_outages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
     from harness.s3_outage import buffer_outage_trial
 
     kinds = ("stall", "refuse")
-    plan = [(k, s, 90.0) for s in ((20.0,) if args.quick else (20.0, 60.0)) for k in kinds] + [(k, 120.0, 5.0) for k in kinds]
+    plan = [(k, s, 90.0) for s in ((20.0,) if args.quick else (20.0, 60.0)) for k in kinds] + [
+        (k, 120.0, 5.0) for k in kinds
+    ]
     if args.smoke:
         plan = [("stall", 3.0, 90.0), ("refuse", 120.0, 5.0)]
     rows: list[dict[str, Any]] = []
@@ -174,13 +229,22 @@ def storage_outages(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dic
             s3fs.S3FileSystem(skip_instance_cache=True, **options).mkdir(bucket)
             t = buffer_outage_trial(f"s3://{bucket}/run", endpoint, kind, outage_s, limit_s)
             error = t["write_error"] or t["read_error"]
-            rows.append({
-                "outage": kind, "outage_s": outage_s if outage_s < limit_s else f">{limit_s:g}", "limit_s": limit_s,
-                "outcome": "survived" if t["survived"] else "failed", "blocked_s": max(t["write_s"], t["read_s"]),
-                "lost": t["lost"], "duplicated": t["duplicated"], "unexpected": t["unexpected"], "not_whole": len(t["visible"]["not_whole"]),
-                "clear": t["survived"] or (f"s3://{bucket}/run/" in error and "outage_timeout_s" in error and t["write_s"] <= limit_s + 3),
-                "error": _short(error),
-            })
+            rows.append(
+                {
+                    "outage": kind,
+                    "outage_s": outage_s if outage_s < limit_s else f">{limit_s:g}",
+                    "limit_s": limit_s,
+                    "outcome": "survived" if t["survived"] else "failed",
+                    "blocked_s": max(t["write_s"], t["read_s"]),
+                    "lost": t["lost"],
+                    "duplicated": t["duplicated"],
+                    "unexpected": t["unexpected"],
+                    "not_whole": len(t["visible"]["not_whole"]),
+                    "clear": t["survived"]
+                    or (f"s3://{bucket}/run/" in error and "outage_timeout_s" in error and t["write_s"] <= limit_s + 3),
+                    "error": _short(error),
+                }
+            )
     survived = [r for r in rows if r["outcome"] == "survived" and r["limit_s"] > 5]
     summary = {
         "outage_trials": len(rows),
@@ -217,8 +281,21 @@ def lease_races(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
         ):
             started = time.monotonic()
             wins = race(url, opts, processes=procs, rounds=rounds, slow_s=slow_s)
-            rows.append({"storage": storage, "rounds": rounds, "processes": procs, "double_wins": sum(w > 1 for w in wins), "no_wins": sum(w == 0 for w in wins), "seconds": time.monotonic() - started})
-    summary = {"lease_races": sum(r["rounds"] for r in rows), "lease_double_wins": sum(r["double_wins"] for r in rows), "lease_no_wins": sum(r["no_wins"] for r in rows)}
+            rows.append(
+                {
+                    "storage": storage,
+                    "rounds": rounds,
+                    "processes": procs,
+                    "double_wins": sum(w > 1 for w in wins),
+                    "no_wins": sum(w == 0 for w in wins),
+                    "seconds": time.monotonic() - started,
+                }
+            )
+    summary = {
+        "lease_races": sum(r["rounds"] for r in rows),
+        "lease_double_wins": sum(r["double_wins"] for r in rows),
+        "lease_no_wins": sum(r["no_wins"] for r in rows),
+    }
     return rows, summary
 
 
@@ -245,7 +322,12 @@ def retention(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
         (Path(tmp) / "model" / "config.json").write_text("{}")
         for storage, url, opts in (("local", tmp + "/runs", {}), ("s3 (moto)", f"s3://{bucket}/runs", options)):
             for keep in (None, 1, 2, 3, 10):
-                data = {"model": {"path": f"{tmp}/model"}, "taskset": {"path": f"{tmp}/tasks.jsonl"}, "name": f"keep-{keep}", "trainer": {"keep_last_states": keep}}
+                data = {
+                    "model": {"path": f"{tmp}/model"},
+                    "taskset": {"path": f"{tmp}/tasks.jsonl"},
+                    "name": f"keep-{keep}",
+                    "trainer": {"keep_last_states": keep},
+                }
                 cfg = validate_config({**data, "buffer": {"storage": {"url": url, "options": opts}}})
                 run = RunContext(cfg, cfg.run_url)
                 fs, root = run.fs()
@@ -260,8 +342,21 @@ def retention(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str,
                     want = set(saved if keep is None else saved[-keep:])
                     have = set(list_dirs(fs, root, ret.STATES)[0])
                     wrong, extra = wrong + len(want - have), extra + len(have - want)
-                rows.append({"storage": storage, "keep_last_states": keep, "saves": len(saved), "kept": len(have), "wrongly_deleted": wrong, "kept_extra": extra})
-    summary = {"retention_cases": len(rows), "retention_wrongly_deleted": sum(r["wrongly_deleted"] for r in rows), "retention_kept_extra": sum(r["kept_extra"] for r in rows)}
+                rows.append(
+                    {
+                        "storage": storage,
+                        "keep_last_states": keep,
+                        "saves": len(saved),
+                        "kept": len(have),
+                        "wrongly_deleted": wrong,
+                        "kept_extra": extra,
+                    }
+                )
+    summary = {
+        "retention_cases": len(rows),
+        "retention_wrongly_deleted": sum(r["wrongly_deleted"] for r in rows),
+        "retention_kept_extra": sum(r["kept_extra"] for r in rows),
+    }
     return rows, summary
 
 
@@ -298,7 +393,11 @@ class _S3:
 
             from rl_engine.trainer.dist import free_port
 
-            for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+            for k, v in (
+                ("AWS_ACCESS_KEY_ID", "testing"),
+                ("AWS_SECRET_ACCESS_KEY", "testing"),
+                ("AWS_DEFAULT_REGION", "us-east-1"),
+            ):
                 os.environ.setdefault(k, v)
             port = free_port()
             self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
@@ -328,7 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n\n")[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CI size: bad inputs that start no engine, one kill trial")
-    size.add_argument("--smoke", action="store_true", help="seconds: a bad input per area, no kill trial, one short outage each way, 10-20 lease races")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="seconds: a bad input per area, no kill trial, one short outage each way, 10-20 lease races",
+    )
     ap.add_argument("--trials-per-mode", type=int, default=5, help="kill trials per mode (without --quick)")
     ap.add_argument("--seed", type=int, default=13, help="seed of the kill points, scopes and delays")
     args = ap.parse_args(argv)

@@ -64,7 +64,16 @@ SMOKE_WARMSTART_STEPS = 10
 ALGORITHM_METRICS = ("clip_frac", "offpolicy_clamped_frac", "offpolicy_masked_frac")
 
 
-def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int, algorithm: dict | None = None, evaluation: dict | None = None) -> dict:
+def run_one(
+    mode: str,
+    model: str,
+    tasks: str,
+    root: str,
+    steps: int,
+    seed: int,
+    algorithm: dict | None = None,
+    evaluation: dict | None = None,
+) -> dict:
     """One real flow run of configs/<mode>.yaml; its wall time, busy fractions, accounting and final reward.
 
     `algorithm` is merged into the config's `algorithm` section; with a `preset` in it, the shipped
@@ -112,9 +121,15 @@ def run_one(mode: str, model: str, tasks: str, root: str, steps: int, seed: int,
         "run": summary["run"],
         "wall_s": t1 - t0,
         "startup_s": t0 - min(s.start for s in spans),
-        "engine_start_s": max((s.duration for s in spans if s.kind == "engine_start" and s.component in explorers), default=0.0),
-        "step_s_median": median(b.end - a.end for a, b in zip(train, train[1:])) if len(train) > 1 else train[-1].end - t0,
-        "R_s": mean(s.duration for s in window if s.kind == "rollout") if any(s.kind == "rollout" for s in window) else 0.0,
+        "engine_start_s": max(
+            (s.duration for s in spans if s.kind == "engine_start" and s.component in explorers), default=0.0
+        ),
+        "step_s_median": median(b.end - a.end for a, b in zip(train, train[1:]))
+        if len(train) > 1
+        else train[-1].end - t0,
+        "R_s": mean(s.duration for s in window if s.kind == "rollout")
+        if any(s.kind == "rollout" for s in window)
+        else 0.0,
         "T_s": mean(s.duration for s in train),
         "trainer_busy": busy_fraction(window, "trainer", t0, t1),
         "explorer_busy": mean(busy_fraction(window, e, t0, t1) for e in explorers),
@@ -181,7 +196,9 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
 
     run = open_run(run_url)
     cfg = run.cfg
-    rows = ds.dataset(f"{run_url}/buffer", format="ipc", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]).to_table(columns=["explorer_step", "group_id", "prompt_ids"])
+    rows = ds.dataset(
+        f"{run_url}/buffer", format="ipc", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]
+    ).to_table(columns=["explorer_step", "group_id", "prompt_ids"])
     first: dict[str, list[int]] = {}
     for step, group, prompt in zip(*(rows.column(c).to_pylist() for c in ("explorer_step", "group_id", "prompt_ids"))):
         if step == 1:
@@ -192,7 +209,9 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
         params = engine.sampling_params(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=0)
         inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
         generate = median_s(lambda: engine.llm.generate(inputs, params, use_tqdm=False), repeats)
-        reload = median(engine.rpc("rft_profile_reload", cfg.model.path, timeout=120)[0]["reload"] for _ in range(repeats))
+        reload = median(
+            engine.rpc("rft_profile_reload", cfg.model.path, timeout=120)[0]["reload"] for _ in range(repeats)
+        )
     finally:
         ENGINES.release(run, 0, engine)
     threads = torch.get_num_threads()
@@ -201,7 +220,9 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
         train = reference_step_ratio(cfg, run_url, repeats)
     finally:
         torch.set_num_threads(threads)
-    train_s = min(train["reference_step_s"], train["trainer_step_s"])  # where the DeepSpeed trainer is the faster, it is the floor
+    train_s = min(
+        train["reference_step_s"], train["trainer_step_s"]
+    )  # where the DeepSpeed trainer is the faster, it is the floor
     return {
         "step_floor_s": generate + train_s + reload,
         "floor_generate_s": generate,
@@ -324,8 +345,12 @@ def summarize(rows: list[dict]) -> dict:
         "explorer_busy": {m: round(mean(r["explorer_busy"] for r in rs), 3) for m, rs in by.items()},
         **(
             {
-                "eval_overhead_fraction": {m: round(mean(r["eval_overhead_fraction"] for r in rs), 4) for m, rs in by.items()},
-                "heldout_pass1_final": {m: round(mean(r["heldout_pass1_final"] for r in rs), 4) for m, rs in by.items()},
+                "eval_overhead_fraction": {
+                    m: round(mean(r["eval_overhead_fraction"] for r in rs), 4) for m, rs in by.items()
+                },
+                "heldout_pass1_final": {
+                    m: round(mean(r["heldout_pass1_final"] for r in rs), 4) for m, rs in by.items()
+                },
             }
             if all("eval_overhead_fraction" in r for r in rows)
             else {}
@@ -337,14 +362,31 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CI size: 2 seeds, 12 trainer steps")
-    size.add_argument("--smoke", action="store_true", help="CI smoke test: 1 seed, 3 trainer steps, a 10-step warm start")
-    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 60, 12 with --quick, 3 with --smoke)")
-    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick; 0 with --smoke)")
-    ap.add_argument("--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)")
+    size.add_argument(
+        "--smoke", action="store_true", help="CI smoke test: 1 seed, 3 trainer steps, a 10-step warm start"
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, help="trainer steps per run (default 60, 12 with --quick, 3 with --smoke)"
+    )
+    ap.add_argument(
+        "--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0,1 with --quick; 0 with --smoke)"
+    )
+    ap.add_argument(
+        "--model", default=None, help="an arithmetic warm start to use (default: build one, `rft warmstart`, seed 0)"
+    )
     ap.add_argument("--png", default="runs/bench-learning.png", help="where to write the reward / wall-clock figure")
-    ap.add_argument("--eval-every", type=int, default=5, help="held-out evaluation every N trainer versions (0: none; default 5)")
-    ap.add_argument("--eval-tasks", type=int, default=HELDOUT["tasks"], help=f"held-out problems per evaluation (default {HELDOUT['tasks']})")
-    ap.add_argument("--eval-n", type=int, default=HELDOUT["n"], help=f"samples per held-out problem (default {HELDOUT['n']})")
+    ap.add_argument(
+        "--eval-every", type=int, default=5, help="held-out evaluation every N trainer versions (0: none; default 5)"
+    )
+    ap.add_argument(
+        "--eval-tasks",
+        type=int,
+        default=HELDOUT["tasks"],
+        help=f"held-out problems per evaluation (default {HELDOUT['tasks']})",
+    )
+    ap.add_argument(
+        "--eval-n", type=int, default=HELDOUT["n"], help=f"samples per held-out problem (default {HELDOUT['n']})"
+    )
     a = ap.parse_args()
     steps = a.steps or (3 if a.smoke else 12 if a.quick else 60)
     seeds = [int(s) for s in (a.seeds or ("0" if a.smoke else "0,1" if a.quick else "0,1,2")).split(",")]
@@ -361,12 +403,26 @@ def main() -> None:
                 rows.append(run_one(mode, model, tasks, f"{root}/runs", steps, seed, evaluation=evaluation))
         floor = step_floor(next(r["run"] for r in rows if r["mode"] == "synchronous"), repeats=1 if a.smoke else 5)
     title = f"bench.learning: demo task, tiny arithmetic warm start, {steps} trainer steps, seeds {seeds}"
-    print_table([{k: v for k, v in r.items() if k not in ("curve", "eval_curve", "run")} for r in rows], title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})")
+    print_table(
+        [{k: v for k, v in r.items() if k not in ("curve", "eval_curve", "run")} for r in rows],
+        title=f"{title} (warm start exact@T=1 {start['expected_exact_t1']:.3f})",
+    )
     sync_step = median(r["step_s_median"] for r in rows if r["mode"] == "synchronous")
-    print_table([{"synchronous step_s_median": sync_step, **floor}], title="the synchronous step against its floor on this machine (step_floor: generate + train + reload, each measured alone)")
+    print_table(
+        [{"synchronous step_s_median": sync_step, **floor}],
+        title="the synchronous step against its floor on this machine (step_floor: generate + train + reload, each measured alone)",
+    )
     plot(rows, a.png, title)
-    out = {"steps": steps, "reward_start": round(start["expected_exact_t1"], 4), "png": a.png, "bench_s": round(time.time() - started, 1), **summarize(rows)}
-    out.update({k: round(v, 4) for k, v in floor.items()}, sync_step_over_floor=round(sync_step / floor["step_floor_s"], 3))
+    out = {
+        "steps": steps,
+        "reward_start": round(start["expected_exact_t1"], 4),
+        "png": a.png,
+        "bench_s": round(time.time() - started, 1),
+        **summarize(rows),
+    }
+    out.update(
+        {k: round(v, 4) for k, v in floor.items()}, sync_step_over_floor=round(sync_step / floor["step_floor_s"], 3)
+    )
     if evaluation:
         # What sets the overhead: an evaluation's samples against the samples trained between two
         # (8 tasks x 8 rollouts a step); generating one costs the same either way.

@@ -96,7 +96,14 @@ def main(argv: list[str] | None = None) -> dict:
 
     res = {}
     for path in ("full", "chunked"):
-        cmd = [sys.executable, "-m", "bench.logits_memory", "--one", path, *(f"--{k}={getattr(a, k)}" for k in ("model", "batch", "length", "prompt", "chunk", "repeats"))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.logits_memory",
+            "--one",
+            path,
+            *(f"--{k}={getattr(a, k)}" for k in ("model", "batch", "length", "prompt", "chunk", "repeats")),
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         res[path] = json.loads(out.strip().splitlines()[-1])
     from transformers import AutoConfig
@@ -105,7 +112,10 @@ def main(argv: list[str] | None = None) -> dict:
     logits_mb = a.batch * a.length * vocab * 4 / 2**20
     diff = float((torch.tensor(res["full"]["logprobs"]) - torch.tensor(res["chunked"]["logprobs"])).abs().max())
     rows = [{"path": k, "peak_mb": v["peak_mb"], "step_s": v["step_s"]} for k, v in res.items()]
-    print_table(rows, title=f"policy loss fwd+bwd, {Path(a.model).name}, B={a.batch} L={a.length} V={vocab}, chunk={a.chunk} (CPU float32, {torch.get_num_threads()} threads)")
+    print_table(
+        rows,
+        title=f"policy loss fwd+bwd, {Path(a.model).name}, B={a.batch} L={a.length} V={vocab}, chunk={a.chunk} (CPU float32, {torch.get_num_threads()} threads)",
+    )
     result = {
         "full_peak_mb": round(res["full"]["peak_mb"], 1),
         "chunked_peak_mb": round(res["chunked"]["peak_mb"], 1),

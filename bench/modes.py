@@ -53,7 +53,12 @@ MODES = {
 
 
 def ideal_step(mode: str, r: float, t: float, s: float, n: int) -> float:
-    return {"synchronous": r + t + s, "one_step_off_policy": max(r, t) + s, "fully_async": max(r, t), "multi_explorer": max(r / n, t)}[mode]
+    return {
+        "synchronous": r + t + s,
+        "one_step_off_policy": max(r, t) + s,
+        "fully_async": max(r, t),
+        "multi_explorer": max(r / n, t),
+    }[mode]
 
 
 def steady_state(spans: list, skip: int = 1) -> tuple[float, float, float, list]:
@@ -74,11 +79,18 @@ def busy_fraction(steady: list, lane: str, t0: float, t1: float) -> float:
 def first_step_over_steady(spans: list) -> float:
     """Explorer-0's first rollout over the mean of its later ones: about 1 when engine start-up and
     first-call warm-up stay out of rollout 1 (they are its engine_start span)."""
-    d = [s.duration for s in sorted((s for s in spans if s.component == "explorer-0" and s.kind == "rollout"), key=lambda s: s.start)]
+    d = [
+        s.duration
+        for s in sorted(
+            (s for s in spans if s.component == "explorer-0" and s.kind == "rollout"), key=lambda s: s.start
+        )
+    ]
     return d[0] / mean(d[1:]) if len(d) > 1 and mean(d[1:]) > 0 else float("nan")
 
 
-def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool, placement: str = "local") -> dict:
+def run_mode(
+    name: str, model: str, tasks: str, root: str, steps: int, synthetic: bool, placement: str = "local"
+) -> dict:
     from cli.run import run_config
     from harness.runs import small_config
     from rl_engine.config import validate_config
@@ -87,7 +99,9 @@ def run_mode(name: str, model: str, tasks: str, root: str, steps: int, synthetic
     spec = dict(MODES[name])
     if synthetic:
         spec["sync_method"] = "checkpoint"  # the cost model has no inference workers to join a process group
-    data = small_config(model, tasks, root, total_steps=steps, checkpoint_interval=steps, name=f"bench-{name}-{placement}", **spec)
+    data = small_config(
+        model, tasks, root, total_steps=steps, checkpoint_interval=steps, name=f"bench-{name}-{placement}", **spec
+    )
     data["placement"] = {"type": placement}
     if not synthetic:  # a workload where compute, not bookkeeping, dominates a step
         data["explorer"].update(batch_size=8, sampling={"max_tokens": 8})
@@ -155,11 +169,19 @@ def main() -> None:
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="fewer steps")
     size.add_argument("--smoke", action="store_true", help="CI smoke test: the fewest steps that have a steady state")
-    ap.add_argument("--synthetic", action="store_true", help="cost model instead of vLLM/DeepSpeed (measures the orchestration alone)")
+    ap.add_argument(
+        "--synthetic",
+        action="store_true",
+        help="cost model instead of vLLM/DeepSpeed (measures the orchestration alone)",
+    )
     ap.add_argument("--rollout-s", type=float, default=0.6, help="synthetic rollout time R")
     ap.add_argument("--train-s", type=float, default=0.6, help="synthetic train time T")
     ap.add_argument("--sync-s", type=float, default=0.05, help="synthetic weight-load time S")
-    ap.add_argument("--placements", default=None, help="comma-separated: local,deployments (default: both for the real workload, local with --synthetic)")
+    ap.add_argument(
+        "--placements",
+        default=None,
+        help="comma-separated: local,deployments (default: both for the real workload, local with --synthetic)",
+    )
     a = ap.parse_args()
     placements = (a.placements or ("local" if a.synthetic else "local,deployments")).split(",")
     if a.synthetic and placements != ["local"]:
@@ -205,8 +227,13 @@ def main() -> None:
         sync = by[("synchronous", "local")]
         out["orchestration_overhead"] = round(max(0.0, (sync["step_s"] - sync["ideal_s"]) / sync["step_s"]), 3)
     if {"local", "deployments"} <= set(placements):
-        out["cross_process_overhead"] = {m: round((by[(m, "deployments")]["step_s"] - by[(m, "local")]["step_s"]) / by[(m, "local")]["step_s"], 3) for m in MODES}
-        out["startup_s"] = {f"{m}/{p}": round(by[(m, p)]["startup_s"], 1) for m in MODES for p in ("local", "deployments")}
+        out["cross_process_overhead"] = {
+            m: round((by[(m, "deployments")]["step_s"] - by[(m, "local")]["step_s"]) / by[(m, "local")]["step_s"], 3)
+            for m in MODES
+        }
+        out["startup_s"] = {
+            f"{m}/{p}": round(by[(m, p)]["startup_s"], 1) for m in MODES for p in ("local", "deployments")
+        }
     emit_json(out)
 
 

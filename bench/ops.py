@@ -78,7 +78,9 @@ def _started_at(pid: int) -> float:
     return time.time() - (time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int, sets: tuple[str, ...] = ()) -> dict[str, float]:
+def measure(
+    live: Any, worker: Any, dep_id: str, storage: Path, steps: int, sets: tuple[str, ...] = ()
+) -> dict[str, float]:
     """One run started over REST (`sets`: more `set` overrides); its timeline split into COMPONENTS (seconds)."""
     from harness.prefect_live import wait_flow_run
     from rl_engine.run.timeline import load_spans
@@ -108,9 +110,21 @@ def measure(live: Any, worker: Any, dep_id: str, storage: Path, steps: int, sets
     # The worker proposes PENDING and starts the process concurrently (the process measured up to
     # 0.13 s earlier): pickup ends at whichever came first, so no component is negative.
     picked = min(states["PENDING"], spawned) if spawned is not None else states["PENDING"]
-    marks = [t_call, t_returned, picked, spawned if spawned is not None else picked, states["RUNNING"], engine.start, engine.end, rollout]
+    marks = [
+        t_call,
+        t_returned,
+        picked,
+        spawned if spawned is not None else picked,
+        states["RUNNING"],
+        engine.start,
+        engine.end,
+        rollout,
+    ]
     terminal = _worker_lines_of_run(worker.log_path, lines_before)
-    return {f"{c}_s": b - a for c, a, b in zip(COMPONENTS, marks, marks[1:])} | {"api_to_first_rollout_s": rollout - t_call, "worker_terminal_lines": terminal}
+    return {f"{c}_s": b - a for c, a, b in zip(COMPONENTS, marks, marks[1:])} | {
+        "api_to_first_rollout_s": rollout - t_call,
+        "worker_terminal_lines": terminal,
+    }
 
 
 def _lines(path: Path) -> int:
@@ -188,7 +202,9 @@ class _Restore:
         self.live.api("PATCH", f"/deployments/{self.dep['id']}", json={"parameters": self.dep["parameters"]})
 
 
-def attach(root: Path, api_url: str, worker_log: Path, model: str | None, tasks: str | None) -> tuple[Any, Any, dict[str, Any], list[Any]]:
+def attach(
+    root: Path, api_url: str, worker_log: Path, model: str | None, tasks: str | None
+) -> tuple[Any, Any, dict[str, Any], list[Any]]:
     """`setup` against a server already up, with the README's pool polled by a worker whose terminal
     goes to `worker_log` and `prefect deploy --all` done (the tests' session fixtures): only the
     deployment's config is PATCHed (put back at the end), around `model` and `tasks` if given."""
@@ -212,7 +228,15 @@ def attach(root: Path, api_url: str, worker_log: Path, model: str | None, tasks:
     return live, _AttachedWorker(worker_log), dep, [_Restore(live, dep)]
 
 
-def _warm_engine_runs(live: Any, worker: Any, dep: dict[str, Any], root: Path, runs: int, warm_up: bool, served: tuple[str, float] | None = None) -> tuple[list[dict[str, Any]], float]:
+def _warm_engine_runs(
+    live: Any,
+    worker: Any,
+    dep: dict[str, Any],
+    root: Path,
+    runs: int,
+    warm_up: bool,
+    served: tuple[str, float] | None = None,
+) -> tuple[list[dict[str, Any]], float]:
     """The same runs against an engine server kept up between them (`rft engine serve`, the
     deployment's config; runs get `explorer.engine.servers`); returns (rows, server start seconds).
     `served`: (URL, start seconds) of a server already up, of the runs' model, used instead."""
@@ -221,11 +245,21 @@ def _warm_engine_runs(live: Any, worker: Any, dep: dict[str, Any], root: Path, r
 
     from harness.engine_server import engine_server
 
-    with contextlib.nullcontext(SimpleNamespace(url=served[0], start_s=served[1])) if served else engine_server(root / "config.yaml", root / "logs") as srv:
+    with (
+        contextlib.nullcontext(SimpleNamespace(url=served[0], start_s=served[1]))
+        if served
+        else engine_server(root / "config.yaml", root / "logs") as srv
+    ):
         sets = (f'explorer.engine.servers=["{srv.url}"]',)
         if warm_up:  # the server's first generate pays vLLM's one-off warm-up (~2 s)
             measure(live, worker, dep["id"], root / "runs-server-warmup", steps=1, sets=sets)
-        rows = [{"run": f"server {i + 1}", **measure(live, worker, dep["id"], root / f"runs-server-{i}", steps=1, sets=sets)} for i in range(runs)]
+        rows = [
+            {
+                "run": f"server {i + 1}",
+                **measure(live, worker, dep["id"], root / f"runs-server-{i}", steps=1, sets=sets),
+            }
+            for i in range(runs)
+        ]
     return rows, srv.start_s
 
 
@@ -234,11 +268,20 @@ def main(argv: list[str] | None = None) -> int:
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="one measured run instead of three")
     size.add_argument("--smoke", action="store_true", help="CI smoke test: one measured run and no warm-up run")
-    ap.add_argument("--attach", metavar="API_URL", help="a Prefect server already up (its API URL), with the rft-cpu pool's worker and `prefect deploy --all` done")
+    ap.add_argument(
+        "--attach",
+        metavar="API_URL",
+        help="a Prefect server already up (its API URL), with the rft-cpu pool's worker and `prefect deploy --all` done",
+    )
     ap.add_argument("--worker-log", type=Path, help="with --attach: the file that worker's terminal goes to")
     ap.add_argument("--model", help="with --attach: the tiny model for the runs (default: one made here)")
     ap.add_argument("--tasks", help="with --attach: their task file (default: one written here)")
-    ap.add_argument("--engine-server", nargs=2, metavar=("URL", "START_S"), help="with --attach: an engine server already up, of --model (its URL, and the seconds its start took), for the served runs")
+    ap.add_argument(
+        "--engine-server",
+        nargs=2,
+        metavar=("URL", "START_S"),
+        help="with --attach: an engine server already up, of --model (its URL, and the seconds its start took), for the served runs",
+    )
     args = ap.parse_args(argv)
     if bool(args.attach) != bool(args.worker_log):
         ap.error("--attach and --worker-log go together")
@@ -246,30 +289,52 @@ def main(argv: list[str] | None = None) -> int:
     runs = 1 if args.quick or args.smoke else 3
     with tempfile.TemporaryDirectory(prefix="rft-bench-ops-") as tmp:
         root = Path(tmp)
-        live, worker, dep, stop = attach(root, args.attach, args.worker_log, args.model, args.tasks) if args.attach else setup(root)
+        live, worker, dep, stop = (
+            attach(root, args.attach, args.worker_log, args.model, args.tasks) if args.attach else setup(root)
+        )
         try:
             if not args.smoke:
                 t0 = time.monotonic()
                 warm = measure(live, worker, dep["id"], root / "runs-warmup", steps=1)
-                print(f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s")
+                print(
+                    f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s"
+                )
             op = _op_library()  # built by the warm-up run (or an earlier one) for this virtualenv
             for i in range(runs):
                 rows.append({"run": i + 1, **measure(live, worker, dep["id"], root / f"runs-{i}", steps=1)})
             after = _op_library()
-            rebuilds = int(op is None or after is None or (op.st_ino, op.st_mtime_ns) != (after.st_ino, after.st_mtime_ns))
+            rebuilds = int(
+                op is None or after is None or (op.st_ino, op.st_mtime_ns) != (after.st_ino, after.st_mtime_ns)
+            )
             up = (args.engine_server[0], float(args.engine_server[1])) if args.engine_server else None
             served, server_start_s = _warm_engine_runs(live, worker, dep, root, runs, warm_up=not args.smoke, served=up)
         finally:
             for s in stop:
                 s.stop()
-    print_table([{k.removesuffix("_s"): v for k, v in r.items()} for r in rows + served], title=f"API call -> first rollout, seconds ({'cold' if args.smoke else 'warm'} worker, synchronous deployment, tiny model; 'server' rows: engine server kept up)")
+    print_table(
+        [{k.removesuffix("_s"): v for k, v in r.items()} for r in rows + served],
+        title=f"API call -> first rollout, seconds ({'cold' if args.smoke else 'warm'} worker, synchronous deployment, tiny model; 'server' rows: engine server kept up)",
+    )
     keys = [f"{c}_s" for c in COMPONENTS] + ["api_to_first_rollout_s"]
     lines = max(r["worker_terminal_lines"] for r in rows + served)
-    print(f"worker terminal: at most {lines} lines per run (goal: under 30; engine output goes to <run>/logs/); DeepSpeed op rebuilt during the measured runs: {'yes' if rebuilds else 'no'}")
-    print(f"engine server: up after {server_start_s:.1f} s, once; API call -> first rollout {statistics.median(r['api_to_first_rollout_s'] for r in served):.1f} s with it (goal <= 10 s)")
+    print(
+        f"worker terminal: at most {lines} lines per run (goal: under 30; engine output goes to <run>/logs/); DeepSpeed op rebuilt during the measured runs: {'yes' if rebuilds else 'no'}"
+    )
+    print(
+        f"engine server: up after {server_start_s:.1f} s, once; API call -> first rollout {statistics.median(r['api_to_first_rollout_s'] for r in served):.1f} s with it (goal <= 10 s)"
+    )
     med = {k: round(statistics.median(r[k] for r in rows), 3) for k in keys}
     warm = {f"server_{k}": round(statistics.median(r[k] for r in served), 3) for k in keys}
-    emit_json(med | warm | {"engine_server_start_s": round(server_start_s, 3), "runs": len(rows), "worker_terminal_lines_per_run": lines, "op_rebuilt_during_runs": rebuilds})
+    emit_json(
+        med
+        | warm
+        | {
+            "engine_server_start_s": round(server_start_s, 3),
+            "runs": len(rows),
+            "worker_terminal_lines_per_run": lines,
+            "op_rebuilt_during_runs": rebuilds,
+        }
+    )
     return 0
 
 

@@ -94,7 +94,9 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     summary = run_config(validate_config(data))
     fill = fill_steps(data["explorer"]["partial"])
     if steps < fill + 3:
-        raise SystemExit(f"bench.partial: --steps {steps} leaves no steady state; use at least {fill + 3} (the pipeline fills in {fill} steps)")
+        raise SystemExit(
+            f"bench.partial: --steps {steps} leaves no steady state; use at least {fill + 3} (the pipeline fills in {fill} steps)"
+        )
     spans = load_spans(summary["run"])
     # The whole run's training, after start-up (off runs first per seed and start the engine on() reuses).
     up = startup_end(spans)
@@ -142,7 +144,9 @@ def isolated_step_s(run_url: str, steps: int, skip: int) -> float:
     cfg = run.cfg
     engine = ENGINES.acquire(run, 0)
     try:
-        tasks = TaskIterator(load_taskset(cfg.taskset), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle)
+        tasks = TaskIterator(
+            load_taskset(cfg.taskset), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle
+        )
         reward_fn = build_reward(cfg.taskset.reward)
         partial = None
         if cfg.explorer.partial.enabled:
@@ -166,10 +170,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CI size: 1 seed, 12 trainer steps")
-    size.add_argument("--smoke", action="store_true", help="CI smoke test: 1 seed, 5 trainer steps, short answers, a 10-step warm start")
-    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 24, 12 with --quick, 5 with --smoke)")
-    ap.add_argument("--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0 with --quick or --smoke)")
-    ap.add_argument("--model", default=None, help="a countdown warm start to use (default: build one, `rft warmstart --task countdown`, seed 0)")
+    size.add_argument(
+        "--smoke",
+        action="store_true",
+        help="CI smoke test: 1 seed, 5 trainer steps, short answers, a 10-step warm start",
+    )
+    ap.add_argument(
+        "--steps", type=int, default=None, help="trainer steps per run (default 24, 12 with --quick, 5 with --smoke)"
+    )
+    ap.add_argument(
+        "--seeds", default=None, help="comma-separated run seeds (default 0,1,2; 0 with --quick or --smoke)"
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a countdown warm start to use (default: build one, `rft warmstart --task countdown`, seed 0)",
+    )
     a = ap.parse_args()
     steps = a.steps or (5 if a.smoke else 12 if a.quick else 24)
     seeds = [int(s) for s in (a.seeds or ("0" if a.quick or a.smoke else "0,1,2")).split(",")]
@@ -186,7 +202,17 @@ def main() -> None:
     if model is None:
         model = f"{root}/tiny-countdown-sft"
         d = {**DEFAULTS, **COUNTDOWN}
-        warmstart(model, SMOKE_WARMSTART_STEPS if a.smoke else d["steps"], d["batch_size"], d["lr"], d["warmup_steps"], seed=0, max_operand=d["max_operand"], threads=2, task="countdown")
+        warmstart(
+            model,
+            SMOKE_WARMSTART_STEPS if a.smoke else d["steps"],
+            d["batch_size"],
+            d["lr"],
+            d["warmup_steps"],
+            seed=0,
+            max_operand=d["max_operand"],
+            threads=2,
+            task="countdown",
+        )
     start = evaluate_dir(model, task="countdown")
     tasks = write_countdown_taskset(f"{root}/countdown.jsonl", n=2000, seed=0)
     os.environ["RFT_KEEP_ENGINES"] = "1"  # off and on of a seed share one warm engine
@@ -228,7 +254,15 @@ def main() -> None:
     out["wall_speedup"] = round(avg("off", "wall_s") / avg("on", "wall_s"), 3)
     out["alone_step_s"] = {k: round(v, 3) for k, v in alone.items()}
     out["alone_speedup"] = round(alone["off"] / alone["on"], 3)
-    for key in ("explorer_step_s", "trainer_step_s", "trainer_idle", "tokens_per_s", "version_gap", "batch_reward_last", "wall_s"):
+    for key in (
+        "explorer_step_s",
+        "trainer_step_s",
+        "trainer_idle",
+        "tokens_per_s",
+        "version_gap",
+        "batch_reward_last",
+        "wall_s",
+    ):
         out[key] = {s: round(avg(s, key), 3) for s in ("off", "on")}
     emit_json(out)
 

@@ -147,8 +147,12 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, floa
     del trainer
 
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.trainer.lr, betas=cfg.trainer.betas, weight_decay=cfg.trainer.weight_decay)
-    adv = group_advantages(batch["rewards"], batch["group_index"], cfg.algorithm.advantage.type, cfg.algorithm.advantage.std)  # [B]
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=cfg.trainer.lr, betas=cfg.trainer.betas, weight_decay=cfg.trainer.weight_decay
+    )
+    adv = group_advantages(
+        batch["rewards"], batch["group_index"], cfg.algorithm.advantage.type, cfg.algorithm.advantage.std
+    )  # [B]
     mask = batch["loss_mask"]  # [B, L]
     tokens, micro = float(mask.sum()), cfg.trainer.micro_batch_size
 
@@ -156,15 +160,23 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, floa
         model.train()
         for i in range(0, mask.shape[0], micro):
             sl = slice(i, i + micro)
-            logits = model(input_ids=batch["input_ids"][sl], attention_mask=batch["attention_mask"][sl]).logits  # [b, L, V]
+            logits = model(
+                input_ids=batch["input_ids"][sl], attention_mask=batch["attention_mask"][sl]
+            ).logits  # [b, L, V]
             logp = token_logprobs(logits, batch["input_ids"][sl], cfg.explorer.sampling.temperature)  # [b, L]
-            policy_loss(logp, batch["behavior_logprobs"][sl], adv[sl], mask[sl], cfg.algorithm, num_tokens=tokens).loss.backward()
+            policy_loss(
+                logp, batch["behavior_logprobs"][sl], adv[sl], mask[sl], cfg.algorithm, num_tokens=tokens
+            ).loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
     reference_s = median_s(reference, repeats)
-    return {"trainer_step_s": trainer_s, "reference_step_s": reference_s, "train_step_over_reference": trainer_s / reference_s}
+    return {
+        "trainer_step_s": trainer_s,
+        "reference_step_s": reference_s,
+        "train_step_over_reference": trainer_s / reference_s,
+    }
 
 
 class RealBench:
@@ -191,11 +203,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="3 trainer steps, 32 held-out problems")
-    size.add_argument("--smoke", action="store_true", help="CI smoke test: 1 step, 4 held-out problems, the smallest of everything")
+    size.add_argument(
+        "--smoke", action="store_true", help="CI smoke test: 1 step, 4 held-out problems, the smallest of everything"
+    )
     ap.add_argument("--steps", type=int, default=None, help="trainer steps (default 30; 3 with --quick)")
-    ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320; 32 with --quick)")
-    ap.add_argument("--root", default="runs", help="where the model, tasks and run go (default ./runs, as `make demo-real`: the model is fetched once)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override on top of configs/smollm2.yaml, as `rft run --set` (repeatable), e.g. synchronizer.mode=synchronous")
+    ap.add_argument(
+        "--heldout", type=int, default=None, help="held-out problems scored (default all 320; 32 with --quick)"
+    )
+    ap.add_argument(
+        "--root",
+        default="runs",
+        help="where the model, tasks and run go (default ./runs, as `make demo-real`: the model is fetched once)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a config override on top of configs/smollm2.yaml, as `rft run --set` (repeatable), e.g. synchronizer.mode=synchronous",
+    )
     a = ap.parse_args()
     steps = a.steps or (1 if a.smoke else 3 if a.quick else 30)
     heldout_n = a.heldout or (4 if a.smoke else 32 if a.quick else None)
@@ -206,24 +232,65 @@ def main() -> None:
     from cli.demo_real import demo_real
     from harness.real_model import logprob_gap
 
-    shrink = ["explorer.batch_size=2", "algorithm.repeat_times=4", "trainer.micro_batch_size=8", "explorer.sampling.max_tokens=16"] if a.smoke else []
+    shrink = (
+        [
+            "explorer.batch_size=2",
+            "algorithm.repeat_times=4",
+            "trainer.micro_batch_size=8",
+            "explorer.sampling.max_tokens=16",
+        ]
+        if a.smoke
+        else []
+    )
     bench = RealBench(repeats)
     started = time.time()
     with PeakRss() as rss:
         # `rft demo --model smollm2`'s own code path (its lines are printed above the tables), measured on the way
-        rc = demo_real(a.root, [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink, *a.set], heldout_n, bench=bench)
+        rc = demo_real(
+            a.root,
+            [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink, *a.set],
+            heldout_n,
+            bench=bench,
+        )
         if rc != 0:
             raise SystemExit(rc)
-        cfg, before, after, summary, figures, floor = bench.cfg, bench.before, bench.after, bench.summary, bench.figures, bench.floor
+        cfg, before, after, summary, figures, floor = (
+            bench.cfg,
+            bench.before,
+            bench.after,
+            bench.summary,
+            bench.figures,
+            bench.floor,
+        )
         gaps = {dtype: logprob_gap(cfg.model.path, dtype, n_prompts=gap_prompts) for dtype in gap_dtypes}
     rows = [
-        {"model": "before", "greedy_exact": before["greedy_exact"], "t1_exact": before["t1_exact"], "greedy_tokens": before["greedy_response_tokens"]},
-        {"model": "after", "greedy_exact": after["greedy_exact"], "t1_exact": after["t1_exact"], "greedy_tokens": after["greedy_response_tokens"]},
+        {
+            "model": "before",
+            "greedy_exact": before["greedy_exact"],
+            "t1_exact": before["t1_exact"],
+            "greedy_tokens": before["greedy_response_tokens"],
+        },
+        {
+            "model": "after",
+            "greedy_exact": after["greedy_exact"],
+            "t1_exact": after["t1_exact"],
+            "greedy_tokens": after["greedy_response_tokens"],
+        },
     ]
-    print_table(rows, title=f"bench.real: SmolLM2-135M-Instruct, word arithmetic, {steps} trainer steps, {int(before['tasks'])} held-out problems")
-    print_table([{**figures, "reward_first": summary["reward_first"], "reward_last": summary["reward_last"]}], title="run")
-    print_table([{"s_per_step": figures["s_per_step"], **floor}], title="the step against its floor on this machine (generate + train + reload, each measured alone)")
-    print_table([{"dtype": d, **g} for d, g in gaps.items()], title="vLLM vs trainer logprobs (mean |diff| per response token)")
+    print_table(
+        rows,
+        title=f"bench.real: SmolLM2-135M-Instruct, word arithmetic, {steps} trainer steps, {int(before['tasks'])} held-out problems",
+    )
+    print_table(
+        [{**figures, "reward_first": summary["reward_first"], "reward_last": summary["reward_last"]}], title="run"
+    )
+    print_table(
+        [{"s_per_step": figures["s_per_step"], **floor}],
+        title="the step against its floor on this machine (generate + train + reload, each measured alone)",
+    )
+    print_table(
+        [{"dtype": d, **g} for d, g in gaps.items()], title="vLLM vs trainer logprobs (mean |diff| per response token)"
+    )
     emit_json(
         {
             "steps": steps,

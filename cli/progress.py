@@ -71,7 +71,9 @@ class ProgressLine:
         """TTY: redraw in place. Otherwise: a line at the first step, every `every` steps and at the end."""
         if self.tty:
             self.out.write("\r" + self.text() + "\x1b[K" + ("\n" if final else ""))
-        elif self.step != self.printed and (self.printed < 0 or self.step // self.every > self.printed // self.every or self.step >= self.total or final):
+        elif self.step != self.printed and (
+            self.printed < 0 or self.step // self.every > self.printed // self.every or self.step >= self.total or final
+        ):
             if self.first is not None:
                 self.out.write(self.text() + "\n")
                 self.printed = self.step
@@ -89,7 +91,14 @@ def latest_trainer_step(fs: Any, root: str) -> tuple[int, float | None] | None:
 
 
 @contextlib.contextmanager
-def follow(run_url: str, storage_options: dict[str, Any] | None, total: int, every: int, out: TextIO, poll_s: float | None = None) -> Iterator[ProgressLine]:
+def follow(
+    run_url: str,
+    storage_options: dict[str, Any] | None,
+    total: int,
+    every: int,
+    out: TextIO,
+    poll_s: float | None = None,
+) -> Iterator[ProgressLine]:
     """Draw the run's progress on `out` from a background thread until the block ends, then once more."""
     fs, root = open_storage(run_url, storage_options)
     line = ProgressLine(out, total, every, out.isatty())

@@ -27,7 +27,12 @@ def flow_for(mode: str) -> Callable[..., Any]:
     from flows.decoupled import fully_async, multi_explorer
     from flows.rendezvous import one_step_off_policy, synchronous
 
-    return {"synchronous": synchronous, "one_step_off_policy": one_step_off_policy, "fully_async": fully_async, "multi_explorer": multi_explorer}[mode]
+    return {
+        "synchronous": synchronous,
+        "one_step_off_policy": one_step_off_policy,
+        "fully_async": fully_async,
+        "multi_explorer": multi_explorer,
+    }[mode]
 
 
 def run_config(cfg: RFTConfig, resume: str | None = None) -> Any:
@@ -71,6 +76,7 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
     traceback Prefect would log for it."""
     from cli.main import migration_warnings, print_warnings
     from rl_engine.config import config_warnings, migrate, read_yaml
+
     source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
     cfg = load_config(config, overrides)
     check_prefect_api()
@@ -154,7 +160,9 @@ def print_summary(summary: dict[str, Any]) -> None:
     print()
     print("\n".join(summary_lines(summary)))
     if not os.environ.get("PREFECT_API_URL"):
-        print("Prefect UI: this run used the ephemeral server; start `prefect server start`, export PREFECT_API_URL=http://127.0.0.1:4200/api and run again to follow it in the UI.")
+        print(
+            "Prefect UI: this run used the ephemeral server; start `prefect server start`, export PREFECT_API_URL=http://127.0.0.1:4200/api and run again to follow it in the UI."
+        )
 
 
 def demo(root: str = "runs") -> int:
@@ -168,7 +176,10 @@ def demo(root: str = "runs") -> int:
         warmstart([str(model)])
     if not tasks.exists():
         write_arithmetic_taskset(str(tasks), n=2000, seed=1)
-    cfg = load_config(str(REPO / "configs" / "demo.yaml"), [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"])
+    cfg = load_config(
+        str(REPO / "configs" / "demo.yaml"),
+        [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"],
+    )
     check_prefect_api()
     cfg = checked(cfg)
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")

@@ -27,7 +27,12 @@ def build_deployments(cfg: Any, name: str = "default", cron: str | None = None) 
     from flows.rendezvous import one_step_off_policy, synchronous
     from flows.roles import explorer_role, trainer_role
 
-    modes = {"synchronous": synchronous, "one_step_off_policy": one_step_off_policy, "fully_async": fully_async, "multi_explorer": multi_explorer}
+    modes = {
+        "synchronous": synchronous,
+        "one_step_off_policy": one_step_off_policy,
+        "fully_async": fully_async,
+        "multi_explorer": multi_explorer,
+    }
     mode_flow = modes[cfg.synchronizer.mode]
     return [
         mode_flow.to_deployment(name=name, parameters={"cfg": cfg.model_dump(mode="json")}, cron=cron),
@@ -43,7 +48,9 @@ if __name__ == "__main__":
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
-    ap.add_argument("--name", default="default", help="deployment name (the roles' too; placement's defaults expect 'default')")
+    ap.add_argument(
+        "--name", default="default", help="deployment name (the roles' too; placement's defaults expect 'default')"
+    )
     ap.add_argument("--cron", default=None, help="schedule for the mode's deployment, e.g. '0 3 * * *'")
     a = ap.parse_args()
     serve(*build_deployments(load_config(a.config), a.name, a.cron))

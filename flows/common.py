@@ -42,7 +42,9 @@ def with_overrides(cfg: RFTConfig, overrides: list[str] | None) -> RFTConfig:
     whole, only the named fields change; a bad key or value is a ConfigError naming it."""
     if not overrides:
         return cfg
-    return validate_config(apply_overrides(cfg.model_dump(mode="json"), list(overrides)), f"flow parameter set={list(overrides)}")
+    return validate_config(
+        apply_overrides(cfg.model_dump(mode="json"), list(overrides)), f"flow parameter set={list(overrides)}"
+    )
 
 
 def flow_run_label(mode: str) -> Callable[[], str]:
@@ -93,7 +95,13 @@ def mode_flow(name: str, mode: str) -> Callable[[Callable[..., Any]], Any]:
 
     def decorate(fn: Callable[..., Any]) -> Any:
         fn.__doc__ = (fn.__doc__ or "").rstrip() + PARAMETERS_DOC
-        return flow(name=name, log_prints=True, flow_run_name=flow_run_label(mode), persist_result=True, result_serializer="json")(fn)
+        return flow(
+            name=name,
+            log_prints=True,
+            flow_run_name=flow_run_label(mode),
+            persist_result=True,
+            result_serializer="json",
+        )(fn)
 
     return decorate
 
@@ -142,7 +150,9 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
     opts = run.storage_options
     errors = []
     with roles_share_process():
-        futures = [trainer_task.submit(run.url, opts, progress_id)] + [explorer_task.submit(run.url, i, opts) for i in range(run.cfg.explorer.count)]
+        futures = [trainer_task.submit(run.url, opts, progress_id)] + [
+            explorer_task.submit(run.url, i, opts) for i in range(run.cfg.explorer.count)
+        ]
         for f in futures:
             try:
                 f.result()
@@ -161,7 +171,9 @@ def in_own_process() -> bool:
 
 
 @contextlib.contextmanager
-def output_to_run_log(run_url: str, storage_options: dict[str, Any] | None, name: str = "engines.log") -> Iterator[None]:
+def output_to_run_log(
+    run_url: str, storage_options: dict[str, Any] | None, name: str = "engines.log"
+) -> Iterator[None]:
     """In a flow run's own process (a worker's): its stdout and stderr, and every child's (vLLM's
     engine processes, DeepSpeed's op builds), go to `<run>/logs/<name>` until the block ends, as
     `rft run` does with its own (rl_engine/run/logfile.py); the worker's terminal gets one line
@@ -206,11 +218,15 @@ def flow_config(cfg: RFTConfig, resume: str | None, overrides: list[str] | None)
     """The run's config as this flow run gives it: its `set` overrides applied, and a new unnamed
     run named after the flow run (`flow_run_label` drew the name)."""
     if resume is not None and overrides:
-        raise UserError(f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings")
+        raise UserError(
+            f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings"
+        )
     cfg = with_overrides(cfg, overrides)
     flow_run = get_run_context().flow_run
     if resume is None and cfg.name is None:
-        cfg = validate_config({**cfg.model_dump(mode="json"), "name": flow_run.name}, f"flow run name {flow_run.name!r}")
+        cfg = validate_config(
+            {**cfg.model_dump(mode="json"), "name": flow_run.name}, f"flow run name {flow_run.name!r}"
+        )
     return cfg
 
 
@@ -275,10 +291,14 @@ def finish_run(driver: RunDriver, run: RunContext, keys: str, cancelled: bool = 
     model link, record the run in its lineage; the run's summary, or a Cancelled state."""
     sweep_buffer(driver)
     summary = publish_report(run, keys)
-    record_run(driver, "cancelled" if cancelled else "completed")  # only a completed run moves the lineage's latest.json
+    record_run(
+        driver, "cancelled" if cancelled else "completed"
+    )  # only a completed run moves the lineage's latest.json
     if not cancelled and run.cfg.eval.after_run:
         start_evaluation(run.cfg.eval.after_run, run.url, run.storage_options)
     if cancelled:
         publish_resume(run, keys, "cancelled")
-        return end_cancelled(f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`")
+        return end_cancelled(
+            f"cancelled at trainer version {summary['final_version']}; resume with `rft run CONFIG --resume {run.url}`"
+        )
     return summary

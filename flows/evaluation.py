@@ -24,17 +24,24 @@ from tasks.evaluation import artifact_prefix, png_markdown
 
 
 @task(cache_policy=NO_CACHE, task_run_name="score-saved-versions")
-def score_saved_versions(run_url: str, tasksets: list[str] | None, n: int, storage_options: dict[str, Any] | None) -> list[dict[str, Any]]:
+def score_saved_versions(
+    run_url: str, tasksets: list[str] | None, n: int, storage_options: dict[str, Any] | None
+) -> list[dict[str, Any]]:
     """Every saved version of the run, scored on `tasksets` (default: the run's eval.tasksets)."""
     run = open_run(run_url, storage_options)
-    sets = [EvalTasksetConfig(name=f"set{i}" if len(tasksets) > 1 else "heldout", path=p, n=n) for i, p in enumerate(tasksets or [])] or run.cfg.eval.tasksets
+    sets = [
+        EvalTasksetConfig(name=f"set{i}" if len(tasksets) > 1 else "heldout", path=p, n=n)
+        for i, p in enumerate(tasksets or [])
+    ] or run.cfg.eval.tasksets
     if not sets:
         raise UserError(f"rft-eval {run_url}: no task set to score: pass tasksets, or give the run eval.tasksets")
     return evaluate_versions(run.cfg, saved_versions(run), sets, run.storage_options, log=get_run_logger().info)
 
 
 @flow(name="rft-eval", log_prints=True)
-def evaluate_run(run_url: str, tasksets: list[str] | None = None, n: int = 4, storage_options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def evaluate_run(
+    run_url: str, tasksets: list[str] | None = None, n: int = 4, storage_options: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """Score every saved version of the run at `run_url` (its start model, the kept best, retained
     sync checkpoints, the final model) on held-out task files; the table and curve as artifacts.
     On a worker, the engine's output goes to `<run>/logs/engines-eval.log`."""
@@ -42,6 +49,10 @@ def evaluate_run(run_url: str, tasksets: list[str] | None = None, n: int = 4, st
         records = score_saved_versions(run_url, tasksets, n, storage_options)
     name = open_run(run_url, storage_options).cfg.name
     key = f"{artifact_prefix(name)}-saved-versions"
-    create_table_artifact(eval_table(records), key=key, description=f"Held-out scores of every saved version of run {name}")
-    create_markdown_artifact(png_markdown(heldout_curve_png(records), f"held-out curve of run {name}'s saved versions"), key=f"{key}-curve")
+    create_table_artifact(
+        eval_table(records), key=key, description=f"Held-out scores of every saved version of run {name}"
+    )
+    create_markdown_artifact(
+        png_markdown(heldout_curve_png(records), f"held-out curve of run {name}'s saved versions"), key=f"{key}-curve"
+    )
     return records

@@ -39,7 +39,9 @@ def start_roles(run: RunContext, progress_id: str | None = None) -> dict[str, An
     """{role: its flow run}, each started on its deployment (returns at once); the trainer moves
     the run's progress artifact `progress_id`."""
     p = run.cfg.placement
-    params: dict[str, dict[str, Any]] = {"trainer": {"run_url": run.url, "storage_options": run.storage_options, "progress_id": progress_id}}
+    params: dict[str, dict[str, Any]] = {
+        "trainer": {"run_url": run.url, "storage_options": run.storage_options, "progress_id": progress_id}
+    }
     for i in range(run.cfg.explorer.count):
         params[role_name(i)] = {"run_url": run.url, "explorer_id": i, "storage_options": run.storage_options}
     return {
@@ -99,7 +101,11 @@ def run_deployments(run: RunContext, attempt: str, cancel: Cancel, progress_id: 
     stop = board.get(STOP_KEY) or {}
     if stop.get("kind") == "failed" and not cancel.cancelled:
         # A role whose process died is the cause even when a peer's error (a broadcast cut short) was posted first.
-        crashed = [f"{r} crashed: {s.message}" for r, s in states.items() if s.is_crashed() and not stop["reason"].startswith(r)]
+        crashed = [
+            f"{r} crashed: {s.message}"
+            for r, s in states.items()
+            if s.is_crashed() and not stop["reason"].startswith(r)
+        ]
         raise RoleFailed(f"run {run.url} failed: {'; '.join(crashed + [stop['reason']])}")
 
 

@@ -46,7 +46,11 @@ class Env:
     s3: Callable[[], tuple[str, dict[str, Any]]] | None = None
 
     def tasks(self, lines: list[str] | None = None, name: str = "tasks.jsonl") -> str:
-        rows = lines if lines is not None else [json.dumps({"id": f"t{i}", "question": f"{i}+1=", "answer": str(i + 1)}) for i in range(8)]
+        rows = (
+            lines
+            if lines is not None
+            else [json.dumps({"id": f"t{i}", "question": f"{i}+1=", "answer": str(i + 1)}) for i in range(8)]
+        )
         path = self.tmp / name
         path.write_text("".join(line + "\n" for line in rows))
         return str(path)
@@ -87,8 +91,14 @@ class Env:
             sys.path.insert(0, str(self.tmp))
         return name
 
-    def rft(self, *args: str, timeout: float = 300, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(self.tmp), os.environ.get("PYTHONPATH", "")]), **(extra_env or {})}
+    def rft(
+        self, *args: str, timeout: float = 300, extra_env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(self.tmp), os.environ.get("PYTHONPATH", "")]),
+            **(extra_env or {}),
+        }
         return subprocess.run([RFT, *args], cwd=self.tmp, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -199,12 +209,18 @@ def _reward(source: str, samples: int = 4, bad_every: int = 1, **config: Any) ->
         from rl_engine.rewards import RolloutSample, Task, build_reward, score_rollouts
 
         fn = build_reward(PythonReward(type="python", function=f"{env.module(source)}:f", **config))
-        items = [RolloutSample("1+1=", "bad" if i % bad_every == 0 else "2", Task(f"t{i}", "1+1=", "2"), "stop") for i in range(samples)]
+        items = [
+            RolloutSample("1+1=", "bad" if i % bad_every == 0 else "2", Task(f"t{i}", "1+1=", "2"), "stop")
+            for i in range(samples)
+        ]
 
         def call() -> str:
             result = score_rollouts(fn, items)
             failed = sum(not ok for ok in result.ok)
-            assert failed == result.metrics["reward/errors"] == len(range(0, samples, bad_every)) and result.metrics["reward/count"] == samples - failed
+            assert (
+                failed == result.metrics["reward/errors"] == len(range(0, samples, bad_every))
+                and result.metrics["reward/count"] == samples - failed
+            )
             return f"{failed} of {samples} samples excluded (reward/errors): {result.metrics['reward/error_messages']}"
 
         return call
@@ -253,7 +269,9 @@ def started_run(env: Env, *overrides: str) -> tuple[Any, str]:
     return run, run.url
 
 
-def _resume(*given: str, edit_state: Callable[[Path], None] | None = None, url: Callable[[str], str] | None = None) -> Callable[[Env], Callable[[], Any]]:
+def _resume(
+    *given: str, edit_state: Callable[[Path], None] | None = None, url: Callable[[str], str] | None = None
+) -> Callable[[Env], Callable[[], Any]]:
     """`preflight` of `rft run CONFIG --resume RUN` where CONFIG is the run's config with `given` overrides."""
 
     def build(env: Env) -> Callable[[], Any]:
@@ -354,7 +372,9 @@ def _missing_bucket(start: bool) -> Callable[[Env], Callable[[], Any]]:
     return build
 
 
-def _cli(*args: str, setup: Callable[[Env], list[str]] | None = None, config: bool = True) -> Callable[[Env], Callable[[], Any]]:
+def _cli(
+    *args: str, setup: Callable[[Env], list[str]] | None = None, config: bool = True
+) -> Callable[[Env], Callable[[], Any]]:
     """`rft ARGS [CONFIG]` as a subprocess; CONFIG is a valid config with `setup`'s overrides."""
 
     def build(env: Env) -> Callable[[], Any]:
@@ -402,9 +422,13 @@ def _dead_prefect_api(env: Env) -> Callable[[], Any]:
     path = env.config_file()
 
     def call() -> Any:
-        result = _within(60, lambda: env.rft("run", path, extra_env={"PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}))
+        result = _within(
+            60, lambda: env.rft("run", path, extra_env={"PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"})
+        )
         runs = env.tmp / "runs"
-        assert not runs.exists() or not any(runs.iterdir()), f"the run's directory was created: {sorted(runs.iterdir())}"
+        assert not runs.exists() or not any(runs.iterdir()), (
+            f"the run's directory was created: {sorted(runs.iterdir())}"
+        )
         return result
 
     return call
@@ -437,7 +461,11 @@ def _dead_s3_endpoint(env: Env) -> Callable[[], Any]:
     from rl_engine.run.preflight import preflight
     from rl_engine.trainer.dist import free_port
 
-    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+    for k, v in (
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         os.environ.setdefault(k, v)  # dummies, as the S3 server fixture sets them: nothing is signed for real
     data = env.raw("buffer.storage.url=s3://rft-runs/runs")
     data["buffer"]["storage"]["options"] = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"}}
@@ -463,7 +491,9 @@ def _s3_credentials_refused(env: Env) -> Callable[[], Any]:
     cfg = validate_config(data, "bad.yaml")
 
     def call() -> Any:
-        previous = requests.post(f"{endpoint}/moto-api/reset-auth", data=b"0", timeout=10).json()["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"]
+        previous = requests.post(f"{endpoint}/moto-api/reset-auth", data=b"0", timeout=10).json()[
+            "PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"
+        ]
         try:
             return preflight(cfg)
         finally:
@@ -498,98 +528,653 @@ LONG_PROMPT = json.dumps({"id": "long-1", "question": "1+" * 200 + "1=", "answer
 
 CASES: list[Case] = [
     # ---- configs: types, ranges, unknown keys, inconsistent modes
-    Case("wrong type", "config", _validate("trainer.total_steps=ten"), r"trainer\.total_steps = 'ten'", r"valid integer"),
-    Case("out of range", "config", _validate("explorer.batch_size=0"), r"explorer\.batch_size = 0", r"greater than or equal to 1"),
-    Case("unknown key", "config", _validate("trainer.learning_rate=0.1"), r"trainer\.learning_rate.*unknown key", r"check its spelling against `rft validate --schema`"),
-    Case("GRPO group of one", "config", _validate("algorithm.repeat_times=1"), r"algorithm\.repeat_times = 1", r"set it >= 2"),
-    Case("offset in synchronous mode", "config", _validate("synchronizer.sync_offset=1"), r"synchronizer\.sync_offset = 1", r"use mode 'one_step_off_policy'"),
-    Case("multi_explorer with one explorer", "config", _validate("synchronizer.mode=multi_explorer"), r"explorer\.count = 1", r"explorer\.count >= 2"),
-    Case("staleness bound in a rendezvous mode", "config", _validate("synchronizer.max_staleness=2"), r"synchronizer\.max_staleness = 2", r"set it to null or use an async mode"),
-    Case("credentials in storage options", "config", _validate("buffer.storage.options={key: AKIA123}"), r"must not hold credentials \('key'\)", r"in the environment"),
-    Case("model directory missing", "model", _preflight("model.path=/nonexistent/model"), r"model directory '/nonexistent/model' does not exist", r"rft make-tiny-model"),
-    Case("seed beyond numpy's range", "config", _validate("seed=1180591620717411303424"), r"seed = 1180591620717411303424: too large", r"use a seed in 0\.\.4294966272", "fixed"),
-    Case("section given twice", "config", _load(b"trainer:\n  lr: 0.001\n", "twice.yaml"), r"twice\.yaml: line \d+: key 'trainer' given twice in one section \(first at line \d+\)", r"merge the two into one or delete one", "fixed"),
-    Case("key given twice in a section", "config", _load(b"synchronizer:\n  sync_interval: 2\n  sync_interval: 4\n", "twice.yaml"), r"line \d+: key 'sync_interval' given twice", r"merge the two", "fixed"),
-    Case("learning rate NaN", "config", _validate("trainer.lr=.nan"), r"trainer\.lr = nan: must be a finite number", r"give a number within the field's bounds", "fixed"),
-    Case("infinite timeout", "config", _validate("buffer.read_timeout_s=.inf"), r"buffer\.read_timeout_s = inf: must be a finite number", r"give a number", "fixed"),
-    Case("model path is a file", "model", lambda env: _preflight(f"model.path={env.model}/config.json")(env), r"model\.path = '.*config\.json': '.*config\.json' is a file, not a directory", r"point model\.path at the directory that holds", "fixed"),
+    Case(
+        "wrong type", "config", _validate("trainer.total_steps=ten"), r"trainer\.total_steps = 'ten'", r"valid integer"
+    ),
+    Case(
+        "out of range",
+        "config",
+        _validate("explorer.batch_size=0"),
+        r"explorer\.batch_size = 0",
+        r"greater than or equal to 1",
+    ),
+    Case(
+        "unknown key",
+        "config",
+        _validate("trainer.learning_rate=0.1"),
+        r"trainer\.learning_rate.*unknown key",
+        r"check its spelling against `rft validate --schema`",
+    ),
+    Case(
+        "GRPO group of one",
+        "config",
+        _validate("algorithm.repeat_times=1"),
+        r"algorithm\.repeat_times = 1",
+        r"set it >= 2",
+    ),
+    Case(
+        "offset in synchronous mode",
+        "config",
+        _validate("synchronizer.sync_offset=1"),
+        r"synchronizer\.sync_offset = 1",
+        r"use mode 'one_step_off_policy'",
+    ),
+    Case(
+        "multi_explorer with one explorer",
+        "config",
+        _validate("synchronizer.mode=multi_explorer"),
+        r"explorer\.count = 1",
+        r"explorer\.count >= 2",
+    ),
+    Case(
+        "staleness bound in a rendezvous mode",
+        "config",
+        _validate("synchronizer.max_staleness=2"),
+        r"synchronizer\.max_staleness = 2",
+        r"set it to null or use an async mode",
+    ),
+    Case(
+        "credentials in storage options",
+        "config",
+        _validate("buffer.storage.options={key: AKIA123}"),
+        r"must not hold credentials \('key'\)",
+        r"in the environment",
+    ),
+    Case(
+        "model directory missing",
+        "model",
+        _preflight("model.path=/nonexistent/model"),
+        r"model directory '/nonexistent/model' does not exist",
+        r"rft make-tiny-model",
+    ),
+    Case(
+        "seed beyond numpy's range",
+        "config",
+        _validate("seed=1180591620717411303424"),
+        r"seed = 1180591620717411303424: too large",
+        r"use a seed in 0\.\.4294966272",
+        "fixed",
+    ),
+    Case(
+        "section given twice",
+        "config",
+        _load(b"trainer:\n  lr: 0.001\n", "twice.yaml"),
+        r"twice\.yaml: line \d+: key 'trainer' given twice in one section \(first at line \d+\)",
+        r"merge the two into one or delete one",
+        "fixed",
+    ),
+    Case(
+        "key given twice in a section",
+        "config",
+        _load(b"synchronizer:\n  sync_interval: 2\n  sync_interval: 4\n", "twice.yaml"),
+        r"line \d+: key 'sync_interval' given twice",
+        r"merge the two",
+        "fixed",
+    ),
+    Case(
+        "learning rate NaN",
+        "config",
+        _validate("trainer.lr=.nan"),
+        r"trainer\.lr = nan: must be a finite number",
+        r"give a number within the field's bounds",
+        "fixed",
+    ),
+    Case(
+        "infinite timeout",
+        "config",
+        _validate("buffer.read_timeout_s=.inf"),
+        r"buffer\.read_timeout_s = inf: must be a finite number",
+        r"give a number",
+        "fixed",
+    ),
+    Case(
+        "model path is a file",
+        "model",
+        lambda env: _preflight(f"model.path={env.model}/config.json")(env),
+        r"model\.path = '.*config\.json': '.*config\.json' is a file, not a directory",
+        r"point model\.path at the directory that holds",
+        "fixed",
+    ),
     # ---- sampling settings vLLM refuses: caught when the config loads
-    Case("temperature above vLLM's 2", "sampling", _validate("explorer.sampling.temperature=3.0"), r"explorer\.sampling\.temperature = 3\.0", r"less than or equal to 2", "fixed"),
-    Case("empty stop string", "sampling", _validate("explorer.sampling.stop=['']"), r"explorer\.sampling\.stop.*empty stop string", r"remove it", "fixed"),
-    Case("greedy with a GRPO group", "sampling", _validate("explorer.sampling.temperature=0"), r"explorer\.sampling\.temperature = 0.*identical rollouts", r"use a temperature > 0", "fixed"),
+    Case(
+        "temperature above vLLM's 2",
+        "sampling",
+        _validate("explorer.sampling.temperature=3.0"),
+        r"explorer\.sampling\.temperature = 3\.0",
+        r"less than or equal to 2",
+        "fixed",
+    ),
+    Case(
+        "empty stop string",
+        "sampling",
+        _validate("explorer.sampling.stop=['']"),
+        r"explorer\.sampling\.stop.*empty stop string",
+        r"remove it",
+        "fixed",
+    ),
+    Case(
+        "greedy with a GRPO group",
+        "sampling",
+        _validate("explorer.sampling.temperature=0"),
+        r"explorer\.sampling\.temperature = 0.*identical rollouts",
+        r"use a temperature > 0",
+        "fixed",
+    ),
     # ---- model directories (preflight)
-    Case("corrupt config.json", "model", _preflight(setup=_damaged_model(lambda d: (d / "config.json").write_text('{"model_type": "qwen2",'))), r"config\.json: not valid JSON", r"restore the model's config\.json", "fixed"),
-    Case("config.json of no model", "model", _preflight(setup=_damaged_model(lambda d: (d / "config.json").write_text("{}"))), r"config\.json: not a Hugging Face model config", r"restore the model's config\.json", "fixed"),
-    Case("truncated safetensors", "model", _preflight(setup=_damaged_model(lambda d: _truncate(d / "model.safetensors"))), r"model\.safetensors: truncated", r"copy it again", "fixed"),
-    Case("pickle weights only", "model", _preflight(setup=_damaged_model(_no_pickle_only)), r"no \*\.safetensors weights.*pickle", r"safe_serialization=True", "fixed"),
-    Case("weights of another model", "model", _preflight(setup=_damaged_model(_other_models_config)), r"weights do not fit its config\.json", r"config\.json and the \*\.safetensors of one model together", "fixed"),
-    Case("no tokenizer files", "model", _preflight(setup=_damaged_model(_no_tokenizer)), r"cannot load a tokenizer", r"tokenizer\.json and tokenizer_config\.json", "fixed"),
-    Case("tokenizer without pad token", "model", _preflight(setup=_damaged_model(_edit_json("tokenizer_config.json", lambda c: c.update(pad_token=None)))), r"model\.path = .*the tokenizer has no pad token", r"tokenizer\.pad_token = tokenizer\.eos_token", "fixed"),
-    Case("separate tokenizer without pad token", "model", _preflight(setup=_tokenizer_without_pad), r"model\.tokenizer_path = .*the tokenizer has no pad token", r"tokenizer\.pad_token = tokenizer\.eos_token", "fixed"),
-    Case("context longer than the model's positions", "model", _preflight("model.max_model_len=1000000"), r"model\.max_model_len = 1000000: the model .* has max_position_embeddings = 1024", r"set model\.max_model_len <= 1024", "fixed"),
-    Case("tokenizer of another model", "model", _preflight(setup=_bigger_tokenizer), r"the tokenizer has 267 tokens but the model's embedding only 259 rows", r"use the model's own tokenizer", "fixed"),
+    Case(
+        "corrupt config.json",
+        "model",
+        _preflight(setup=_damaged_model(lambda d: (d / "config.json").write_text('{"model_type": "qwen2",'))),
+        r"config\.json: not valid JSON",
+        r"restore the model's config\.json",
+        "fixed",
+    ),
+    Case(
+        "config.json of no model",
+        "model",
+        _preflight(setup=_damaged_model(lambda d: (d / "config.json").write_text("{}"))),
+        r"config\.json: not a Hugging Face model config",
+        r"restore the model's config\.json",
+        "fixed",
+    ),
+    Case(
+        "truncated safetensors",
+        "model",
+        _preflight(setup=_damaged_model(lambda d: _truncate(d / "model.safetensors"))),
+        r"model\.safetensors: truncated",
+        r"copy it again",
+        "fixed",
+    ),
+    Case(
+        "pickle weights only",
+        "model",
+        _preflight(setup=_damaged_model(_no_pickle_only)),
+        r"no \*\.safetensors weights.*pickle",
+        r"safe_serialization=True",
+        "fixed",
+    ),
+    Case(
+        "weights of another model",
+        "model",
+        _preflight(setup=_damaged_model(_other_models_config)),
+        r"weights do not fit its config\.json",
+        r"config\.json and the \*\.safetensors of one model together",
+        "fixed",
+    ),
+    Case(
+        "no tokenizer files",
+        "model",
+        _preflight(setup=_damaged_model(_no_tokenizer)),
+        r"cannot load a tokenizer",
+        r"tokenizer\.json and tokenizer_config\.json",
+        "fixed",
+    ),
+    Case(
+        "tokenizer without pad token",
+        "model",
+        _preflight(setup=_damaged_model(_edit_json("tokenizer_config.json", lambda c: c.update(pad_token=None)))),
+        r"model\.path = .*the tokenizer has no pad token",
+        r"tokenizer\.pad_token = tokenizer\.eos_token",
+        "fixed",
+    ),
+    Case(
+        "separate tokenizer without pad token",
+        "model",
+        _preflight(setup=_tokenizer_without_pad),
+        r"model\.tokenizer_path = .*the tokenizer has no pad token",
+        r"tokenizer\.pad_token = tokenizer\.eos_token",
+        "fixed",
+    ),
+    Case(
+        "context longer than the model's positions",
+        "model",
+        _preflight("model.max_model_len=1000000"),
+        r"model\.max_model_len = 1000000: the model .* has max_position_embeddings = 1024",
+        r"set model\.max_model_len <= 1024",
+        "fixed",
+    ),
+    Case(
+        "tokenizer of another model",
+        "model",
+        _preflight(setup=_bigger_tokenizer),
+        r"the tokenizer has 267 tokens but the model's embedding only 259 rows",
+        r"use the model's own tokenizer",
+        "fixed",
+    ),
     # ---- task sets (preflight: before any engine; they used to surface after ~45 s of engine start-up)
-    Case("task set missing", "taskset", _preflight(setup=lambda env: [f"taskset.path={env.tmp}/nope.jsonl"]), r"nope\.jsonl'?: file not found", r"rft make-tasks", "fixed"),
+    Case(
+        "task set missing",
+        "taskset",
+        _preflight(setup=lambda env: [f"taskset.path={env.tmp}/nope.jsonl"]),
+        r"nope\.jsonl'?: file not found",
+        r"rft make-tasks",
+        "fixed",
+    ),
     Case("empty task set", "taskset", _preflight(setup=_with_tasks()), r"the task set is empty", r"add rows", "fixed"),
-    Case("malformed row", "taskset", _preflight(setup=_with_tasks('{"question": "1+1="}', "{}", '{"question": "2+2=", ')), r"bad\.jsonl: line 3: not valid JSON", r"fix or delete that line", "fixed"),
-    Case("row without the prompt field", "taskset", _preflight(setup=_with_tasks('{"question": "1+1="}', '{"prompt": "2+2="}')), r"line 2: no 'question' key", r"set taskset\.prompt_key", "fixed"),
-    Case("rows without the reward's answer", "taskset", _preflight(setup=_with_tasks('{"question": "1+1=", "answer": "2"}', '{"question": "2+2="}', '{"question": "3+3=", "answer": null}')), r"bad\.jsonl: line 2: no 'answer' value \(keys: \['question'\]\) \(and 1 more row\(s\)\), and the arithmetic reward", r"give every row its answer, or set taskset\.answer_key", "fixed"),
-    Case("prompt not a string", "taskset", _preflight(setup=_with_tasks('{"question": 12}')), r"line 1: 'question' must be a string", r"write the prompt as a string", "fixed"),
-    Case("duplicate task ids", "taskset", _preflight(setup=_with_tasks('{"id": "a", "question": "1="}', '{"id": "a", "question": "2="}')), r"line 2: duplicate id 'a'", r"give every row its own id", "fixed"),
-    Case("unknown task file type", "taskset", _preflight(setup=_with_tasks("q,a", name="tasks.csv")), r"tasks\.csv'?: unknown file type", r"use \.jsonl", "fixed"),
+    Case(
+        "malformed row",
+        "taskset",
+        _preflight(setup=_with_tasks('{"question": "1+1="}', "{}", '{"question": "2+2=", ')),
+        r"bad\.jsonl: line 3: not valid JSON",
+        r"fix or delete that line",
+        "fixed",
+    ),
+    Case(
+        "row without the prompt field",
+        "taskset",
+        _preflight(setup=_with_tasks('{"question": "1+1="}', '{"prompt": "2+2="}')),
+        r"line 2: no 'question' key",
+        r"set taskset\.prompt_key",
+        "fixed",
+    ),
+    Case(
+        "rows without the reward's answer",
+        "taskset",
+        _preflight(
+            setup=_with_tasks(
+                '{"question": "1+1=", "answer": "2"}', '{"question": "2+2="}', '{"question": "3+3=", "answer": null}'
+            )
+        ),
+        r"bad\.jsonl: line 2: no 'answer' value \(keys: \['question'\]\) \(and 1 more row\(s\)\), and the arithmetic reward",
+        r"give every row its answer, or set taskset\.answer_key",
+        "fixed",
+    ),
+    Case(
+        "prompt not a string",
+        "taskset",
+        _preflight(setup=_with_tasks('{"question": 12}')),
+        r"line 1: 'question' must be a string",
+        r"write the prompt as a string",
+        "fixed",
+    ),
+    Case(
+        "duplicate task ids",
+        "taskset",
+        _preflight(setup=_with_tasks('{"id": "a", "question": "1="}', '{"id": "a", "question": "2="}')),
+        r"line 2: duplicate id 'a'",
+        r"give every row its own id",
+        "fixed",
+    ),
+    Case(
+        "unknown task file type",
+        "taskset",
+        _preflight(setup=_with_tasks("q,a", name="tasks.csv")),
+        r"tasks\.csv'?: unknown file type",
+        r"use \.jsonl",
+        "fixed",
+    ),
     # ---- prompts longer than the context (preflight formats and tokenizes every prompt)
-    Case("prompt longer than the context", "prompt", _preflight(setup=_with_tasks('{"question": "1+1=", "answer": "2"}', LONG_PROMPT)), r"1 prompt\(s\) leave no room.*'long-1' \(\d+ tokens\)", r"shorten or drop those rows, or raise model\.max_model_len", "fixed"),
-    Case("empty prompt", "prompt", _preflight(setup=_with_tasks('{"id": "e", "question": "", "answer": "0"}')), r"prompt\(s\) are empty.*'e'", r"give every row a prompt", "fixed"),
+    Case(
+        "prompt longer than the context",
+        "prompt",
+        _preflight(setup=_with_tasks('{"question": "1+1=", "answer": "2"}', LONG_PROMPT)),
+        r"1 prompt\(s\) leave no room.*'long-1' \(\d+ tokens\)",
+        r"shorten or drop those rows, or raise model\.max_model_len",
+        "fixed",
+    ),
+    Case(
+        "empty prompt",
+        "prompt",
+        _preflight(setup=_with_tasks('{"id": "e", "question": "", "answer": "0"}')),
+        r"prompt\(s\) are empty.*'e'",
+        r"give every row a prompt",
+        "fixed",
+    ),
     # ---- reward functions
-    Case("reward does not import", "reward", _build_reward("no_such_rewards_xyz:f"), r"cannot import module 'no_such_rewards_xyz'", r"installed or on PYTHONPATH"),
-    Case("reward module fails at import", "reward", _build_reward("MOD:f", "raise RuntimeError('needs a GPU')\n"), r"RuntimeError: needs a GPU", r"installed or on PYTHONPATH"),
-    Case("reward with a wrong signature", "reward", _build_reward("MOD:f", "def f(prompt):\n    return 0.0\n"), r"signature \(prompt\) cannot be called", r"as \(prompt, response, task\[, finish_reason\]\)"),
-    Case("reward not importable, at preflight", "reward", _preflight("taskset.reward={type: python, function: 'no_such_rewards_xyz:f'}"), r"cannot import module", r"installed or on PYTHONPATH", "fixed"),
-    Case("reward raises on some samples", "reward", _reward(RAISES, bad_every=2), r"2 of 4 samples excluded.*ValueError: cannot parse 'bad'", r"", excluded=True),
-    Case("reward returns NaN on some samples", "reward", _reward(NAN, bad_every=2), r"2 of 4 samples excluded.*not finite", r"", excluded=True),
-    Case("reward returns a string on some samples", "reward", _reward(STRING, bad_every=2), r"2 of 4 samples excluded.*returned str 'high'", r"", excluded=True),
-    Case("reward raises on every sample", "reward", _reward(RAISES), r"failed on all 4 samples.*ValueError: cannot parse 'bad'", r"fix the reward: it must return a finite float", "fixed"),
-    Case("reward returns NaN on every sample", "reward", _reward(NAN), r"failed on all 4 samples.*not finite", r"fix the reward", "fixed"),
-    Case("reward returns a string on every sample", "reward", _reward(STRING), r"failed on all 4 samples.*returned str 'high'", r"fix the reward", "fixed"),
-    Case("reward never returns", "reward", _reward(NEVER_RETURNS, timeout_s=0.3), r"did not return within taskset\.reward\.timeout_s = 0\.3 s \(task 't0'\)", r"make it return faster.*or raise taskset\.reward\.timeout_s", "fixed"),
+    Case(
+        "reward does not import",
+        "reward",
+        _build_reward("no_such_rewards_xyz:f"),
+        r"cannot import module 'no_such_rewards_xyz'",
+        r"installed or on PYTHONPATH",
+    ),
+    Case(
+        "reward module fails at import",
+        "reward",
+        _build_reward("MOD:f", "raise RuntimeError('needs a GPU')\n"),
+        r"RuntimeError: needs a GPU",
+        r"installed or on PYTHONPATH",
+    ),
+    Case(
+        "reward with a wrong signature",
+        "reward",
+        _build_reward("MOD:f", "def f(prompt):\n    return 0.0\n"),
+        r"signature \(prompt\) cannot be called",
+        r"as \(prompt, response, task\[, finish_reason\]\)",
+    ),
+    Case(
+        "reward not importable, at preflight",
+        "reward",
+        _preflight("taskset.reward={type: python, function: 'no_such_rewards_xyz:f'}"),
+        r"cannot import module",
+        r"installed or on PYTHONPATH",
+        "fixed",
+    ),
+    Case(
+        "reward raises on some samples",
+        "reward",
+        _reward(RAISES, bad_every=2),
+        r"2 of 4 samples excluded.*ValueError: cannot parse 'bad'",
+        r"",
+        excluded=True,
+    ),
+    Case(
+        "reward returns NaN on some samples",
+        "reward",
+        _reward(NAN, bad_every=2),
+        r"2 of 4 samples excluded.*not finite",
+        r"",
+        excluded=True,
+    ),
+    Case(
+        "reward returns a string on some samples",
+        "reward",
+        _reward(STRING, bad_every=2),
+        r"2 of 4 samples excluded.*returned str 'high'",
+        r"",
+        excluded=True,
+    ),
+    Case(
+        "reward raises on every sample",
+        "reward",
+        _reward(RAISES),
+        r"failed on all 4 samples.*ValueError: cannot parse 'bad'",
+        r"fix the reward: it must return a finite float",
+        "fixed",
+    ),
+    Case(
+        "reward returns NaN on every sample",
+        "reward",
+        _reward(NAN),
+        r"failed on all 4 samples.*not finite",
+        r"fix the reward",
+        "fixed",
+    ),
+    Case(
+        "reward returns a string on every sample",
+        "reward",
+        _reward(STRING),
+        r"failed on all 4 samples.*returned str 'high'",
+        r"fix the reward",
+        "fixed",
+    ),
+    Case(
+        "reward never returns",
+        "reward",
+        _reward(NEVER_RETURNS, timeout_s=0.3),
+        r"did not return within taskset\.reward\.timeout_s = 0\.3 s \(task 't0'\)",
+        r"make it return faster.*or raise taskset\.reward\.timeout_s",
+        "fixed",
+    ),
     # ---- workflow
-    Case("workflow does not import", "workflow", _build_workflow("no_such_workflows_xyz:play"), r"taskset\.workflow\.function = 'no_such_workflows_xyz:play': cannot import module", r"installed or on PYTHONPATH"),
-    Case("workflow name not in its module", "workflow", _build_workflow("MOD:play", "def other(task, episode):\n    return 0.0\n"), r"has no function or class 'play'", r""),
-    Case("workflow class with wrong kwargs", "workflow", _build_workflow("MOD:Game", "class Game:\n    def __init__(self, turns):\n        self.turns = turns\n    def run(self, task, episode):\n        return 0.0\n", level=2), r"cannot build the class with taskset\.workflow\.kwargs \['level'\]", r""),
-    Case("workflow not importable, at preflight", "workflow", _preflight("taskset.workflow={type: python, function: 'no_such_workflows_xyz:play'}"), r"cannot import module", r"installed or on PYTHONPATH", "fixed"),
-    Case("workflow with partial rollouts", "workflow", _validate("taskset.workflow={type: calculator}", "explorer.partial.enabled=true"), r"explorer\.partial\.enabled with taskset\.workflow\.type = 'calculator'", r"disable explorer\.partial or use taskset\.workflow\.type: single_turn"),
-    Case("failed episodes scored without a reward", "workflow", _validate("taskset.user_code.on_episode_error=score"), r"on_episode_error = score needs taskset\.user_code\.failed_reward", r""),
+    Case(
+        "workflow does not import",
+        "workflow",
+        _build_workflow("no_such_workflows_xyz:play"),
+        r"taskset\.workflow\.function = 'no_such_workflows_xyz:play': cannot import module",
+        r"installed or on PYTHONPATH",
+    ),
+    Case(
+        "workflow name not in its module",
+        "workflow",
+        _build_workflow("MOD:play", "def other(task, episode):\n    return 0.0\n"),
+        r"has no function or class 'play'",
+        r"",
+    ),
+    Case(
+        "workflow class with wrong kwargs",
+        "workflow",
+        _build_workflow(
+            "MOD:Game",
+            "class Game:\n    def __init__(self, turns):\n        self.turns = turns\n    def run(self, task, episode):\n        return 0.0\n",
+            level=2,
+        ),
+        r"cannot build the class with taskset\.workflow\.kwargs \['level'\]",
+        r"",
+    ),
+    Case(
+        "workflow not importable, at preflight",
+        "workflow",
+        _preflight("taskset.workflow={type: python, function: 'no_such_workflows_xyz:play'}"),
+        r"cannot import module",
+        r"installed or on PYTHONPATH",
+        "fixed",
+    ),
+    Case(
+        "workflow with partial rollouts",
+        "workflow",
+        _validate("taskset.workflow={type: calculator}", "explorer.partial.enabled=true"),
+        r"explorer\.partial\.enabled with taskset\.workflow\.type = 'calculator'",
+        r"disable explorer\.partial or use taskset\.workflow\.type: single_turn",
+    ),
+    Case(
+        "failed episodes scored without a reward",
+        "workflow",
+        _validate("taskset.user_code.on_episode_error=score"),
+        r"on_episode_error = score needs taskset\.user_code\.failed_reward",
+        r"",
+    ),
     # ---- storage
-    Case("storage not writable", "storage", _preflight(setup=_unwritable_dir), r"buffer\.storage\.url = .*cannot write there", r"point buffer\.storage\.url at a directory or bucket you can write to", "fixed"),
-    Case("storage under a file", "storage", _preflight(setup=_under_a_file), r"a-file/runs'?: cannot write there", r"point buffer\.storage\.url at", "fixed"),
-    Case("unknown storage protocol", "storage", _preflight("buffer.storage.url=nosuchfs://bucket/runs"), r"nosuchfs://bucket/runs'?: cannot open it", r"fsspec URL such as s3://", "fixed"),
-    Case("missing S3 bucket", "storage", _missing_bucket(start=False), r"bucket 'missing-\w+' does not exist \(rft never creates buckets\)", r"create it first", "fixed", needs="s3"),
-    Case("S3 endpoint refusing connections", "storage", _dead_s3_endpoint, r"rft-runs/runs'?: the object store at endpoint http://127\.0\.0\.1:\d+ did not answer within the 5 s", r"endpoint_url\) is up and reachable.*buffer\.storage\.outage_timeout_s = 120 s", "fixed"),
-    Case("S3 credentials refused", "storage", _s3_credentials_refused, r"access denied by the object store at endpoint http://127\.0\.0\.1:\d+ \(InvalidAccessKeyId", r"check the credentials in the environment \(AWS_ACCESS_KEY_ID", "fixed", needs="s3"),
-    Case("missing S3 bucket, run started by a flow", "storage", _missing_bucket(start=True), r"bucket 'missing-\w+' does not exist", r"create it first", "fixed", needs="s3"),
+    Case(
+        "storage not writable",
+        "storage",
+        _preflight(setup=_unwritable_dir),
+        r"buffer\.storage\.url = .*cannot write there",
+        r"point buffer\.storage\.url at a directory or bucket you can write to",
+        "fixed",
+    ),
+    Case(
+        "storage under a file",
+        "storage",
+        _preflight(setup=_under_a_file),
+        r"a-file/runs'?: cannot write there",
+        r"point buffer\.storage\.url at",
+        "fixed",
+    ),
+    Case(
+        "unknown storage protocol",
+        "storage",
+        _preflight("buffer.storage.url=nosuchfs://bucket/runs"),
+        r"nosuchfs://bucket/runs'?: cannot open it",
+        r"fsspec URL such as s3://",
+        "fixed",
+    ),
+    Case(
+        "missing S3 bucket",
+        "storage",
+        _missing_bucket(start=False),
+        r"bucket 'missing-\w+' does not exist \(rft never creates buckets\)",
+        r"create it first",
+        "fixed",
+        needs="s3",
+    ),
+    Case(
+        "S3 endpoint refusing connections",
+        "storage",
+        _dead_s3_endpoint,
+        r"rft-runs/runs'?: the object store at endpoint http://127\.0\.0\.1:\d+ did not answer within the 5 s",
+        r"endpoint_url\) is up and reachable.*buffer\.storage\.outage_timeout_s = 120 s",
+        "fixed",
+    ),
+    Case(
+        "S3 credentials refused",
+        "storage",
+        _s3_credentials_refused,
+        r"access denied by the object store at endpoint http://127\.0\.0\.1:\d+ \(InvalidAccessKeyId",
+        r"check the credentials in the environment \(AWS_ACCESS_KEY_ID",
+        "fixed",
+        needs="s3",
+    ),
+    Case(
+        "missing S3 bucket, run started by a flow",
+        "storage",
+        _missing_bucket(start=True),
+        r"bucket 'missing-\w+' does not exist",
+        r"create it first",
+        "fixed",
+        needs="s3",
+    ),
     # ---- runs: new, resumed
-    Case("new run under an existing name", "resume", lambda env: (started_run(env), _preflight("name=r1")(env))[1], r"run .*/runs/r1 already exists", r"resume it with `rft run CONFIG --resume", "fixed"),
-    Case("resume of a missing run", "resume", _resume(url=lambda u: u + "-missing"), r"r1-missing: not a run directory \(no config\.yaml\)", r"runs live under buffer\.storage\.url"),
-    Case("resume with a different mode", "resume", _resume("synchronizer.mode=fully_async"), r"that run is mode 'synchronous', bad\.yaml says 'fully_async'", r"resume it with its own config.*or start a new run", "fixed"),
-    Case("resume with an edited config", "resume", _resume("trainer.total_steps=50", "trainer.lr=0.001"), r"differs .* in 2 field\(s\): trainer\.lr .*trainer\.total_steps \(the run's 2, given 50\)", r"resume with that one \(`rft run .*r1/config\.yaml --resume", "fixed"),
-    Case("resume of a run whose config.yaml is damaged", "resume", _damaged_saved_config, r"r1/config\.yaml is damaged, not readable as a config \(.*r1/config\.yaml: not valid YAML", r"restore it from a copy.*--set name=r1 --print", "fixed"),
-    Case("resume of a complete run", "resume", _complete_run, r"r1: the run is complete, its trainer reached step 2 of trainer\.total_steps = 2", r"nothing to resume: use that model, or start a new run", "fixed"),
-    Case("checkpoint from another model, on resume", "resume", _resume(edit_state=_state_of_other_model), r"trainer state trainer_state/step=2 does not fit this model.*model\.embed_tokens\.weight \[259, 64\]", r"Resume with the model the run was started from", "fixed"),
-    Case("checkpoint from another model, at restore", "resume", _restore_other_model, r"trainer state does not fit this model.*weight \[2, 8\], the model's \[2, 4\]", r"Resume with the model the run was started from", "fixed"),
+    Case(
+        "new run under an existing name",
+        "resume",
+        lambda env: (started_run(env), _preflight("name=r1")(env))[1],
+        r"run .*/runs/r1 already exists",
+        r"resume it with `rft run CONFIG --resume",
+        "fixed",
+    ),
+    Case(
+        "resume of a missing run",
+        "resume",
+        _resume(url=lambda u: u + "-missing"),
+        r"r1-missing: not a run directory \(no config\.yaml\)",
+        r"runs live under buffer\.storage\.url",
+    ),
+    Case(
+        "resume with a different mode",
+        "resume",
+        _resume("synchronizer.mode=fully_async"),
+        r"that run is mode 'synchronous', bad\.yaml says 'fully_async'",
+        r"resume it with its own config.*or start a new run",
+        "fixed",
+    ),
+    Case(
+        "resume with an edited config",
+        "resume",
+        _resume("trainer.total_steps=50", "trainer.lr=0.001"),
+        r"differs .* in 2 field\(s\): trainer\.lr .*trainer\.total_steps \(the run's 2, given 50\)",
+        r"resume with that one \(`rft run .*r1/config\.yaml --resume",
+        "fixed",
+    ),
+    Case(
+        "resume of a run whose config.yaml is damaged",
+        "resume",
+        _damaged_saved_config,
+        r"r1/config\.yaml is damaged, not readable as a config \(.*r1/config\.yaml: not valid YAML",
+        r"restore it from a copy.*--set name=r1 --print",
+        "fixed",
+    ),
+    Case(
+        "resume of a complete run",
+        "resume",
+        _complete_run,
+        r"r1: the run is complete, its trainer reached step 2 of trainer\.total_steps = 2",
+        r"nothing to resume: use that model, or start a new run",
+        "fixed",
+    ),
+    Case(
+        "checkpoint from another model, on resume",
+        "resume",
+        _resume(edit_state=_state_of_other_model),
+        r"trainer state trainer_state/step=2 does not fit this model.*model\.embed_tokens\.weight \[259, 64\]",
+        r"Resume with the model the run was started from",
+        "fixed",
+    ),
+    Case(
+        "checkpoint from another model, at restore",
+        "resume",
+        _restore_other_model,
+        r"trainer state does not fit this model.*weight \[2, 8\], the model's \[2, 4\]",
+        r"Resume with the model the run was started from",
+        "fixed",
+    ),
     # ---- corrupted buffer files and commit records (found when read: the reader stops, deletes nothing)
-    Case("truncated buffer file", "buffer", _corrupt_buffer("truncated"), r"part-\w+\.arrow: size \d+ bytes, its commit record says \d+: truncated", r"restore the file from a copy, or set buffer\.on_corrupt: skip", "fixed"),
-    Case("buffer file altered after commit", "buffer", _corrupt_buffer("bit flip"), r"part-\w+\.arrow: checksum mismatch", r"buffer\.on_corrupt: skip", "fixed"),
-    Case("unreadable commit record", "buffer", _corrupt_buffer("record garbage"), r"_commits/\S+\.json: unreadable commit record", r"buffer\.on_corrupt: skip", "fixed"),
-    Case("commit record of another format", "buffer", _corrupt_buffer("record format"), r"commit record format 99, expected 1", r"buffer\.on_corrupt: skip", "fixed"),
+    Case(
+        "truncated buffer file",
+        "buffer",
+        _corrupt_buffer("truncated"),
+        r"part-\w+\.arrow: size \d+ bytes, its commit record says \d+: truncated",
+        r"restore the file from a copy, or set buffer\.on_corrupt: skip",
+        "fixed",
+    ),
+    Case(
+        "buffer file altered after commit",
+        "buffer",
+        _corrupt_buffer("bit flip"),
+        r"part-\w+\.arrow: checksum mismatch",
+        r"buffer\.on_corrupt: skip",
+        "fixed",
+    ),
+    Case(
+        "unreadable commit record",
+        "buffer",
+        _corrupt_buffer("record garbage"),
+        r"_commits/\S+\.json: unreadable commit record",
+        r"buffer\.on_corrupt: skip",
+        "fixed",
+    ),
+    Case(
+        "commit record of another format",
+        "buffer",
+        _corrupt_buffer("record format"),
+        r"commit record format 99, expected 1",
+        r"buffer\.on_corrupt: skip",
+        "fixed",
+    ),
     # ---- through the command line: exit code 2, no traceback
-    Case("rft validate: unknown key", "cli", _cli("validate", setup=lambda env: ["trainer.learning_rate=0.1"]), r"trainer\.learning_rate.*unknown key", r"rft validate --schema"),
-    Case("rft run: corrupt config.json", "cli", _cli("run", setup=_damaged_model(lambda d: (d / "config.json").write_text("{"))), r"config\.json: not valid JSON", r"restore the model's config\.json", "fixed"),
-    Case("rft run: empty task set", "cli", _cli("run", setup=_with_tasks()), r"the task set is empty", r"add rows", "fixed"),
-    Case("rft run: read-only storage", "cli", _cli("run", setup=_unwritable_dir), r"cannot write there", r"point buffer\.storage\.url at", "fixed"),
-    Case("rft validate: config not UTF-8", "cli", _cli_not_utf8, r"latin1\.yaml: not UTF-8 text \(byte 0xe9 at line \d+, column 10\)", r"save the file as UTF-8", "fixed"),
-    Case("rft run: Prefect API not answering", "cli", _dead_prefect_api, r"PREFECT_API_URL = 'http://127\.0\.0\.1:\d+/api': cannot reach a Prefect server there.*nothing of the run was created", r"prefect server start.*or unset it", "fixed"),
-    Case("rft run --resume of a missing run", "cli", _resume_missing_cli, r"no-such-run: not a run directory", r"runs live under buffer\.storage\.url"),
-    Case("rft run: reward fails on every sample", "cli", _real_run_broken_reward, r"failed on all 16 samples of this step.*ValueError: cannot parse", r"fix the reward", "fixed", needs="engine"),
+    Case(
+        "rft validate: unknown key",
+        "cli",
+        _cli("validate", setup=lambda env: ["trainer.learning_rate=0.1"]),
+        r"trainer\.learning_rate.*unknown key",
+        r"rft validate --schema",
+    ),
+    Case(
+        "rft run: corrupt config.json",
+        "cli",
+        _cli("run", setup=_damaged_model(lambda d: (d / "config.json").write_text("{"))),
+        r"config\.json: not valid JSON",
+        r"restore the model's config\.json",
+        "fixed",
+    ),
+    Case(
+        "rft run: empty task set",
+        "cli",
+        _cli("run", setup=_with_tasks()),
+        r"the task set is empty",
+        r"add rows",
+        "fixed",
+    ),
+    Case(
+        "rft run: read-only storage",
+        "cli",
+        _cli("run", setup=_unwritable_dir),
+        r"cannot write there",
+        r"point buffer\.storage\.url at",
+        "fixed",
+    ),
+    Case(
+        "rft validate: config not UTF-8",
+        "cli",
+        _cli_not_utf8,
+        r"latin1\.yaml: not UTF-8 text \(byte 0xe9 at line \d+, column 10\)",
+        r"save the file as UTF-8",
+        "fixed",
+    ),
+    Case(
+        "rft run: Prefect API not answering",
+        "cli",
+        _dead_prefect_api,
+        r"PREFECT_API_URL = 'http://127\.0\.0\.1:\d+/api': cannot reach a Prefect server there.*nothing of the run was created",
+        r"prefect server start.*or unset it",
+        "fixed",
+    ),
+    Case(
+        "rft run --resume of a missing run",
+        "cli",
+        _resume_missing_cli,
+        r"no-such-run: not a run directory",
+        r"runs live under buffer\.storage\.url",
+    ),
+    Case(
+        "rft run: reward fails on every sample",
+        "cli",
+        _real_run_broken_reward,
+        r"failed on all 16 samples of this step.*ValueError: cannot parse",
+        r"fix the reward",
+        "fixed",
+        needs="engine",
+    ),
 ]
 
 
@@ -598,7 +1183,11 @@ CASES: list[Case] = [
 
 def snapshot(root: Path) -> dict[str, str]:
     """{relative path: sha256} of every file under `root`."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def run_case(case: Case, env: Env) -> dict[str, Any]:
@@ -632,4 +1221,12 @@ def run_case(case: Case, env: Env) -> dict[str, Any]:
     changed = sorted(p for p, h in stored.items() if after.get(p) != h)
     if changed:
         why.append(f"stored files changed or lost: {changed[:5]}")
-    return {"case": case.name, "area": case.area, "before": case.before, "outcome": outcome, "clear": not why, "why": "; ".join(why), "message": message}
+    return {
+        "case": case.name,
+        "area": case.area,
+        "before": case.before,
+        "outcome": outcome,
+        "clear": not why,
+        "why": "; ".join(why),
+        "message": message,
+    }

@@ -40,7 +40,9 @@ def _healthy(url: str) -> bool:
 
 
 @contextlib.contextmanager
-def engine_server(config: str | Path, log_dir: Path, *overrides: str, timeout_s: float = START_TIMEOUT_S) -> Iterator[EngineServer]:
+def engine_server(
+    config: str | Path, log_dir: Path, *overrides: str, timeout_s: float = START_TIMEOUT_S
+) -> Iterator[EngineServer]:
     """`rft engine serve CONFIG --port <free>` until the block ends."""
     from rl_engine.trainer.dist import free_port
 
@@ -61,7 +63,9 @@ def engine_server(config: str | Path, log_dir: Path, *overrides: str, timeout_s:
             if proc.poll() is not None:
                 raise AssertionError(f"`rft engine serve` exited with {proc.returncode}\n{log_tail(log_path)}")
             if time.monotonic() - t0 > timeout_s:
-                raise AssertionError(f"`rft engine serve` did not answer at {url}/health within {timeout_s:.0f} s\n{log_tail(log_path)}")
+                raise AssertionError(
+                    f"`rft engine serve` did not answer at {url}/health within {timeout_s:.0f} s\n{log_tail(log_path)}"
+                )
             time.sleep(0.5)
         yield EngineServer(url, time.monotonic() - t0, log_path, proc)
     finally:

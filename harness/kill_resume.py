@@ -50,7 +50,11 @@ def run_env(root: Path) -> dict[str, str]:
     """The environment of a user's shell: no test Prefect server, a Prefect home of the trial's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     # A fresh Prefect home migrates its database first: more than the default 20 s on a busy machine.
-    return {**env, "PREFECT_HOME": str(root / "prefect-home"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
+    return {
+        **env,
+        "PREFECT_HOME": str(root / "prefect-home"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+    }
 
 
 # A trial's multi-turn workflow instead of partial rollouts (they exclude each other): a game whose
@@ -58,9 +62,13 @@ def run_env(root: Path) -> dict[str, str]:
 WORKFLOW = {"type": "guess_number", "max_turns": 2}
 
 
-def trial_config(model: str, tasks: str, root: Path, mode: str, name: str, workflow: bool = False, checkpoint_interval: int = 2) -> str:
+def trial_config(
+    model: str, tasks: str, root: Path, mode: str, name: str, workflow: bool = False, checkpoint_interval: int = 2
+) -> str:
     sync = dict(MODES[mode])
-    data = partial_config(model, tasks, str(root), name=name, total_steps=TOTAL_STEPS, checkpoint_interval=checkpoint_interval, **sync)
+    data = partial_config(
+        model, tasks, str(root), name=name, total_steps=TOTAL_STEPS, checkpoint_interval=checkpoint_interval, **sync
+    )
     if workflow:
         del data["explorer"]["partial"]
         data["taskset"]["workflow"] = dict(WORKFLOW)
@@ -113,7 +121,12 @@ def wait_for_point(point: str, run_dir: Path, proc: subprocess.Popen, log: Path,
         if _state_steps(run_dir):
             raise AssertionError(f"a trainer state was saved before the {EARLY} kill point: {_state_steps(run_dir)}")
         return
-    _wait("trainer version 2 and a checkpoint", lambda: _trainer_version(run_dir) >= 2 and _state_steps(run_dir), proc, log)
+    _wait(
+        "trainer version 2 and a checkpoint",
+        lambda: _trainer_version(run_dir) >= 2 and _state_steps(run_dir),
+        proc,
+        log,
+    )
     if point == "rollout":  # somewhere in the next step or two (a step takes ~0.5 s): rollouts, writes, syncs
         time.sleep(rng.uniform(0.0, 0.5))
     elif point == "checkpoint":  # the moment a new trainer state is committed
@@ -121,7 +134,13 @@ def wait_for_point(point: str, run_dir: Path, proc: subprocess.Popen, log: Path,
         _wait("a new checkpoint", lambda: _state_steps(run_dir) - seen, proc, log, POINT_TIMEOUT_S)
     elif point == "continuation":  # a new continuation file, written before the manifest names it (or just after)
         seen = _store_files(run_dir)
-        _wait("a continuation save", lambda: {f for f in _store_files(run_dir) - seen if f.startswith("part-")}, proc, log, POINT_TIMEOUT_S)
+        _wait(
+            "a continuation save",
+            lambda: {f for f in _store_files(run_dir) - seen if f.startswith("part-")},
+            proc,
+            log,
+            POINT_TIMEOUT_S,
+        )
     else:  # a weight sync that has begun
         marks = _sync_marks(run_dir)
         _wait("a weight sync", lambda: _sync_marks(run_dir) != marks, proc, log, POINT_TIMEOUT_S)
@@ -166,7 +185,9 @@ def trainer_lineage(run_url: str) -> list[dict]:
     return [by_step[t] for t in sorted(by_step)]
 
 
-def kill_trial(model: str, tasks: str, root: Path, mode: str, scope: str, point: str, rng: random.Random, workflow: bool = False) -> dict[str, Any]:
+def kill_trial(
+    model: str, tasks: str, root: Path, mode: str, scope: str, point: str, rng: random.Random, workflow: bool = False
+) -> dict[str, Any]:
     """One trial: start, kill at `point`, check what survives, resume to the end. Returns what
     the test asserts on (bench.faults counts the same). `workflow`: multi-turn episodes
     (`WORKFLOW`) instead of partial rollouts."""
@@ -179,7 +200,15 @@ def kill_trial(model: str, tasks: str, root: Path, mode: str, scope: str, point:
     config, env = trial_config(model, tasks, root, mode, name, workflow, checkpoint_interval=interval), run_env(root)
     started = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.Popen([RFT, "run", config], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            [RFT, "run", config],
+            cwd=root,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     try:
         wait_for_point(point, run_dir, proc, log, rng)
         tree = process_tree(proc.pid)
@@ -203,15 +232,38 @@ def kill_trial(model: str, tasks: str, root: Path, mode: str, scope: str, point:
     before = {r["experience_id"] for r in stored_rows(run.url)}
     held = pending_groups(run.url, explorers)
     saved = latest_state_step(run) or 0
-    res = subprocess.run([RFT, "run", config, "--resume", str(run_dir)], cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=RESUME_TIMEOUT_S, start_new_session=True)
+    res = subprocess.run(
+        [RFT, "run", config, "--resume", str(run_dir)],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=RESUME_TIMEOUT_S,
+        start_new_session=True,
+    )
     rows = stored_rows(run.url)
     ids = Counter(r["experience_id"] for r in rows)
     still = pending_groups(run.url, explorers)
     return {
-        "mode": mode, "scope": scope, "point": point, "run": run, "tree": names, "survivors": left,
-        "killed_after_s": killed_at, "total_s": time.monotonic() - started, "resume_rc": res.returncode, "resume_out": res.stdout + res.stderr,
-        "before": before, "held": held, "saved": saved, "rows": rows, "duplicated": [i for i, n in ids.items() if n > 1],
-        "lost": sorted(before - set(ids)), "still_pending": still, "continuations_lost": held - {r["group_id"] for r in rows} - still,
+        "mode": mode,
+        "scope": scope,
+        "point": point,
+        "run": run,
+        "tree": names,
+        "survivors": left,
+        "killed_after_s": killed_at,
+        "total_s": time.monotonic() - started,
+        "resume_rc": res.returncode,
+        "resume_out": res.stdout + res.stderr,
+        "before": before,
+        "held": held,
+        "saved": saved,
+        "rows": rows,
+        "duplicated": [i for i, n in ids.items() if n > 1],
+        "lost": sorted(before - set(ids)),
+        "still_pending": still,
+        "continuations_lost": held - {r["group_id"] for r in rows} - still,
         "lineage": trainer_lineage(run.url) if res.returncode == 0 else [],
         "uncommitted": uncommitted_files(run.url),
     }
@@ -239,7 +291,9 @@ def untrained(trial: dict[str, Any]) -> list[str]:
         trained = {s for m in lineage for s in m["explorer_steps"]}
         skipped = set(range(1, max(trained) + 1)) - trained
         if len(skipped) * cfg.explorer.batch_size * cfg.algorithm.repeat_times != counters["dropped_stale"]:
-            bad.append(f"explorer steps {sorted(skipped)} not trained, {counters['dropped_stale']} experiences dropped as stale")
+            bad.append(
+                f"explorer steps {sorted(skipped)} not trained, {counters['dropped_stale']} experiences dropped as stale"
+            )
     return bad
 
 
@@ -251,7 +305,9 @@ def prompt_order_breaks(trial: dict[str, Any]) -> list[str]:
     groups = {r["group_id"] for r in trial["rows"]} | trial["still_pending"]
     bad, seen = [], Counter()
     for i in range(cfg.explorer.count):
-        mine = sorted((int(g.split("-")[1].removeprefix("d")), g.split("-", 2)[2]) for g in groups if g.startswith(f"{i}-"))
+        mine = sorted(
+            (int(g.split("-")[1].removeprefix("d")), g.split("-", 2)[2]) for g in groups if g.startswith(f"{i}-")
+        )
         stream = TaskIterator(tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * i, shuffle=cfg.taskset.shuffle)
         expected = [stream.next_task().task_id for _ in range(max((d for d, _ in mine), default=0))]
         for d, task in mine:
@@ -273,8 +329,12 @@ def schedule_breaks(trial: dict[str, Any]) -> list[str]:
             continue
         for seg in r["segments"]:
             e, v = seg["explorer_step"], seg["version"]
-            if s.mode in ("synchronous", "one_step_off_policy") and v != rendezvous_version(e, s.sync_interval, s.sync_offset):
-                bad.append(f"{r['group_id']} step {e}: v{v}, schedule v{rendezvous_version(e, s.sync_interval, s.sync_offset)}")
+            if s.mode in ("synchronous", "one_step_off_policy") and v != rendezvous_version(
+                e, s.sync_interval, s.sync_offset
+            ):
+                bad.append(
+                    f"{r['group_id']} step {e}: v{v}, schedule v{rendezvous_version(e, s.sync_interval, s.sync_offset)}"
+                )
             elif s.mode in ("fully_async", "multi_explorer") and v < e - 1 - s.max_staleness:
                 bad.append(f"{r['group_id']} step {e}: v{v}, older than v{e - 1 - s.max_staleness}")
     return bad

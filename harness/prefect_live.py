@@ -65,7 +65,6 @@ _QUIET_ENV = {
 }
 
 
-
 def log_tail(path: Path | str, n: int = 60) -> str:
     """The last `n` lines of a log file ('' if it does not exist)."""
     try:
@@ -136,7 +135,13 @@ def reap_with_this_process(proc: subprocess.Popen, grace_s: float = 5.0) -> subp
         f"while kill -0 {os.getpid()} 2>/dev/null && kill -0 -{proc.pid} 2>/dev/null; do sleep 1; done; "
         f"kill -TERM -{proc.pid} 2>/dev/null; sleep {grace_s:g}; kill -KILL -{proc.pid} 2>/dev/null; true"
     )
-    return subprocess.Popen(["sh", "-c", script], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        ["sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 @dataclass
@@ -159,7 +164,14 @@ class LiveServer:
     def log_tail(self, n: int = 60) -> str:
         return log_tail(self.log_path, n)
 
-    def cli(self, *args: str, timeout: float = 120, check: bool = True, cwd: Path | str = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def cli(
+        self,
+        *args: str,
+        timeout: float = 120,
+        check: bool = True,
+        cwd: Path | str = REPO,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run `.venv/bin/prefect *args` against this server from `cwd` (the repo root by default).
 
         Raises AssertionError with the command's stdout/stderr if it fails (`check`) or runs past
@@ -167,14 +179,28 @@ class LiveServer:
         """
         cmd = [str(PREFECT), *args]
         try:
-            res = subprocess.run(cmd, cwd=cwd, env=env or self.env(), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                cmd,
+                cwd=cwd,
+                env=env or self.env(),
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired as e:
-            raise AssertionError(f"`prefect {' '.join(args)}` ran past {timeout:.0f} s\nstdout:\n{_text(e.stdout)[-4000:]}\nstderr:\n{_text(e.stderr)[-4000:]}") from None
+            raise AssertionError(
+                f"`prefect {' '.join(args)}` ran past {timeout:.0f} s\nstdout:\n{_text(e.stdout)[-4000:]}\nstderr:\n{_text(e.stderr)[-4000:]}"
+            ) from None
         if check and res.returncode != 0:
-            raise AssertionError(f"`prefect {' '.join(args)}` exited {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}")
+            raise AssertionError(
+                f"`prefect {' '.join(args)}` exited {res.returncode}\nstdout:\n{res.stdout[-4000:]}\nstderr:\n{res.stderr[-4000:]}"
+            )
         return res
 
-    def api(self, method: str, path: str, json: Any = None, timeout: float = 30, ok: Iterable[int] = (200, 201, 204)) -> Any:
+    def api(
+        self, method: str, path: str, json: Any = None, timeout: float = 30, ok: Iterable[int] = (200, 201, 204)
+    ) -> Any:
         """One REST call (`path` relative to the API root, e.g. '/deployments/filter'); its JSON body.
 
         A server busy on its SQLite database answers 503 now and then, or not within `timeout`
@@ -219,7 +245,9 @@ def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
-def start_server(root: Path, *, timeout_s: float = SERVER_START_TIMEOUT_S, ui: bool = True, **extra_env: str) -> LiveServer:
+def start_server(
+    root: Path, *, timeout_s: float = SERVER_START_TIMEOUT_S, ui: bool = True, **extra_env: str
+) -> LiveServer:
     """Start `prefect server start` on a free loopback port with its home and database under `root`.
 
     Returns once `GET /api/health` answers; on a deadline or an early exit, kills it and raises
@@ -240,13 +268,20 @@ def start_server(root: Path, *, timeout_s: float = SERVER_START_TIMEOUT_S, ui: b
     with open(server.log_path, "wb") as log:
         server.proc = subprocess.Popen(
             [str(PREFECT), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            cwd=root,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     server.reaper = reap_with_this_process(server.proc)
     deadline = time.monotonic() + timeout_s
     while True:
         if server.proc.poll() is not None:
-            raise AssertionError(f"prefect server exited with {server.proc.returncode} before it was healthy\n{server.log_tail()}")
+            raise AssertionError(
+                f"prefect server exited with {server.proc.returncode} before it was healthy\n{server.log_tail()}"
+            )
         try:
             if httpx.get(f"{server.api_url}/health", timeout=2).status_code == 200:
                 return server
@@ -292,7 +327,15 @@ def ensure_process_pool(server: LiveServer, pool: str, *, timeout: float = 60) -
     return server.api("GET", f"/work_pools/{pool}")
 
 
-def start_worker(server: LiveServer, pool: str, log_dir: Path, *, timeout_s: float = WORKER_START_TIMEOUT_S, query_seconds: float = 2.0, **extra_env: str) -> LiveWorker:
+def start_worker(
+    server: LiveServer,
+    pool: str,
+    log_dir: Path,
+    *,
+    timeout_s: float = WORKER_START_TIMEOUT_S,
+    query_seconds: float = 2.0,
+    **extra_env: str,
+) -> LiveWorker:
     """Create the process pool if needed and start a process worker on it; returns once it registered.
 
     The worker runs from the repo root with the venv's bin first on PATH (as a user who activated
@@ -310,9 +353,16 @@ def start_worker(server: LiveServer, pool: str, log_dir: Path, *, timeout_s: flo
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [str(PREFECT), "worker", "start", "--pool", pool, "--type", "process", "--name", name],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
-    worker = LiveWorker(pool=pool, name=name, log_path=log_path, proc=proc, server=server, reaper=reap_with_this_process(proc))
+    worker = LiveWorker(
+        pool=pool, name=name, log_path=log_path, proc=proc, server=server, reaper=reap_with_this_process(proc)
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         if proc.poll() is not None:
@@ -322,7 +372,9 @@ def start_worker(server: LiveServer, pool: str, log_dir: Path, *, timeout_s: flo
             return worker
         if time.monotonic() > deadline:
             worker.stop()
-            raise AssertionError(f"prefect worker for pool {pool!r} did not register within {timeout_s:.0f} s\n{worker.log_tail()}")
+            raise AssertionError(
+                f"prefect worker for pool {pool!r} did not register within {timeout_s:.0f} s\n{worker.log_tail()}"
+            )
         time.sleep(0.5)
 
 
@@ -359,7 +411,9 @@ def wait_flow_run(
         time.sleep(poll_s)
     where = f"\nworker log ({worker.log_path}):\n{worker.log_tail()}" if worker is not None else ""
     what = "ended" if state.get("type") in TERMINAL_STATES else f"still not {sorted(want)} after {timeout_s:.0f} s,"
-    raise AssertionError(f"flow run {flow_run_id} {what} in state {state.get('type')} ({state.get('name')}): {state.get('message')}{where}")
+    raise AssertionError(
+        f"flow run {flow_run_id} {what} in state {state.get('type')} ({state.get('name')}): {state.get('message')}{where}"
+    )
 
 
 def flow_run_id_from_cli(stdout: str) -> str:
@@ -380,4 +434,6 @@ def assert_exited_cleanly(server: LiveServer, flow_run_id: str, timeout_s: float
         if "exited cleanly" in text or "exited with status code" in text or time.monotonic() > deadline:
             break
         time.sleep(1)
-    assert "Traceback" not in text and "CancelledRun" not in text and "exited cleanly" in text, f"flow run {flow_run_id}:\n{text[-3000:]}"
+    assert "Traceback" not in text and "CancelledRun" not in text and "exited cleanly" in text, (
+        f"flow run {flow_run_id}:\n{text[-3000:]}"
+    )

@@ -36,15 +36,26 @@ QUESTIONS = [
 MAX_MODEL_LEN = 256
 
 
-def real_config(model_dir: str, dtype: str = "float32", max_model_len: int = MAX_MODEL_LEN, kv_cache_space_gib: float = 0.25, **sections: Any) -> RFTConfig:
+def real_config(
+    model_dir: str,
+    dtype: str = "float32",
+    max_model_len: int = MAX_MODEL_LEN,
+    kv_cache_space_gib: float = 0.25,
+    **sections: Any,
+) -> RFTConfig:
     """A small valid RFTConfig around a real model: short context, small CPU KV cache."""
     data: dict[str, Any] = {
         "model": {"path": model_dir, "dtype": dtype, "max_model_len": max_model_len},
         "taskset": {"path": "unused.jsonl"},
-        "explorer": {"engine": {"kv_cache_space_gib": kv_cache_space_gib}, "sampling": {"max_tokens": 32, "temperature": 1.0}},
+        "explorer": {
+            "engine": {"kv_cache_space_gib": kv_cache_space_gib},
+            "sampling": {"max_tokens": 32, "temperature": 1.0},
+        },
     }
     for name, values in sections.items():
-        data[name] = {**data[name], **values} if isinstance(values, dict) and isinstance(data.get(name), dict) else values
+        data[name] = (
+            {**data[name], **values} if isinstance(values, dict) and isinstance(data.get(name), dict) else values
+        )
     return RFTConfig.model_validate(data)
 
 
@@ -53,8 +64,14 @@ def real_trainer_settings(cfg: RFTConfig, train_batch_size: int = 2, lr: float =
     from rl_engine.trainer import TrainerSettings
 
     return TrainerSettings(
-        model_path=cfg.model.path, dtype=cfg.model.dtype, seed=cfg.seed, train_batch_size=train_batch_size, micro_batch_size=train_batch_size,
-        lr=lr, warmup_steps=0, temperature=cfg.explorer.sampling.temperature or 1.0,
+        model_path=cfg.model.path,
+        dtype=cfg.model.dtype,
+        seed=cfg.seed,
+        train_batch_size=train_batch_size,
+        micro_batch_size=train_batch_size,
+        lr=lr,
+        warmup_steps=0,
+        temperature=cfg.explorer.sampling.temperature or 1.0,
     )
 
 
@@ -68,7 +85,12 @@ def experience_rows(groups: list[list[Any]], rewards: list[float] | None = None)
     rows = []
     k = 0
     for i, rollouts in enumerate(groups):
-        g = Group(f"0-d{i + 1}-q#{i}", Task(f"q#{i}", "", None), "", [one_step_generation(uuid.uuid4().hex, 1, r) for r in rollouts])
+        g = Group(
+            f"0-d{i + 1}-q#{i}",
+            Task(f"q#{i}", "", None),
+            "",
+            [one_step_generation(uuid.uuid4().hex, 1, r) for r in rollouts],
+        )
         for j, m in enumerate(g.members):
             reward = rewards[k] if rewards is not None else float(j % 2 == 0)
             rows.append(experience_row(g, m, 0, 1, reward, {}, "", 0.0))

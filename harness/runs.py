@@ -12,7 +12,13 @@ import yaml
 from rl_engine.trainer.dist import free_port
 
 # The random tiny model rarely samples EOS: most generations need several 3-token segments.
-PARTIAL = {"enabled": True, "segment_max_tokens": 3, "max_response_tokens": 10, "repeat_ngram": 2, "repeat_threshold": 4}
+PARTIAL = {
+    "enabled": True,
+    "segment_max_tokens": 3,
+    "max_response_tokens": 10,
+    "repeat_ngram": 2,
+    "repeat_threshold": 4,
+}
 MODES = {
     "synchronous": {"mode": "synchronous"},
     "one_step_off_policy": {"mode": "one_step_off_policy", "sync_offset": 1},
@@ -28,9 +34,19 @@ def small_config(model_dir: str, task_file: str, storage: str, **sync) -> dict:
         "model": {"path": model_dir, "max_model_len": 64},
         "taskset": {"path": task_file},
         "algorithm": {"repeat_times": 2},
-        "explorer": {"count": sync.pop("count", 1), "batch_size": 2, "sampling": {"max_tokens": 4}, "engine": {"kv_cache_space_gib": 0.25}},
+        "explorer": {
+            "count": sync.pop("count", 1),
+            "batch_size": 2,
+            "sampling": {"max_tokens": 4},
+            "engine": {"kv_cache_space_gib": 0.25},
+        },
         "buffer": {"storage": {"url": storage}, "read_timeout_s": 120},
-        "trainer": {"total_steps": sync.pop("total_steps", 6), "micro_batch_size": 4, "lr": 1e-3, "checkpoint_interval": sync.pop("checkpoint_interval", 2)},
+        "trainer": {
+            "total_steps": sync.pop("total_steps", 6),
+            "micro_batch_size": 4,
+            "lr": 1e-3,
+            "checkpoint_interval": sync.pop("checkpoint_interval", 2),
+        },
         "synchronizer": {"collective": {"port": free_port()}, "wait_timeout_s": 120, **sync},
         "monitor": {"artifacts": True},
     }
@@ -63,4 +79,6 @@ def stored_rows(run_url: str) -> list[dict]:
     table = stored_table(run_url)
     if table is None:
         return []
-    return table.select(["experience_id", "explorer_id", "explorer_step", "group_id", "segments", "finish_reason", "loss_mask"]).to_pylist()
+    return table.select(
+        ["experience_id", "explorer_id", "explorer_step", "group_id", "segments", "finish_reason", "loss_mask"]
+    ).to_pylist()

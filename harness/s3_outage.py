@@ -174,7 +174,14 @@ def visible_objects(fs: Any, run_url: str) -> dict[str, Any]:
         try:
             if "/_commits/" in p:
                 rec = _files.read_record(fs, p)
-                _files.read_data(fs, f"{root}/buffer/{rec['path']}", size=rec["size"], checksum=_files.checksum_of(rec), uri=p, num_rows=rec["num_rows"])
+                _files.read_data(
+                    fs,
+                    f"{root}/buffer/{rec['path']}",
+                    size=rec["size"],
+                    checksum=_files.checksum_of(rec),
+                    uri=p,
+                    num_rows=rec["num_rows"],
+                )
                 steps.append(rec["explorer_step"])
             elif p.endswith(".arrow"):  # committed or not (a PUT that landed after its writer gave up): whole
                 pa.ipc.open_file(pa.py_buffer(fs.cat_file(p))).read_all()
@@ -183,7 +190,9 @@ def visible_objects(fs: Any, run_url: str) -> dict[str, Any]:
     return {"steps": sorted(steps), "not_whole": bad}
 
 
-def buffer_outage_trial(run_url: str, endpoint: str, kind: str, outage_s: float, limit_s: float, rows: int = 8) -> dict[str, Any]:
+def buffer_outage_trial(
+    run_url: str, endpoint: str, kind: str, outage_s: float, limit_s: float, rows: int = 8
+) -> dict[str, Any]:
     """Write explorer step 1; start an outage (`kind` for `outage_s`); write steps 2 and 3 while a
     reader waits for them; end the outage (if still on), write step 4 and read everything.
 
@@ -202,7 +211,10 @@ def buffer_outage_trial(run_url: str, endpoint: str, kind: str, outage_s: float,
     read: list[str] = []
     with OutageProxy(endpoint) as proxy:
         options = {"client_kwargs": {"endpoint_url": proxy.endpoint}, "outage_timeout_s": limit_s}
-        writer, reader = BufferWriter(run_url, options, explorer_id=0), BufferReader(run_url, options, BufferConfig(poll_interval_s=0.2))
+        writer, reader = (
+            BufferWriter(run_url, options, explorer_id=0),
+            BufferReader(run_url, options, BufferConfig(poll_interval_s=0.2)),
+        )
 
         def write(step: int) -> None:
             writer.write(step, make_batch(rows, explorer_step=step))
@@ -215,7 +227,9 @@ def buffer_outage_trial(run_url: str, endpoint: str, kind: str, outage_s: float,
         read_ids(rows, 30)
         proxy.outage(kind, outage_s)
         t0 = time.monotonic()
-        reading = threading.Thread(target=_timed, args=(out, "read", t0, read_ids, 2 * rows, outage_s + 60), daemon=True)
+        reading = threading.Thread(
+            target=_timed, args=(out, "read", t0, read_ids, 2 * rows, outage_s + 60), daemon=True
+        )
         reading.start()  # the reader's polls cross the outage too
         _timed(out, "write", t0, lambda: (write(2), write(3)))
         reading.join(timeout=outage_s + 70)
@@ -231,7 +245,9 @@ def buffer_outage_trial(run_url: str, endpoint: str, kind: str, outage_s: float,
         lost=len(expected - set(read)),
         duplicated=len(read) - len(set(read)),
         unexpected=len(set(read) - expected),
-        visible=visible_objects(s3fs.S3FileSystem(skip_instance_cache=True, client_kwargs={"endpoint_url": endpoint}), run_url),
+        visible=visible_objects(
+            s3fs.S3FileSystem(skip_instance_cache=True, client_kwargs={"endpoint_url": endpoint}), run_url
+        ),
     )
     return out
 

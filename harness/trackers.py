@@ -79,7 +79,9 @@ def mlflow_server(root: Path, start_timeout_s: float = 90.0) -> Iterator[str]:
         deadline = time.monotonic() + start_timeout_s
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {proc.returncode}:\n{(root / 'server.log').read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"mlflow server exited with {proc.returncode}:\n{(root / 'server.log').read_text()[-3000:]}"
+                )
             try:
                 with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
                     if r.status == 200:
@@ -87,7 +89,9 @@ def mlflow_server(root: Path, start_timeout_s: float = 90.0) -> Iterator[str]:
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server not up after {start_timeout_s} s:\n{(root / 'server.log').read_text()[-3000:]}")
+                raise RuntimeError(
+                    f"mlflow server not up after {start_timeout_s} s:\n{(root / 'server.log').read_text()[-3000:]}"
+                )
             time.sleep(0.3)
         yield uri
     finally:

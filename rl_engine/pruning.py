@@ -39,7 +39,9 @@ class Kind:
         return join(root, self.parent, f"{self.prefix}{n}")
 
 
-def to_delete(committed: Iterable[int], uncommitted: Iterable[int], keep_last: int | None, protected: Iterable[int]) -> list[int]:
+def to_delete(
+    committed: Iterable[int], uncommitted: Iterable[int], keep_last: int | None, protected: Iterable[int]
+) -> list[int]:
     """Numbers to delete, ascending: committed ones outside the newest `keep_last` and not
     `protected`, and uncommitted ones older than the newest committed (leftovers; a newer one may
     be a write in progress). `keep_last` None deletes nothing; 0 keeps only `protected`."""
@@ -64,7 +66,11 @@ def list_dirs(fs: Any, root: str, kind: Kind) -> tuple[list[int], list[int]]:
     """(committed, uncommitted) numbers of the `kind` directories under the run at `root`."""
     fs.invalidate_cache()  # object-store listings are cached; deletion needs the current one
     number = re.compile(re.escape(kind.prefix) + r"(\d+)$")
-    found = {int(m.group(1)) for p in fs.glob(join(root, kind.parent, f"{kind.prefix}*")) if (m := number.search(p.rstrip("/").rsplit("/", 1)[-1]))}
+    found = {
+        int(m.group(1))
+        for p in fs.glob(join(root, kind.parent, f"{kind.prefix}*"))
+        if (m := number.search(p.rstrip("/").rsplit("/", 1)[-1]))
+    }
     committed = {n for n in found if fs.exists(join(kind.dir(root, n), kind.marker))}
     return sorted(committed), sorted(found - committed)
 
@@ -73,7 +79,10 @@ def committed(fs: Any, root: str, kind: Kind) -> list[int]:
     """The committed numbers of the `kind` directories under the run at `root`, ascending (one listing of their markers)."""
     fs.invalidate_cache()  # object-store listings are cached; readers need the current one
     number = re.compile(re.escape(kind.prefix) + r"(\d+)$")
-    found = (number.search(p.rstrip("/").rsplit("/", 2)[-2]) for p in fs.glob(join(root, kind.parent, f"{kind.prefix}*", kind.marker)))
+    found = (
+        number.search(p.rstrip("/").rsplit("/", 2)[-2])
+        for p in fs.glob(join(root, kind.parent, f"{kind.prefix}*", kind.marker))
+    )
     return sorted(int(m.group(1)) for m in found if m)
 
 

@@ -80,7 +80,13 @@ def batch_number(explorer_id: int, step: int, explorers: int) -> int:
 
 
 def admission_wait(
-    batches_before: int, version: int, trainer_version: int, explorer_batch: int, train_batch: int, max_staleness: int | None, max_backlog: int | None
+    batches_before: int,
+    version: int,
+    trainer_version: int,
+    explorer_batch: int,
+    train_batch: int,
+    max_staleness: int | None,
+    max_backlog: int | None,
 ) -> str | None:
     """Decoupled admission control: why the explorers may not start their next batch yet, or None.
 

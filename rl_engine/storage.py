@@ -80,7 +80,11 @@ def open_storage(url: str, options: dict[str, Any] | None = None) -> tuple[fsspe
 
 def add_storage_options_arg(parser: Any) -> None:
     """The `--storage-options` flag of every CLI that opens a run; `parse_storage_options` reads it."""
-    parser.add_argument("--storage-options", default="{}", help='non-secret fsspec options as a JSON object, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\' (credentials come from the environment)')
+    parser.add_argument(
+        "--storage-options",
+        default="{}",
+        help='non-secret fsspec options as a JSON object, e.g. \'{"client_kwargs": {"endpoint_url": "http://..."}}\' (credentials come from the environment)',
+    )
 
 
 def parse_storage_options(text: str) -> dict[str, Any]:
@@ -90,7 +94,9 @@ def parse_storage_options(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise UserError(f"--storage-options: not valid JSON ({e}); pass a JSON object, e.g. '{{}}'") from None
     if not isinstance(options, dict):
-        raise UserError(f"--storage-options: expected a JSON object, got {type(options).__name__}; pass a JSON object, e.g. '{{}}'")
+        raise UserError(
+            f"--storage-options: expected a JSON object, got {type(options).__name__}; pass a JSON object, e.g. '{{}}'"
+        )
     return options
 
 
@@ -272,7 +278,9 @@ def read_json(fs: fsspec.AbstractFileSystem, path: str) -> Any:
     return json.loads(fs.cat_file(path))
 
 
-_MARKER_PREVIOUS: dict[str, str] = {}  # marker path -> the file it named before this process's last write (removed at the next)
+_MARKER_PREVIOUS: dict[
+    str, str
+] = {}  # marker path -> the file it named before this process's last write (removed at the next)
 _MARKER_LOCK = threading.Lock()
 
 
@@ -293,7 +301,9 @@ def write_marker(fs: fsspec.AbstractFileSystem, path: str, obj: Any) -> None:
         return
     parent, name = path.rsplit("/", 1)
     target = f".{name}.{uuid.uuid4().hex}"
-    _write_local(f"{parent}/{target}", lambda f: write_chunks(f, data), False, os.replace)  # a new name: no file is replaced
+    _write_local(
+        f"{parent}/{target}", lambda f: write_chunks(f, data), False, os.replace
+    )  # a new name: no file is replaced
     link = f"{parent}/.tmp-{uuid.uuid4().hex}"
     try:
         os.symlink(target, link)
@@ -341,13 +351,26 @@ def _unreachable(e: BaseException) -> bool:
     from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
     cause = e.__cause__ if isinstance(e.__cause__, ClientError) else e
-    if isinstance(cause, ClientError):  # s3fs turns these into OSError; the status says whether the server is struggling
+    if isinstance(
+        cause, ClientError
+    ):  # s3fs turns these into OSError; the status says whether the server is struggling
         return int(cause.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) >= 500
-    return isinstance(e, (ConnectionError, HTTPClientError, asyncio.TimeoutError, ConnectionRefusedError, ConnectionResetError))
+    return isinstance(
+        e, (ConnectionError, HTTPClientError, asyncio.TimeoutError, ConnectionRefusedError, ConnectionResetError)
+    )
 
 
 # S3 error codes of a refused request (HTTP 403): wrong, missing or expired credentials, or no permission.
-_DENIED_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AllAccessDisabled", "AccountProblem", "403"}
+_DENIED_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "AllAccessDisabled",
+    "AccountProblem",
+    "403",
+}
 
 
 def access_denied(e: BaseException) -> str | None:
@@ -382,25 +405,48 @@ def _resilient_s3_class() -> type:
             while True:
                 try:
                     # An attempt may itself hang (a stalled server): the deadline bounds it too.
-                    out = await asyncio.wait_for(super()._call_s3(method, *akwarglist, **kwargs), max(deadline - time.monotonic(), 0.01))
+                    out = await asyncio.wait_for(
+                        super()._call_s3(method, *akwarglist, **kwargs), max(deadline - time.monotonic(), 0.01)
+                    )
                 except Exception as e:  # noqa: BLE001 - sorted by _unreachable; the rest propagate unchanged
                     if not _unreachable(e):
                         raise
                     if last is None:
-                        log.warning("storage %s unreachable (%s: %s); retrying for up to %.0f s", self._url(kwargs), method, type(e).__name__, deadline - time.monotonic())
-                    last = e if last is None or not isinstance(e, asyncio.TimeoutError) else last  # the cut-off attempt says less than what came before
+                        log.warning(
+                            "storage %s unreachable (%s: %s); retrying for up to %.0f s",
+                            self._url(kwargs),
+                            method,
+                            type(e).__name__,
+                            deadline - time.monotonic(),
+                        )
+                    last = (
+                        e if last is None or not isinstance(e, asyncio.TimeoutError) else last
+                    )  # the cut-off attempt says less than what came before
                     if time.monotonic() >= deadline:
                         raise self._outage_error(method, kwargs, time.monotonic() - start, last) from None
                     await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), max(deadline - time.monotonic(), 0)))
                     delay = min(delay * 2, 5.0)
                     continue
                 if last is not None:
-                    log.warning("storage %s reachable again after %.1f s (%s)", self._url(kwargs), time.monotonic() - start, method)
+                    log.warning(
+                        "storage %s reachable again after %.1f s (%s)",
+                        self._url(kwargs),
+                        time.monotonic() - start,
+                        method,
+                    )
                 return out
 
         call_s3 = sync_wrapper(_call_s3)  # s3fs binds the sync twin to its own _call_s3: rebind it to this one
 
-        async def _cat_file(self, path: str, version_id: str | None = None, start: int | None = None, end: int | None = None, chunksize: int | None = None, max_concurrency: int | None = None) -> bytes:
+        async def _cat_file(
+            self,
+            path: str,
+            version_id: str | None = None,
+            start: int | None = None,
+            end: int | None = None,
+            chunksize: int | None = None,
+            max_concurrency: int | None = None,
+        ) -> bytes:
             """A whole object in one GET up to `default_block_size`; larger ones in concurrent ranges.
 
             s3fs asks for the size first (a HEAD) before every whole read, and a missing key costs
@@ -414,11 +460,17 @@ def _resilient_s3_class() -> type:
             bucket, key, vers = self.split_path(path)
             block, versions = chunksize or self.default_block_size, version_id_kw(version_id or vers)
             try:
-                resp = await self._call_s3("get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{block - 1}", **versions)
+                resp = await self._call_s3(
+                    "get_object", Bucket=bucket, Key=key, Range=f"bytes=0-{block - 1}", **versions
+                )
             except FileNotFoundError as e:
-                raise FileNotFoundError(path) from e  # as s3fs's own miss says it: the path, not S3's "key does not exist"
+                raise FileNotFoundError(
+                    path
+                ) from e  # as s3fs's own miss says it: the path, not S3's "key does not exist"
             except OSError as e:
-                if getattr(e.__cause__, "response", {}).get("Error", {}).get("Code") == "InvalidRange":  # an empty object has no byte 0
+                if (
+                    getattr(e.__cause__, "response", {}).get("Error", {}).get("Code") == "InvalidRange"
+                ):  # an empty object has no byte 0
                     return b""
                 raise
             try:
@@ -428,7 +480,9 @@ def _resilient_s3_class() -> type:
             total = int(str(resp.get("ContentRange") or f"/{len(first)}").rsplit("/", 1)[1])
             if total <= len(first):
                 return first
-            return await self._cat_file_concurrent(bucket, key, total, block, max_concurrency, version_id=version_id or vers)
+            return await self._cat_file_concurrent(
+                bucket, key, total, block, max_concurrency, version_id=version_id or vers
+            )
 
         async def _exists(self, path: str) -> bool:
             bucket, key, _ = self.split_path(path)
@@ -462,7 +516,9 @@ def _resilient_s3_class() -> type:
         def _url(self, kwargs: dict[str, Any]) -> str:
             return "s3://" + "/".join(p for p in (kwargs.get("Bucket"), kwargs.get("Key") or kwargs.get("Prefix")) if p)
 
-        def _outage_error(self, method: str, kwargs: dict[str, Any], waited: float, e: BaseException) -> StorageUnavailableError:
+        def _outage_error(
+            self, method: str, kwargs: dict[str, Any], waited: float, e: BaseException
+        ) -> StorageUnavailableError:
             op = _OPERATIONS.get(method.split("_", 1)[0], method)
             err = StorageUnavailableError(
                 f"storage unreachable: could not {op} {self._url(kwargs)} ({method}) in {waited:.0f} s of retries, "

@@ -34,7 +34,12 @@ def build_tokenizer():
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK, model_max_length=4096, clean_up_tokenization_spaces=False
+        tokenizer_object=tok,
+        pad_token=PAD,
+        eos_token=EOS,
+        unk_token=UNK,
+        model_max_length=4096,
+        clean_up_tokenization_spaces=False,
     )
 
 
@@ -52,7 +57,9 @@ def make_tiny_model(
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     if hidden_size % 64:
-        raise ValueError(f"hidden_size {hidden_size} must be a multiple of 64 (head_dim 64; vLLM CPU refuses smaller heads)")
+        raise ValueError(
+            f"hidden_size {hidden_size} must be a multiple of 64 (head_dim 64; vLLM CPU refuses smaller heads)"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
@@ -76,7 +83,9 @@ def make_tiny_model(
     model = Qwen2ForCausalLM(config).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}))
+    (out / "generation_config.json").write_text(
+        json.dumps({"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id})
+    )
     return out
 
 

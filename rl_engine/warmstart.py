@@ -100,10 +100,14 @@ def encode_segments(tokenizer: Any, examples: list[tuple[str, list[tuple[str, bo
 
 def all_problems(max_operand: int) -> list[dict[str, str]]:
     """Every problem a+b= of the task's range, in a fixed order."""
-    return [{"question": f"{a}+{b}=", "answer": str(a + b)} for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    return [
+        {"question": f"{a}+{b}=", "answer": str(a + b)} for a in range(max_operand + 1) for b in range(max_operand + 1)
+    ]
 
 
-def task_problems(task: str, max_operand: int = DEFAULTS["max_operand"], max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA) -> tuple[list[dict[str, str]], list[float] | None]:
+def task_problems(
+    task: str, max_operand: int = DEFAULTS["max_operand"], max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA
+) -> tuple[list[dict[str, str]], list[float] | None]:
     """Every problem of `task`'s range and how often its task set draws each (None: uniform)."""
     from rl_engine.rewards.countdown import countdown_problem, countdown_weights
 
@@ -112,7 +116,14 @@ def task_problems(task: str, max_operand: int = DEFAULTS["max_operand"], max_n: 
     return [countdown_problem(k) for k in range(1, max_n + 1)], countdown_weights(max_n, alpha)
 
 
-def task_rows(task: str, n: int, seed: int, max_operand: int = DEFAULTS["max_operand"], max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA) -> list[dict[str, str]]:
+def task_rows(
+    task: str,
+    n: int,
+    seed: int,
+    max_operand: int = DEFAULTS["max_operand"],
+    max_n: int = DEFAULT_MAX_N,
+    alpha: float = DEFAULT_ALPHA,
+) -> list[dict[str, str]]:
     """`n` training examples of `task`, drawn as its task set draws them."""
     from rl_engine.rewards import make_arithmetic_tasks, make_countdown_tasks
 
@@ -138,19 +149,30 @@ def _greedy_matches(trainer: Any, batch: dict[str, torch.Tensor]) -> torch.Tenso
     """[B] bool: the argmax token equals the target at every target position (teacher forcing is
     exact here: if every argmax matches, greedy decoding produces exactly the target)."""
     module = trainer.engine.module
-    logits = module(input_ids=batch["input_ids"].to(trainer.device), attention_mask=batch["attention_mask"].to(trainer.device)).logits.cpu()  # [B, L, V]
+    logits = module(
+        input_ids=batch["input_ids"].to(trainer.device), attention_mask=batch["attention_mask"].to(trainer.device)
+    ).logits.cpu()  # [B, L, V]
     pred = logits[:, :-1].argmax(-1)  # [B, L-1]: prediction for token i+1
     target, mask = batch["input_ids"][:, 1:], batch["loss_mask"][:, 1:] > 0  # [B, L-1]
     return ((pred == target) | ~mask).all(-1)
 
 
-def sft_settings(model_dir: str, batch_size: int, lr: float, warmup_steps: int, seed: int, threads: int | None = None) -> TrainerSettings:
+def sft_settings(
+    model_dir: str, batch_size: int, lr: float, warmup_steps: int, seed: int, threads: int | None = None
+) -> TrainerSettings:
     """The trainer's settings for SFT steps of `batch_size` examples (one micro-batch each),
     logprobs at temperature 1 (what `evaluate` measures)."""
     from rl_engine.trainer import TrainerSettings
 
     return TrainerSettings(
-        model_path=model_dir, seed=seed, train_batch_size=batch_size, micro_batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, num_threads=threads, temperature=1.0
+        model_path=model_dir,
+        seed=seed,
+        train_batch_size=batch_size,
+        micro_batch_size=batch_size,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        num_threads=threads,
+        temperature=1.0,
     )
 
 
@@ -199,7 +221,9 @@ def evaluate_calculator(trainer: Any, pairs: list[tuple[int, int]]) -> dict[str,
     }
 
 
-def evaluate_dir(model_dir: str, max_operand: int = DEFAULTS["max_operand"], task: str = "arithmetic") -> dict[str, float]:
+def evaluate_dir(
+    model_dir: str, max_operand: int = DEFAULTS["max_operand"], task: str = "arithmetic"
+) -> dict[str, float]:
     """`evaluate` of a saved model directory (e.g. a run's final `model/`) on every problem of
     `task` (calculator: `evaluate_calculator` on the held-out problems)."""
     from rl_engine.trainer import build_trainer
@@ -214,7 +238,17 @@ def evaluate_dir(model_dir: str, max_operand: int = DEFAULTS["max_operand"], tas
 
 
 def warmstart(
-    out_dir: str, steps: int, batch_size: int, lr: float, warmup_steps: int, seed: int, max_operand: int, threads: int | None = None, task: str = "arithmetic", max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA
+    out_dir: str,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    seed: int,
+    max_operand: int,
+    threads: int | None = None,
+    task: str = "arithmetic",
+    max_n: int = DEFAULT_MAX_N,
+    alpha: float = DEFAULT_ALPHA,
 ) -> dict[str, Any]:
     """Build, train and save the warm-started model; returns the summary written to warmstart.json."""
     from rl_engine.tiny_model import make_tiny_model
@@ -240,7 +274,9 @@ def warmstart(
             problems, weights = task_problems(task, max_operand, max_n, alpha)
 
             def batch_of(step_seed: int) -> dict[str, torch.Tensor]:
-                return encode_examples(trainer.tokenizer, task_rows(task, batch_size, step_seed, max_operand, max_n, alpha))
+                return encode_examples(
+                    trainer.tokenizer, task_rows(task, batch_size, step_seed, max_operand, max_n, alpha)
+                )
 
             def measure(final: bool) -> dict[str, float]:
                 return evaluate(trainer, problems, weights)
@@ -251,7 +287,10 @@ def warmstart(
             if (step + 1) % log_every == 0 or step + 1 == steps:
                 acc = measure(final=False)
                 extra = f"  tool {acc['tool_rate']:.3f}" if "tool_rate" in acc else ""
-                print(f"warmstart step {step + 1}/{steps}: loss {metrics['loss']:.4f}  exact@T=1 {acc['expected_exact_t1']:.3f}  greedy {acc['greedy_exact']:.3f}{extra}", flush=True)
+                print(
+                    f"warmstart step {step + 1}/{steps}: loss {metrics['loss']:.4f}  exact@T=1 {acc['expected_exact_t1']:.3f}  greedy {acc['greedy_exact']:.3f}{extra}",
+                    flush=True,
+                )
         final = measure(final=True)
         trainer.save_hf(out_dir)
     summary = {
@@ -261,7 +300,13 @@ def warmstart(
         "lr": lr,
         "warmup_steps": warmup_steps,
         "seed": seed,
-        **({"max_operand": max_operand} if task == "arithmetic" else {"max_n": max_n, "alpha": alpha} if task == "countdown" else {"tool_rate_in_sft": TOOL_RATE, "measured_on": "held-out problems"}),
+        **(
+            {"max_operand": max_operand}
+            if task == "arithmetic"
+            else {"max_n": max_n, "alpha": alpha}
+            if task == "countdown"
+            else {"tool_rate_in_sft": TOOL_RATE, "measured_on": "held-out problems"}
+        ),
         "final_loss": metrics["loss"],
         **final,
         "seconds": round(time.time() - started, 1),
@@ -272,27 +317,62 @@ def warmstart(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `rft warmstart OUT_DIR [--task countdown] [--steps N] [--seed S] ...`."""
-    ap = argparse.ArgumentParser(prog="rft warmstart", description="Build a demo's base model: the tiny model after SFT on the demo task (arithmetic, the long-tail countdown, or the calculator tool's episodes).")
+    ap = argparse.ArgumentParser(
+        prog="rft warmstart",
+        description="Build a demo's base model: the tiny model after SFT on the demo task (arithmetic, the long-tail countdown, or the calculator tool's episodes).",
+    )
     ap.add_argument("out_dir", help="output directory (Hugging Face layout), e.g. runs/models/tiny-arith-sft")
-    ap.add_argument("--task", choices=TASKS, default="arithmetic", help="the task to learn (default arithmetic); its defaults: " + ", ".join(f"{t} {_shown({**DEFAULTS, **d})}" for t, d in TASK_DEFAULTS.items()))
+    ap.add_argument(
+        "--task",
+        choices=TASKS,
+        default="arithmetic",
+        help="the task to learn (default arithmetic); its defaults: "
+        + ", ".join(f"{t} {_shown({**DEFAULTS, **d})}" for t, d in TASK_DEFAULTS.items()),
+    )
     ap.add_argument("--steps", type=int, default=None, help="SFT steps")
     ap.add_argument("--batch-size", type=int, default=None, help="examples per step")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate")
     ap.add_argument("--warmup-steps", type=int, default=None, help="linear LR warmup")
-    ap.add_argument("--seed", type=int, default=DEFAULTS["seed"], help="seed of the model init, data order and trainer (default 0)")
-    ap.add_argument("--max-operand", type=int, default=DEFAULTS["max_operand"], help="arithmetic: operands 0..MAX, as the task set (default 20)")
-    ap.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"countdown: start values 1..MAX, as the task set (default {DEFAULT_MAX_N})")
-    ap.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"countdown: P(n) ~ n^-alpha, as the task set (default {DEFAULT_ALPHA})")
+    ap.add_argument(
+        "--seed", type=int, default=DEFAULTS["seed"], help="seed of the model init, data order and trainer (default 0)"
+    )
+    ap.add_argument(
+        "--max-operand",
+        type=int,
+        default=DEFAULTS["max_operand"],
+        help="arithmetic: operands 0..MAX, as the task set (default 20)",
+    )
+    ap.add_argument(
+        "--max-n",
+        type=int,
+        default=DEFAULT_MAX_N,
+        help=f"countdown: start values 1..MAX, as the task set (default {DEFAULT_MAX_N})",
+    )
+    ap.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help=f"countdown: P(n) ~ n^-alpha, as the task set (default {DEFAULT_ALPHA})",
+    )
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     a = ap.parse_args(argv)
     d = {**DEFAULTS, **TASK_DEFAULTS[a.task]}
-    steps, batch_size, lr, warmup = (d[k] if v is None else v for k, v in (("steps", a.steps), ("batch_size", a.batch_size), ("lr", a.lr), ("warmup_steps", a.warmup_steps)))
+    steps, batch_size, lr, warmup = (
+        d[k] if v is None else v
+        for k, v in (("steps", a.steps), ("batch_size", a.batch_size), ("lr", a.lr), ("warmup_steps", a.warmup_steps))
+    )
     if steps < 1 or not 2 <= batch_size <= 1024:
         raise UserError(f"warmstart: --steps must be >= 1 and --batch-size within 2..1024 (got {steps}, {batch_size})")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     s = warmstart(a.out_dir, steps, batch_size, lr, warmup, a.seed, a.max_operand, a.threads, a.task, a.max_n, a.alpha)
-    tool = f", tool use {s['tool_rate']:.3f} (right {s['success_with_tool']:.3f} with the tool, {s['success_without_tool']:.3f} without)" if "tool_rate" in s else ""
-    print(f"warm-started model in {a.out_dir}: exact@T=1 {s['expected_exact_t1']:.3f}, greedy {s['greedy_exact']:.3f}{tool} ({s['seconds']} s)")
+    tool = (
+        f", tool use {s['tool_rate']:.3f} (right {s['success_with_tool']:.3f} with the tool, {s['success_without_tool']:.3f} without)"
+        if "tool_rate" in s
+        else ""
+    )
+    print(
+        f"warm-started model in {a.out_dir}: exact@T=1 {s['expected_exact_t1']:.3f}, greedy {s['greedy_exact']:.3f}{tool} ({s['seconds']} s)"
+    )
     return 0
 
 

@@ -30,13 +30,28 @@ def publish_continuations(m: dict[str, Any]) -> None:
     if not cat or not cat.get("publish"):
         return
     key = continuations_key(cat["run"], m["explorer_id"])
-    rows = cat["groups"] or [{"group": "", "task": "(none pending)", "finished": "", "segments": 0, "tokens": 0, "versions": [], "age_steps": 0}]
+    rows = cat["groups"] or [
+        {
+            "group": "",
+            "task": "(none pending)",
+            "finished": "",
+            "segments": 0,
+            "tokens": 0,
+            "versions": [],
+            "age_steps": 0,
+        }
+    ]
     create_table_artifact(
         [rounded({**r, "versions": ",".join(map(str, r["versions"]))}) for r in rows],
         key=key,
         description=f"Pending continuations of explorer {m['explorer_id']} of run {cat['run']} after explorer step {m['explorer_step']} ({len(cat['groups'])} groups). Manifest: {cat['manifest']}",
     )
-    create_link_artifact(cat["manifest"], link_text="continuation manifest", key=f"{key}-manifest", description=f"Source of truth of {key}")
+    create_link_artifact(
+        cat["manifest"],
+        link_text="continuation manifest",
+        key=f"{key}-manifest",
+        description=f"Source of truth of {key}",
+    )
 
 
 def explorer_step_done(role: str, m: dict[str, Any]) -> dict[str, Any]:

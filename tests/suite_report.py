@@ -59,16 +59,34 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.section("suite report")
     write("starts: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in KINDS))
     if reruns:
-        write(f"RERUN {len(reruns)} test(s), each failed once and then passed (flaky: fix it, a rerun only hides it): " + ", ".join(reruns))
+        write(
+            f"RERUN {len(reruns)} test(s), each failed once and then passed (flaky: fix it, a rerun only hides it): "
+            + ", ".join(reruns)
+        )
     else:
         write("reruns: none")
     # The budget is the whole suite's: a subset (paths, -k, -m) is reported, never called over it.
-    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.getoption("keyword") and not config.getoption("markexpr")
+    whole = (
+        config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not config.getoption("keyword")
+        and not config.getoption("markexpr")
+    )
     line = f"suite time: {wall_min:.1f} min for {len(per_test)} tests (budget {BUDGET_MIN:g} min for the whole suite on 2 cores)"
     if whole and wall_min > BUDGET_MIN:
         line = f"OVER BUDGET: the suite took {wall_min:.1f} min, more than its {BUDGET_MIN:g} min; share the engines or servers of the slowest tests above"
     write(line)
     REPORT.parent.mkdir(exist_ok=True)
-    REPORT.write_text(json.dumps({"wall_min": round(wall_min, 2), "budget_min": BUDGET_MIN, "tests": len(per_test), "exitstatus": int(exitstatus),
-                                  "starts": {k: counts.get(k, 0) for k in sorted(set(KINDS) | set(counts))}, "reruns": reruns,
-                                  "durations_s": {n: round(s, 2) for n, s in sorted(per_test.items(), key=lambda kv: -kv[1])}}, indent=1))
+    REPORT.write_text(
+        json.dumps(
+            {
+                "wall_min": round(wall_min, 2),
+                "budget_min": BUDGET_MIN,
+                "tests": len(per_test),
+                "exitstatus": int(exitstatus),
+                "starts": {k: counts.get(k, 0) for k in sorted(set(KINDS) | set(counts))},
+                "reruns": reruns,
+                "durations_s": {n: round(s, 2) for n, s in sorted(per_test.items(), key=lambda kv: -kv[1])},
+            },
+            indent=1,
+        )
+    )

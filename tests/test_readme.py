@@ -17,19 +17,40 @@ REPO = Path(__file__).resolve().parents[1]
 
 # command (its first words) -> the tests (path::function) or scripts that run it
 EXERCISED: dict[str, list[str]] = {
-    "make demo": ["tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary", "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
-    "make test": [".ci/run", "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
-    "make test-fast": ["tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make demo": [
+        "tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary",
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
+    ],
+    "make test": [
+        ".ci/run",
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
+    ],
+    "make test-fast": [
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"
+    ],
     "make setup": [".ci/run"],
-    "make lint": [".ci/run", "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
-    "make format": ["tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
-    **dict.fromkeys(("make setup-gpu", "make test-gpu", "make check-gpu-lock", "make lock-gpu"), ["tests/test_locks.py::test_make_gpu_targets_run_the_commands_the_readme_says"]),  # dry-run: CI has no GPU
-    "make demo-real": ["tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again", "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"],
+    "make lint": [
+        ".ci/run",
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
+    ],
+    "make format": [
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"
+    ],
+    **dict.fromkeys(
+        ("make setup-gpu", "make test-gpu", "make check-gpu-lock", "make lock-gpu"),
+        ["tests/test_locks.py::test_make_gpu_targets_run_the_commands_the_readme_says"],
+    ),  # dry-run: CI has no GPU
+    "make demo-real": [
+        "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
+    ],
     "rft demo": [
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",  # --model smollm2's code, run by bench.real (`make demo` runs the other)
         "tests/flows/test_demo_real.py::test_rft_demo_smollm2_runs_demo_real_with_its_arguments",  # the command reaches that code
     ],
-    "rft fetch-model": ["tests/rl_engine/test_fetch_model.py::test_rft_fetch_model_prints_the_directory"],  # `make test` depends on it
+    "rft fetch-model": [
+        "tests/rl_engine/test_fetch_model.py::test_rft_fetch_model_prints_the_directory"
+    ],  # `make test` depends on it
     "rft warmstart": [
         "tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_warmstart_countdown",
         "tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary",
@@ -61,8 +82,13 @@ EXERCISED: dict[str, list[str]] = {
         "tests/rl_engine/config/test_config.py::test_rft_config_migrate_rewrites_a_file_that_then_loads_without_migration",
         "tests/rl_engine/config/test_config.py::test_rft_config_migrate_refuses_a_value_without_meaning_and_leaves_the_file",
     ],
-    "rft trainer-node": ["tests/flows/test_trainer_ranks.py::test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0"],
-    "rft buffer": ["tests/rl_engine/buffer/test_buffer_stats.py::test_stats_text_and_corrupt", "tests/rl_engine/buffer/test_buffer_stats.py::test_stats_json"],
+    "rft trainer-node": [
+        "tests/flows/test_trainer_ranks.py::test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0"
+    ],
+    "rft buffer": [
+        "tests/rl_engine/buffer/test_buffer_stats.py::test_stats_text_and_corrupt",
+        "tests/rl_engine/buffer/test_buffer_stats.py::test_stats_json",
+    ],
     "rft eval": [
         "tests/flows/test_evaluation_flows.py::test_async_run_evaluates_exact_versions_and_keeps_the_best",  # a run
         "tests/rl_engine/test_evaluate.py::test_rft_eval_a_model_directory",  # a model directory with --config
@@ -72,7 +98,9 @@ EXERCISED: dict[str, list[str]] = {
         "tests/flows/test_engine_server_flow.py::test_synchronous_runs_on_a_served_engine_one_after_another",  # runs with explorer.engine.servers
     ],
     "rft timeline": ["tests/rl_engine/run/test_timeline.py::test_cli_main_on_run_dir"],
-    "prefect server": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],  # its fixture starts `prefect server start` (harness/prefect_live.py)
+    "prefect server": [
+        "tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"
+    ],  # its fixture starts `prefect server start` (harness/prefect_live.py)
     "prefect work-pool": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect worker": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect deploy": ["tests/deployments/test_live_prefect.py::test_deploy_all_from_repo_root"],
@@ -82,18 +110,54 @@ EXERCISED: dict[str, list[str]] = {
         "tests/deployments/test_live_operations.py::test_cancelled_worker_run_publishes_its_report",  # --param resume=RUN, from the run's resume artifact
         "tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on",  # schedule resume / ls
     ],
-    "prefect flow-run": ["tests/deployments/test_live_operations.py::test_cancelled_worker_run_publishes_its_report"],  # logs ID
-    "NIGHTLY=one-step-off-policy/one-step-off-policy-nightly": ["tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on"],
+    "prefect flow-run": [
+        "tests/deployments/test_live_operations.py::test_cancelled_worker_run_publishes_its_report"
+    ],  # logs ID
+    "NIGHTLY=one-step-off-policy/one-step-off-policy-nightly": [
+        "tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on"
+    ],
     "SCHEDULE=$(curl": ["tests/deployments/test_live_prefect.py::test_readme_turns_the_nightly_schedule_on"],
-    "curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field", "tests/deployments/test_readme_rest_retry.py::test_readme_rest_calls_print_only_the_answer_after_a_busy_503"],  # the REST call, run from the README's text
-    "ID=$(curl": ["tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field", "tests/deployments/test_readme_rest_retry.py::test_readme_rest_calls_print_only_the_answer_after_a_busy_503"],
+    "curl": [
+        "tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field",
+        "tests/deployments/test_readme_rest_retry.py::test_readme_rest_calls_print_only_the_answer_after_a_busy_503",
+    ],  # the REST call, run from the README's text
+    "ID=$(curl": [
+        "tests/deployments/test_live_operations.py::test_readme_set_commands_change_exactly_that_field",
+        "tests/deployments/test_readme_rest_retry.py::test_readme_rest_calls_print_only_the_answer_after_a_busy_503",
+    ],
     "python -m rl_engine.schedule": ["tests/rl_engine/test_schedule.py::test_the_readme_command_prints_the_plan"],
-    "python -m torch.distributed.run": ["tests/flows/test_trainer_ranks.py::test_a_killed_trainer_rank_fails_the_run_naming_it"],  # what the trainer role starts
-    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"] for b in ("buffer", "sync", "rollout", "partial", "learning", "train", "faults", "logits_memory", "algorithms", "workflows", "scale", "engine_start")},
+    "python -m torch.distributed.run": [
+        "tests/flows/test_trainer_ranks.py::test_a_killed_trainer_rank_fails_the_run_naming_it"
+    ],  # what the trainer role starts
+    **{
+        f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}"]
+        for b in (
+            "buffer",
+            "sync",
+            "rollout",
+            "partial",
+            "learning",
+            "train",
+            "faults",
+            "logits_memory",
+            "algorithms",
+            "workflows",
+            "scale",
+            "engine_start",
+        )
+    },
     # --device cuda: refused here without CUDA; on GPUs not run yet (README, On GPUs)
-    **{f"python -m bench.{b}": [f"tests/bench/test_bench_smoke.py::test_{b}", "tests/bench/test_bench_smoke.py::test_device_cuda_is_refused_without_cuda"] for b in ("sync", "train")},
+    **{
+        f"python -m bench.{b}": [
+            f"tests/bench/test_bench_smoke.py::test_{b}",
+            "tests/bench/test_bench_smoke.py::test_device_cuda_is_refused_without_cuda",
+        ]
+        for b in ("sync", "train")
+    },
     "python -m bench.modes": ["tests/bench/test_bench_smoke.py::test_modes_synthetic"],
-    "python -m bench.ops": ["tests/deployments/test_live_operations.py::test_bench_ops"],  # --smoke --attach: the module's server, worker, deployments and engine server
+    "python -m bench.ops": [
+        "tests/deployments/test_live_operations.py::test_bench_ops"
+    ],  # --smoke --attach: the module's server, worker, deployments and engine server
     "python -m bench.real": [  # one run with `rft demo --model smollm2`'s test: bench.real runs the demo's code
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",
         "tests/flows/test_demo_real.py::test_bench_real_set_reaches_the_config",  # --set synchronizer.mode=one_step_off_policy ...
@@ -132,7 +196,9 @@ def test_every_named_test_exists():
         for ref in where:
             path, _, name = ref.partition("::")
             source = (REPO / path).read_text()
-            assert not name or re.search(rf"^(async )?def {re.escape(name)}\b", source, re.MULTILINE), f"{cmd}: {ref} does not exist"
+            assert not name or re.search(rf"^(async )?def {re.escape(name)}\b", source, re.MULTILINE), (
+                f"{cmd}: {ref} does not exist"
+            )
 
 
 def test_the_readme_shows_the_commands_this_file_knows():

@@ -21,7 +21,9 @@ Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 StdLevel = Literal["group", "batch", "none"]
 
 
-def group_advantages(rewards: Tensor, group_index: Tensor, estimator: Estimator = "grpo", std: StdLevel = "group", eps: float = 1e-6) -> Tensor:
+def group_advantages(
+    rewards: Tensor, group_index: Tensor, estimator: Estimator = "grpo", std: StdLevel = "group", eps: float = 1e-6
+) -> Tensor:
     """Advantages [B] float32 of rewards [B] within groups given by group_index [B] long.
 
     Group ids may be any integers. Stds are unbiased sample stds (as in TRL and verl). Edge cases,

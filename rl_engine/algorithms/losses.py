@@ -44,7 +44,13 @@ def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
 
 
 def chunked_token_logprobs(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, input_ids: Tensor, temperature: float = 1.0, chunk_tokens: int = 512, mask: Tensor | None = None
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    input_ids: Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = 512,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(logprobs [B, L], entropy [B, L]) of `token_logprobs` / `token_entropy` on the logits
     hidden @ weight.T + bias, without ever holding those logits whole.
@@ -62,12 +68,19 @@ def chunked_token_logprobs(
     """
     b_idx, pos = _predicted_positions(input_ids, mask)  # [N], [N]: token (b, pos) is predicted from position pos-1
     h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, b_idx * hidden.shape[1] + pos - 1)  # [N, H]
-    logp, ent = _ChunkedLinearLogprobs.apply(h, weight, bias, input_ids[b_idx, pos], float(temperature), int(chunk_tokens))  # [N], [N]
+    logp, ent = _ChunkedLinearLogprobs.apply(
+        h, weight, bias, input_ids[b_idx, pos], float(temperature), int(chunk_tokens)
+    )  # [N], [N]
     return _place(logp, b_idx, pos, input_ids.shape), _place(ent, b_idx, pos, input_ids.shape)
 
 
 def chunked_head_logprobs(
-    hidden: Tensor, head: Callable[[Tensor], Tensor], input_ids: Tensor, temperature: float = 1.0, chunk_tokens: int = 512, mask: Tensor | None = None
+    hidden: Tensor,
+    head: Callable[[Tensor], Tensor],
+    input_ids: Tensor,
+    temperature: float = 1.0,
+    chunk_tokens: int = 512,
+    mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """`chunked_token_logprobs` with the output projection given as a module (or any callable
     [n, H] -> [n, V]) instead of its weight; each chunk under `torch.utils.checkpoint`.
@@ -88,7 +101,9 @@ def chunked_head_logprobs(
         with torch.no_grad():
             return picked, _entropy_rows(z.detach())  # [c], [c]
 
-    recompute = torch.is_grad_enabled() and (h.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", list)()))
+    recompute = torch.is_grad_enabled() and (
+        h.requires_grad or any(p.requires_grad for p in getattr(head, "parameters", list)())
+    )
     parts = []
     for s in range(0, h.shape[0], chunk_tokens):
         args = (h[s : s + chunk_tokens], targets[s : s + chunk_tokens])
@@ -131,7 +146,9 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, chunk_tokens: int):  # type: ignore[override]
+    def forward(
+        ctx, h: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float, chunk_tokens: int
+    ):  # type: ignore[override]
         n = h.shape[0]
         logp = h.new_empty(n, dtype=torch.float32)  # [N]
         ent = h.new_empty(n, dtype=torch.float32)  # [N]
@@ -154,8 +171,14 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         t, chunk = ctx.temperature, ctx.chunk_tokens
         g_h = torch.empty_like(h) if need_h else None  # [N, H]
-        g_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None  # [V, H], float32 sums
-        g_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_b and bias is not None else None  # [V]
+        g_w = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        )  # [V, H], float32 sums
+        g_b = (
+            torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device)
+            if need_b and bias is not None
+            else None
+        )  # [V]
         for s in range(0, h.shape[0], chunk):
             e = min(s + chunk, h.shape[0])
             g = g_logp[s:e].float().unsqueeze(-1)  # [c, 1]
@@ -181,7 +204,12 @@ class _ChunkedLinearLogprobs(torch.autograd.Function):
 
 
 def aggregate(
-    values: Tensor, mask: Tensor, mode: Aggregation = "token-mean", num_tokens: float | None = None, num_seqs: float | None = None, token_sum_divisor: float = 1.0
+    values: Tensor,
+    mask: Tensor,
+    mode: Aggregation = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    token_sum_divisor: float = 1.0,
 ) -> Tensor:
     """Scalar from per-token values [B, L] over mask [B, L].
 
@@ -197,7 +225,9 @@ def aggregate(
         denom = mask.sum().clamp(min=1.0) if num_tokens is None else max(float(num_tokens), 1.0)
         return (values * mask).sum() / denom
     if mode not in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        raise ValueError(f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum")
+        raise ValueError(
+            f"unknown loss aggregation {mode!r}; use token-mean, seq-mean-token-mean or seq-mean-token-sum"
+        )
     per_seq_tokens = mask.sum(-1)  # [B]
     per_seq = (values * mask).sum(-1)  # [B]
     per_seq = per_seq / per_seq_tokens.clamp(min=1.0) if mode == "seq-mean-token-mean" else per_seq / token_sum_divisor
@@ -205,7 +235,9 @@ def aggregate(
     return per_seq.sum() / denom
 
 
-def clipped_objective(ratio: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float) -> tuple[Tensor, Tensor]:
+def clipped_objective(
+    ratio: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float
+) -> tuple[Tensor, Tensor]:
     """PPO's pessimistic objective per token: (loss [B, L], clipped [B, L] bool).
 
     ratio [B, L] (carries the gradient), advantages [B] or [B, L]:
@@ -218,12 +250,16 @@ def clipped_objective(ratio: Tensor, advantages: Tensor, clip_eps_low: float, cl
     return torch.maximum(unclipped, clipped_obj), clipped_obj > unclipped
 
 
-def ppo_clip_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float) -> tuple[Tensor, Tensor]:
+def ppo_clip_token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float
+) -> tuple[Tensor, Tensor]:
     """Token-level PPO-clip: `clipped_objective` of r = exp(logprobs - old_logprobs) [B, L]."""
     return clipped_objective(torch.exp(logprobs - old_logprobs), advantages, clip_eps_low, clip_eps_high)
 
 
-def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps_low: float, clip_eps_high: float) -> tuple[Tensor, Tensor]:
+def gspo_token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps_low: float, clip_eps_high: float
+) -> tuple[Tensor, Tensor]:
     """GSPO (GSPO-token form): every token of a sequence takes the sequence's ratio
     s = exp(mean over its masked tokens of (logprobs - old_logprobs)), clipped as a whole.
 
@@ -237,7 +273,9 @@ def gspo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     return clipped_objective(ratio, advantages, clip_eps_low, clip_eps_high)
 
 
-def cispo_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float | None, clip_eps_high: float) -> tuple[Tensor, Tensor]:
+def cispo_token_loss(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float | None, clip_eps_high: float
+) -> tuple[Tensor, Tensor]:
     """CISPO: loss = -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi per token [B, L], and
     where the weight was clipped [B, L] bool. Unlike PPO-clip, no token loses its gradient: the
     clip only bounds the weight. clip_eps_low None: no lower bound."""
@@ -258,7 +296,13 @@ def kimi_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
 
 
 def offpolicy_weights(
-    proximal: Tensor, behavior: Tensor, mask: Tensor, level: Literal["token", "sequence"], action: Literal["clamp", "mask"], low: float, high: float
+    proximal: Tensor,
+    behavior: Tensor,
+    mask: Tensor,
+    level: Literal["token", "sequence"],
+    action: Literal["clamp", "mask"],
+    low: float,
+    high: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Off-policy correction of tokens sampled by vLLM (behavior) and trained against the trainer's
     proximal policy: (weight [B, L], keep [B, L] float, outside [B, L] bool), no gradient.

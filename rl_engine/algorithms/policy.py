@@ -82,7 +82,14 @@ def policy_loss(
     if cfg.kl is not None:
         if ref_logprobs is None:
             raise ValueError("algorithm.kl is set but no reference logprobs were given")
-        kl = aggregate(keep * kl_token(logprobs, ref_logprobs, cfg.kl.estimator), m, cfg.aggregation, num_tokens, num_seqs, token_sum_divisor)
+        kl = aggregate(
+            keep * kl_token(logprobs, ref_logprobs, cfg.kl.estimator),
+            m,
+            cfg.aggregation,
+            num_tokens,
+            num_seqs,
+            token_sum_divisor,
+        )
         loss = pg + cfg.kl.coef * kl
     return PolicyLoss(
         loss=loss,
@@ -95,7 +102,9 @@ def policy_loss(
     )
 
 
-def _token_loss(logprobs: Tensor, proximal: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgorithmConfig) -> tuple[Tensor, Tensor]:
+def _token_loss(
+    logprobs: Tensor, proximal: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgorithmConfig
+) -> tuple[Tensor, Tensor]:
     """(per-token loss [B, L], clipped [B, L] bool) of the configured policy loss."""
     lc = cfg.loss
     if lc.type == "ppo_clip":

@@ -36,7 +36,12 @@ class PreparedRows:
 
 
 def prepare_rows(
-    rewards: Tensor, group_index: Tensor, response_len: Tensor, truncated: Tensor, cfg: AlgorithmConfig, max_response_tokens: int | None
+    rewards: Tensor,
+    group_index: Tensor,
+    response_len: Tensor,
+    truncated: Tensor,
+    cfg: AlgorithmConfig,
+    max_response_tokens: int | None,
 ) -> PreparedRows:
     """rewards [B] float, group_index [B] long, response_len [B] long, truncated [B] (1 = cut by
     the token budget), cfg the algorithm, max_response_tokens the response budget (needed by
@@ -68,7 +73,9 @@ def prepare_rows(
 
 def prepare_batch_rows(batch: dict[str, Tensor], cfg: AlgorithmConfig, max_response_tokens: int | None) -> PreparedRows:
     """`prepare_rows` of a trainer batch (`ExperienceBatch.to_tensors`' keys)."""
-    return prepare_rows(batch["rewards"], batch["group_index"], batch["response_len"], batch["truncated"], cfg, max_response_tokens)
+    return prepare_rows(
+        batch["rewards"], batch["group_index"], batch["response_len"], batch["truncated"], cfg, max_response_tokens
+    )
 
 
 def row_metrics(prep: PreparedRows, cfg: AlgorithmConfig) -> dict[str, float]:
@@ -89,6 +96,8 @@ def token_sum_divisor(cfg: AlgorithmConfig, max_response_tokens: int | None) -> 
         return 1
     if cfg.token_sum_divisor == "max_tokens":
         if max_response_tokens is None:
-            raise ValueError("algorithm.token_sum_divisor: max_tokens needs the response token budget (max_response_tokens)")
+            raise ValueError(
+                "algorithm.token_sum_divisor: max_tokens needs the response token budget (max_response_tokens)"
+            )
         return max_response_tokens
     return cfg.token_sum_divisor

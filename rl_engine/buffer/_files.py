@@ -168,7 +168,9 @@ def put_json(fs: fsspec.AbstractFileSystem, path: str, obj: Any, fsync: bool = T
     write_json(fs, path, obj, fsync=fsync)
 
 
-def write_data(fs: fsspec.AbstractFileSystem, path: str, table: pa.Table, fsync: bool = True, checksum: str = CHECKSUM) -> dict[str, int]:
+def write_data(
+    fs: fsspec.AbstractFileSystem, path: str, table: pa.Table, fsync: bool = True, checksum: str = CHECKSUM
+) -> dict[str, int]:
     """Write a table as one IPC file atomically; returns {size, <checksum>} for its commit record."""
     if not is_local(fs):  # one PUT of the whole file
         data = table_to_ipc(table)
@@ -237,7 +239,9 @@ def _read_checked(fs: fsspec.AbstractFileSystem, path: str, checksum: str | None
 
 def _read_small(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
     if is_local(fs):
-        with open(path, "rb") as f:  # a plain read: fsspec's cat_file or pa.OSFile cost several times more for a small file
+        with open(
+            path, "rb"
+        ) as f:  # a plain read: fsspec's cat_file or pa.OSFile cost several times more for a small file
             return f.read()
     return fs.cat_file(path)
 
@@ -293,7 +297,9 @@ def list_names(fs: fsspec.AbstractFileSystem, directory: str) -> list[str]:
         return []
 
 
-def list_commits(fs: fsspec.AbstractFileSystem, root: str, since_ns: int | None = None, until_ns: int | None = None) -> list[tuple[CommitKey, str]]:
+def list_commits(
+    fs: fsspec.AbstractFileSystem, root: str, since_ns: int | None = None, until_ns: int | None = None
+) -> list[tuple[CommitKey, str]]:
     """Commit records visible now, as (key, path) in commit order.
 
     Without `since_ns`: all of them, a cost that grows with the run (every name; one request
@@ -312,7 +318,9 @@ def parse_record_paths(paths) -> list[tuple[CommitKey, str]]:
     return sorted((k, p) for k, p in keyed if k is not None)
 
 
-def record_paths(fs: fsspec.AbstractFileSystem, root: str, since_ns: int | None = None, until_ns: int | None = None) -> list[str]:
+def record_paths(
+    fs: fsspec.AbstractFileSystem, root: str, since_ns: int | None = None, until_ns: int | None = None
+) -> list[str]:
     """What `list_commits` lists, as paths in no particular order and not parsed (names that
     are not records included): a poll parses only the names it has not seen before."""
     directory = commits_dir(root)
@@ -387,5 +395,7 @@ def read_record(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any]:
         raise CorruptFileError(fs.unstrip_protocol(path), f"unreadable commit record ({e})") from None
     if record.get("format") not in _READ_RECORD_FORMATS:
         expected = " or ".join(map(str, _READ_RECORD_FORMATS))
-        raise CorruptFileError(fs.unstrip_protocol(path), f"commit record format {record.get('format')!r}, expected {expected}")
+        raise CorruptFileError(
+            fs.unstrip_protocol(path), f"commit record format {record.get('format')!r}, expected {expected}"
+        )
     return record

@@ -87,7 +87,9 @@ class ContinuationStore:
 
     # ---- public API
 
-    def save(self, batch: ExperienceBatch | pa.Table, *, explorer_step: int | None = None, retire: Iterable[str] = ()) -> str:
+    def save(
+        self, batch: ExperienceBatch | pa.Table, *, explorer_step: int | None = None, retire: Iterable[str] = ()
+    ) -> str:
         """Persist a set (validated against the schema); retire `retire` in the same commit; returns its id."""
         if isinstance(batch, pa.Table):
             batch = ExperienceBatch.from_table(batch, source="ContinuationStore.save")
@@ -115,13 +117,21 @@ class ContinuationStore:
                 continue
             cid = uuid.uuid4().hex
             name = f"part-{cid}.arrow"
-            info = _files.write_data(self.fs, join(self.dir, name), batch.to_table(), fsync=self.fsync, checksum="crc32")  # the manifest entry's field
+            info = _files.write_data(
+                self.fs, join(self.dir, name), batch.to_table(), fsync=self.fsync, checksum="crc32"
+            )  # the manifest entry's field
             tokens = pc.sum(pc.list_value_length(batch.to_table().column("response_ids"))).as_py() or 0
-            added.append(ContinuationEntry(cid, name, len(batch), int(tokens), explorer_step, time.time(), info["size"], info["crc32"], kind))
+            added.append(
+                ContinuationEntry(
+                    cid, name, len(batch), int(tokens), explorer_step, time.time(), info["size"], info["crc32"], kind
+                )
+            )
         with self._lock:
             manifest = self._read_manifest()
             doomed = self._check_retire(manifest, retire)
-            manifest["entries"] = [e for e in manifest["entries"] if e["id"] not in doomed] + [e.to_dict() for e in added if e is not None]
+            manifest["entries"] = [e for e in manifest["entries"] if e["id"] not in doomed] + [
+                e.to_dict() for e in added if e is not None
+            ]
             if state is not None:
                 manifest["state"] = state
             if tasks:
@@ -148,12 +158,23 @@ class ContinuationStore:
         wanted = list(entries) if ids is None else list(ids)
         unknown = [i for i in wanted if i not in entries]
         if unknown:
-            raise KeyError(f"{self._uri(MANIFEST_NAME)}: no active continuation set {unknown} (retired, or never saved by explorer {self.explorer_id})")
+            raise KeyError(
+                f"{self._uri(MANIFEST_NAME)}: no active continuation set {unknown} (retired, or never saved by explorer {self.explorer_id})"
+            )
         parts = []
         for i in wanted:
             e = entries[i]
             path = join(self.dir, e.path)
-            parts.append(_files.read_data(self.fs, path, size=e.size, checksum=("crc32", e.crc32), uri=self.fs.unstrip_protocol(path), num_rows=e.num_rows))
+            parts.append(
+                _files.read_data(
+                    self.fs,
+                    path,
+                    size=e.size,
+                    checksum=("crc32", e.crc32),
+                    uri=self.fs.unstrip_protocol(path),
+                    num_rows=e.num_rows,
+                )
+            )
         return ExperienceBatch.concat(parts)
 
     def retire(self, ids: Iterable[str]) -> None:
@@ -190,11 +211,19 @@ class ContinuationStore:
         try:
             m = json.loads(self.fs.cat_file(path))
         except FileNotFoundError:
-            return {"format": MANIFEST_FORMAT, "explorer_id": self.explorer_id, "revision": 0, "entries": [], "retired": []}
+            return {
+                "format": MANIFEST_FORMAT,
+                "explorer_id": self.explorer_id,
+                "revision": 0,
+                "entries": [],
+                "retired": [],
+            }
         except ValueError as e:
             raise UserError(f"{self._uri(MANIFEST_NAME)}: unreadable continuation manifest ({e})") from None
         if m.get("format") != MANIFEST_FORMAT:
-            raise UserError(f"{self._uri(MANIFEST_NAME)}: manifest format {m.get('format')!r}, expected {MANIFEST_FORMAT}")
+            raise UserError(
+                f"{self._uri(MANIFEST_NAME)}: manifest format {m.get('format')!r}, expected {MANIFEST_FORMAT}"
+            )
         return m
 
     def _check_retire(self, manifest: dict[str, Any], ids: Iterable[str]) -> set[str]:

@@ -66,7 +66,7 @@ class ConsumedSet:
             out[:] = True
             return out
         s = self._w.get(key.writer)
-        for a, b in (s.partial.get(key.seq, []) if s else []):
+        for a, b in s.partial.get(key.seq, []) if s else []:
             out[a:b] = True
         return out
 
@@ -88,7 +88,9 @@ class ConsumedSet:
     def from_json(cls, data: dict[str, Any]) -> ConsumedSet:
         out = cls()
         for w, s in data.items():
-            out._w[w] = _WriterState(int(s["upto"]), (int(x) for x in s["done"]), {int(k): v for k, v in s["partial"].items()})
+            out._w[w] = _WriterState(
+                int(s["upto"]), (int(x) for x in s["done"]), {int(k): v for k, v in s["partial"].items()}
+            )
         return out
 
 
@@ -121,7 +123,9 @@ def list_cursor_steps(run_url: str, storage_options: dict[str, Any] | None) -> l
     return sorted(int(m.group(1)) for m in map(_STEP_RE.match, names) if m)
 
 
-def load_cursor(run_url: str, storage_options: dict[str, Any] | None, trainer_step: int | None = None) -> dict[str, Any] | None:
+def load_cursor(
+    run_url: str, storage_options: dict[str, Any] | None, trainer_step: int | None = None
+) -> dict[str, Any] | None:
     """The state saved at `trainer_step` (None: the latest; returns None if there is none)."""
     fs, root = open_storage(run_url, storage_options)
     if trainer_step is None:
@@ -133,7 +137,9 @@ def load_cursor(run_url: str, storage_options: dict[str, Any] | None, trainer_st
     try:
         data = json.loads(fs.cat_file(path))
     except FileNotFoundError:
-        raise UserError(f"{fs.unstrip_protocol(path)}: no buffer cursor saved for trainer step {trainer_step}") from None
+        raise UserError(
+            f"{fs.unstrip_protocol(path)}: no buffer cursor saved for trainer step {trainer_step}"
+        ) from None
     if data.get("format") != CURSOR_FORMAT:
         raise UserError(f"{fs.unstrip_protocol(path)}: cursor format {data.get('format')!r}, expected {CURSOR_FORMAT}")
     return data["state"]

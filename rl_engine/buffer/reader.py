@@ -119,7 +119,13 @@ class _File:
 class BufferReader:
     """FIFO reader of one run's buffer; see the module docstring for the guarantees."""
 
-    def __init__(self, run_url: str, storage_options: dict[str, Any] | None, cfg: BufferConfig | None = None, explorers: int | None = None):
+    def __init__(
+        self,
+        run_url: str,
+        storage_options: dict[str, Any] | None,
+        cfg: BufferConfig | None = None,
+        explorers: int | None = None,
+    ):
         self.cfg = cfg or BufferConfig()
         self.run_url = run_url
         self.fs, self.root = open_storage(run_url, storage_options)
@@ -133,7 +139,9 @@ class BufferReader:
         self._next_batch: int | None = order["next"] if order else None
         self._finished: set[int] = set(order["finished"]) if order else set()
         self._consumed = consumed
-        self._pending: dict[_files.CommitKey, _File | str] = {}  # seen, not fully decided; str = its record's path, not loaded yet
+        self._pending: dict[
+            _files.CommitKey, _File | str
+        ] = {}  # seen, not fully decided; str = its record's path, not loaded yet
         self._next_full_listing: float | None = None  # monotonic time; None: list everything at the next poll
         self._window_paths: set[str] = set()  # record paths the last window poll listed
         self._counters = {k: int(counters.get(k, 0)) for k in _COUNTERS}
@@ -156,7 +164,9 @@ class BufferReader:
         if n < 1:
             raise ValueError(f"read_batch(n={n}): n must be >= 1")
         if max_staleness is not None and trainer_version is None:
-            raise ValueError(f"read_batch(max_staleness={max_staleness}): staleness is relative to the trainer's version; pass trainer_version too")
+            raise ValueError(
+                f"read_batch(max_staleness={max_staleness}): staleness is relative to the trainer's version; pass trainer_version too"
+            )
         timeout = self.cfg.read_timeout_s if timeout_s is None else timeout_s
         available = 0
 
@@ -169,7 +179,15 @@ class BufferReader:
         def timed_out() -> BufferTimeout:
             return BufferTimeout(self._waiting_message(n, available, timeout, trainer_version, max_staleness))
 
-        return poll_until(take, what=f"{n} experiences", timeout_s=timeout, interval_s=self.poll_s, stop=stop, timeout_error=timed_out, between=on_wait)
+        return poll_until(
+            take,
+            what=f"{n} experiences",
+            timeout_s=timeout,
+            interval_s=self.poll_s,
+            stop=stop,
+            timeout_error=timed_out,
+            between=on_wait,
+        )
 
     def poll(self) -> int:
         """Look for newly committed files now (`read_batch` does before each try); returns how many
@@ -198,13 +216,18 @@ class BufferReader:
                     "%s: commit record visible more than buffer.commit_window_s = %g s away from its stamp by this machine's clock "
                     "(a stalled commit, or clocks apart between machines); found by the full listing. Raise buffer.commit_window_s "
                     "if this repeats: such records wait up to buffer.full_listing_interval_s to be read",
-                    self.fs.unstrip_protocol(path), self.cfg.commit_window_s,
+                    self.fs.unstrip_protocol(path),
+                    self.cfg.commit_window_s,
                 )
         return len(self._pending)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able cursor: what has been consumed (and dropped/skipped), plus the counters."""
-        state = {"format": STATE_FORMAT, "consumed": self._consumed.to_json(), "counters": {**self._counters, "corrupt_files": list(self._corrupt_files)}}
+        state = {
+            "format": STATE_FORMAT,
+            "consumed": self._consumed.to_json(),
+            "counters": {**self._counters, "corrupt_files": list(self._corrupt_files)},
+        }
         if self.explorers and self._next_batch is not None:
             state["batch_order"] = {"next": self._next_batch, "finished": sorted(self._finished)}
         return state
@@ -265,7 +288,9 @@ class BufferReader:
                     stale.append(unit)
                     continue
                 if len(unit) > n:
-                    raise ValueError(f"{f.uri}: a GRPO group of {len(unit)} experiences does not fit a batch of {n}; make the batch a multiple of the group size")
+                    raise ValueError(
+                        f"{f.uri}: a GRPO group of {len(unit)} experiences does not fit a batch of {n}; make the batch a multiple of the group size"
+                    )
                 if taken + len(unit) <= n:
                     chosen.setdefault(f.key, []).append(unit)
                     taken += len(unit)
@@ -274,7 +299,13 @@ class BufferReader:
             if stale:  # decided now: versions only grow, so they would be stale at any later call too
                 dropped = sum(len(u) for u in stale)
                 self._counters["dropped_stale"] += dropped
-                log.warning("%s: dropped %d experience(s) older than max_staleness %d at trainer version %d", f.uri, dropped, max_staleness, version)
+                log.warning(
+                    "%s: dropped %d experience(s) older than max_staleness %d at trainer version %d",
+                    f.uri,
+                    dropped,
+                    max_staleness,
+                    version,
+                )
                 self._decide(f, stale)
             if taken == n:
                 break
@@ -320,7 +351,13 @@ class BufferReader:
             path = join(_files.buffer_root(self.root), record["path"])
             uri = self.fs.unstrip_protocol(path)
             batch = _files.read_data(
-                self.fs, path, size=record["size"], checksum=_files.checksum_of(record), uri=uri, num_rows=record["num_rows"], verify=self.cfg.verify_checksums
+                self.fs,
+                path,
+                size=record["size"],
+                checksum=_files.checksum_of(record),
+                uri=uri,
+                num_rows=record["num_rows"],
+                verify=self.cfg.verify_checksums,
             )
         except _files.CorruptFileError as e:
             if self.cfg.on_corrupt == "fail":
@@ -331,7 +368,9 @@ class BufferReader:
             self._corrupt_files.append(e.path)
             self._consumed.mark(key, np.ones(1, dtype=bool))
             del self._pending[key]
-            if self.explorers and self._next_batch is not None and "explorer_step" in record:  # its number is not waited for
+            if (
+                self.explorers and self._next_batch is not None and "explorer_step" in record
+            ):  # its number is not waited for
                 self._finish_batch(batch_number(key.explorer_id, int(record["explorer_step"]), self.explorers))
             return None
         decided = self._consumed.decided_rows(key, len(batch))
@@ -339,7 +378,9 @@ class BufferReader:
         self._pending[key] = f
         return f
 
-    def _waiting_message(self, n: int, available: int, timeout: float, version: int | None, max_staleness: int | None) -> str:
+    def _waiting_message(
+        self, n: int, available: int, timeout: float, version: int | None, max_staleness: int | None
+    ) -> str:
         how = ["whole GRPO groups"] if self.cfg.whole_groups else []
         if max_staleness is not None:
             how.append(f"trainer version {version}, max_staleness {max_staleness}")
@@ -347,7 +388,11 @@ class BufferReader:
         return (
             f"{self.run_url}/buffer: waited {timeout:g} s for {n} experiences"
             + (f" ({'; '.join(how)})" if how else "")
-            + (f"; waiting for batch {self._next_batch} (rl_engine.schedule.batch_number) before later ones" if self.explorers and self._next_batch is not None else "")
+            + (
+                f"; waiting for batch {self._next_batch} (rl_engine.schedule.batch_number) before later ones"
+                if self.explorers and self._next_batch is not None
+                else ""
+            )
             + f"; only {available} usable in {len(self._pending)} committed file(s) not yet consumed"
             f" (so far: {c['consumed']} consumed, {c['dropped_stale']} dropped as stale, {c['skipped_corrupt']} corrupt file(s) skipped)."
             " Are the explorers running and writing to this run?"

@@ -61,13 +61,22 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
     if not fs.exists(root):
         raise UserError(f"{run_url}: no such run directory")
     records = commit_records(fs, root)
-    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("explorer", "step", "version", "reward", "prompt_len", "response_len", "segments")}
+    rows: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("explorer", "step", "version", "reward", "prompt_len", "response_len", "segments")
+    }
     finish: Counter[str] = Counter()
     corrupt: list[str] = []
     for _, rec in records:
         path = join(_files.buffer_root(root), rec["path"])
         try:
-            batch = _files.read_data(fs, path, size=rec["size"], checksum=_files.checksum_of(rec), uri=fs.unstrip_protocol(path), num_rows=rec["num_rows"])
+            batch = _files.read_data(
+                fs,
+                path,
+                size=rec["size"],
+                checksum=_files.checksum_of(rec),
+                uri=fs.unstrip_protocol(path),
+                num_rows=rec["num_rows"],
+            )
         except _files.CorruptFileError as e:
             corrupt.append(f"{e.path}: {e.reason}")  # the file and what is wrong; the run-time fix does not apply here
             continue
@@ -111,7 +120,9 @@ def last_committed(records: list[tuple[_files.CommitKey, dict[str, Any]]]) -> di
     return last
 
 
-def continuations(run_url: str, storage_options: dict[str, Any] | None, last_steps: dict[int, int]) -> list[dict[str, Any]]:
+def continuations(
+    run_url: str, storage_options: dict[str, Any] | None, last_steps: dict[int, int]
+) -> list[dict[str, Any]]:
     """Per explorer with a continuation store (none without partial rollouts): what it holds.
 
     `last_steps` is `last_committed(records)`. An outbox is `committed` at or below that step
@@ -129,21 +140,34 @@ def continuations(run_url: str, storage_options: dict[str, Any] | None, last_ste
             continue
         last = last_steps.get(i, 0)
         cut = int(pc.sum(pc.equal(t.column("finish_reason"), UNFINISHED)).as_py() or 0)
-        out.append({
-            "explorer": i,
-            "manifest": store.manifest_uri,
-            "pending_groups": len(set(t.column("group_id").to_pylist())),
-            "pending_generations": len(t),
-            "cut_generations": cut,
-            "finished_waiting": len(t) - cut,
-            "tokens": int(pc.sum(pc.list_value_length(t.column("response_ids"))).as_py() or 0),
-            "oldest_segment_step": pc.min(pc.struct_field(pc.list_flatten(t.column("segments")), "explorer_step")).as_py(),
-            "outbox": [
-                {"explorer_step": e.explorer_step, "experiences": e.num_rows, "status": "committed" if e.explorer_step <= last else "staged" if e.explorer_step == last + 1 else "ahead"}
-                for e in entries if e.kind == "outbox"
-            ],
-            "last_committed_step": last,
-        })
+        out.append(
+            {
+                "explorer": i,
+                "manifest": store.manifest_uri,
+                "pending_groups": len(set(t.column("group_id").to_pylist())),
+                "pending_generations": len(t),
+                "cut_generations": cut,
+                "finished_waiting": len(t) - cut,
+                "tokens": int(pc.sum(pc.list_value_length(t.column("response_ids"))).as_py() or 0),
+                "oldest_segment_step": pc.min(
+                    pc.struct_field(pc.list_flatten(t.column("segments")), "explorer_step")
+                ).as_py(),
+                "outbox": [
+                    {
+                        "explorer_step": e.explorer_step,
+                        "experiences": e.num_rows,
+                        "status": "committed"
+                        if e.explorer_step <= last
+                        else "staged"
+                        if e.explorer_step == last + 1
+                        else "ahead",
+                    }
+                    for e in entries
+                    if e.kind == "outbox"
+                ],
+                "last_committed_step": last,
+            }
+        )
     return out
 
 
@@ -158,7 +182,15 @@ def _per(explorer: np.ndarray, step: np.ndarray) -> list[dict[str, int]]:
     out = []
     for e in sorted(set(explorer.tolist())):
         s = step[explorer == e]
-        out.append({"explorer": int(e), "experiences": len(s), "steps": len(set(s.tolist())), "first_step": int(s.min()), "last_step": int(s.max())})
+        out.append(
+            {
+                "explorer": int(e),
+                "experiences": len(s),
+                "steps": len(set(s.tolist())),
+                "first_step": int(s.min()),
+                "last_step": int(s.max()),
+            }
+        )
     return out
 
 
@@ -166,7 +198,14 @@ def _summary(x: np.ndarray) -> dict[str, float] | None:
     if not len(x):
         return None
     x = x.astype(np.float64)
-    return {"mean": float(x.mean()), "std": float(x.std()), "min": float(x.min()), "p50": float(np.median(x)), "p90": float(np.percentile(x, 90)), "max": float(x.max())}
+    return {
+        "mean": float(x.mean()),
+        "std": float(x.std()),
+        "min": float(x.min()),
+        "p50": float(np.median(x)),
+        "p90": float(np.percentile(x, 90)),
+        "max": float(x.max()),
+    }
 
 
 def _cursor_summary(run_url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -174,18 +213,28 @@ def _cursor_summary(run_url: str, storage_options: dict[str, Any] | None) -> dic
     if not steps:
         return None
     counters = (load_cursor(run_url, storage_options, steps[-1]) or {}).get("counters", {})
-    return {"trainer_step": steps[-1], **{k: counters.get(k, 0) for k in ("consumed", "dropped_stale", "skipped_corrupt")}}
+    return {
+        "trainer_step": steps[-1],
+        **{k: counters.get(k, 0) for k in ("consumed", "dropped_stale", "skipped_corrupt")},
+    }
 
 
 def render(s: dict[str, Any], max_steps: int = 20) -> str:
     """Human-readable text of `collect`'s dict."""
-    out = [f"{s['run']}/buffer: {s['experiences']} experiences in {s['committed_files']} committed files"
-           f" ({len(s['corrupt_files'])} corrupt, {s['uncommitted_files']} written but not committed)"]
+    out = [
+        f"{s['run']}/buffer: {s['experiences']} experiences in {s['committed_files']} committed files"
+        f" ({len(s['corrupt_files'])} corrupt, {s['uncommitted_files']} written but not committed)"
+    ]
     out += [f"  corrupt: {c}" for c in s["corrupt_files"]]
     out.append("\nper explorer:\n  explorer  experiences  steps  first..last step")
-    out += [f"  {p['explorer']:>8}  {p['experiences']:>11}  {p['steps']:>5}  {p['first_step']}..{p['last_step']}" for p in s["per_explorer"]]
+    out += [
+        f"  {p['explorer']:>8}  {p['experiences']:>11}  {p['steps']:>5}  {p['first_step']}..{p['last_step']}"
+        for p in s["per_explorer"]
+    ]
     shown = s["per_step"][-max_steps:]
-    out.append(f"\nper step{' (last %d)' % max_steps if len(s['per_step']) > max_steps else ''}:\n  explorer  step  experiences")
+    out.append(
+        f"\nper step{' (last %d)' % max_steps if len(s['per_step']) > max_steps else ''}:\n  explorer  step  experiences"
+    )
     out += [f"  {p['explorer']:>8}  {p['step']:>4}  {p['experiences']:>11}" for p in shown]
     out.append("\nper generating version (oldest token version):\n  version  experiences")
     out += [f"  {v:>7}  {n:>11}" for v, n in s["per_version"].items()]
@@ -193,15 +242,22 @@ def render(s: dict[str, Any], max_steps: int = 20) -> str:
     for name in ("reward", "prompt_tokens", "response_tokens"):
         m = s[name]
         if m:
-            out.append(f"{name + ':':<17} mean {m['mean']:.4g}  std {m['std']:.4g}  min {m['min']:.4g}  p50 {m['p50']:.4g}  p90 {m['p90']:.4g}  max {m['max']:.4g}")
+            out.append(
+                f"{name + ':':<17} mean {m['mean']:.4g}  std {m['std']:.4g}  min {m['min']:.4g}  p50 {m['p50']:.4g}  p90 {m['p90']:.4g}  max {m['max']:.4g}"
+            )
     total = sum(s["finish_reasons"].values()) or 1
-    out.append("finish reasons:   " + "  ".join(f"{k} {n} ({100 * n / total:.0f}%)" for k, n in s["finish_reasons"].items()))
+    out.append(
+        "finish reasons:   " + "  ".join(f"{k} {n} ({100 * n / total:.0f}%)" for k, n in s["finish_reasons"].items())
+    )
     total = sum(s["num_segments"].values()) or 1
-    out.append("num segments:     " + "  ".join(f"{k}: {n} ({100 * n / total:.0f}%)" for k, n in s["num_segments"].items()))
+    out.append(
+        "num segments:     " + "  ".join(f"{k}: {n} ({100 * n / total:.0f}%)" for k, n in s["num_segments"].items())
+    )
     c = s["trainer_cursor"]
     out.append(
         f"trainer cursor:   step {c['trainer_step']}: {c['consumed']} consumed, {c['dropped_stale']} dropped as stale, {c['skipped_corrupt']} corrupt files skipped"
-        if c else "trainer cursor:   none saved yet"
+        if c
+        else "trainer cursor:   none saved yet"
     )
     out += _render_continuations(s["continuations"])
     return "\n".join(out)
@@ -231,7 +287,8 @@ def _render_continuations(cs: list[dict[str, Any]]) -> list[str]:
             out.append(f"  explorer {c['explorer']}: nothing pending")
         out.append(f"    manifest: {c['manifest']}")
         out += [
-            f"    outbox: step {o['explorer_step']} ({o['experiences']} experiences) " + _OUTBOX[o["status"]].format(step=o["explorer_step"], last=c["last_committed_step"])
+            f"    outbox: step {o['explorer_step']} ({o['experiences']} experiences) "
+            + _OUTBOX[o["status"]].format(step=o["explorer_step"], last=c["last_committed_step"])
             for o in c["outbox"]
         ]
     return out

@@ -69,10 +69,15 @@ def make_batch(
         "versions": _ragged(np.full(n_resp, version, dtype=np.int32), response_len, n, pa.int32()),
         "loss_mask": _ragged(np.ones(n_resp, dtype=np.int8), response_len, n, pa.int8()),
         "reward": pa.array(reward),
-        "reward_components": pa.array([[("correct", r)] for r in reward], EXPERIENCE_SCHEMA.field("reward_components").type),
+        "reward_components": pa.array(
+            [[("correct", r)] for r in reward], EXPERIENCE_SCHEMA.field("reward_components").type
+        ),
         "finish_reason": pa.array([FINISH_REASONS[i % 2] for i in rows], pa.string()),
         "num_segments": pa.array(np.ones(n, dtype=np.int32)),
-        "segments": pa.array([[{"explorer_step": explorer_step, "version": version, "start": 0, "end": response_len}]] * n, pa.list_(SEGMENT_TYPE)),
+        "segments": pa.array(
+            [[{"explorer_step": explorer_step, "version": version, "start": 0, "end": response_len}]] * n,
+            pa.list_(SEGMENT_TYPE),
+        ),
         "created_at": pa.array(np.full(n, 1.7e9) + rows),
         "started_at": pa.array(np.full(n, 1.7e9) + rows - 1.0),
         "prompt_text": text(prompt_len),
@@ -82,7 +87,15 @@ def make_batch(
     return ExperienceBatch.from_table(table, source="<synthetic>")
 
 
-def make_experiences(n: int, *, explorer_id: int = 0, explorer_step: int = 1, group_size: int = 2, seed: int = 0, id_prefix: str | None = None) -> list[Experience]:
+def make_experiences(
+    n: int,
+    *,
+    explorer_id: int = 0,
+    explorer_step: int = 1,
+    group_size: int = 2,
+    seed: int = 0,
+    id_prefix: str | None = None,
+) -> list[Experience]:
     """n varied rows exercising every column: ragged lengths (incl. empty responses), mixed token
     versions, null started_at, several reward components, every finish reason, non-ASCII text.
     Floats are float32-exact so a round trip compares with ==."""
@@ -107,12 +120,14 @@ def make_experiences(n: int, *, explorer_id: int = 0, explorer_step: int = 1, gr
                 reward=float(rng.normal()),
                 reward_components={f"c{k}": float(rng.normal()) for k in range(i % 3)},
                 finish_reason=FINISH_REASONS[i % len(FINISH_REASONS)],
-                segments=version_runs(explorer_step, versions),  # one per version: mixed versions as under partial rollouts
+                segments=version_runs(
+                    explorer_step, versions
+                ),  # one per version: mixed versions as under partial rollouts
                 num_segments=len(version_runs(explorer_step, versions)),
                 created_at=1.7e9 + float(rng.random()),
                 started_at=None if i % 2 else 1.6e9 + i,
                 prompt_text=f"Q{i}: what is 7·6? ✓",
-                response_text=f"A{i}: 42 \n\t\"quoted\"",
+                response_text=f'A{i}: 42 \n\t"quoted"',
             )
         )
     return out

@@ -43,7 +43,15 @@ from rl_engine.storage import join, open_storage
 class BufferWriter:
     """Writes experiences of one explorer; safe to share between threads."""
 
-    def __init__(self, run_url: str, storage_options: dict[str, Any] | None, explorer_id: int, *, fsync: bool = False, before_commit: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        run_url: str,
+        storage_options: dict[str, Any] | None,
+        explorer_id: int,
+        *,
+        fsync: bool = False,
+        before_commit: Callable[[], None] | None = None,
+    ):
         self.fs, self.root = open_storage(run_url, storage_options)
         self.before_commit = before_commit  # raises to refuse the commit (rl_engine.run.lease.Fence.check: a writer whose driver lost the run's lease)
         self.explorer_id = int(explorer_id)
@@ -103,4 +111,3 @@ class BufferWriter:
                 f"BufferWriter(explorer_id={self.explorer_id}).write(step={explorer_step}): rows carry "
                 f"explorer_id {bad_id} / explorer_step {bad_step}; they must match the writer and the step"
             )
-

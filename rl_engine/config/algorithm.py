@@ -34,32 +34,52 @@ class KLConfig(_Model):
 class GRPOAdvantage(_Model):
     """GRPO: reward minus its group's mean, divided by the group's std."""
 
-    type: Literal["grpo"] = Field(description="Baseline: the mean reward of the experience's group (the rollouts of its task).")
-    std: StdLevel = Field(default="group", description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.")
+    type: Literal["grpo"] = Field(
+        description="Baseline: the mean reward of the experience's group (the rollouts of its task)."
+    )
+    std: StdLevel = Field(
+        default="group",
+        description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.",
+    )
 
 
 class DrGRPOAdvantage(_Model):
     """Dr.GRPO: reward minus its group's mean, no std (pair it with a constant loss normaliser)."""
 
     type: Literal["dr_grpo"] = Field(description="Baseline: the group's mean reward; no std normalisation by default.")
-    std: StdLevel = Field(default="none", description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.")
+    std: StdLevel = Field(
+        default="none",
+        description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.",
+    )
 
 
 class RLOOAdvantage(_Model):
     """RLOO: reward minus the mean of the *other* rewards of its group (leave one out)."""
 
-    type: Literal["rloo"] = Field(description="Baseline: the mean reward of the group's other members (an unbiased baseline).")
-    std: StdLevel = Field(default="none", description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.")
+    type: Literal["rloo"] = Field(
+        description="Baseline: the mean reward of the group's other members (an unbiased baseline)."
+    )
+    std: StdLevel = Field(
+        default="none",
+        description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.",
+    )
 
 
 class ReinforcePPAdvantage(_Model):
     """REINFORCE++: reward minus the batch's mean reward, whitened over the batch."""
 
-    type: Literal["reinforce_pp"] = Field(description="Baseline: the mean reward of the whole trainer batch (a global baseline).")
-    std: StdLevel = Field(default="batch", description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.")
+    type: Literal["reinforce_pp"] = Field(
+        description="Baseline: the mean reward of the whole trainer batch (a global baseline)."
+    )
+    std: StdLevel = Field(
+        default="batch",
+        description="Divide the centred rewards by the std of their group, of the whole batch, or not at all.",
+    )
 
 
-AdvantageConfig = Annotated[GRPOAdvantage | DrGRPOAdvantage | RLOOAdvantage | ReinforcePPAdvantage, Field(discriminator="type")]
+AdvantageConfig = Annotated[
+    GRPOAdvantage | DrGRPOAdvantage | RLOOAdvantage | ReinforcePPAdvantage, Field(discriminator="type")
+]
 
 # ---- policy losses (the ratio's denominator is `proximal`; the corrections below weight them)
 
@@ -75,23 +95,37 @@ class PPOClipLoss(_Model):
 class GSPOLoss(_Model):
     """GSPO: the sequence-level ratio (geometric mean of the token ratios), clipped per sequence."""
 
-    type: Literal["gspo"] = Field(description="Sequence-level PPO-clip (GSPO-token form: every token of a sequence shares its ratio).")
-    clip_eps_low: float = Field(default=3e-4, gt=0.0, lt=1.0, description="Lower clip of the sequence ratio (GSPO's paper: 3e-4).")
-    clip_eps_high: float = Field(default=4e-4, gt=0.0, lt=10.0, description="Upper clip of the sequence ratio (GSPO's paper: 4e-4).")
+    type: Literal["gspo"] = Field(
+        description="Sequence-level PPO-clip (GSPO-token form: every token of a sequence shares its ratio)."
+    )
+    clip_eps_low: float = Field(
+        default=3e-4, gt=0.0, lt=1.0, description="Lower clip of the sequence ratio (GSPO's paper: 3e-4)."
+    )
+    clip_eps_high: float = Field(
+        default=4e-4, gt=0.0, lt=10.0, description="Upper clip of the sequence ratio (GSPO's paper: 4e-4)."
+    )
 
 
 class CISPOLoss(_Model):
     """CISPO: -sg(clip(ratio)) * A * log pi on every token (the clip bounds the weight, never drops the gradient)."""
 
-    type: Literal["cispo"] = Field(description="Clipped importance-sampling weight, stop-gradient, REINFORCE on all tokens.")
-    clip_eps_low: float | None = Field(default=None, gt=0.0, lt=1.0, description="Lower bound 1 - clip_eps_low of the weight; null: no lower bound.")
-    clip_eps_high: float = Field(default=1.0, gt=0.0, lt=100.0, description="Upper bound 1 + clip_eps_high of the weight.")
+    type: Literal["cispo"] = Field(
+        description="Clipped importance-sampling weight, stop-gradient, REINFORCE on all tokens."
+    )
+    clip_eps_low: float | None = Field(
+        default=None, gt=0.0, lt=1.0, description="Lower bound 1 - clip_eps_low of the weight; null: no lower bound."
+    )
+    clip_eps_high: float = Field(
+        default=1.0, gt=0.0, lt=100.0, description="Upper bound 1 + clip_eps_high of the weight."
+    )
 
 
 class KimiLoss(_Model):
     """Kimi k1.5's mirror-descent objective, per token: -A log pi + tau/2 (log pi - log pi_proximal)^2."""
 
-    type: Literal["kimi"] = Field(description="k1.5's loss: policy gradient plus a squared log-ratio penalty that keeps pi near pi_proximal.")
+    type: Literal["kimi"] = Field(
+        description="k1.5's loss: policy gradient plus a squared log-ratio penalty that keeps pi near pi_proximal."
+    )
     tau: float = Field(default=0.1, gt=0.0, description="Weight tau of the squared log-ratio penalty.")
 
 
@@ -106,8 +140,13 @@ class CorrectionConfig(_Model):
     low: 0.5, high: 2}; geometric sequence mask: {level: sequence, action: mask, low: 0.999, high: 1.001}.
     """
 
-    level: Literal["token", "sequence"] = Field(default="token", description="A weight per token, or per sequence (the geometric mean of its token weights).")
-    action: Literal["clamp", "mask"] = Field(default="clamp", description="Outside [low, high]: clamp the weight to the bound, or drop the token (sequence) from the loss.")
+    level: Literal["token", "sequence"] = Field(
+        default="token", description="A weight per token, or per sequence (the geometric mean of its token weights)."
+    )
+    action: Literal["clamp", "mask"] = Field(
+        default="clamp",
+        description="Outside [low, high]: clamp the weight to the bound, or drop the token (sequence) from the loss.",
+    )
     low: float = Field(default=0.0, ge=0.0, description="Lower bound of the weight.")
     high: float = Field(default=2.0, gt=0.0, description="Upper bound of the weight.")
 
@@ -127,13 +166,25 @@ class OverlongConfig(_Model):
         le=1.0,
         description="Soft overlong punishment: over the last buffer_fraction x max response tokens, the reward falls linearly by up to `penalty`; null: off.",
     )
-    penalty: float = Field(default=1.0, gt=0.0, description="Reward taken from a response that reaches the token budget (linear from 0 at the buffer's start).")
-    mask_truncated: bool = Field(default=False, description="Leave responses cut by the token budget (finish reason length or truncated) out of the loss.")
+    penalty: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="Reward taken from a response that reaches the token budget (linear from 0 at the buffer's start).",
+    )
+    mask_truncated: bool = Field(
+        default=False,
+        description="Leave responses cut by the token budget (finish reason length or truncated) out of the loss.",
+    )
 
 
 PRESETS: dict[str, dict[str, Any]] = {
     "grpo": {"advantage": {"type": "grpo"}, "loss": {"type": "ppo_clip"}, "aggregation": "token-mean"},
-    "dr_grpo": {"advantage": {"type": "dr_grpo"}, "loss": {"type": "ppo_clip"}, "aggregation": "seq-mean-token-sum", "token_sum_divisor": "max_tokens"},
+    "dr_grpo": {
+        "advantage": {"type": "dr_grpo"},
+        "loss": {"type": "ppo_clip"},
+        "aggregation": "seq-mean-token-sum",
+        "token_sum_divisor": "max_tokens",
+    },
     "dapo": {
         "advantage": {"type": "grpo"},
         "loss": {"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.28},
@@ -160,13 +211,20 @@ class AlgorithmConfig(_Model):
     """The RL algorithm as orthogonal knobs; `preset` fills the knobs a config leaves out."""
 
     preset: Preset = Field(
-        default="grpo", description="Named combination of the knobs below, the base the knobs a config sets are laid over; `rft validate --print` shows the expansion."
+        default="grpo",
+        description="Named combination of the knobs below, the base the knobs a config sets are laid over; `rft validate --print` shows the expansion.",
     )
     repeat_times: int = Field(default=4, ge=1, le=1024, description="Rollouts per task (the group size).")
-    advantage: AdvantageConfig = Field(default_factory=lambda: GRPOAdvantage(type="grpo"), description="Advantage estimator: grpo | dr_grpo | rloo | reinforce_pp.")
-    loss: LossConfig = Field(default_factory=lambda: PPOClipLoss(type="ppo_clip"), description="Policy loss: ppo_clip | gspo | cispo | kimi.")
+    advantage: AdvantageConfig = Field(
+        default_factory=lambda: GRPOAdvantage(type="grpo"),
+        description="Advantage estimator: grpo | dr_grpo | rloo | reinforce_pp.",
+    )
+    loss: LossConfig = Field(
+        default_factory=lambda: PPOClipLoss(type="ppo_clip"), description="Policy loss: ppo_clip | gspo | cispo | kimi."
+    )
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
-        default="token-mean", description="Per-token losses to one number: mean over all tokens, or per sequence (token mean or sum) then mean over sequences."
+        default="token-mean",
+        description="Per-token losses to one number: mean over all tokens, or per sequence (token mean or sum) then mean over sequences.",
     )
     token_sum_divisor: int | Literal["max_tokens"] | None = Field(
         default=None,
@@ -176,14 +234,23 @@ class AlgorithmConfig(_Model):
         default="behavior",
         description="The ratio's denominator: vLLM's behavior logprobs, or the trainer's own logprobs recomputed before the update (decoupled PPO; needed by `correction`).",
     )
-    correction: CorrectionConfig | None = Field(default=None, description="Off-policy correction of proximal vs behavior; null: none.")
-    dynamic_sampling: bool = Field(
-        default=False, description="Leave groups whose rewards are all equal out of the loss and its normalisers (DAPO); they are consumed and counted as filtered."
+    correction: CorrectionConfig | None = Field(
+        default=None, description="Off-policy correction of proximal vs behavior; null: none."
     )
-    overlong: OverlongConfig = Field(default_factory=OverlongConfig, description="Reward shaping and masking of responses at the token budget.")
-    kl: KLConfig | None = Field(default=None, description="KL penalty to the initial policy; null disables it (and the reference model).")
+    dynamic_sampling: bool = Field(
+        default=False,
+        description="Leave groups whose rewards are all equal out of the loss and its normalisers (DAPO); they are consumed and counted as filtered.",
+    )
+    overlong: OverlongConfig = Field(
+        default_factory=OverlongConfig, description="Reward shaping and masking of responses at the token budget."
+    )
+    kl: KLConfig | None = Field(
+        default=None, description="KL penalty to the initial policy; null disables it (and the reference model)."
+    )
     max_version_gap: int | None = Field(
-        default=None, ge=0, description="Mask response tokens produced by a policy more than this many versions older than the trainer's; null keeps all."
+        default=None,
+        ge=0,
+        description="Mask response tokens produced by a policy more than this many versions older than the trainer's; null keeps all.",
     )
 
     @model_validator(mode="before")
@@ -199,9 +266,13 @@ class AlgorithmConfig(_Model):
     @model_validator(mode="after")
     def _check(self) -> AlgorithmConfig:
         if self.repeat_times < 2:
-            raise ValueError(f"algorithm.repeat_times = {self.repeat_times}: group advantages need at least 2 rollouts per task to compare; set it >= 2")
+            raise ValueError(
+                f"algorithm.repeat_times = {self.repeat_times}: group advantages need at least 2 rollouts per task to compare; set it >= 2"
+            )
         if self.token_sum_divisor is not None and self.aggregation != "seq-mean-token-sum":
-            raise ValueError(f"algorithm.token_sum_divisor is set but algorithm.aggregation is {self.aggregation!r}; it applies to seq-mean-token-sum only: remove it or change the aggregation")
+            raise ValueError(
+                f"algorithm.token_sum_divisor is set but algorithm.aggregation is {self.aggregation!r}; it applies to seq-mean-token-sum only: remove it or change the aggregation"
+            )
         if isinstance(self.token_sum_divisor, int) and self.token_sum_divisor < 1:
             raise ValueError(f"algorithm.token_sum_divisor = {self.token_sum_divisor} must be >= 1 (or `max_tokens`)")
         if self.correction is not None and self.proximal != "recompute":

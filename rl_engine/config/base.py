@@ -20,7 +20,17 @@ class ConfigError(UserError, ValueError):
     """A config that cannot be used; `str()` is the full user-facing message, one problem per line."""
 
 
-_SECRET_KEYS = {"key", "secret", "token", "password", "aws_access_key_id", "aws_secret_access_key", "aws_session_token", "session_token", "fsspec_s3_key"}
+_SECRET_KEYS = {
+    "key",
+    "secret",
+    "token",
+    "password",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+    "session_token",
+    "fsspec_s3_key",
+}
 _SECRET_SUFFIXES = ("_secret", "_token", "_password", "_api_key", "_secret_access_key", "_credentials")
 
 

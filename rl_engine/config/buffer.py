@@ -12,7 +12,9 @@ from rl_engine.config.base import _Model, find_secret
 class StorageConfig(_Model):
     """Where a run's files live: any fsspec URL. Credentials never go here."""
 
-    url: str = Field(default="runs", description="Root of all runs: a local directory, `s3://bucket/prefix` or `memory://...`.")
+    url: str = Field(
+        default="runs", description="Root of all runs: a local directory, `s3://bucket/prefix` or `memory://...`."
+    )
     options: dict[str, Any] = Field(
         default_factory=dict,
         description="Non-secret fsspec options, e.g. {client_kwargs: {endpoint_url: ...}} for S3. Credentials come from the environment (AWS_ACCESS_KEY_ID, ...).",
@@ -39,7 +41,9 @@ class StorageConfig(_Model):
     def _one_outage_limit(self) -> StorageConfig:
         given = self.options.get("outage_timeout_s", self.outage_timeout_s)
         if given != self.outage_timeout_s:
-            raise ValueError(f"options.outage_timeout_s = {given!r} disagrees with outage_timeout_s = {self.outage_timeout_s!r}; set only buffer.storage.outage_timeout_s")
+            raise ValueError(
+                f"options.outage_timeout_s = {given!r} disagrees with outage_timeout_s = {self.outage_timeout_s!r}; set only buffer.storage.outage_timeout_s"
+            )
         return self
 
     def fs_options(self) -> dict[str, Any]:
@@ -52,10 +56,15 @@ class BufferConfig(_Model):
 
     storage: StorageConfig = Field(default_factory=StorageConfig, description="Storage root and fsspec options.")
     whole_groups: bool = Field(default=True, description="Trainer batches contain only complete GRPO groups.")
-    read_timeout_s: float = Field(default=600.0, gt=0.0, description="How long the trainer waits for enough committed experiences before failing.")
+    read_timeout_s: float = Field(
+        default=600.0, gt=0.0, description="How long the trainer waits for enough committed experiences before failing."
+    )
     poll_interval_s: float | None = Field(
-        default=None, gt=0.0, le=60.0, description="How often a waiting reader (and the control board) looks for news; null: 5 ms on local disk, 100 ms on object stores. "
-        "A write by a role of the same process (placement local) wakes it at once."
+        default=None,
+        gt=0.0,
+        le=60.0,
+        description="How often a waiting reader (and the control board) looks for news; null: 5 ms on local disk, 100 ms on object stores. "
+        "A write by a role of the same process (placement local) wakes it at once.",
     )
     commit_window_s: float = Field(
         default=60.0,
@@ -64,9 +73,14 @@ class BufferConfig(_Model):
         "a record visible later than that after its stamp (a stalled commit, clocks apart between machines) waits for the next full listing.",
     )
     full_listing_interval_s: float = Field(
-        default=600.0, gt=0.0, description="A reader lists every commit record when it starts and then this often, finding records later than commit_window_s."
+        default=600.0,
+        gt=0.0,
+        description="A reader lists every commit record when it starts and then this often, finding records later than commit_window_s.",
     )
-    on_corrupt: Literal["fail", "skip"] = Field(default="fail", description="What a reader does with a committed file it cannot read: stop with its path, or report and skip it.")
+    on_corrupt: Literal["fail", "skip"] = Field(
+        default="fail",
+        description="What a reader does with a committed file it cannot read: stop with its path, or report and skip it.",
+    )
     verify_checksums: bool = Field(
         default=True,
         description="Check each file's checksum (XXH3-64; CRC-32 in records written before) against its commit record before use; a file that "

@@ -47,11 +47,19 @@ def _problem(e: Any, mode: Any) -> str:
     msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == UNKNOWN_MODE:
         given = e["input"].get("mode") if isinstance(e["input"], dict) else e["input"]
-        return f"{loc}.mode = {given!r}: unknown mode; {msg}" if isinstance(e["input"], dict) else f"{loc} = {given!r}: must be a section with a mode; {msg}"
+        return (
+            f"{loc}.mode = {given!r}: unknown mode; {msg}"
+            if isinstance(e["input"], dict)
+            else f"{loc} = {given!r}: must be a section with a mode; {msg}"
+        )
     if e["type"] == "missing":
         return f"{loc}: required field missing"
     if e["type"] == "extra_forbidden":
-        wrong_variant = misplaced(loc.removeprefix("synchronizer."), e.get("input"), mode) if loc.startswith("synchronizer.") else None
+        wrong_variant = (
+            misplaced(loc.removeprefix("synchronizer."), e.get("input"), mode)
+            if loc.startswith("synchronizer.")
+            else None
+        )
         if wrong_variant:
             return wrong_variant
         msg = "unknown key; remove it or check its spelling against `rft validate --schema`"
@@ -59,7 +67,9 @@ def _problem(e: Any, mode: Any) -> str:
         msg = "must be a finite number (not NaN or infinity); give a number within the field's bounds (`rft validate --schema`)"
     if not loc or msg.startswith(f"{loc}.") or msg.startswith(f"{loc} "):
         return msg  # a section's own check names its fields (and the section's whole input says nothing more)
-    return f"{loc} = {redact(e.get('input'), parts[-1] if parts else None)!r}: {msg}"  # a refused credential is not echoed
+    return (
+        f"{loc} = {redact(e.get('input'), parts[-1] if parts else None)!r}: {msg}"  # a refused credential is not echoed
+    )
 
 
 _UNION_TAGS = {("reward", tag) for tag in _REWARD_TAGS} | {("synchronizer", tag) for tag in SYNC_TAGS}
@@ -68,7 +78,9 @@ _UNION_TAGS = {("reward", tag) for tag in _REWARD_TAGS} | {("synchronizer", tag)
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (['a','b','c'], value parsed as YAML); raises ConfigError on bad syntax."""
     if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. --set synchronizer.sync_interval=2")
+        raise ConfigError(
+            f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. --set synchronizer.sync_interval=2"
+        )
     key, _, raw = text.partition("=")
     path = key.strip().split(".")
     if not all(path):
@@ -123,7 +135,10 @@ def _switch_variant(path: tuple[str, ...], section: dict[str, Any], old: Any, ne
         return
     variants: dict[Any, Any] = {
         ("placement", "type"): {"local": LocalPlacement, "deployments": DeploymentsPlacement},
-        ("synchronizer", "mode"): {**dict.fromkeys(RENDEZVOUS_MODES, RendezvousSync), **dict.fromkeys(DECOUPLED_MODES, DecoupledSync)},
+        ("synchronizer", "mode"): {
+            **dict.fromkeys(RENDEZVOUS_MODES, RendezvousSync),
+            **dict.fromkeys(DECOUPLED_MODES, DecoupledSync),
+        },
     }.get(path, {})
     before, after = variants.get(old), variants.get(new)
     if before is None or after is None:
@@ -170,7 +185,9 @@ def parse_yaml(text: bytes | str, source: str) -> Any:
         except UnicodeDecodeError as e:
             line = text.count(b"\n", 0, e.start) + 1
             column = e.start - (text.rfind(b"\n", 0, e.start) + 1) + 1
-            raise ConfigError(f"{source}: not UTF-8 text (byte 0x{text[e.start]:02x} at line {line}, column {column}); save the file as UTF-8") from None
+            raise ConfigError(
+                f"{source}: not UTF-8 text (byte 0x{text[e.start]:02x} at line {line}, column {column}); save the file as UTF-8"
+            ) from None
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except _DuplicateKey as e:
@@ -188,7 +205,9 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: top level must be a mapping of sections (model, taskset, ...), got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: top level must be a mapping of sections (model, taskset, ...), got {type(data).__name__}"
+        )
     return data
 
 
@@ -221,9 +240,14 @@ def migrate_file(path: str | Path) -> list[str]:
     The leading comment block is kept; comments elsewhere are not (PyYAML does not read them)."""
     p = Path(path)
     new, notes = migrate(read_yaml(p))
-    validate_config(new, str(path))  # refuse (a value with no meaning in its mode, ...), naming field and fix, before touching the file
+    validate_config(
+        new, str(path)
+    )  # refuse (a value with no meaning in its mode, ...), naming field and fix, before touching the file
     if notes:
-        p.write_text("".join(_leading_comments(p.read_text(encoding="utf-8"))) + yaml.safe_dump(new, sort_keys=False), encoding="utf-8")
+        p.write_text(
+            "".join(_leading_comments(p.read_text(encoding="utf-8"))) + yaml.safe_dump(new, sort_keys=False),
+            encoding="utf-8",
+        )
     return notes
 
 

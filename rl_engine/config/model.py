@@ -13,12 +13,20 @@ from rl_engine.config.workflow import SingleTurnWorkflow, UserCodeConfig, Workfl
 class ModelConfig(_Model):
     """The policy model: a local Hugging Face directory (nothing is ever downloaded; rl_engine.run.preflight checks it is one)."""
 
-    path: str = Field(description="Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files).")
+    path: str = Field(
+        description="Local directory of a Hugging Face causal LM (config.json, *.safetensors, tokenizer files)."
+    )
     tokenizer_path: str | None = Field(default=None, description="Tokenizer directory; defaults to `model.path`.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        default="float32", description="Parameter dtype in both vLLM and the trainer. float32 keeps their logprobs tight on CPU."
+        default="float32",
+        description="Parameter dtype in both vLLM and the trainer. float32 keeps their logprobs tight on CPU.",
     )
-    max_model_len: int = Field(default=512, ge=16, le=1_048_576, description="Context length (prompt + response tokens) for vLLM and the trainer.")
+    max_model_len: int = Field(
+        default=512,
+        ge=16,
+        le=1_048_576,
+        description="Context length (prompt + response tokens) for vLLM and the trainer.",
+    )
 
 
 class ArithmeticReward(_Model):
@@ -26,7 +34,9 @@ class ArithmeticReward(_Model):
 
     type: Literal["arithmetic"] = Field(description="Reward variant selector.")
     correct_weight: float = Field(default=1.0, description="Reward for an exactly correct final answer.")
-    format_weight: float = Field(default=0.1, ge=0.0, description="Reward for a well-formed answer (digits only, then a stop).")
+    format_weight: float = Field(
+        default=0.1, ge=0.0, description="Reward for a well-formed answer (digits only, then a stop)."
+    )
 
 
 class CountdownReward(_Model):
@@ -34,29 +44,43 @@ class CountdownReward(_Model):
 
     type: Literal["countdown"] = Field(description="Reward variant selector.")
     correct_weight: float = Field(default=1.0, description="Reward for exactly the answer, ended by a stop.")
-    close_weight: float = Field(default=0.5, ge=0.0, description="Weight of the progress term: the fraction of the answer's numbers right from the start, over the longer of answer and response.")
+    close_weight: float = Field(
+        default=0.5,
+        ge=0.0,
+        description="Weight of the progress term: the fraction of the answer's numbers right from the start, over the longer of answer and response.",
+    )
 
 
 class FinalAnswerReward(_Model):
     """Reward of the chat model's word-arithmetic task: the last number of a response the model ended itself, exactly."""
 
     type: Literal["final_answer"] = Field(description="Reward variant selector.")
-    correct_weight: float = Field(default=1.0, description="Reward when the response ended with a stop and its last number is the answer.")
-    format_weight: float = Field(default=0.1, ge=0.0, description="Reward when the response ended with a stop and holds a number at all.")
+    correct_weight: float = Field(
+        default=1.0, description="Reward when the response ended with a stop and its last number is the answer."
+    )
+    format_weight: float = Field(
+        default=0.1, ge=0.0, description="Reward when the response ended with a stop and holds a number at all."
+    )
 
 
 class PythonReward(_Model):
     """A user reward function `module:function(prompt, response, task) -> float | dict[str, float]`."""
 
     type: Literal["python"] = Field(description="Reward variant selector.")
-    function: str = Field(description="Import path `package.module:function` of the reward callable.", pattern=r"^[\w.]+:\w+$")
+    function: str = Field(
+        description="Import path `package.module:function` of the reward callable.", pattern=r"^[\w.]+:\w+$"
+    )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
     timeout_s: float = Field(
-        default=60.0, gt=0.0, description="Longest one call may take; its worker process is then killed and replaced, and the sample scored as `taskset.user_code.failed_reward` says."
+        default=60.0,
+        gt=0.0,
+        description="Longest one call may take; its worker process is then killed and replaced, and the sample scored as `taskset.user_code.failed_reward` says.",
     )
 
 
-RewardConfig = Annotated[ArithmeticReward | CountdownReward | FinalAnswerReward | PythonReward, Field(discriminator="type")]
+RewardConfig = Annotated[
+    ArithmeticReward | CountdownReward | FinalAnswerReward | PythonReward, Field(discriminator="type")
+]
 _REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "python")
 
 
@@ -71,8 +95,14 @@ class TasksetConfig(_Model):
         description="Python format string with `{prompt}`; if unset the tokenizer's chat template is used when it has one, else the raw prompt.",
     )
     shuffle: bool = Field(default=True, description="Shuffle task order each epoch (seeded by `seed`).")
-    reward: RewardConfig = Field(default_factory=lambda: ArithmeticReward(type="arithmetic"), description="Reward function variant.")
-    workflow: WorkflowConfig = Field(
-        default_factory=lambda: SingleTurnWorkflow(type="single_turn"), description="What one episode of a task is: single_turn (prompt -> response), calculator, guess_number or a python workflow."
+    reward: RewardConfig = Field(
+        default_factory=lambda: ArithmeticReward(type="arithmetic"), description="Reward function variant."
     )
-    user_code: UserCodeConfig = Field(default_factory=UserCodeConfig, description="Worker processes, timeouts and failure handling of user code (python rewards, workflow tool calls).")
+    workflow: WorkflowConfig = Field(
+        default_factory=lambda: SingleTurnWorkflow(type="single_turn"),
+        description="What one episode of a task is: single_turn (prompt -> response), calculator, guess_number or a python workflow.",
+    )
+    user_code: UserCodeConfig = Field(
+        default_factory=UserCodeConfig,
+        description="Worker processes, timeouts and failure handling of user code (python rewards, workflow tool calls).",
+    )

@@ -14,10 +14,12 @@ class DeviceSplit(_Model):
     0 is the first device this process sees, after any CUDA_VISIBLE_DEVICES of its own)."""
 
     trainer: list[int] = Field(
-        min_length=1, description="The trainer's ranks on this machine, one device each: rank r trains on trainer[r] (trainer.num_ranks / trainer.nodes entries)."
+        min_length=1,
+        description="The trainer's ranks on this machine, one device each: rank r trains on trainer[r] (trainer.num_ranks / trainer.nodes entries).",
     )
     explorers: list[list[int]] = Field(
-        min_length=1, description="Each explorer's vLLM engine: explorers[i] are explorer i's devices (explorer.count lists of explorer.engine.tensor_parallel_size devices)."
+        min_length=1,
+        description="Each explorer's vLLM engine: explorers[i] are explorer i's devices (explorer.count lists of explorer.engine.tensor_parallel_size devices).",
     )
 
     @field_validator("trainer", "explorers")
@@ -38,23 +40,41 @@ class LocalPlacement(_Model):
         description="GPUs per role on this machine (rl_engine.run.devices); null: the trainer's ranks take the first devices, the explorers' engines the rest "
         "(explorer.engine.tensor_parallel_size each). Ignored where no GPU is visible (CPU: every role on the CPU).",
     )
-    heartbeat_s: float = Field(default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board.")
-    heartbeat_timeout_s: float = Field(default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops.")
+    heartbeat_s: float = Field(
+        default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board."
+    )
+    heartbeat_timeout_s: float = Field(
+        default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops."
+    )
 
 
 class DeploymentsPlacement(_Model):
     """Each role as its own flow run of its Prefect deployment: its own process, on the pool that serves it."""
 
-    type: Literal["deployments"] = Field(description="Roles run as flow runs of their deployments (`prefect deploy --all` creates them).")
-    explorer_deployment: str = Field(default="rft-explorer/default", description="Deployment (`flow-name/deployment-name`) that runs an explorer role.")
-    trainer_deployment: str = Field(default="rft-trainer/default", description="Deployment (`flow-name/deployment-name`) that runs the trainer role.")
+    type: Literal["deployments"] = Field(
+        description="Roles run as flow runs of their deployments (`prefect deploy --all` creates them)."
+    )
+    explorer_deployment: str = Field(
+        default="rft-explorer/default",
+        description="Deployment (`flow-name/deployment-name`) that runs an explorer role.",
+    )
+    trainer_deployment: str = Field(
+        default="rft-trainer/default",
+        description="Deployment (`flow-name/deployment-name`) that runs the trainer role.",
+    )
     job_variables: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="Work-pool job variables per role: key `trainer`, `explorer` (every explorer) or `explorer-<i>`, e.g. {explorer-1: {env: {CUDA_VISIBLE_DEVICES: '1'}}}.",
     )
-    start_timeout_s: float = Field(default=600.0, gt=0.0, description="Longest a role's flow run may wait for a worker before the run fails.")
-    heartbeat_s: float = Field(default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board.")
-    heartbeat_timeout_s: float = Field(default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops.")
+    start_timeout_s: float = Field(
+        default=600.0, gt=0.0, description="Longest a role's flow run may wait for a worker before the run fails."
+    )
+    heartbeat_s: float = Field(
+        default=5.0, gt=0.0, description="Seconds between a role's heartbeats on the run's board."
+    )
+    heartbeat_timeout_s: float = Field(
+        default=60.0, gt=0.0, description="A role silent this long is taken for dead and the run stops."
+    )
 
     @field_validator("job_variables")
     @classmethod

@@ -35,13 +35,17 @@ class MLflowTracker(_Model):
         default=None,
         description="Tracking URI (`http://127.0.0.1:5000`, a local `file:` or `sqlite:` store); null: MLFLOW_TRACKING_URI. No credentials in it: MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD.",
     )
-    experiment: str = Field(default="rft", min_length=1, description="Experiment the run is logged under (created if missing).")
+    experiment: str = Field(
+        default="rft", min_length=1, description="Experiment the run is logged under (created if missing)."
+    )
 
     @field_validator("tracking_uri")
     @classmethod
     def _no_credentials(cls, v: str | None) -> str | None:
         if v is not None and (urlsplit(v).password is not None or urlsplit(v).username is not None):
-            raise ValueError("has credentials in it; they would be saved with the run's config: put them in MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead")
+            raise ValueError(
+                "has credentials in it; they would be saved with the run's config: put them in MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead"
+            )
         return v
 
 
@@ -51,8 +55,14 @@ class WandbTracker(_Model):
     type: Literal["wandb"] = Field(description="`wandb`.")
     project: str = Field(default="rft", min_length=1, description="W&B project.")
     entity: str | None = Field(default=None, description="W&B entity (team or user); null: the key's default.")
-    mode: Literal["offline", "online"] = Field(default="offline", description="`offline` writes the run's files only (`wandb sync` uploads them later); `online` sends it as it goes.")
-    dir: str | None = Field(default=None, description="Local directory of W&B's files; null: `<run>/trackers/wandb` for a local run, a temporary directory copied there at the end for a remote one.")
+    mode: Literal["offline", "online"] = Field(
+        default="offline",
+        description="`offline` writes the run's files only (`wandb sync` uploads them later); `online` sends it as it goes.",
+    )
+    dir: str | None = Field(
+        default=None,
+        description="Local directory of W&B's files; null: `<run>/trackers/wandb` for a local run, a temporary directory copied there at the end for a remote one.",
+    )
 
 
 TrackerConfig = Annotated[TensorBoardTracker | MLflowTracker | WandbTracker, Field(discriminator="type")]
@@ -62,7 +72,9 @@ class MonitorConfig(_Model):
     """What a run reports."""
 
     timeline: bool = Field(default=True, description="Record spans of every component and render the Gantt chart.")
-    artifacts: bool = Field(default=True, description="Publish metrics, timeline and continuations as Prefect artifacts.")
+    artifacts: bool = Field(
+        default=True, description="Publish metrics, timeline and continuations as Prefect artifacts."
+    )
     log_every: int = Field(default=1, ge=1, description="Print a progress line every this many trainer steps.")
     trackers: list[TrackerConfig] = Field(
         default_factory=list,
@@ -93,15 +105,26 @@ class LineageConfig(_Model):
         description="Lineage of the run (state under `<buffer.storage.url>/lineages/<name>/`); null: a standalone run.",
     )
     start_from: Literal["latest", "base"] = Field(
-        default="latest", description="Start from the model of the lineage's last successful run (`latest`), or from model.path (`base`); the first run always starts from model.path."
+        default="latest",
+        description="Start from the model of the lineage's last successful run (`latest`), or from model.path (`base`); the first run always starts from model.path.",
     )
-    when_busy: Literal["wait", "refuse"] = Field(default="wait", description="When another run of the lineage holds its lock: wait up to wait_timeout_s, or refuse at once.")
-    wait_timeout_s: float = Field(default=3600.0, gt=0.0, description="Longest a new run waits for the lineage's lock before failing (when_busy: wait).")
+    when_busy: Literal["wait", "refuse"] = Field(
+        default="wait",
+        description="When another run of the lineage holds its lock: wait up to wait_timeout_s, or refuse at once.",
+    )
+    wait_timeout_s: float = Field(
+        default=3600.0,
+        gt=0.0,
+        description="Longest a new run waits for the lineage's lock before failing (when_busy: wait).",
+    )
     lock_ttl_s: float = Field(
-        default=60.0, gt=0.0, description="The lock's lease: renewed every ttl/3 by its holder, free again this long after a holder died."
+        default=60.0,
+        gt=0.0,
+        description="The lock's lease: renewed every ttl/3 by its holder, free again this long after a holder died.",
     )
     promote: Literal["last", "best"] = Field(
-        default="last", description="Which model of a completed run the next run starts from: its last (`model/`), or its best evaluated version (`best`: needs eval.keep_best)."
+        default="last",
+        description="Which model of a completed run the next run starts from: its last (`model/`), or its best evaluated version (`best`: needs eval.keep_best).",
     )
 
 
@@ -113,9 +136,16 @@ MAX_SEED = 2**32 - 1024
 class RFTConfig(_Model):
     """A whole RFT run."""
 
-    name: str | None = Field(default=None, description="Run name (directory under buffer.storage.url); null resolves to `<mode>-[<lineage.name>-]<UTC timestamp>-<6 random hex digits>`.", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$")
+    name: str | None = Field(
+        default=None,
+        description="Run name (directory under buffer.storage.url); null resolves to `<mode>-[<lineage.name>-]<UTC timestamp>-<6 random hex digits>`.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.=-]*$",
+    )
     seed: int = Field(
-        default=42, ge=0, le=MAX_SEED, description=f"Seed of sampling, task order and trainer; 0..{MAX_SEED} (explorer i's vLLM engine gets seed + i, which numpy takes only below 2**32)."
+        default=42,
+        ge=0,
+        le=MAX_SEED,
+        description=f"Seed of sampling, task order and trainer; 0..{MAX_SEED} (explorer i's vLLM engine gets seed + i, which numpy takes only below 2**32).",
     )
     model: ModelConfig = Field(description="The policy model.")
     taskset: TasksetConfig = Field(description="Tasks and reward.")
@@ -124,12 +154,21 @@ class RFTConfig(_Model):
     buffer: BufferConfig = Field(default_factory=BufferConfig, description="Experience buffer and storage.")
     trainer: TrainerConfig = Field(default_factory=TrainerConfig, description="DeepSpeed trainer.")
     synchronizer: SynchronizerConfig = Field(
-        default_factory=RendezvousSync, description="Sync mode and its schedule (rendezvous: sync_interval, sync_offset; decoupled: sync_interval, max_staleness, max_backlog_steps) and method."
+        default_factory=RendezvousSync,
+        description="Sync mode and its schedule (rendezvous: sync_interval, sync_offset; decoupled: sync_interval, max_staleness, max_backlog_steps) and method.",
     )
-    placement: PlacementConfig = Field(default_factory=LocalPlacement, description="Where the roles run: `local` (tasks of one flow run) or `deployments` (a flow run each).")
+    placement: PlacementConfig = Field(
+        default_factory=LocalPlacement,
+        description="Where the roles run: `local` (tasks of one flow run) or `deployments` (a flow run each).",
+    )
     monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Reporting.")
-    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out evaluation during training (none by default) and the best version kept.")
-    lineage: LineageConfig = Field(default_factory=LineageConfig, description="Scheduled retraining: the lineage this run continues, if any.")
+    eval: EvalConfig = Field(
+        default_factory=EvalConfig,
+        description="Held-out evaluation during training (none by default) and the best version kept.",
+    )
+    lineage: LineageConfig = Field(
+        default_factory=LineageConfig, description="Scheduled retraining: the lineage this run continues, if any."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -143,20 +182,30 @@ class RFTConfig(_Model):
     @classmethod
     def _seed_fits(cls, v: Any) -> Any:
         if isinstance(v, int) and not isinstance(v, bool) and v > MAX_SEED:
-            raise ValueError(f"too large: numpy takes seeds below 2**32 and vLLM seeds explorer i's engine with seed + i; use a seed in 0..{MAX_SEED}")
+            raise ValueError(
+                f"too large: numpy takes seeds below 2**32 and vLLM seeds explorer i's engine with seed + i; use a seed in 0..{MAX_SEED}"
+            )
         return v
 
     @model_validator(mode="after")
     def _explorers_fit_mode(self) -> RFTConfig:
         s, x = self.synchronizer, self.explorer
         if x.partial.enabled and (x.partial.max_groups_in_flight or 2 * x.batch_size) < x.batch_size:
-            raise ValueError(f"explorer.partial.max_groups_in_flight = {x.partial.max_groups_in_flight} is below explorer.batch_size = {x.batch_size}; a step could never fill its batch")
+            raise ValueError(
+                f"explorer.partial.max_groups_in_flight = {x.partial.max_groups_in_flight} is below explorer.batch_size = {x.batch_size}; a step could never fill its batch"
+            )
         if s.mode == "multi_explorer" and x.count < 2:
-            raise ValueError(f"explorer.count = {x.count}: synchronizer.mode 'multi_explorer' needs explorer.count >= 2 (or use mode 'fully_async')")
+            raise ValueError(
+                f"explorer.count = {x.count}: synchronizer.mode 'multi_explorer' needs explorer.count >= 2 (or use mode 'fully_async')"
+            )
         if s.mode != "multi_explorer" and x.count != 1:
-            raise ValueError(f"explorer.count = {x.count}: only synchronizer.mode 'multi_explorer' runs several explorers; set the mode or explorer.count = 1")
+            raise ValueError(
+                f"explorer.count = {x.count}: only synchronizer.mode 'multi_explorer' runs several explorers; set the mode or explorer.count = 1"
+            )
         if x.engine.servers and len(x.engine.servers) != x.count:
-            raise ValueError(f"explorer.engine.servers lists {len(x.engine.servers)} server(s) for explorer.count = {x.count}; list one per explorer (or none: each starts its own engine)")
+            raise ValueError(
+                f"explorer.engine.servers lists {len(x.engine.servers)} server(s) for explorer.count = {x.count}; list one per explorer (or none: each starts its own engine)"
+            )
         return self
 
     @model_validator(mode="after")
@@ -164,7 +213,12 @@ class RFTConfig(_Model):
         s = self.synchronizer
         group = self.explorer.batch_size * self.algorithm.repeat_times
         tbs = self.trainer.train_batch_size
-        if isinstance(s, DecoupledSync) and s.max_staleness is None and s.max_backlog_steps is not None and s.max_backlog_steps * group < (tbs or group):
+        if (
+            isinstance(s, DecoupledSync)
+            and s.max_staleness is None
+            and s.max_backlog_steps is not None
+            and s.max_backlog_steps * group < (tbs or group)
+        ):
             raise ValueError(
                 f"synchronizer.max_backlog_steps = {s.max_backlog_steps}: explorers pause at {s.max_backlog_steps} unconsumed steps of {group} experiences, "
                 f"fewer than one trainer batch (trainer.train_batch_size = {tbs}); raise it to at least {-(-tbs // group)}"
@@ -175,7 +229,9 @@ class RFTConfig(_Model):
                 f"so it must equal explorer.batch_size x algorithm.repeat_times = {group} (or null)"
             )
         if tbs is not None and self.buffer.whole_groups and tbs % self.algorithm.repeat_times:
-            raise ValueError(f"trainer.train_batch_size = {tbs} must be a multiple of algorithm.repeat_times = {self.algorithm.repeat_times} when buffer.whole_groups is true")
+            raise ValueError(
+                f"trainer.train_batch_size = {tbs} must be a multiple of algorithm.repeat_times = {self.algorithm.repeat_times} when buffer.whole_groups is true"
+            )
         rows = tbs or group
         if rows % (self.trainer.micro_batch_size * self.trainer.num_ranks):
             raise ValueError(
@@ -196,7 +252,9 @@ class RFTConfig(_Model):
                 f"(trainer.num_ranks / trainer.nodes); list one device per rank"
             )
         if len(d.explorers) != self.explorer.count:
-            raise ValueError(f"placement.devices.explorers lists {len(d.explorers)} engine(s) for explorer.count = {self.explorer.count}; list one per explorer")
+            raise ValueError(
+                f"placement.devices.explorers lists {len(d.explorers)} engine(s) for explorer.count = {self.explorer.count}; list one per explorer"
+            )
         for i, devs in enumerate(d.explorers):
             if len(devs) != tp:
                 raise ValueError(
@@ -208,7 +266,9 @@ class RFTConfig(_Model):
     @model_validator(mode="after")
     def _promote_best_needs_one(self) -> RFTConfig:
         if self.lineage.promote == "best" and self.eval.keep_best is None:
-            raise ValueError("lineage.promote = best needs eval.keep_best (the metric that names the best version) and eval.tasksets")
+            raise ValueError(
+                "lineage.promote = best needs eval.keep_best (the metric that names the best version) and eval.tasksets"
+            )
         return self
 
     @model_validator(mode="after")
@@ -233,7 +293,9 @@ class RFTConfig(_Model):
                 "identical rollouts per task (vLLM refuses n > 1 when greedy, and GRPO learns nothing from them); use a temperature > 0, e.g. 1.0"
             )
         if x.sampling.max_tokens >= self.model.max_model_len:
-            raise ValueError(f"explorer.sampling.max_tokens = {x.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
+            raise ValueError(
+                f"explorer.sampling.max_tokens = {x.sampling.max_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}"
+            )
         if x.partial.enabled and self.taskset.workflow.type != "single_turn":
             raise ValueError(
                 f"explorer.partial.enabled with taskset.workflow.type = {self.taskset.workflow.type!r}: partial rollouts continue single-turn generations only "
@@ -241,7 +303,9 @@ class RFTConfig(_Model):
                 "disable explorer.partial or use taskset.workflow.type: single_turn"
             )
         if x.partial.enabled and x.partial.max_response_tokens >= self.model.max_model_len:
-            raise ValueError(f"explorer.partial.max_response_tokens = {x.partial.max_response_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}")
+            raise ValueError(
+                f"explorer.partial.max_response_tokens = {x.partial.max_response_tokens} leaves no room for the prompt within model.max_model_len = {self.model.max_model_len}"
+            )
         return self
 
     # ---- derived values (the one resolve step)

@@ -28,12 +28,19 @@ Mode = Literal["synchronous", "one_step_off_policy", "fully_async", "multi_explo
 class CollectiveConfig(_Model):
     """The extra process group between trainer rank 0 and the explorers' inference workers."""
 
-    host: str = Field(default="127.0.0.1", description="TCP rendezvous host of the weight-sync group (trainer rank 0's address).")
+    host: str = Field(
+        default="127.0.0.1", description="TCP rendezvous host of the weight-sync group (trainer rank 0's address)."
+    )
     port: int | None = Field(
-        default=None, ge=1024, le=65535, description="TCP rendezvous port of the weight-sync group; null: the trainer picks a free one and publishes it on the run's board."
+        default=None,
+        ge=1024,
+        le=65535,
+        description="TCP rendezvous port of the weight-sync group; null: the trainer picks a free one and publishes it on the run's board.",
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(default="auto", description="auto: nccl on CUDA, gloo on CPU.")
-    bucket_mb: float = Field(default=64.0, gt=0.0, description="Parameters are broadcast in buckets of about this many MiB.")
+    bucket_mb: float = Field(
+        default=64.0, gt=0.0, description="Parameters are broadcast in buckets of about this many MiB."
+    )
     timeout_s: float = Field(default=300.0, gt=0.0, description="Timeout of a group join and of one sync.")
 
 
@@ -53,7 +60,10 @@ class DeltaConfig(_Model):
     )
 
 
-SyncMethod = Annotated[Literal["collective", "checkpoint"], Field(description="Broadcast over a process group, or committed checkpoints on storage.")]
+SyncMethod = Annotated[
+    Literal["collective", "checkpoint"],
+    Field(description="Broadcast over a process group, or committed checkpoints on storage."),
+]
 KeepLastCheckpoints = Annotated[
     int | None,
     Field(
@@ -62,24 +72,31 @@ KeepLastCheckpoints = Annotated[
         "but never one an explorer may still load (the version just published; in the decoupled modes any newer than an explorer holds); 0 keeps only those; null keeps all.",
     ),
 ]
-Delta = Annotated[DeltaConfig, Field(default_factory=DeltaConfig, description="Delta checkpoint sync (sync_method checkpoint only).")]
+Delta = Annotated[
+    DeltaConfig, Field(default_factory=DeltaConfig, description="Delta checkpoint sync (sync_method checkpoint only).")
+]
 Collective = Annotated[CollectiveConfig, Field(description="Settings of the collective method.")]
 WaitTimeout = Annotated[float, Field(gt=0.0, description="Longest a side waits at a rendezvous before failing.")]
 
 
 def _check_delta(sync_method: str, delta: DeltaConfig) -> None:
     if delta.enabled and sync_method != "checkpoint":
-        raise ValueError(f"synchronizer.delta.enabled with sync_method {sync_method!r}: deltas are a checkpoint-sync format; set sync_method: checkpoint or delta.enabled: false")
+        raise ValueError(
+            f"synchronizer.delta.enabled with sync_method {sync_method!r}: deltas are a checkpoint-sync format; set sync_method: checkpoint or delta.enabled: false"
+        )
 
 
 class RendezvousSync(_Model):
     """Rendezvous modes: the explorer syncs after explorer step e iff e > sync_offset and (e - sync_offset) % sync_interval == 0."""
 
     mode: Literal["synchronous", "one_step_off_policy"] = Field(
-        default="synchronous", description="synchronous: rollout, train, sync (sync_offset 0); one_step_off_policy: the explorer runs sync_offset >= 1 steps ahead."
+        default="synchronous",
+        description="synchronous: rollout, train, sync (sync_offset 0); one_step_off_policy: the explorer runs sync_offset >= 1 steps ahead.",
     )
     sync_interval: int = Field(default=1, ge=1, description="k: rendezvous every k explorer steps.")
-    sync_offset: int = Field(default=0, ge=0, description="m: the explorer runs m steps ahead before its first sync (0 in mode synchronous).")
+    sync_offset: int = Field(
+        default=0, ge=0, description="m: the explorer runs m steps ahead before its first sync (0 in mode synchronous)."
+    )
     sync_method: SyncMethod = "collective"
     keep_last_checkpoints: KeepLastCheckpoints = 3
     delta: Delta
@@ -89,9 +106,13 @@ class RendezvousSync(_Model):
     @model_validator(mode="after")
     def _offset_fits_mode(self) -> RendezvousSync:
         if self.mode == "synchronous" and self.sync_offset != 0:
-            raise ValueError(f"synchronizer.sync_offset = {self.sync_offset}: mode 'synchronous' has sync_offset 0; use mode 'one_step_off_policy' to let the explorer run ahead")
+            raise ValueError(
+                f"synchronizer.sync_offset = {self.sync_offset}: mode 'synchronous' has sync_offset 0; use mode 'one_step_off_policy' to let the explorer run ahead"
+            )
         if self.mode == "one_step_off_policy" and self.sync_offset < 1:
-            raise ValueError("synchronizer.sync_offset = 0: mode 'one_step_off_policy' needs sync_offset >= 1 (1 for one step ahead)")
+            raise ValueError(
+                "synchronizer.sync_offset = 0: mode 'one_step_off_policy' needs sync_offset >= 1 (1 for one step ahead)"
+            )
         _check_delta(self.sync_method, self.delta)
         return self
 
@@ -99,7 +120,9 @@ class RendezvousSync(_Model):
 class DecoupledSync(_Model):
     """Decoupled modes: the trainer publishes every sync_interval steps, explorers load the newest weights between their steps."""
 
-    mode: Literal["fully_async", "multi_explorer"] = Field(description="fully_async: one explorer; multi_explorer: explorer.count >= 2 explorers write to one buffer.")
+    mode: Literal["fully_async", "multi_explorer"] = Field(
+        description="fully_async: one explorer; multi_explorer: explorer.count >= 2 explorers write to one buffer."
+    )
     sync_interval: int = Field(default=1, ge=1, description="k: the trainer publishes weights every k trainer steps.")
     max_staleness: int | None = Field(
         default=None,
@@ -148,9 +171,21 @@ SYNC_TAGS = ("rendezvous", "decoupled")
 
 # A field only one variant has -> (the modes that have it, why the others do not, what to do instead)
 _VARIANT_FIELDS = {
-    "sync_offset": (RENDEZVOUS_MODES, "only the rendezvous modes run the explorer a fixed number of steps ahead", "remove it or use a rendezvous mode (synchronous, one_step_off_policy)"),
-    "max_staleness": (DECOUPLED_MODES, "the rendezvous modes fix staleness by sync_interval/sync_offset", "set it to null or use an async mode (fully_async, multi_explorer)"),
-    "max_backlog_steps": (DECOUPLED_MODES, "a rendezvous explorer never runs further ahead than sync_offset steps", "remove it or use an async mode (fully_async, multi_explorer)"),
+    "sync_offset": (
+        RENDEZVOUS_MODES,
+        "only the rendezvous modes run the explorer a fixed number of steps ahead",
+        "remove it or use a rendezvous mode (synchronous, one_step_off_policy)",
+    ),
+    "max_staleness": (
+        DECOUPLED_MODES,
+        "the rendezvous modes fix staleness by sync_interval/sync_offset",
+        "set it to null or use an async mode (fully_async, multi_explorer)",
+    ),
+    "max_backlog_steps": (
+        DECOUPLED_MODES,
+        "a rendezvous explorer never runs further ahead than sync_offset steps",
+        "remove it or use an async mode (fully_async, multi_explorer)",
+    ),
 }
 
 

@@ -27,7 +27,9 @@ class CalculatorWorkflow(_Model):
     value and the model continues to its answer, which `taskset.reward` scores."""
 
     type: Literal["calculator"] = Field(description="Workflow variant selector.")
-    max_calls: int = Field(default=2, ge=1, le=16, description="Tool calls an episode may make; the turn after the last one must answer.")
+    max_calls: int = Field(
+        default=2, ge=1, le=16, description="Tool calls an episode may make; the turn after the last one must answer."
+    )
 
 
 class GuessNumberWorkflow(_Model):
@@ -45,23 +47,42 @@ class PythonWorkflow(_Model):
     (see `rl_engine.rollout.workflow`)."""
 
     type: Literal["python"] = Field(description="Workflow variant selector.")
-    function: str = Field(description="Import path `package.module:name` of the workflow function or class.", pattern=r"^[\w.]+:\w+$")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function (or the class).")
+    function: str = Field(
+        description="Import path `package.module:name` of the workflow function or class.", pattern=r"^[\w.]+:\w+$"
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments passed to the function (or the class)."
+    )
 
 
-WorkflowConfig = Annotated[SingleTurnWorkflow | CalculatorWorkflow | GuessNumberWorkflow | PythonWorkflow, Field(discriminator="type")]
+WorkflowConfig = Annotated[
+    SingleTurnWorkflow | CalculatorWorkflow | GuessNumberWorkflow | PythonWorkflow, Field(discriminator="type")
+]
 
 
 class UserCodeConfig(_Model):
     """Limits on user code: Python rewards and workflows' tool calls run in worker processes."""
 
-    workers: int = Field(default=2, ge=1, le=64, description="Worker processes of each explorer's pool; calls beyond them wait for a free worker.")
-    tool_timeout_s: float = Field(default=30.0, gt=0.0, description="Longest one tool or environment call of a workflow (`episode.call`) may take; its worker is then killed and replaced.")
+    workers: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Worker processes of each explorer's pool; calls beyond them wait for a free worker.",
+    )
+    tool_timeout_s: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="Longest one tool or environment call of a workflow (`episode.call`) may take; its worker is then killed and replaced.",
+    )
     failed_reward: float | None = Field(
         default=None,
         description="Reward of a sample whose reward call timed out or whose worker died; null leaves the sample out of training. Counted either way (reward/timeouts, reward/crashes).",
     )
-    episode_timeout_s: float = Field(default=300.0, gt=0.0, description="Longest one episode's own code may run between model calls; the episode then fails (see on_episode_error).")
+    episode_timeout_s: float = Field(
+        default=300.0,
+        gt=0.0,
+        description="Longest one episode's own code may run between model calls; the episode then fails (see on_episode_error).",
+    )
     on_episode_error: Literal["drop", "score", "fail"] = Field(
         default="drop",
         description="An episode whose workflow raised or timed out (counted as workflow_errors, its task named in the log): `drop` leaves it out, "
@@ -71,5 +92,7 @@ class UserCodeConfig(_Model):
     @model_validator(mode="after")
     def _score_needs_a_reward(self) -> UserCodeConfig:
         if self.on_episode_error == "score" and self.failed_reward is None:
-            raise ValueError("taskset.user_code.on_episode_error = score needs taskset.user_code.failed_reward: the reward a failed episode is trained with")
+            raise ValueError(
+                "taskset.user_code.on_episode_error = score needs taskset.user_code.failed_reward: the reward a failed episode is trained with"
+            )
         return self

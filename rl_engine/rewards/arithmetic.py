@@ -45,7 +45,11 @@ def make_arithmetic_tasks(n: int, seed: int = 0, max_operand: int = DEFAULT_MAX_
 
 
 def write_arithmetic_taskset(
-    path_or_url: str, n: int, seed: int = 0, max_operand: int = DEFAULT_MAX_OPERAND, storage_options: dict[str, Any] | None = None
+    path_or_url: str,
+    n: int,
+    seed: int = 0,
+    max_operand: int = DEFAULT_MAX_OPERAND,
+    storage_options: dict[str, Any] | None = None,
 ) -> str:
     """Write `make_arithmetic_tasks(n, seed)` as JSONL to a local path or fsspec URL; returns the path."""
     from rl_engine.rewards.tasks import write_taskset
@@ -75,11 +79,19 @@ class ArithmeticRewardFn:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: write the demo task set; `rft make-tasks OUT --n N --seed S`."""
-    ap = argparse.ArgumentParser(prog="rft make-tasks", description="Write the demo arithmetic task set (JSONL: id, question, answer); --task countdown writes the long-tail task instead.")
+    ap = argparse.ArgumentParser(
+        prog="rft make-tasks",
+        description="Write the demo arithmetic task set (JSONL: id, question, answer); --task countdown writes the long-tail task instead.",
+    )
     ap.add_argument("out", help="output file: a local path or fsspec URL (s3://...), e.g. runs/data/arithmetic.jsonl")
     ap.add_argument("--n", type=int, default=2000, help="number of tasks (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument("--max-operand", type=int, default=DEFAULT_MAX_OPERAND, help=f"operands are drawn from 0..MAX (default {DEFAULT_MAX_OPERAND})")
+    ap.add_argument(
+        "--max-operand",
+        type=int,
+        default=DEFAULT_MAX_OPERAND,
+        help=f"operands are drawn from 0..MAX (default {DEFAULT_MAX_OPERAND})",
+    )
     a = ap.parse_args(argv)
     write_arithmetic_taskset(a.out, a.n, a.seed, a.max_operand)
     print(f"wrote {a.n} arithmetic tasks (operands 0..{a.max_operand}, seed {a.seed}) to {a.out}")

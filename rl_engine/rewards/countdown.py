@@ -43,7 +43,7 @@ DEFAULT_ALPHA = 1.0
 
 
 def countdown_answer(n: int) -> str:
-    """"n n-1 ... 1", single spaces."""
+    """ "n n-1 ... 1", single spaces."""
     return " ".join(str(k) for k in range(n, 0, -1))
 
 
@@ -62,7 +62,9 @@ def countdown_weights(max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA) 
     return [x / total for x in w]
 
 
-def make_countdown_tasks(n: int, seed: int = 0, max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA) -> list[dict[str, str]]:
+def make_countdown_tasks(
+    n: int, seed: int = 0, max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA
+) -> list[dict[str, str]]:
     """`n` countdown tasks with start values drawn from `countdown_weights`; same args -> same rows."""
     if n < 1:
         raise UserError(f"make-tasks: --n must be >= 1, got {n}")
@@ -72,7 +74,12 @@ def make_countdown_tasks(n: int, seed: int = 0, max_n: int = DEFAULT_MAX_N, alph
 
 
 def write_countdown_taskset(
-    path_or_url: str, n: int, seed: int = 0, max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA, storage_options: dict[str, Any] | None = None
+    path_or_url: str,
+    n: int,
+    seed: int = 0,
+    max_n: int = DEFAULT_MAX_N,
+    alpha: float = DEFAULT_ALPHA,
+    storage_options: dict[str, Any] | None = None,
 ) -> str:
     """Write `make_countdown_tasks(...)` as JSONL to a local path or fsspec URL; returns the path."""
     from rl_engine.rewards.tasks import write_taskset
@@ -104,12 +111,19 @@ class CountdownRewardFn:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: write the countdown task set; `rft make-tasks OUT --task countdown --n N --seed S`."""
-    ap = argparse.ArgumentParser(prog="rft make-tasks --task countdown", description="Write the long-tail countdown task set (JSONL: id, question, answer).")
-    ap.add_argument("out", help="output file: a local path or fsspec URL (s3://...), e.g. runs/data/countdown-train.jsonl")
+    ap = argparse.ArgumentParser(
+        prog="rft make-tasks --task countdown",
+        description="Write the long-tail countdown task set (JSONL: id, question, answer).",
+    )
+    ap.add_argument(
+        "out", help="output file: a local path or fsspec URL (s3://...), e.g. runs/data/countdown-train.jsonl"
+    )
     ap.add_argument("--n", type=int, default=2000, help="number of tasks (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     ap.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"largest start value (default {DEFAULT_MAX_N})")
-    ap.add_argument("--alpha", type=float, default=DEFAULT_ALPHA, help=f"P(n) ~ n^-alpha (default {DEFAULT_ALPHA}; 0 is uniform)")
+    ap.add_argument(
+        "--alpha", type=float, default=DEFAULT_ALPHA, help=f"P(n) ~ n^-alpha (default {DEFAULT_ALPHA}; 0 is uniform)"
+    )
     a = ap.parse_args(argv)
     write_countdown_taskset(a.out, a.n, a.seed, a.max_n, a.alpha)
     print(f"wrote {a.n} countdown tasks (n in 1..{a.max_n}, P(n) ~ n^-{a.alpha}, seed {a.seed}) to {a.out}")

@@ -91,7 +91,9 @@ class UserCodePool:
 
     # ----------------------------------------------------------------- calls
 
-    def submit(self, fn: Callable[..., Any], *args: Any, timeout_s: float, label: str | None = None, **kwargs: Any) -> UserCodeCall:
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, timeout_s: float, label: str | None = None, **kwargs: Any
+    ) -> UserCodeCall:
         """Schedule `fn(*args, **kwargs)`; `label` names it in errors (default: module:qualname)."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -118,7 +120,9 @@ class UserCodePool:
                 f"(pool {self.name!r}); cancelled, its worker killed"
             ) from None
 
-    def call(self, fn: Callable[..., Any], *args: Any, timeout_s: float, label: str | None = None, **kwargs: Any) -> Any:
+    def call(
+        self, fn: Callable[..., Any], *args: Any, timeout_s: float, label: str | None = None, **kwargs: Any
+    ) -> Any:
         """`fn(*args, **kwargs)` in a worker: its result, or UserCodeTimeout / UserCodeCrashed /
         the function's own exception."""
         return self.wait(self.submit(fn, *args, timeout_s=timeout_s, label=label, **kwargs))
@@ -180,9 +184,13 @@ class UserCodePool:
 def _map_error(error: BaseException, call: UserCodeCall) -> BaseException:
     if isinstance(error, TimeoutError) and error.args[:1] == ("Task timeout",) and error.__cause__ is None:
         # pebble's own; a TimeoutError the function raised carries its remote traceback as cause
-        return UserCodeTimeout(f"{call.label} ran past its timeout of {call.timeout_s:g} s; its worker was killed and replaced")
+        return UserCodeTimeout(
+            f"{call.label} ran past its timeout of {call.timeout_s:g} s; its worker was killed and replaced"
+        )
     if isinstance(error, pebble.ProcessExpired):
-        return UserCodeCrashed(f"{call.label}: its worker process {error.pid} died ({describe_exit(error.exitcode)}); it is replaced")
+        return UserCodeCrashed(
+            f"{call.label}: its worker process {error.pid} died ({describe_exit(error.exitcode)}); it is replaced"
+        )
     if isinstance(error, BrokenProcessPool):
         return UserCodeCrashed(f"{call.label}: the worker pool broke ({error}); it is restarted on the next call")
     if isinstance(error, CancelledError):
@@ -198,4 +206,8 @@ def _stop(pool: pebble.ProcessPool, name: str) -> None:
     joiner.start()
     joiner.join(CLOSE_WAIT_S)
     if joiner.is_alive():
-        log.warning("user-code pool %r: workers still stopping after %.0f s; left to finish in the background", name, CLOSE_WAIT_S)
+        log.warning(
+            "user-code pool %r: workers still stopping after %.0f s; left to finish in the background",
+            name,
+            CLOSE_WAIT_S,
+        )

@@ -104,7 +104,9 @@ class PythonRewardFn:
 
         threading.Thread(target=call, name=f"reward-{self.spec}", daemon=True).start()
         if not done.wait(self.timeout_s):
-            raise UserCodeTimeout(f"{self.spec} ran past its timeout of {self.timeout_s:g} s (in-thread: the call is abandoned, still running)")
+            raise UserCodeTimeout(
+                f"{self.spec} ran past its timeout of {self.timeout_s:g} s (in-thread: the call is abandoned, still running)"
+            )
         if "error" in box:
             raise box["error"]
         return box["value"]
@@ -121,7 +123,13 @@ _WORKER_FUNCTIONS: dict[str, Callable[..., Any]] = {}  # per worker process: spe
 
 
 def call_in_worker(
-    spec: str, kwargs: dict[str, Any], pass_finish_reason: bool, prompt: str, response: str, task: Task, finish_reason: str
+    spec: str,
+    kwargs: dict[str, Any],
+    pass_finish_reason: bool,
+    prompt: str,
+    response: str,
+    task: Task,
+    finish_reason: str,
 ) -> tuple[float, dict[str, float]]:
     """Runs in a UserCodePool worker: import `spec` (once per worker), call it as PythonRewardFn
     does, and return (reward, components), so only plain floats cross back."""
@@ -227,12 +235,19 @@ def _as_reward(value: Any) -> tuple[float, dict[str, float]]:
 
 
 DEFAULT_TIMEOUT_S = 60.0  # a pooled PythonRewardFn built without one (the config's default)
-_FAILURE_KINDS = {UserCodeTimeout: "timeouts", UserCodeCrashed: "crashes"}  # exception -> metric; anything else: "errors"
+_FAILURE_KINDS = {
+    UserCodeTimeout: "timeouts",
+    UserCodeCrashed: "crashes",
+}  # exception -> metric; anything else: "errors"
 _FAILURE_WORDS = {"errors": "raised", "timeouts": "timed out", "crashes": "crashed its worker"}
 
 
 def score_rollouts(
-    reward_fn: RewardFn, items: Iterable[Any], pool: UserCodePool | None = None, failed_reward: float | None = None, given: Sequence[Any] | None = None
+    reward_fn: RewardFn,
+    items: Iterable[Any],
+    pool: UserCodePool | None = None,
+    failed_reward: float | None = None,
+    given: Sequence[Any] | None = None,
 ) -> ScoreResult:
     """Score each (prompt, response, task, finish_reason) sample, in input order; failures are
     isolated per sample, timed-out and crashed calls scored `failed_reward` or left out (see the
@@ -293,7 +308,11 @@ class _Tally:
         self.first = self.first or (task, msg)
         scored = kind != "errors" and failed_reward is not None
         log.warning(
-            "reward %s %s on task %s: %s%s", _describe(reward_fn), _FAILURE_WORDS[kind], getattr(task, "task_id", "?"), msg,
+            "reward %s %s on task %s: %s%s",
+            _describe(reward_fn),
+            _FAILURE_WORDS[kind],
+            getattr(task, "task_id", "?"),
+            msg,
             f" (scored {failed_reward:g})" if scored else " (sample left out)",
         )
         if scored:

@@ -66,7 +66,9 @@ def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[
         with fs.open(file, "rt", encoding="utf-8-sig", newline="", compression="infer") as f:
             lines = f.read().split("\n")
     except FileNotFoundError:
-        raise UserError(f"taskset.path = {path!r}: file not found; fix taskset.path (a relative path starts at the working directory) or write the demo's tasks with `rft make-tasks {path}`") from None
+        raise UserError(
+            f"taskset.path = {path!r}: file not found; fix taskset.path (a relative path starts at the working directory) or write the demo's tasks with `rft make-tasks {path}`"
+        ) from None
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file to the user
@@ -78,18 +80,26 @@ def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[
         try:
             rows.append((lineno, json.loads(line)))
         except json.JSONDecodeError as e:
-            raise UserError(f"{path}: line {lineno}: not valid JSON ({e.msg} at column {e.colno}); fix or delete that line (JSONL: one JSON object per line)") from None
+            raise UserError(
+                f"{path}: line {lineno}: not valid JSON ({e.msg} at column {e.colno}); fix or delete that line (JSONL: one JSON object per line)"
+            ) from None
     return rows
 
 
 def _to_task(path: str, name: str, where: str, num: int, raw: Any, prompt_key: str, answer_key: str) -> Task:
     if not isinstance(raw, dict):
-        raise UserError(f"{path}: {where}: expected a JSON object with a {prompt_key!r} key, got {type(raw).__name__}; make that row an object")
+        raise UserError(
+            f"{path}: {where}: expected a JSON object with a {prompt_key!r} key, got {type(raw).__name__}; make that row an object"
+        )
     if prompt_key not in raw:
-        raise UserError(f"{path}: {where}: no {prompt_key!r} key (keys: {sorted(raw)}); set taskset.prompt_key to the prompt column")
+        raise UserError(
+            f"{path}: {where}: no {prompt_key!r} key (keys: {sorted(raw)}); set taskset.prompt_key to the prompt column"
+        )
     prompt = raw[prompt_key]
     if not isinstance(prompt, str):
-        raise UserError(f"{path}: {where}: {prompt_key!r} must be a string, got {type(prompt).__name__} {prompt!r}; write the prompt as a string (or set taskset.prompt_key to the column that holds it)")
+        raise UserError(
+            f"{path}: {where}: {prompt_key!r} must be a string, got {type(prompt).__name__} {prompt!r}; write the prompt as a string (or set taskset.prompt_key to the column that holds it)"
+        )
     answer = raw.get(answer_key)
     task_id = str(raw["id"]) if raw.get("id") is not None else f"{name}#{num}"
     return Task(task_id=task_id, prompt=prompt, answer=None if answer is None else str(answer), row=raw)
@@ -114,15 +124,22 @@ def taskset_files(path: str, storage_options: dict[str, Any] | None = None) -> l
     found = fs.find(root) if fs.isdir(root) else [p for p in fs.glob(root + "*") if fs.isfile(p)]
     if fs.isdir(root):
         found = [p for p in found if p.rsplit("/", 1)[0] == root]  # the folder's own files, not subfolders'
-    files = sorted((p for p in found if _is_task_file(p) and not p.rsplit("/", 1)[-1].startswith((".", "_"))), key=lambda p: p.rsplit("/", 1)[-1])
+    files = sorted(
+        (p for p in found if _is_task_file(p) and not p.rsplit("/", 1)[-1].startswith((".", "_"))),
+        key=lambda p: p.rsplit("/", 1)[-1],
+    )
     if not files and "." in path.rstrip("/").rsplit("/", 1)[-1]:
         return [path]  # meant as one file: _read_rows names what is wrong with it
     if not files:
-        raise UserError(f"taskset.path = {path!r}: no task files (.jsonl or .parquet) there; point taskset.path at a task file, a folder of them or a prefix of their paths")
+        raise UserError(
+            f"taskset.path = {path!r}: no task files (.jsonl or .parquet) there; point taskset.path at a task file, a folder of them or a prefix of their paths"
+        )
     return [fs.unstrip_protocol(p) if "://" in path else p for p in files]
 
 
-def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None, answer_needed_by: str | None = None) -> list[Task]:
+def load_taskset(
+    cfg: Any, storage_options: dict[str, Any] | None = None, answer_needed_by: str | None = None
+) -> list[Task]:
     """All tasks of `cfg.path` (a TasksetConfig: a file, a folder of task files or a prefix, see
     `taskset_files`), in file order; UserError names file and row of a bad row. With
     `answer_needed_by` (the reward that scores against the answer, as the message names it), a
@@ -142,7 +159,9 @@ def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None, answer
             task = _to_task(path, name, where, num, raw, cfg.prompt_key, cfg.answer_key)
             if task.task_id in seen:
                 # GRPO groups and the buffer key on task ids: duplicates would merge unrelated groups.
-                raise UserError(f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]}); give every row its own id (or drop the id column: rows are then named by line)")
+                raise UserError(
+                    f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]}); give every row its own id (or drop the id column: rows are then named by line)"
+                )
             seen[task.task_id] = where if len(files) == 1 else f"{name} {where}"
             tasks.append(task)
             if answer_needed_by and task.answer is None:
@@ -155,7 +174,9 @@ def load_taskset(cfg: Any, storage_options: dict[str, Any] | None = None, answer
             f"give every row its answer, or set taskset.answer_key to the column that holds it"
         )
     if not tasks:
-        raise UserError(f"taskset.path = {cfg.path!r}: the task set is empty (no rows); add rows, one JSON object per line with a {cfg.prompt_key!r} key, or point taskset.path at another file")
+        raise UserError(
+            f"taskset.path = {cfg.path!r}: the task set is empty (no rows); add rows, one JSON object per line with a {cfg.prompt_key!r} key, or point taskset.path at another file"
+        )
     return tasks
 
 
@@ -258,7 +279,9 @@ def format_prompt(tokenizer: Any, template: str | None, prompt: str) -> str:
                 "write literal braces as {{ and }}"
             ) from None
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
     return prompt
 
 
@@ -274,7 +297,9 @@ def encode_task(tokenizer: Any, template: str | None, task: Task, max_model_len:
     text = format_prompt(tokenizer, template, task.prompt)
     ids = list(tokenizer(text, add_special_tokens=False).input_ids)
     if not ids:
-        raise UserError(f"task {task.task_id!r}: its prompt is empty (no tokens after formatting); give that row a prompt or drop it")
+        raise UserError(
+            f"task {task.task_id!r}: its prompt is empty (no tokens after formatting); give that row a prompt or drop it"
+        )
     if len(ids) >= max_model_len:
         raise UserError(
             f"task {task.task_id!r}: its prompt is {len(ids)} tokens (template included), which leaves no room for a response within "

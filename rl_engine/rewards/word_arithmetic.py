@@ -44,7 +44,9 @@ def _problems(max_operand: int, split: str) -> list[tuple[int, int]]:
     return [(a, b) for a in range(1, max_operand + 1) for b in range(1, max_operand + 1) if is_heldout(a, b) == want]
 
 
-def make_word_arithmetic_tasks(n: int | None, seed: int = 0, max_operand: int = DEFAULT_MAX_OPERAND, split: str = "train") -> list[dict[str, str]]:
+def make_word_arithmetic_tasks(
+    n: int | None, seed: int = 0, max_operand: int = DEFAULT_MAX_OPERAND, split: str = "train"
+) -> list[dict[str, str]]:
     """Rows {id, question, answer}: `n` train problems drawn with replacement (seeded), or with
     `split="heldout"` the held-out problems, each once, in a seeded order (`n` caps how many)."""
     if split not in ("train", "heldout"):
@@ -59,7 +61,10 @@ def make_word_arithmetic_tasks(n: int | None, seed: int = 0, max_operand: int = 
         picked = pool[:n] if n is not None else pool
     else:
         picked = [rng.choice(pool) for _ in range(n or len(pool))]
-    return [{"id": f"words-{split}-s{seed}-{i:06d}", "question": QUESTION.format(a=a, b=b), "answer": str(a + b)} for i, (a, b) in enumerate(picked)]
+    return [
+        {"id": f"words-{split}-s{seed}-{i:06d}", "question": QUESTION.format(a=a, b=b), "answer": str(a + b)}
+        for i, (a, b) in enumerate(picked)
+    ]
 
 
 def final_number(response: str) -> str | None:
@@ -87,12 +92,30 @@ class FinalAnswerRewardFn:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `rft make-tasks OUT --task word-arithmetic [--split heldout]`."""
-    ap = argparse.ArgumentParser(prog="rft make-tasks --task word-arithmetic", description="Write additions asked in words (JSONL: id, question, answer) for a chat model.")
+    ap = argparse.ArgumentParser(
+        prog="rft make-tasks --task word-arithmetic",
+        description="Write additions asked in words (JSONL: id, question, answer) for a chat model.",
+    )
     ap.add_argument("out", help="output file: a local path or fsspec URL, e.g. runs/data/words-train.jsonl")
-    ap.add_argument("--n", type=int, default=None, help="number of tasks (train default: one per train problem; heldout default: all held-out problems)")
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="number of tasks (train default: one per train problem; heldout default: all held-out problems)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument("--max-operand", type=int, default=DEFAULT_MAX_OPERAND, help=f"operands are drawn from 1..MAX (default {DEFAULT_MAX_OPERAND})")
-    ap.add_argument("--split", choices=("train", "heldout"), default="train", help="train problems, or the held-out fifth no train task asks")
+    ap.add_argument(
+        "--max-operand",
+        type=int,
+        default=DEFAULT_MAX_OPERAND,
+        help=f"operands are drawn from 1..MAX (default {DEFAULT_MAX_OPERAND})",
+    )
+    ap.add_argument(
+        "--split",
+        choices=("train", "heldout"),
+        default="train",
+        help="train problems, or the held-out fifth no train task asks",
+    )
     a = ap.parse_args(argv)
     from rl_engine.rewards.tasks import write_taskset
 

@@ -134,7 +134,11 @@ class Role:
 
 
 def explorer_role(
-    run_url: str, explorer_id: int = 0, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None, on_eval: OnEval | None = None
+    run_url: str,
+    explorer_id: int = 0,
+    storage_options: dict[str, Any] | None = None,
+    on_step: OnStep | None = None,
+    on_eval: OnEval | None = None,
 ) -> RoleResult:
     """Explorer `explorer_id` of the run at `run_url`, until its schedule ends or the run stops;
     explorer 0 also runs the held-out evaluations (`rl_engine.roles.evaluation`), passing each
@@ -143,7 +147,11 @@ def explorer_role(
     role = Role(run, role_name(explorer_id), on_step)
     with role.running():
         explorer = Explorer(run, explorer_id, role.stop, first_step=role.at.first_steps[explorer_id], fence=role.fence)
-        evaluator = Evaluator(run, explorer, role.at.trainer_version, on_eval) if explorer_id == 0 and run.cfg.eval.enabled else None
+        evaluator = (
+            Evaluator(run, explorer, role.at.trainer_version, on_eval)
+            if explorer_id == 0 and run.cfg.eval.enabled
+            else None
+        )
         try:
             loop = _rendezvous_explorer if isinstance(run.cfg.synchronizer, RendezvousSync) else _decoupled_explorer
             try:
@@ -152,7 +160,9 @@ def explorer_role(
                 if _stop_kind(role) != "finished":
                     raise
             if evaluator is not None and _stop_kind(role) in (None, "finished"):
-                evaluator.finish(run.cfg.synchronizer.wait_timeout_s, gone=lambda: _stop_kind(role) not in (None, "finished"))
+                evaluator.finish(
+                    run.cfg.synchronizer.wait_timeout_s, gone=lambda: _stop_kind(role) not in (None, "finished")
+                )
         finally:
             explorer.close()
     return role.result()
@@ -163,7 +173,9 @@ def _stop_kind(role: Role) -> str | None:
     return (role.board.get(STOP_KEY) or {}).get("kind") if role.stop.is_set() else None
 
 
-def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None) -> RoleResult:
+def trainer_role(
+    run_url: str, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None
+) -> RoleResult:
     """The trainer of the run at `run_url`, until `trainer.total_steps` or the run stops: in this
     process, or with `trainer.num_ranks` > 1 in torchrun's ranks, which this process watches."""
     run = open_run(run_url, storage_options)
@@ -180,9 +192,16 @@ def _trainer_ranks(run: RunContext, on_step: OnStep | None, env: dict[str, str])
     steps = StepFeed(run, role_name(), on_step)
     try:
         t = run.cfg.trainer
-        run_ranks(ranks_command(run.url, run.storage_options, t.num_ranks, t.nodes, 0, t.rendezvous), poll=steps.poll, poll_s=run.cfg.placement.heartbeat_s, env=env)
+        run_ranks(
+            ranks_command(run.url, run.storage_options, t.num_ranks, t.nodes, 0, t.rendezvous),
+            poll=steps.poll,
+            poll_s=run.cfg.placement.heartbeat_s,
+            env=env,
+        )
     except RanksFailed as e:
-        restate_failure(board, f"trainer failed: {e}", role_name())  # torchrun's account of every rank over rank 0's own
+        restate_failure(
+            board, f"trainer failed: {e}", role_name()
+        )  # torchrun's account of every rank over rank 0's own
         raise
     req = board.get(STOP_KEY)
     return RoleResult(steps.metrics, req if req is not None and req.get("kind") != "finished" else None)
@@ -211,7 +230,9 @@ def trainer_loop(run: RunContext, on_step: OnStep | None = None, local_device: i
 
 def _plan(run: RunContext, at: ResumePoint) -> dict[int, int]:
     s = run.cfg.synchronizer
-    return resumed_rendezvous_syncs(run.cfg.trainer.total_steps, s.sync_interval, s.sync_offset, at.trainer_version, at.first_steps[0])
+    return resumed_rendezvous_syncs(
+        run.cfg.trainer.total_steps, s.sync_interval, s.sync_offset, at.trainer_version, at.first_steps[0]
+    )
 
 
 def _catch_up(run: RunContext, at: ResumePoint) -> int:
@@ -257,7 +278,10 @@ def _rendezvous_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> No
         if trainer.version in sends:
             trainer.publish(trainer.version, stop)
     while trainer.version < cfg.trainer.total_steps and not stop.is_set():
-        role.record(trainer.version + 1, {**trainer.step(stop, announce=trainer.version + 1 in sends), "resumed_from": at.trainer_version})
+        role.record(
+            trainer.version + 1,
+            {**trainer.step(stop, announce=trainer.version + 1 in sends), "resumed_from": at.trainer_version},
+        )
         save_due_weights(run, trainer, at.trainer_version)
         if trainer.version in sends:
             trainer.publish(trainer.version, stop)
@@ -288,7 +312,12 @@ def _keep_last_model(trainer: TrainerRole) -> None:
         url = trainer.save_model()
         log.info("run cancelled: the policy at trainer version %d is in %s", trainer.version, url)
     except Exception as e:  # noqa: BLE001 - the run is stopping; its state is what resume needs
-        log.warning("run cancelled: could not write the model at trainer version %d: %s: %s", trainer.version, type(e).__name__, e)
+        log.warning(
+            "run cancelled: could not write the model at trainer version %d: %s: %s",
+            trainer.version,
+            type(e).__name__,
+            e,
+        )
 
 
 def _save_due(trainer: TrainerRole, interval: int, total: int) -> None:

@@ -45,7 +45,13 @@ def saved_versions(run: Any) -> list[tuple[int, str]]:
     return sorted(found.items())
 
 
-def evaluate_versions(cfg: Any, versions: list[tuple[int, str]], sets: list[Any], storage_options: dict[str, Any] | None = None, log: Any = print) -> list[dict[str, Any]]:
+def evaluate_versions(
+    cfg: Any,
+    versions: list[tuple[int, str]],
+    sets: list[Any],
+    storage_options: dict[str, Any] | None = None,
+    log: Any = print,
+) -> list[dict[str, Any]]:
     """Score every set at every (version, weights) with one engine built on the first version's
     weights; a record per version, as evaluation during training writes them."""
     import time
@@ -56,9 +62,21 @@ def evaluate_versions(cfg: Any, versions: list[tuple[int, str]], sets: list[Any]
     from rl_engine.rollout.workflow import build_workflow
 
     first = versions[0][1]
-    engine = build_rollout_engine(cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": first, "tokenizer_path": cfg.model.tokenizer_path or first})}))
+    engine = build_rollout_engine(
+        cfg.model_copy(
+            update={
+                "model": cfg.model.model_copy(
+                    update={"path": first, "tokenizer_path": cfg.model.tokenizer_path or first}
+                )
+            }
+        )
+    )
     workflow = build_workflow(cfg.taskset.workflow)
-    pool = UserCodePool(cfg.taskset.user_code.workers, "eval") if workflow is not None or cfg.taskset.reward.type == "python" else None
+    pool = (
+        UserCodePool(cfg.taskset.user_code.workers, "eval")
+        if workflow is not None or cfg.taskset.reward.type == "python"
+        else None
+    )
     data = {s.name: eval_tasks(cfg, s, storage_options) for s in sets}
     out = []
     try:
@@ -69,10 +87,19 @@ def evaluate_versions(cfg: Any, versions: list[tuple[int, str]], sets: list[Any]
                 engine.mark_synced(v)
             started = time.time()
             results = {s.name: score_set(engine, cfg, s, data[s.name], v, workflow, pool) for s in sets}
-            record = {"version": v, "weights": url, "seconds": time.time() - started, **{f"{k}/{m}": x for k, r in results.items() for m, x in r.items()}}
+            record = {
+                "version": v,
+                "weights": url,
+                "seconds": time.time() - started,
+                **{f"{k}/{m}": x for k, r in results.items() for m, x in r.items()},
+            }
             out.append(record)
             for name, r in results.items():
-                headline = "  ".join(f"{m}={x:.4g}" for m, x in r.items() if m.startswith(("avg@", "pass@")) or m in ("reward_mean", "response_len_mean"))
+                headline = "  ".join(
+                    f"{m}={x:.4g}"
+                    for m, x in r.items()
+                    if m.startswith(("avg@", "pass@")) or m in ("reward_mean", "response_len_mean")
+                )
                 log(f"v{v:<5} {name:<12} {headline}")
     finally:
         if pool is not None:
@@ -85,10 +112,21 @@ def main(argv: list[str] | None = None) -> int:
     from rl_engine.config import EvalTasksetConfig, load_config
     from rl_engine.run.context import open_run
 
-    ap = argparse.ArgumentParser(prog="rft eval", description="Held-out evaluation of a model directory, or of every saved version of a run.")
+    ap = argparse.ArgumentParser(
+        prog="rft eval", description="Held-out evaluation of a model directory, or of every saved version of a run."
+    )
     ap.add_argument("target", help="a Hugging Face model directory, or a run's directory or URL")
-    ap.add_argument("--config", help="for a model directory: the YAML config whose explorer settings, template, workflow and reward to use")
-    ap.add_argument("--taskset", action="append", default=[], metavar="PATH", help="held-out task file (repeatable); default: the config's eval.tasksets")
+    ap.add_argument(
+        "--config",
+        help="for a model directory: the YAML config whose explorer settings, template, workflow and reward to use",
+    )
+    ap.add_argument(
+        "--taskset",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="held-out task file (repeatable); default: the config's eval.tasksets",
+    )
     ap.add_argument("--n", type=int, default=4, help="samples per task with --taskset (default 4)")
     ap.add_argument("--temperature", type=float, default=1.0, help="sampling temperature with --taskset (default 1.0)")
     ap.add_argument("--max-tasks", type=int, default=None, help="score only the first N tasks of each --taskset")
@@ -96,16 +134,29 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if is_model_dir(a.target):
         if a.config is None:
-            raise UserError(f"rft eval {a.target}: a model directory needs --config (the run config whose explorer settings, template and reward to use)")
+            raise UserError(
+                f"rft eval {a.target}: a model directory needs --config (the run config whose explorer settings, template and reward to use)"
+            )
         cfg = load_config(a.config, [f"model.path={a.target}"])
         versions, opts = [(0, a.target)], cfg.buffer.storage.fs_options()
     else:
         fs, root = open_storage(a.target)
         if not fs.exists(join(root, "config.yaml")):
-            raise UserError(f"rft eval {a.target}: neither a model directory (no config.json) nor a run (no config.yaml); give a model directory with --config, or a run directory")
+            raise UserError(
+                f"rft eval {a.target}: neither a model directory (no config.json) nor a run (no config.yaml); give a model directory with --config, or a run directory"
+            )
         run = open_run(a.target)
         cfg, versions, opts = run.cfg, saved_versions(run), run.storage_options
-    sets = [EvalTasksetConfig(name=f"set{i}" if len(a.taskset) > 1 else "heldout", path=p, n=a.n, temperature=a.temperature, max_tasks=a.max_tasks) for i, p in enumerate(a.taskset)]
+    sets = [
+        EvalTasksetConfig(
+            name=f"set{i}" if len(a.taskset) > 1 else "heldout",
+            path=p,
+            n=a.n,
+            temperature=a.temperature,
+            max_tasks=a.max_tasks,
+        )
+        for i, p in enumerate(a.taskset)
+    ]
     sets = sets or cfg.eval.tasksets
     if not sets:
         raise UserError("rft eval: no task set to score: give --taskset PATH, or a config with eval.tasksets")

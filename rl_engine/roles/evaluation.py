@@ -143,7 +143,9 @@ class Evaluator:
             deadline = time.monotonic() + timeout_s
             while not self._committed(v):
                 if gone() or time.monotonic() > deadline:
-                    log.warning("evaluation of version %d skipped: its weights were not saved within %.0f s", v, timeout_s)
+                    log.warning(
+                        "evaluation of version %d skipped: its weights were not saved within %.0f s", v, timeout_s
+                    )
                     return
                 time.sleep(_WAIT_S)
             self._load(v)
@@ -171,7 +173,12 @@ class Evaluator:
         with self.explorer.timeline.span("eval", version=version):
             results = {s.name: self.score_set(s, version) for s in self.cfg.eval.tasksets}
         self.explorer.timeline.flush()
-        record = {"version": version, "time": time.time(), "seconds": time.time() - started, **{f"{k}/{m}": v for k, r in results.items() for m, v in r.items()}}
+        record = {
+            "version": version,
+            "time": time.time(),
+            "seconds": time.time() - started,
+            **{f"{k}/{m}": v for k, r in results.items() for m, v in r.items()},
+        }
         record["probe"] = self._probe()
         record_step(self.run, EVAL_ROLE, version, record)
         self.done.add(version)
@@ -189,7 +196,9 @@ class Evaluator:
         s = self.cfg.eval.tasksets[0]
         if s.name not in self._sets:
             self._sets[s.name] = eval_tasks(self.cfg, s, self.run.storage_options)
-        ids = self.explorer.engine.tokenizer.encode(self._sets[s.name][0][0].prompt, add_special_tokens=False)[: self.cfg.model.max_model_len - 1]
+        ids = self.explorer.engine.tokenizer.encode(self._sets[s.name][0][0].prompt, add_special_tokens=False)[
+            : self.cfg.model.max_model_len - 1
+        ]
         return {"ids": ids, "logprobs": self.explorer.engine.prompt_logprobs([ids])[0] if len(ids) > 1 else []}
 
     # ---- the best version
@@ -200,7 +209,9 @@ class Evaluator:
         path = join(root, EVAL_DIR, BEST)
         best = read_best(self.run)
         value = record.get(kb.metric, float("nan"))
-        better = best is None or (not math.isnan(value) and (value > best["value"] if kb.mode == "max" else value < best["value"]))
+        better = best is None or (
+            not math.isnan(value) and (value > best["value"] if kb.mode == "max" else value < best["value"])
+        )
         if not better:
             self._drop_weights(version)
             return best
@@ -225,7 +236,15 @@ def eval_tasks(cfg: Any, s: Any, storage_options: dict[str, Any] | None) -> tupl
     return tasks[: s.max_tasks] if s.max_tasks else tasks, build_reward(s.reward or cfg.taskset.reward)
 
 
-def score_set(engine: Any, cfg: Any, s: Any, tasks_reward: tuple[list[Task], Any], version: int, workflow: Any = None, pool: Any = None) -> dict[str, float]:
+def score_set(
+    engine: Any,
+    cfg: Any,
+    s: Any,
+    tasks_reward: tuple[list[Task], Any],
+    version: int,
+    workflow: Any = None,
+    pool: Any = None,
+) -> dict[str, float]:
     """Eval set `s`'s metrics with the weights `engine` holds (`version`): `s.n` samples of each
     task at `s.temperature`, drawn as an explorer step draws them (through `workflow` when the run
     has one), scored by the set's reward."""
@@ -236,7 +255,9 @@ def score_set(engine: Any, cfg: Any, s: Any, tasks_reward: tuple[list[Task], Any
     cfg = cfg.model_copy(
         update={
             "algorithm": cfg.algorithm.model_copy(update={"repeat_times": s.n}),
-            "explorer": cfg.explorer.model_copy(update={"sampling": cfg.explorer.sampling.model_copy(update={"temperature": s.temperature})}),
+            "explorer": cfg.explorer.model_copy(
+                update={"sampling": cfg.explorer.sampling.model_copy(update={"temperature": s.temperature})}
+            ),
         }
     )
     step = _SEED_STEP + version
@@ -249,4 +270,7 @@ def score_set(engine: Any, cfg: Any, s: Any, tasks_reward: tuple[list[Task], Any
 
 def _samples(batch: ExperienceBatch, reward_type: str) -> list[tuple[str, bool, float | None, int, str]]:
     rows = batch.experiences()
-    return [(r.task_id, _exact(reward_type, r.reward, r.reward_components), r.reward, len(r.response_ids), r.finish_reason) for r in rows]
+    return [
+        (r.task_id, _exact(reward_type, r.reward, r.reward_components), r.reward, len(r.response_ids), r.finish_reason)
+        for r in rows
+    ]

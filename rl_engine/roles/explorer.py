@@ -85,7 +85,18 @@ class EnginePool:
     @staticmethod
     def _key(run: RunContext, explorer_id: int) -> str:
         m = run.cfg.model
-        return json.dumps([m.path, m.tokenizer_path, m.dtype, m.max_model_len, run.cfg.explorer.engine.model_dump(), run.cfg.seed, explorer_id, _engine_devices(run, explorer_id)])
+        return json.dumps(
+            [
+                m.path,
+                m.tokenizer_path,
+                m.dtype,
+                m.max_model_len,
+                run.cfg.explorer.engine.model_dump(),
+                run.cfg.seed,
+                explorer_id,
+                _engine_devices(run, explorer_id),
+            ]
+        )
 
     def acquire(self, run: RunContext, explorer_id: int) -> Any:
         if run.cfg.explorer.engine.servers:  # a served engine, up between runs (rl_engine.rollout.server)
@@ -144,7 +155,9 @@ def build_user_code_pool(taskset: Any, name: str) -> Any:
     return UserCodePool(taskset.user_code.workers, name)
 
 
-def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any, explorer_id: int, step: int, pool: Any = None) -> tuple[ExperienceBatch, dict[str, Any]]:
+def generate_experiences(
+    engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any, explorer_id: int, step: int, pool: Any = None
+) -> tuple[ExperienceBatch, dict[str, Any]]:
     """`repeat_times` rollouts of each task with the engine's current weights, scored, as experiences.
 
     Step `step`'s `tasks` are the step-th batch of the explorer's task stream (a resumed explorer
@@ -156,28 +169,52 @@ def generate_experiences(engine: Any, tasks: list[Any], reward_fn: Any, cfg: Any
     encoded = [encode_task(engine.tokenizer, cfg.taskset.template, t, cfg.model.max_model_len) for t in tasks]
     texts, prompts = [text for text, _ in encoded], [ids for _, ids in encoded]
     # A distinct seed per (explorer, step) keeps runs reproducible without repeating samples.
-    outs = engine.generate(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + 1009 * explorer_id + step)
+    outs = engine.generate(
+        prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=cfg.seed * 100_003 + 1009 * explorer_id + step
+    )
     drawn = (step - 1) * len(tasks)  # draws of the steps before: one batch each
     groups = [
-        Group(group_id(explorer_id, drawn + i + 1, task.task_id), task, text, [one_step_generation(uuid.uuid4().hex, step, r) for r in rollouts])
+        Group(
+            group_id(explorer_id, drawn + i + 1, task.task_id),
+            task,
+            text,
+            [one_step_generation(uuid.uuid4().hex, step, r) for r in rollouts],
+        )
         for i, (task, text, rollouts) in enumerate(zip(tasks, texts, outs))
     ]
     flat = [(g, m, r.text) for g, rollouts in zip(groups, outs) for m, r in zip(g.members, rollouts)]
-    batch, scores = score_groups(flat, reward_fn, explorer_id, step, pool=pool, failed_reward=cfg.taskset.user_code.failed_reward)
+    batch, scores = score_groups(
+        flat, reward_fn, explorer_id, step, pool=pool, failed_reward=cfg.taskset.user_code.failed_reward
+    )
     return batch, scores.metrics
 
 
 def partial_settings(cfg: Any, explorer_id: int) -> PartialSettings:
     x = cfg.explorer
     return PartialSettings(
-        x.partial, x.sampling, x.batch_size, cfg.algorithm.repeat_times, cfg.model.max_model_len, cfg.taskset.template, cfg.seed, explorer_id, cfg.taskset.user_code.failed_reward
+        x.partial,
+        x.sampling,
+        x.batch_size,
+        cfg.algorithm.repeat_times,
+        cfg.model.max_model_len,
+        cfg.taskset.template,
+        cfg.seed,
+        explorer_id,
+        cfg.taskset.user_code.failed_reward,
     )
 
 
 class Explorer:
     """Generates, scores and writes experiences; holds a live vLLM engine."""
 
-    def __init__(self, run: RunContext, explorer_id: int = 0, stop: StopSignal | None = None, first_step: int = 1, fence: Fence | None = None):
+    def __init__(
+        self,
+        run: RunContext,
+        explorer_id: int = 0,
+        stop: StopSignal | None = None,
+        first_step: int = 1,
+        fence: Fence | None = None,
+    ):
         cfg = run.cfg
         self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
         self.name = role_name(explorer_id)
@@ -190,7 +227,9 @@ class Explorer:
         self.tokenizer = self.engine.tokenizer
         tasks = load_taskset(cfg.taskset, run.storage_options)
         # Each explorer walks its own seeded order, so several explorers do not repeat each other in lockstep.
-        self.tasks = TaskIterator(tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle)
+        self.tasks = TaskIterator(
+            tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle
+        )
         self.reward_fn = build_reward(cfg.taskset.reward)
         self.workflow = build_workflow(cfg.taskset.workflow)  # None: single-turn rollouts
         self.pool = build_user_code_pool(cfg.taskset, self.name)
@@ -199,7 +238,15 @@ class Explorer:
         self.partial: PartialRollouts | None = None
         if cfg.explorer.partial.enabled:  # it restores the task stream's position with its continuations
             store = ContinuationStore(run.url, run.storage_options, explorer_id)
-            self.partial = PartialRollouts(self.engine, store, self.tasks, self.reward_fn, partial_settings(cfg, explorer_id), first_step, self.pool)
+            self.partial = PartialRollouts(
+                self.engine,
+                store,
+                self.tasks,
+                self.reward_fn,
+                partial_settings(cfg, explorer_id),
+                first_step,
+                self.pool,
+            )
         else:
             self.tasks.advance(first_step - 1)  # step e draws the e-th batch of the stream, also after a resume
 
@@ -212,13 +259,27 @@ class Explorer:
         v, started = self.engine.version, time.time()
         with self.timeline.span("rollout", step=e, version=v) as span:
             if self.workflow is not None:
-                batch, reward_metrics = explore_episodes(self.engine, self.tasks.next_batch(), self.workflow, self.reward_fn, self.cfg, self.explorer_id, e, self.pool)
+                batch, reward_metrics = explore_episodes(
+                    self.engine,
+                    self.tasks.next_batch(),
+                    self.workflow,
+                    self.reward_fn,
+                    self.cfg,
+                    self.explorer_id,
+                    e,
+                    self.pool,
+                )
                 span.turns = round(reward_metrics["turns_mean"], 3)
             elif self.partial is None:
-                batch, reward_metrics = generate_experiences(self.engine, self.tasks.next_batch(), self.reward_fn, self.cfg, self.explorer_id, e, self.pool)
+                batch, reward_metrics = generate_experiences(
+                    self.engine, self.tasks.next_batch(), self.reward_fn, self.cfg, self.explorer_id, e, self.pool
+                )
             else:
                 batch, reward_metrics = self.partial.generate(e)
-                span.cut, span.resumed = reward_metrics.get("cut_generations"), reward_metrics.get("resumed_generations")
+                span.cut, span.resumed = (
+                    reward_metrics.get("cut_generations"),
+                    reward_metrics.get("resumed_generations"),
+                )
         with self.timeline.span("write", step=e, version=v):
             if self.partial is not None:
                 self.fence.check()  # the continuation store's manifest is the new holder's too
@@ -257,7 +318,9 @@ class Explorer:
 
     def _install(self, version: int, stop: StopSignal) -> int:
         """Load `version` (announced by the trainer) into the engine; the receiver acknowledges it."""
-        with self.timeline.span("wait", version=self.engine.version):  # the trainer's go (collective) or the commit (checkpoint)
+        with self.timeline.span(
+            "wait", version=self.engine.version
+        ):  # the trainer's go (collective) or the commit (checkpoint)
             self.receiver.prepare(version, stop)
         with self.timeline.span("sync", version=version, method=self.receiver.method) as span:
             got = self.receiver.receive(self.engine, version)
@@ -267,7 +330,13 @@ class Explorer:
 
     def _wait_published(self, newer_than: int, what: str, stop: StopSignal) -> int:
         with self.timeline.span("wait", version=self.engine.version):
-            m = self.board.wait(TRAINER_KEY, lambda m: m.get("published", -1) > newer_than, what=what, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
+            m = self.board.wait(
+                TRAINER_KEY,
+                lambda m: m.get("published", -1) > newer_than,
+                what=what,
+                timeout_s=self.cfg.synchronizer.wait_timeout_s,
+                stop=stop,
+            )
         return m["published"]
 
     def receive(self, version: int, stop: StopSignal) -> int:
@@ -303,11 +372,19 @@ class Explorer:
             why = self._why_wait(b, max(self.engine.version, trainer.get("published", -1)), trainer)
             if why is None:
                 trainer = self._install_newest(stop)
-                if (why := self._why_wait(b, self.engine.version, trainer)) is None:  # a delta chain's fallback may leave it older
+                if (
+                    why := self._why_wait(b, self.engine.version, trainer)
+                ) is None:  # a delta chain's fallback may leave it older
                     break
             seen = _trainer_state(trainer)
             with self.timeline.span("wait", step=e, version=self.engine.version):
-                self.board.wait(TRAINER_KEY, lambda m: _trainer_state(m) != seen, what=why, timeout_s=self.cfg.synchronizer.wait_timeout_s, stop=stop)
+                self.board.wait(
+                    TRAINER_KEY,
+                    lambda m: _trainer_state(m) != seen,
+                    what=why,
+                    timeout_s=self.cfg.synchronizer.wait_timeout_s,
+                    stop=stop,
+                )
             trainer = self.board.get(TRAINER_KEY) or {}
         return self.engine.version
 
@@ -315,11 +392,20 @@ class Explorer:
         """Why batch b may not start yet with weights `version` (admission control), or None."""
         cfg = self.cfg
         explorer_batch = cfg.explorer.batch_size * cfg.algorithm.repeat_times
-        if b > (needed := batches_needed(cfg.trainer.total_steps, explorer_batch, cfg.trainer.train_batch_size, trainer.get("lost_rows", 0))):
+        if b > (
+            needed := batches_needed(
+                cfg.trainer.total_steps, explorer_batch, cfg.trainer.train_batch_size, trainer.get("lost_rows", 0)
+            )
+        ):
             return f"the trainer to finish: its {cfg.trainer.total_steps} steps train {needed} batches, none past them"
         return admission_wait(
-            b - 1, version, trainer.get("version", 0), explorer_batch,
-            cfg.trainer.train_batch_size, cfg.synchronizer.max_staleness, cfg.synchronizer.max_backlog_steps,
+            b - 1,
+            version,
+            trainer.get("version", 0),
+            explorer_batch,
+            cfg.trainer.train_batch_size,
+            cfg.synchronizer.max_staleness,
+            cfg.synchronizer.max_backlog_steps,
         )
 
     def close(self) -> None:

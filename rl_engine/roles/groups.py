@@ -71,8 +71,14 @@ def one_step_generation(experience_id: str, step: int, rollout: Any) -> Generati
     segments (an empty response keeps its one empty segment of version -1)."""
     versions = [rollout.version] * len(rollout.response_ids)
     return Generation(
-        experience_id, list(rollout.prompt_ids), None, list(rollout.response_ids), list(rollout.logprobs), versions,
-        version_runs(step, versions), rollout.finish_reason,
+        experience_id,
+        list(rollout.prompt_ids),
+        None,
+        list(rollout.response_ids),
+        list(rollout.logprobs),
+        versions,
+        version_runs(step, versions),
+        rollout.finish_reason,
     )
 
 
@@ -94,7 +100,9 @@ class Group:
         return min((m.segments[0]["explorer_step"] for m in self.members if m.segments), default=0)
 
 
-def experience_row(g: Group, m: Generation, explorer_id: int, step: int, reward: float, comps: dict[str, float], text: str, now: float) -> Experience:
+def experience_row(
+    g: Group, m: Generation, explorer_id: int, step: int, reward: float, comps: dict[str, float], text: str, now: float
+) -> Experience:
     """Member `m` of group `g` as the row explorer `explorer_id` writes in `step` (a buffer row,
     or a continuation while `m` is cut)."""
     return Experience(
@@ -121,7 +129,13 @@ def experience_row(g: Group, m: Generation, explorer_id: int, step: int, reward:
 
 
 def score_groups(
-    flat: list[tuple[Group, Generation, str]], reward_fn: Any, explorer_id: int, step: int, repeat_penalty: float = 0.0, pool: Any = None, failed_reward: float | None = None
+    flat: list[tuple[Group, Generation, str]],
+    reward_fn: Any,
+    explorer_id: int,
+    step: int,
+    repeat_penalty: float = 0.0,
+    pool: Any = None,
+    failed_reward: float | None = None,
 ) -> tuple[ExperienceBatch, ScoreResult]:
     """Score finished (group, member, response text) triples into step `step`'s rows.
 
@@ -129,7 +143,12 @@ def score_groups(
     group stays. A `repeat` finish gets `repeat_penalty` added (and named) when it is non-zero.
     Python rewards run in `pool` (a timed-out or crashed call scores `failed_reward`, or is left
     out when that is None)."""
-    scores = score_rollouts(reward_fn, [RolloutSample(g.prompt_text, text, g.task, m.finish_reason) for g, m, text in flat], pool=pool, failed_reward=failed_reward)
+    scores = score_rollouts(
+        reward_fn,
+        [RolloutSample(g.prompt_text, text, g.task, m.finish_reason) for g, m, text in flat],
+        pool=pool,
+        failed_reward=failed_reward,
+    )
     now = time.time()
     rows = []
     for (g, m, text), reward, comps, ok in zip(flat, scores.rewards, scores.components, scores.ok):

@@ -61,7 +61,9 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     cfg = cfg.resolved()
     steps = steps or cfg.trainer.total_steps
     storage = cfg.buffer.storage.fs_options()
-    tasks = TaskIterator(load_taskset(cfg.taskset, storage), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle)
+    tasks = TaskIterator(
+        load_taskset(cfg.taskset, storage), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle
+    )
     reward_fn = build_reward(cfg.taskset.reward)
     plan = device_plan(cfg)  # one process, as placement local: the trainer on its device, the engine on its own
     check_plan(plan, cfg.synchronizer.sync_method)
@@ -80,7 +82,10 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
             rollout_s = time.time() - started
             metrics = trainer.train_step(batch.to_tensors(trainer.pad_token_id))
             v = trainer.version
-            _both_sides(lambda: (sender.prepare(v), sender.send(trainer.named_weights(), v)), lambda: (receiver.prepare(v), receiver.receive(engine, v)))
+            _both_sides(
+                lambda: (sender.prepare(v), sender.send(trainer.named_weights(), v)),
+                lambda: (receiver.prepare(v), receiver.receive(engine, v)),
+            )
             rewards = batch.column("reward")
             correct = [x.reward_components.get("correct", 0.0) for x in batch.experiences()]
             entry = {
@@ -109,16 +114,22 @@ def _max_operand(tasks: list[Any]) -> int:
     try:
         return max(int(x) for t in tasks for x in t.prompt.rstrip("=").split("+"))
     except ValueError:
-        raise UserError("rl_engine.roles.loop evaluates on the demo arithmetic task (prompts 'a+b='); this task set is not it") from None
+        raise UserError(
+            "rl_engine.roles.loop evaluates on the demo arithmetic task (prompts 'a+b='); this task set is not it"
+        ) from None
 
 
 def main(argv: list[str] | None = None) -> int:
     from rl_engine.config import load_config
 
-    ap = argparse.ArgumentParser(prog="python -m rl_engine.roles.loop", description="Synchronous GRPO loop in one process (no Prefect).")
+    ap = argparse.ArgumentParser(
+        prog="python -m rl_engine.roles.loop", description="Synchronous GRPO loop in one process (no Prefect)."
+    )
     ap.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps (default trainer.total_steps)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field"
+    )
     a = ap.parse_args(argv)
     run_loop(load_config(a.config, a.overrides), a.steps)
     return 0

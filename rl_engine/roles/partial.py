@@ -119,8 +119,24 @@ class PartialSettings:
 class PartialRollouts:
     """Segments, continuations and the step's batch of one explorer (see the module docstring)."""
 
-    def __init__(self, engine: Any, store: ContinuationStore, tasks: TaskIterator, reward_fn: Any, settings: PartialSettings, first_step: int, pool: Any = None):
-        self.engine, self.store, self.tasks, self.reward_fn, self.s, self.pool = engine, store, tasks, reward_fn, settings, pool
+    def __init__(
+        self,
+        engine: Any,
+        store: ContinuationStore,
+        tasks: TaskIterator,
+        reward_fn: Any,
+        settings: PartialSettings,
+        first_step: int,
+        pool: Any = None,
+    ):
+        self.engine, self.store, self.tasks, self.reward_fn, self.s, self.pool = (
+            engine,
+            store,
+            tasks,
+            reward_fn,
+            settings,
+            pool,
+        )
         self.tok = engine.tokenizer
         self.by_id = {t.task_id: t for t in tasks.tasks}
         self.groups: list[Group] = []  # held, oldest first
@@ -156,15 +172,25 @@ class PartialRollouts:
 
     def _groups_from(self, batch: ExperienceBatch) -> list[Group]:
         groups: dict[str, Group] = {}
-        carried = {k: Task(**t) for k, t in self.store.carried_tasks().items()}  # continued from a lineage's previous run
+        carried = {
+            k: Task(**t) for k, t in self.store.carried_tasks().items()
+        }  # continued from a lineage's previous run
         for x in batch.experiences():
             task = self.by_id.get(x.task_id) or carried.get(x.task_id)
             if task is None:
-                raise UserError(f"{self.store.manifest()['uri']}: continuation of task {x.task_id!r}, which the task set no longer has; restore the task set or start a new run")
+                raise UserError(
+                    f"{self.store.manifest()['uri']}: continuation of task {x.task_id!r}, which the task set no longer has; restore the task set or start a new run"
+                )
             g = groups.setdefault(x.group_id, Group(x.group_id, task, x.prompt_text, []))
             g.members.append(
                 Generation(
-                    x.experience_id, x.prompt_ids, x.started_at or x.created_at, x.response_ids, x.logprobs, x.versions, x.segments or [],
+                    x.experience_id,
+                    x.prompt_ids,
+                    x.started_at or x.created_at,
+                    x.response_ids,
+                    x.logprobs,
+                    x.versions,
+                    x.segments or [],
                     None if x.finish_reason == UNFINISHED else x.finish_reason,
                 )
             )
@@ -196,8 +222,20 @@ class PartialRollouts:
         done = [g for g in self.groups if g.done][:b]
         self.groups = [g for g in self.groups if g not in done]
         batch, metrics = self._experiences(done, e)
-        cut = sum(1 for g in self.groups for m in g.members if m.finish_reason is None and m.segments[-1]["explorer_step"] == e)
-        return batch, {**metrics, **counts, "resumed_generations": resumed, "cut_generations": cut, "pending_groups": len(self.groups), "continuations": self.catalog(e)}
+        cut = sum(
+            1
+            for g in self.groups
+            for m in g.members
+            if m.finish_reason is None and m.segments[-1]["explorer_step"] == e
+        )
+        return batch, {
+            **metrics,
+            **counts,
+            "resumed_generations": resumed,
+            "cut_generations": cut,
+            "pending_groups": len(self.groups),
+            "continuations": self.catalog(e),
+        }
 
     def catalog(self, e: int) -> dict[str, Any]:
         """The groups held after step e, for people (a Prefect table artifact mirrors it); the
@@ -228,7 +266,14 @@ class PartialRollouts:
         """One segment for every unfinished member of `groups`, in one batched generate call."""
         p, limit = self.s.partial, self.s.max_model_len
         members = [(g, m) for g in groups for m in g.members if m.finish_reason is None]
-        budgets = [min(p.segment_max_tokens, p.max_response_tokens - len(m.response_ids), limit - len(m.prompt_ids) - len(m.response_ids)) for _, m in members]
+        budgets = [
+            min(
+                p.segment_max_tokens,
+                p.max_response_tokens - len(m.response_ids),
+                limit - len(m.prompt_ids) - len(m.response_ids),
+            )
+            for _, m in members
+        ]
         ready = [(m, n) for (_, m), n in zip(members, budgets) if n > 0]
         for (g, m), n in zip(members, budgets):
             if n <= 0 and not m.segments:
@@ -241,10 +286,18 @@ class PartialRollouts:
         if not ready:
             return
         # A distinct seed per (explorer, step, round): segments never share a sampling stream.
-        seed = int.from_bytes(hashlib.blake2b(f"{self.s.seed}/{self.s.explorer_id}/{e}/{round_}".encode(), digest_size=6).digest(), "little")
+        seed = int.from_bytes(
+            hashlib.blake2b(f"{self.s.seed}/{self.s.explorer_id}/{e}/{round_}".encode(), digest_size=6).digest(),
+            "little",
+        )
         version = self.engine.version
         out = self.engine.generate(
-            [m.prompt_ids + m.response_ids for m, _ in ready], 1, self.s.sampling, seed, max_tokens=[n for _, n in ready], repeat=(p.repeat_ngram, p.repeat_threshold)
+            [m.prompt_ids + m.response_ids for m, _ in ready],
+            1,
+            self.s.sampling,
+            seed,
+            max_tokens=[n for _, n in ready],
+            repeat=(p.repeat_ngram, p.repeat_threshold),
         )
         for (m, _), (r,) in zip(ready, out):
             start = m.extend(e, version, r.response_ids, r.logprobs)
@@ -275,16 +328,26 @@ class PartialRollouts:
             m.finish_reason = why
         elif reason in ("stop", "repeat"):
             m.finish_reason = reason
-        elif len(m.response_ids) >= p.max_response_tokens or len(m.prompt_ids) + len(m.response_ids) >= self.s.max_model_len:
+        elif (
+            len(m.response_ids) >= p.max_response_tokens
+            or len(m.prompt_ids) + len(m.response_ids) >= self.s.max_model_len
+        ):
             m.finish_reason = "truncated"
 
     def _experiences(self, groups: list[Group], e: int) -> tuple[ExperienceBatch, dict[str, Any]]:
         """Score finished groups (a repeat gets `repeat_penalty` added) into step e's rows."""
-        flat = [(g, m, response_text(self.tok, m.response_ids, self.s.sampling.stop)) for g in groups for m in g.members]
-        batch, scores = score_groups(flat, self.reward_fn, self.s.explorer_id, e, self.s.partial.repeat_penalty, self.pool, self.s.failed_reward)
+        flat = [
+            (g, m, response_text(self.tok, m.response_ids, self.s.sampling.stop)) for g in groups for m in g.members
+        ]
+        batch, scores = score_groups(
+            flat, self.reward_fn, self.s.explorer_id, e, self.s.partial.repeat_penalty, self.pool, self.s.failed_reward
+        )
         reasons = [m.finish_reason for _, m, _ in flat]
         mix = {f"finish/{r}": reasons.count(r) for r in sorted(set(reasons))}
-        return batch, {**mix, **{k: v for k, v in scores.metrics.items() if k in ("reward/errors", "reward/timeouts", "reward/crashes")}}
+        return batch, {
+            **mix,
+            **{k: v for k, v in scores.metrics.items() if k in ("reward/errors", "reward/timeouts", "reward/crashes")},
+        }
 
     # ---- staging and committing
 
@@ -295,10 +358,14 @@ class PartialRollouts:
             return
         now = time.time()
         pending = ExperienceBatch.from_experiences(
-            experience_row(g, m, self.s.explorer_id, m.segments[-1]["explorer_step"], 0.0, {}, "", now) for g in self.groups for m in g.members
+            experience_row(g, m, self.s.explorer_id, m.segments[-1]["explorer_step"], 0.0, {}, "", now)
+            for g in self.groups
+            for m in g.members
         )
         state = {"tasks": self.tasks.state_dict(), "draws": self.draws}
-        ids = self.store.commit([(batch, "outbox"), (pending, "pending")], explorer_step=e, retire=self._pending_ids, state=state)
+        ids = self.store.commit(
+            [(batch, "outbox"), (pending, "pending")], explorer_step=e, retire=self._pending_ids, state=state
+        )
         self._outbox, self._pending_ids = (e, ids[0]), [i for i in ids[1:] if i is not None]
 
     def committed(self, e: int) -> None:

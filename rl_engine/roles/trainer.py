@@ -41,9 +41,15 @@ def token_versions(batch: Any, trainer_version: int) -> dict[str, float]:
     versions = pc.list_flatten(table.column("versions")).to_numpy().astype(np.int64)  # [T]
     if not len(versions):
         return {"version_gap_mean": 0.0, "version_gap_max": 0, "tokens_older_fraction": 0.0}
-    newest = np.repeat(np.maximum.reduceat(versions, (np.cumsum(lengths) - lengths)[lengths > 0]), lengths[lengths > 0])  # [T]
+    newest = np.repeat(
+        np.maximum.reduceat(versions, (np.cumsum(lengths) - lengths)[lengths > 0]), lengths[lengths > 0]
+    )  # [T]
     gap = trainer_version - versions
-    return {"version_gap_mean": float(gap.mean()), "version_gap_max": int(gap.max()), "tokens_older_fraction": float((versions < newest).mean())}
+    return {
+        "version_gap_mean": float(gap.mean()),
+        "version_gap_max": int(gap.max()),
+        "tokens_older_fraction": float((versions < newest).mean()),
+    }
 
 
 def host_snapshot(named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -56,29 +62,47 @@ def host_snapshot(named: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
 class TrainerRole:
     """Trainer + buffer reader + checkpoints of one run."""
 
-    def __init__(self, run: RunContext, resume: bool = False, stop: StopSignal | None = None, fence: Fence | None = None, local_device: int = 0):
+    def __init__(
+        self,
+        run: RunContext,
+        resume: bool = False,
+        stop: StopSignal | None = None,
+        fence: Fence | None = None,
+        local_device: int = 0,
+    ):
         cfg = run.cfg
         self.run, self.cfg = run, cfg
         self.fence = fence or Fence(run.url, run.storage_options, None)  # checked before each update and state written
         self.timeline = TimelineRecorder(run.url, run.storage_options, TRAINER)
         self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
-            self.trainer = build_trainer(trainer_settings(cfg, local_device))  # alone in its process: on the plan's device
+            self.trainer = build_trainer(
+                trainer_settings(cfg, local_device)
+            )  # alone in its process: on the plan's device
         # Decoupled modes: batches in the order admission control numbered them (rl_engine.schedule.batch_number).
-        self.reader = BufferReader(run.url, run.storage_options, cfg.buffer, explorers=cfg.explorer.count if isinstance(cfg.synchronizer, DecoupledSync) else None)
+        self.reader = BufferReader(
+            run.url,
+            run.storage_options,
+            cfg.buffer,
+            explorers=cfg.explorer.count if isinstance(cfg.synchronizer, DecoupledSync) else None,
+        )
         self.resumed_from: int | None = None
         if resume and (t := latest_state_step(run)) is not None:
             extra = self.trainer.load_state(self._state_url(t), run.storage_options)
             self.reader.load_state_dict(extra["cursor"])
             self.resumed_from = t
-        if resume:  # the stopped attempt's published weights from here on: published again, each announced before it is written
+        if (
+            resume
+        ):  # the stopped attempt's published weights from here on: published again, each announced before it is written
             drop_versions_from(cfg, self.resumed_from or 0)
         self.published = -1
         self._sending: threading.Thread | None = None
         self._skipped: int | None = None  # a decoupled publish skipped while a send was in flight
         self._send_error: tuple[int, BaseException] | None = None
         self._post()
-        self.sender = build_weight_sender(cfg, self.board, pinned=lambda: retention.lineage_model(run), device=self.trainer.device)  # prunes checkpoints/ itself
+        self.sender = build_weight_sender(
+            cfg, self.board, pinned=lambda: retention.lineage_model(run), device=self.trainer.device
+        )  # prunes checkpoints/ itself
         self.sender.connect(stop)  # collective: blocks until every explorer's workers joined the group
 
     def _lost_rows(self) -> int:
@@ -87,7 +111,9 @@ class TrainerRole:
 
     def _post(self) -> None:
         self._posted_lost = self._lost_rows()
-        self.board.post(TRAINER_KEY, {"version": self.version, "published": self.published, "lost_rows": self._posted_lost})
+        self.board.post(
+            TRAINER_KEY, {"version": self.version, "published": self.published, "lost_rows": self._posted_lost}
+        )
 
     def _post_lost(self) -> None:
         """While the trainer waits for a batch: rows dropped meanwhile must reach the explorers now,
@@ -100,7 +126,11 @@ class TrainerRole:
         publish was skipped while an earlier send was in flight, once that send is done (the
         explorers may need it to start the very batch the trainer waits for: admission control)."""
         self._post_lost()
-        if self._skipped == self.version and stop is not None and (self._sending is None or not self._sending.is_alive()):
+        if (
+            self._skipped == self.version
+            and stop is not None
+            and (self._sending is None or not self._sending.is_alive())
+        ):
             self.publish(self.version, stop, wait_for_explorers=False)
 
     @property
@@ -120,7 +150,9 @@ class TrainerRole:
         with self.timeline.span("wait", step=t, version=self.version):
             # Only the decoupled modes have a max_staleness; the rendezvous schedule bounds staleness itself.
             bound = cfg.synchronizer.max_staleness if isinstance(cfg.synchronizer, DecoupledSync) else None
-            batch = self.reader.read_batch(cfg.trainer.train_batch_size, self.version, bound, stop=stop, on_wait=lambda: self._while_waiting(stop))
+            batch = self.reader.read_batch(
+                cfg.trainer.train_batch_size, self.version, bound, stop=stop, on_wait=lambda: self._while_waiting(stop)
+            )
         waited = time.time() - started
         staleness = self.version - batch.min_versions()  # [B] versions behind at training time
         self.fence.check()  # a trainer whose driver lost the run's lease publishes no new version
@@ -183,7 +215,9 @@ class TrainerRole:
     def _raise_send_error(self) -> None:
         if self._send_error is not None:
             version, e = self._send_error
-            raise RuntimeError(f"sending weights version {version} to the explorers failed: {type(e).__name__}: {e}") from e
+            raise RuntimeError(
+                f"sending weights version {version} to the explorers failed: {type(e).__name__}: {e}"
+            ) from e
 
     def _announce(self, version: int) -> None:
         self.published = version
@@ -206,7 +240,9 @@ class TrainerRole:
             self._skipped = None
             snapshot = host_snapshot(self.trainer.named_weights())
             self._announce(version)
-            self._sending = threading.Thread(target=self._send_in_background, args=(snapshot, version, stop), name=f"send-v{version}", daemon=True)
+            self._sending = threading.Thread(
+                target=self._send_in_background, args=(snapshot, version, stop), name=f"send-v{version}", daemon=True
+            )
             self._sending.start()
         else:
             # The explorers have not taken the previous version yet: skip this one rather than make
@@ -221,7 +257,9 @@ class TrainerRole:
             with self.timeline.span("wait", version=self.version):
                 self._sending.join(self.cfg.synchronizer.wait_timeout_s)
             if self._sending.is_alive():
-                raise RuntimeError(f"sending weights version {self.published} did not finish within synchronizer.wait_timeout_s = {self.cfg.synchronizer.wait_timeout_s} s")
+                raise RuntimeError(
+                    f"sending weights version {self.published} did not finish within synchronizer.wait_timeout_s = {self.cfg.synchronizer.wait_timeout_s} s"
+                )
             self._sending = None
         self._raise_send_error()
 

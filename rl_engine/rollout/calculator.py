@@ -78,7 +78,13 @@ def _value(node: ast.AST) -> int:
         v = -v if isinstance(node.op, ast.USub) else v
     elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
         left, right = _value(node.left), _value(node.right)
-        v = left + right if isinstance(node.op, ast.Add) else left - right if isinstance(node.op, ast.Sub) else left * right
+        v = (
+            left + right
+            if isinstance(node.op, ast.Add)
+            else left - right
+            if isinstance(node.op, ast.Sub)
+            else left * right
+        )
     else:
         raise ValueError(f"not allowed: {type(node).__name__}")
     if abs(v) > MAX_ABS:
@@ -148,7 +154,9 @@ def calculator_problem(a: int, b: int) -> dict[str, str]:
     return {"question": f"{a}*{b}=", "answer": str(a * b)}
 
 
-def calculator_problems(split: str = "train", min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND) -> list[tuple[int, int]]:
+def calculator_problems(
+    split: str = "train", min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND
+) -> list[tuple[int, int]]:
     """Every (a, b) of `split` ("train", "heldout" or "all"), in a fixed order."""
     if split not in ("train", "heldout", "all"):
         raise UserError(f"make-tasks: --split {split!r}: use train or heldout")
@@ -158,7 +166,9 @@ def calculator_problems(split: str = "train", min_operand: int = MIN_OPERAND, ma
     return pairs if split == "all" else [p for p in pairs if is_heldout(*p) == (split == "heldout")]
 
 
-def make_calculator_tasks(n: int | None, seed: int = 0, split: str = "train", min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND) -> list[dict[str, str]]:
+def make_calculator_tasks(
+    n: int | None, seed: int = 0, split: str = "train", min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND
+) -> list[dict[str, str]]:
     """Rows {id, question, answer}: `n` train problems drawn uniformly with replacement (seeded),
     or with `split="heldout"` the held-out problems, each once, in a seeded order (`n` caps how
     many). Same arguments, same rows."""
@@ -176,7 +186,13 @@ def make_calculator_tasks(n: int | None, seed: int = 0, split: str = "train", mi
 
 
 def write_calculator_taskset(
-    path_or_url: str, n: int | None, seed: int = 0, split: str = "train", min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND, storage_options: dict[str, Any] | None = None
+    path_or_url: str,
+    n: int | None,
+    seed: int = 0,
+    split: str = "train",
+    min_operand: int = MIN_OPERAND,
+    max_operand: int = MAX_OPERAND,
+    storage_options: dict[str, Any] | None = None,
 ) -> int:
     """Write `make_calculator_tasks(...)` as JSONL to a local path or fsspec URL; returns the row count."""
     from rl_engine.rewards.tasks import write_taskset
@@ -188,16 +204,31 @@ def write_calculator_taskset(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `rft make-tasks OUT --task calculator [--split heldout] [--n N] [--seed S]`."""
-    ap = argparse.ArgumentParser(prog="rft make-tasks --task calculator", description="Write the calculator task set (JSONL: id, question 'a*b=', answer).")
+    ap = argparse.ArgumentParser(
+        prog="rft make-tasks --task calculator",
+        description="Write the calculator task set (JSONL: id, question 'a*b=', answer).",
+    )
     ap.add_argument("out", help="output file: a local path or fsspec URL, e.g. runs/data/calc-train.jsonl")
-    ap.add_argument("--n", type=int, default=None, help="number of tasks (train default 4000; heldout default: all held-out problems)")
+    ap.add_argument(
+        "--n",
+        type=int,
+        default=None,
+        help="number of tasks (train default 4000; heldout default: all held-out problems)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument("--split", choices=("train", "heldout"), default="train", help="train problems, or the held-out tenth no train task asks")
+    ap.add_argument(
+        "--split",
+        choices=("train", "heldout"),
+        default="train",
+        help="train problems, or the held-out tenth no train task asks",
+    )
     ap.add_argument("--min-operand", type=int, default=MIN_OPERAND, help=f"smallest operand (default {MIN_OPERAND})")
     ap.add_argument("--max-operand", type=int, default=MAX_OPERAND, help=f"largest operand (default {MAX_OPERAND})")
     a = ap.parse_args(argv)
     count = write_calculator_taskset(a.out, a.n, a.seed, a.split, a.min_operand, a.max_operand)
-    print(f"wrote {count} {a.split} calculator tasks (operands {a.min_operand}..{a.max_operand}, seed {a.seed}) to {a.out}")
+    print(
+        f"wrote {count} {a.split} calculator tasks (operands {a.min_operand}..{a.max_operand}, seed {a.seed}) to {a.out}"
+    )
     return 0
 
 

@@ -47,7 +47,9 @@ class TemplateNotAppendOnly(UserError):
     """Appending a chat turn would change earlier tokens (the template rewrites the past)."""
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict], model: str, *, template_kwargs: dict[str, Any] | None = None) -> list[int]:
+def chat_prompt_ids(
+    tokenizer, messages: list[dict], model: str, *, template_kwargs: dict[str, Any] | None = None
+) -> list[int]:
     """The ids of an episode's prompt: `messages` rendered with the generation prompt."""
     return _encode(tokenizer, _render(tokenizer, messages, True, model, template_kwargs))
 
@@ -100,13 +102,17 @@ def chat_turn_ids(
     return _encode(tokenizer, after[len(sequence) :])
 
 
-def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, model: str, template_kwargs: dict[str, Any] | None) -> str:
+def _render(
+    tokenizer, messages: list[dict], add_generation_prompt: bool, model: str, template_kwargs: dict[str, Any] | None
+) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(
             f"model {model}: its tokenizer has no chat template, so chat turns cannot be rendered; "
             "set taskset.template (and build the turns' text yourself with episode.append_text), or use a model whose tokenizer has one."
         )
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {}))
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(template_kwargs or {})
+    )
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -116,7 +122,9 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False, split_special_tokens=False)["input_ids"])
 
 
-def _not_append_only(model: str, turn: int, what: str, old: tuple[str, str], new: tuple[str, str], fix: str) -> TemplateNotAppendOnly:
+def _not_append_only(
+    model: str, turn: int, what: str, old: tuple[str, str], new: tuple[str, str], fix: str
+) -> TemplateNotAppendOnly:
     """The refusal: model, turn, what changed, the first differing character with both texts around it, the fix."""
     n = min(len(old[1]), len(new[1]))
     at = next((i for i in range(n) if old[1][i] != new[1][i]), n)

@@ -98,7 +98,13 @@ class RolloutEngine(Protocol):
     def tokenizer(self) -> Any: ...
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingConfig,
+        seed: int,
+        max_tokens: Sequence[int] | None = None,
+        repeat: tuple[int, int] | None = None,
     ) -> list[list[Rollout]]: ...
 
     def rpc(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
@@ -158,7 +164,9 @@ def _cpu_thread_bind(num_threads: int | str | None, explorer_id: int) -> str | N
     if num_threads is None:
         return None
     if num_threads == "all":
-        cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)  # no affinity API off Linux
+        cores = (
+            os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        )  # no affinity API off Linux
         return ",".join(str(c) for c in sorted(cores))
     ncpu = os.cpu_count() or 1
     n = min(num_threads, ncpu)
@@ -176,7 +184,15 @@ class VLLMRolloutEngine:
     """
 
     def __init__(
-        self, model_path: str, tokenizer_path: str, dtype: str, max_model_len: int, engine: EngineConfig, seed: int = 0, explorer_id: int = 0, cuda_visible: str | None = None
+        self,
+        model_path: str,
+        tokenizer_path: str,
+        dtype: str,
+        max_model_len: int,
+        engine: EngineConfig,
+        seed: int = 0,
+        explorer_id: int = 0,
+        cuda_visible: str | None = None,
     ):
         from vllm import LLM
         from vllm.platforms import current_platform
@@ -220,7 +236,9 @@ class VLLMRolloutEngine:
             # cache), for a row-wise count that eager computes alike (bench.engine_start warm_up_s:
             # 1.84 -> 0.02 s). Dynamo off in the engine's processes only.
             env["TORCHDYNAMO_DISABLE"] = "1"
-            env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_thread_bind(engine.num_threads, explorer_id) or os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+            env["VLLM_CPU_OMP_THREADS_BIND"] = _cpu_thread_bind(engine.num_threads, explorer_id) or os.environ.get(
+                "VLLM_CPU_OMP_THREADS_BIND"
+            )
             # The EngineCore (scheduler, the loop of model steps) runs in this process; only the
             # worker (the model, torch.distributed, its OpenMP threads) is spawned. vLLM's default
             # on CPU spawns the EngineCore too, a second process importing torch and vLLM: 6-7 s of
@@ -244,7 +262,9 @@ class VLLMRolloutEngine:
         self._tokenizer = self._llm.get_tokenizer()
         self._client = self._llm.llm_engine.engine_core
         self._shutdown: Callable[[], None] = self._client.shutdown
-        if getattr(self._client, "engine_core", None) is not None:  # an EngineCore in this process (vLLM's InprocClient)
+        if (
+            getattr(self._client, "engine_core", None) is not None
+        ):  # an EngineCore in this process (vLLM's InprocClient)
             self._shutdown = inproc.adopt(self._client)
         self._procs = EngineProcesses(self._llm)
 
@@ -266,16 +286,30 @@ class VLLMRolloutEngine:
     # ---- generation
 
     def sampling_params(
-        self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingConfig,
+        seed: int,
+        max_tokens: Sequence[int] | None = None,
+        repeat: tuple[int, int] | None = None,
     ) -> list[Any]:
         """The per-request vLLM SamplingParams `generate` uses (distinct seeds per prompt)."""
-        return [_sampling_params(fields) for fields in request_fields(len(prompts), n, sampling, seed, max_tokens, repeat)]
+        return [
+            _sampling_params(fields) for fields in request_fields(len(prompts), n, sampling, seed, max_tokens, repeat)
+        ]
 
     def _check_prompts(self, prompts: list[list[int]], n: int) -> None:
         _check_prompts(prompts, n, self.max_model_len)
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingConfig,
+        seed: int,
+        max_tokens: Sequence[int] | None = None,
+        repeat: tuple[int, int] | None = None,
     ) -> list[list[Rollout]]:
         """n samples per prompt in one batched vLLM call; result[i][k] is sample k of prompt i.
 
@@ -296,7 +330,10 @@ class VLLMRolloutEngine:
             outputs = self._call("generate", lambda llm: llm.generate(inputs, params, use_tqdm=False))
         # Text from vLLM where it detokenized (stop strings), else decoded here once from the ids.
         return [
-            [_to_rollout(list(p), c, version, None if sp.detokenize else self._tokenizer) for c in sorted(out.outputs, key=lambda c: c.index)]
+            [
+                _to_rollout(list(p), c, version, None if sp.detokenize else self._tokenizer)
+                for c in sorted(out.outputs, key=lambda c: c.index)
+            ]
             for p, sp, out in zip(prompts, params, outputs)
         ]
 
@@ -311,12 +348,21 @@ class VLLMRolloutEngine:
         self._check_prompts(prompts, 1)
         if not prompts:
             return []
-        params = [_sampling_params(sampling_fields(sampling, 1, seed, sampling.max_tokens, None)) for _, sampling, seed in requests]
+        params = [
+            _sampling_params(sampling_fields(sampling, 1, seed, sampling.max_tokens, None))
+            for _, sampling, seed in requests
+        ]
         with self._lock:
             self._check_alive()
             version = self._version
-            outputs = self._call("generate", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False))
-        return [_to_rollout(p, out.outputs[0], version, None if sp.detokenize else self._tokenizer) for p, sp, out in zip(prompts, params, outputs)]
+            outputs = self._call(
+                "generate",
+                lambda llm: llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False),
+            )
+        return [
+            _to_rollout(p, out.outputs[0], version, None if sp.detokenize else self._tokenizer)
+            for p, sp, out in zip(prompts, params, outputs)
+        ]
 
     def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
         """Checks and benchmarks: the engine's logprob of every token of each sequence given the
@@ -329,7 +375,12 @@ class VLLMRolloutEngine:
         self._check_prompts(sequences, 1)
         params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         with self._lock:
-            outputs = self._call("prompt_logprobs", lambda llm: llm.generate([TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False))
+            outputs = self._call(
+                "prompt_logprobs",
+                lambda llm: llm.generate(
+                    [TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False
+                ),
+            )
         out = []
         for seq, o in zip(sequences, outputs):
             lps = o.prompt_logprobs  # [None, {token: Logprob, ...}, ...]
@@ -346,7 +397,9 @@ class VLLMRolloutEngine:
             # Prefix-cache entries hold KV computed with the old weights; drop them. (The sync
             # tests resend the same prompts after a sync, so a stale cache fails them.)
             if not self._call("reset_prefix_cache", lambda llm: llm.reset_prefix_cache()):
-                raise RuntimeError(f"explorer {self.explorer_id}: vLLM refused to reset its prefix cache after loading version {version}")
+                raise RuntimeError(
+                    f"explorer {self.explorer_id}: vLLM refused to reset its prefix cache after loading version {version}"
+                )
             self._version = version
 
     # ---- lifecycle
@@ -468,7 +521,9 @@ def _check_prompts(prompts: list[list[int]], n: int, max_model_len: int) -> None
             )
 
 
-def sampling_fields(sampling: SamplingConfig, n: int, seed: int, max_tokens: int, repeat: tuple[int, int] | None) -> dict[str, Any]:
+def sampling_fields(
+    sampling: SamplingConfig, n: int, seed: int, max_tokens: int, repeat: tuple[int, int] | None
+) -> dict[str, Any]:
     """vLLM SamplingParams fields of one request: n samples seeded seed, seed + 1, ... (vLLM's rule).
     Every field vLLM's server would otherwise take from the model's generation_config.json is set,
     so a served engine (rl_engine.rollout.server) samples exactly what a local one does."""
@@ -484,14 +539,23 @@ def sampling_fields(sampling: SamplingConfig, n: int, seed: int, max_tokens: int
         max_tokens=max_tokens,
         stop=list(sampling.stop) or None,
         logprobs=0,  # only the sampled token's logprob
-        detokenize=bool(sampling.stop),  # text decoded once from the ids, unless stop strings need vLLM's incremental text
+        detokenize=bool(
+            sampling.stop
+        ),  # text decoded once from the ids, unless stop strings need vLLM's incremental text
         seed=seed,
-        repetition_detection={"max_pattern_size": repeat[0], "min_pattern_size": 1, "min_count": repeat[1]} if repeat else None,
+        repetition_detection={"max_pattern_size": repeat[0], "min_pattern_size": 1, "min_count": repeat[1]}
+        if repeat
+        else None,
     )
 
 
 def request_fields(
-    num_prompts: int, n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+    num_prompts: int,
+    n: int,
+    sampling: SamplingConfig,
+    seed: int,
+    max_tokens: Sequence[int] | None = None,
+    repeat: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """`sampling_fields` of each prompt of a `generate` call: its own seed (`request_seeds`) and
     budget (`max_tokens[i]`, else `sampling.max_tokens`); local and served engines both use it."""
@@ -507,7 +571,9 @@ def _sampling_params(fields: dict[str, Any]) -> Any:
     fields = dict(fields)
     detect = fields.pop("repetition_detection")
     # Per token, vLLM's front end would build a dict per logprob: flat lists instead.
-    return SamplingParams(**fields, flat_logprobs=True, repetition_detection=RepetitionDetectionParams(**detect) if detect else None)
+    return SamplingParams(
+        **fields, flat_logprobs=True, repetition_detection=RepetitionDetectionParams(**detect) if detect else None
+    )
 
 
 def _sampled_logprobs(ids: list[int], lp: Any) -> list[float]:
@@ -521,13 +587,19 @@ def _sampled_logprobs(ids: list[int], lp: Any) -> list[float]:
     return [float(lp.logprobs[i]) for i in firsts]
 
 
-_FINISH_REASONS: dict[str, Literal["stop", "length", "repeat"]] = {"stop": "stop", "length": "length", "repetition": "repeat"}
+_FINISH_REASONS: dict[str, Literal["stop", "length", "repeat"]] = {
+    "stop": "stop",
+    "length": "length",
+    "repetition": "repeat",
+}
 
 
 def finish_reason(reason: str | None, engine: str) -> Literal["stop", "length", "repeat"]:
     """vLLM's finish reason -> the Rollout's; anything else (abort, error) fails naming `engine`."""
     if reason not in _FINISH_REASONS:
-        raise RuntimeError(f"{engine} finished a generation with reason {reason!r} (expected stop, length or repetition)")
+        raise RuntimeError(
+            f"{engine} finished a generation with reason {reason!r} (expected stop, length or repetition)"
+        )
     return _FINISH_REASONS[reason]
 
 
@@ -538,7 +610,9 @@ def _to_rollout(prompt_ids: list[int], c: Any, version: int, tokenizer: Any = No
     logprobs = _sampled_logprobs(ids, c.logprobs)
     reason = finish_reason(c.finish_reason, "vLLM")
     text = c.text if tokenizer is None else tokenizer.decode(ids, skip_special_tokens=True)
-    return Rollout(prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, finish_reason=reason, version=version, text=text)
+    return Rollout(
+        prompt_ids=prompt_ids, response_ids=ids, logprobs=logprobs, finish_reason=reason, version=version, text=text
+    )
 
 
 def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0, cuda_visible: str | None = None) -> RolloutEngine:

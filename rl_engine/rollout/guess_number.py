@@ -87,10 +87,15 @@ def make_guess_number_tasks(n: int, seed: int = 0, high: int = DEFAULT_HIGH) -> 
     if high < 1:
         raise UserError(f"make-tasks: --high must be >= 1, got {high}")
     rng = random.Random(seed)
-    return [{"id": f"guess-s{seed}-{i:06d}", "question": question(high), "answer": str(rng.randint(1, high)), "high": high} for i in range(n)]
+    return [
+        {"id": f"guess-s{seed}-{i:06d}", "question": question(high), "answer": str(rng.randint(1, high)), "high": high}
+        for i in range(n)
+    ]
 
 
-def write_guess_number_taskset(path_or_url: str, n: int, seed: int = 0, high: int = DEFAULT_HIGH, storage_options: dict[str, Any] | None = None) -> str:
+def write_guess_number_taskset(
+    path_or_url: str, n: int, seed: int = 0, high: int = DEFAULT_HIGH, storage_options: dict[str, Any] | None = None
+) -> str:
     """Write `make_guess_number_tasks(...)` as JSONL to a local path or fsspec URL; returns the path."""
     from rl_engine.rewards.tasks import write_taskset
 
@@ -99,11 +104,16 @@ def write_guess_number_taskset(path_or_url: str, n: int, seed: int = 0, high: in
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `rft make-tasks OUT --task guess_number [--n N] [--seed S] [--high H]`."""
-    ap = argparse.ArgumentParser(prog="rft make-tasks --task guess_number", description="Write the guessing-game task set (JSONL: id, question, answer = the secret, high).")
+    ap = argparse.ArgumentParser(
+        prog="rft make-tasks --task guess_number",
+        description="Write the guessing-game task set (JSONL: id, question, answer = the secret, high).",
+    )
     ap.add_argument("out", help="output file: a local path or fsspec URL, e.g. runs/data/guess-train.jsonl")
     ap.add_argument("--n", type=int, default=2000, help="number of tasks (default 2000)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument("--high", type=int, default=DEFAULT_HIGH, help=f"secrets are drawn from 1..HIGH (default {DEFAULT_HIGH})")
+    ap.add_argument(
+        "--high", type=int, default=DEFAULT_HIGH, help=f"secrets are drawn from 1..HIGH (default {DEFAULT_HIGH})"
+    )
     a = ap.parse_args(argv)
     write_guess_number_taskset(a.out, a.n, a.seed, a.high)
     print(f"wrote {a.n} guess_number tasks (secrets 1..{a.high}, seed {a.seed}) to {a.out}")

@@ -27,7 +27,9 @@ class EngineProcesses:
         self.workers: list[tuple[Any, str]] = []  # (psutil.Process, its name at start)
         self._own: dict[int, Any] = {}  # pid -> multiprocessing handle of a worker this process spawned
         # An EngineCore in this process (the CPU default here): its executor's workers are our children.
-        for handle in getattr(getattr(getattr(client, "engine_core", None), "model_executor", None), "workers", None) or []:
+        for handle in (
+            getattr(getattr(getattr(client, "engine_core", None), "model_executor", None), "workers", None) or []
+        ):
             with contextlib.suppress(psutil.Error):
                 child = psutil.Process(handle.proc.pid)
                 self.workers.append((child, child.name()))

@@ -72,7 +72,9 @@ class EngineBusyError(UserError):
     """Another run holds the engine server."""
 
 
-def serve_command(cfg: RFTConfig, host: str = "127.0.0.1", port: int = 8100, explorer_id: int = 0) -> tuple[list[str], dict[str, str]]:
+def serve_command(
+    cfg: RFTConfig, host: str = "127.0.0.1", port: int = 8100, explorer_id: int = 0
+) -> tuple[list[str], dict[str, str]]:
     """(argv, environment changes) of the vLLM server for explorer `explorer_id` of `cfg`."""
     from vllm.platforms import current_platform
 
@@ -94,7 +96,13 @@ def serve_command(cfg: RFTConfig, host: str = "127.0.0.1", port: int = 8100, exp
         argv.append("--enforce-eager")
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if current_platform.is_cpu():  # as VLLMRolloutEngine: see its notes
-        argv += ["--kv-cache-memory-bytes", str(int(e.kv_cache_space_gib * _GIB)), "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(_CPU_TOKEN_BUDGET, m.max_model_len))]
+        argv += [
+            "--kv-cache-memory-bytes",
+            str(int(e.kv_cache_space_gib * _GIB)),
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens",
+            str(max(_CPU_TOKEN_BUDGET, m.max_model_len)),
+        ]
         bind = _cpu_thread_bind(e.num_threads, explorer_id)
         if bind:
             env["VLLM_CPU_OMP_THREADS_BIND"] = bind
@@ -108,9 +116,14 @@ def serve(cfg: RFTConfig, host: str, port: int, explorer_id: int = 0) -> int:
     import subprocess
 
     argv, changes = serve_command(cfg, host, port, explorer_id)
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # the config's size wins (see VLLMRolloutEngine)
+    env = {
+        k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"
+    }  # the config's size wins (see VLLMRolloutEngine)
     env.update(changes)
-    print(f"engine server of explorer {explorer_id}: http://{host}:{port} ({cfg.model.path}); use it with --set 'explorer.engine.servers=[\"http://{host}:{port}\"]'", flush=True)
+    print(
+        f"engine server of explorer {explorer_id}: http://{host}:{port} ({cfg.model.path}); use it with --set 'explorer.engine.servers=[\"http://{host}:{port}\"]'",
+        flush=True,
+    )
     return subprocess.call(argv, env=env)
 
 
@@ -134,12 +147,18 @@ class ServerRolloutEngine:
         self._version = 0
         self._lock = threading.RLock()
         self._closed = threading.Event()
-        self._http = httpx.Client(base_url=self.url, timeout=httpx.Timeout(_GENERATE_S, connect=_CONNECT_S), limits=httpx.Limits(max_connections=256))
+        self._http = httpx.Client(
+            base_url=self.url,
+            timeout=httpx.Timeout(_GENERATE_S, connect=_CONNECT_S),
+            limits=httpx.Limits(max_connections=256),
+        )
         self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix=f"rft-server-{explorer_id}")
         try:
             served = self._get("/v1/models")["data"][0]
             if int(served.get("max_model_len") or 0) < max_model_len:
-                raise UserError(f"the engine server at {self.url} serves {served['id']} with max_model_len {served.get('max_model_len')}, below the run's model.max_model_len = {max_model_len}; restart it with this config (`rft engine serve CONFIG`)")
+                raise UserError(
+                    f"the engine server at {self.url} serves {served['id']} with max_model_len {served.get('max_model_len')}, below the run's model.max_model_len = {max_model_len}; restart it with this config (`rft engine serve CONFIG`)"
+                )
             from transformers import (
                 AutoTokenizer,  # vLLM's own (the local engine's) wraps the same; importing vLLM here costs seconds
             )
@@ -169,11 +188,17 @@ class ServerRolloutEngine:
         import httpx
 
         if self._closed.is_set():
-            raise EngineDiedError(f"rollout engine of explorer {self.explorer_id} (server {self.url}) was closed; build a new one")
+            raise EngineDiedError(
+                f"rollout engine of explorer {self.explorer_id} (server {self.url}) was closed; build a new one"
+            )
         try:
-            r = self._http.post(path, json=body, **({"timeout": httpx.Timeout(timeout, connect=_CONNECT_S)} if timeout else {}))
+            r = self._http.post(
+                path, json=body, **({"timeout": httpx.Timeout(timeout, connect=_CONNECT_S)} if timeout else {})
+            )
         except httpx.TransportError as e:
-            raise EngineDiedError(f"the engine server of explorer {self.explorer_id} at {self.url} does not answer ({type(e).__name__}: {e}); start it again (`rft engine serve CONFIG`) or drop explorer.engine.servers") from e
+            raise EngineDiedError(
+                f"the engine server of explorer {self.explorer_id} at {self.url} does not answer ({type(e).__name__}: {e}); start it again (`rft engine serve CONFIG`) or drop explorer.engine.servers"
+            ) from e
         if r.status_code != 200:
             raise RuntimeError(f"engine server {self.url}{path} answered {r.status_code}: {r.text[:500]}")
         return r.json() if r.content else None
@@ -185,7 +210,9 @@ class ServerRolloutEngine:
             r = self._http.get(path, timeout=_CONNECT_S)
             r.raise_for_status()
         except httpx.HTTPError as e:
-            raise UserError(f"no engine server answers at {self.url} ({type(e).__name__}: {e}); start one with `rft engine serve CONFIG --port PORT`, or drop explorer.engine.servers") from e
+            raise UserError(
+                f"no engine server answers at {self.url} ({type(e).__name__}: {e}); start one with `rft engine serve CONFIG --port PORT`, or drop explorer.engine.servers"
+            ) from e
         return r.json()
 
     # ---- the claim
@@ -208,21 +235,39 @@ class ServerRolloutEngine:
     # ---- generation
 
     def _request(self, prompt: list[int], params: dict[str, Any]) -> dict[str, Any]:
-        body = {"token_ids": prompt, "sampling_params": params, "output_mode": "text" if params["detokenize"] else "tokens"}
+        body = {
+            "token_ids": prompt,
+            "sampling_params": params,
+            "output_mode": "text" if params["detokenize"] else "tokens",
+        }
         return self._post("/inference/v1/generate", body)
 
     def _batch(self, prompts: list[list[int]], params: list[dict[str, Any]]) -> list[list[Rollout]]:
         with self._lock:
             version = self._version
             outs = list(self._pool.map(self._request, prompts, params))
-        return [[self._to_rollout(p, c, version, sp["detokenize"]) for c in sorted(out["choices"], key=lambda c: c["index"])] for p, sp, out in zip(prompts, params, outs)]
+        return [
+            [
+                self._to_rollout(p, c, version, sp["detokenize"])
+                for c in sorted(out["choices"], key=lambda c: c["index"])
+            ]
+            for p, sp, out in zip(prompts, params, outs)
+        ]
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: SamplingConfig, seed: int, max_tokens: Sequence[int] | None = None, repeat: tuple[int, int] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: SamplingConfig,
+        seed: int,
+        max_tokens: Sequence[int] | None = None,
+        repeat: tuple[int, int] | None = None,
     ) -> list[list[Rollout]]:
         """As VLLMRolloutEngine.generate: n samples per prompt, result[i][k] sample k of prompt i."""
         _check_prompts(prompts, n, self.max_model_len)
-        return self._batch(prompts, request_fields(len(prompts), n, sampling, seed, max_tokens, repeat)) if prompts else []
+        return (
+            self._batch(prompts, request_fields(len(prompts), n, sampling, seed, max_tokens, repeat)) if prompts else []
+        )
 
     def generate_each(self, requests: Sequence[tuple[list[int], SamplingConfig, int]]) -> list[Rollout]:
         """As VLLMRolloutEngine.generate_each: one sample per (prompt, sampling, seed)."""
@@ -237,16 +282,28 @@ class ServerRolloutEngine:
         sp = {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0, "detokenize": False}
         with self._lock:
             outs = list(self._pool.map(self._request, sequences, [sp] * len(sequences)))
-        return [[float(o["prompt_logprobs"][j][str(tok)]["logprob"]) for j, tok in enumerate(seq) if j > 0] for seq, o in zip(sequences, outs)]
+        return [
+            [float(o["prompt_logprobs"][j][str(tok)]["logprob"]) for j, tok in enumerate(seq) if j > 0]
+            for seq, o in zip(sequences, outs)
+        ]
 
     def _to_rollout(self, prompt: list[int], c: dict[str, Any], version: int, detokenized: bool) -> Rollout:
         ids = list(c["token_ids"])
         content = (c.get("logprobs") or {}).get("content") or []
         if len(content) != len(ids):
-            raise RuntimeError(f"engine server {self.url} returned {len(content)} logprobs for {len(ids)} response tokens")
+            raise RuntimeError(
+                f"engine server {self.url} returned {len(content)} logprobs for {len(ids)} response tokens"
+            )
         reason = finish_reason(c["finish_reason"], f"engine server {self.url}")
         text = c["text"] if detokenized else self._tokenizer.decode(ids, skip_special_tokens=True)
-        return Rollout(prompt_ids=prompt, response_ids=ids, logprobs=[float(x["logprob"]) for x in content], finish_reason=reason, version=version, text=text)
+        return Rollout(
+            prompt_ids=prompt,
+            response_ids=ids,
+            logprobs=[float(x["logprob"]) for x in content],
+            finish_reason=reason,
+            version=version,
+            text=text,
+        )
 
     # ---- weight sync hooks
 
@@ -280,4 +337,10 @@ class ServerRolloutEngine:
 def build_server_engine(cfg: RFTConfig, explorer_id: int, owner: str | None = None) -> ServerRolloutEngine:
     """Explorer `explorer_id`'s client of `cfg.explorer.engine.servers[explorer_id]`, claimed for `owner`."""
     m = cfg.model
-    return ServerRolloutEngine(cfg.explorer.engine.servers[explorer_id], m.tokenizer_path or m.path, m.max_model_len, owner or f"rft-{uuid.uuid4().hex[:8]}", explorer_id)
+    return ServerRolloutEngine(
+        cfg.explorer.engine.servers[explorer_id],
+        m.tokenizer_path or m.path,
+        m.max_model_len,
+        owner or f"rft-{uuid.uuid4().hex[:8]}",
+        explorer_id,
+    )

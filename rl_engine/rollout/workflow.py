@@ -72,7 +72,9 @@ class EpisodeResult:
     response_ids: list[int] = field(default_factory=list)  # policy and environment tokens, in order
     logprobs: list[float] = field(default_factory=list)  # behavior logprob per token; 0.0 on environment tokens
     loss_mask: list[int] = field(default_factory=list)  # 1 = the policy sampled it (trained), 0 = the environment's
-    versions: list[int] = field(default_factory=list)  # weight version per token (the environment's: the version it answered)
+    versions: list[int] = field(
+        default_factory=list
+    )  # weight version per token (the environment's: the version it answered)
     turns: int = 0  # model turns
     finish_reason: str = "stop"
     last_text: str = ""  # text of the last model turn (what taskset.reward scores when the workflow returns None)
@@ -145,7 +147,18 @@ class _Batcher:
 class Episode:
     """The handle a workflow drives: one episode's token sequence, grown turn by turn."""
 
-    def __init__(self, result: EpisodeResult, job: EpisodeJob, batcher: _Batcher, sampling: Any, max_model_len: int, tokenizer: Any, pool: Any, tool_timeout_s: float, model: str):
+    def __init__(
+        self,
+        result: EpisodeResult,
+        job: EpisodeJob,
+        batcher: _Batcher,
+        sampling: Any,
+        max_model_len: int,
+        tokenizer: Any,
+        pool: Any,
+        tool_timeout_s: float,
+        model: str,
+    ):
         self._r, self._batcher, self._sampling, self._seed = result, batcher, sampling, job.seed
         self.prompt_text, self.tokenizer, self.model = job.prompt_text, tokenizer, model
         self._max_model_len, self._pool, self._tool_timeout_s = max_model_len, pool, tool_timeout_s
@@ -186,7 +199,9 @@ class Episode:
         if self.room < 1:
             raise ContextFull()
         budget = min(max_tokens or self._sampling.max_tokens, self.room)
-        sampling = self._sampling.model_copy(update={"max_tokens": budget, **({"stop": list(stop)} if stop is not None else {})})
+        sampling = self._sampling.model_copy(
+            update={"max_tokens": budget, **({"stop": list(stop)} if stop is not None else {})}
+        )
         seed = derived_seed(self._seed, self._r.turns)
         out = self._batcher.ask(self._r.index, self.ids, sampling, seed)
         r = self._r
@@ -197,7 +212,9 @@ class Episode:
         r.turns += 1
         r.finish_reason, r.last_text, self._version = out.finish_reason, out.text, out.version
         if self.messages is not None:
-            self.messages.append({"role": "assistant", "content": self.tokenizer.decode(out.response_ids, skip_special_tokens=True)})
+            self.messages.append(
+                {"role": "assistant", "content": self.tokenizer.decode(out.response_ids, skip_special_tokens=True)}
+            )
         if out.finish_reason == "length" and self.room < 1:
             raise ContextFull()
         return Turn(list(out.response_ids), list(out.logprobs), out.text, out.finish_reason)
@@ -306,8 +323,16 @@ def run_episodes(
     for i in batcher.timed_out:
         # A copy: the abandoned thread may still append to the episode it holds.
         r = results[i]
-        results[i] = dataclasses.replace(r, response_ids=list(r.response_ids), logprobs=list(r.logprobs), loss_mask=list(r.loss_mask), versions=list(r.versions))
-        results[i].error = f"TimeoutError: the workflow's own code ran longer than taskset.user_code.episode_timeout_s = {episode_timeout_s:g} s between model calls"
+        results[i] = dataclasses.replace(
+            r,
+            response_ids=list(r.response_ids),
+            logprobs=list(r.logprobs),
+            loss_mask=list(r.loss_mask),
+            versions=list(r.versions),
+        )
+        results[
+            i
+        ].error = f"TimeoutError: the workflow's own code ran longer than taskset.user_code.episode_timeout_s = {episode_timeout_s:g} s between model calls"
     for t in threads:
         t.join(_WAIT_S)  # they have ended or been abandoned; a stuck one is left behind (daemon)
     return results
@@ -324,19 +349,27 @@ def import_workflow(spec: str, kwargs: dict[str, Any]) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - ImportError, or the module failing at import
-        raise UserError(f"taskset.workflow.function = {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); is it installed or on PYTHONPATH?") from None
+        raise UserError(
+            f"taskset.workflow.function = {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); is it installed or on PYTHONPATH?"
+        ) from None
     obj = getattr(module, attr, None)
     if inspect.isclass(obj):
         try:
             instance = obj(**kwargs)
         except TypeError as e:
-            raise UserError(f"taskset.workflow.function = {spec!r}: cannot build the class with taskset.workflow.kwargs {sorted(kwargs)} ({e})") from None
+            raise UserError(
+                f"taskset.workflow.function = {spec!r}: cannot build the class with taskset.workflow.kwargs {sorted(kwargs)} ({e})"
+            ) from None
         run = getattr(instance, "run", None) or (instance if callable(instance) else None)
         if run is None:
-            raise UserError(f"taskset.workflow.function = {spec!r}: the class has neither run(task, episode) nor __call__(task, episode)")
+            raise UserError(
+                f"taskset.workflow.function = {spec!r}: the class has neither run(task, episode) nor __call__(task, episode)"
+            )
         return run
     if not callable(obj):
-        raise UserError(f"taskset.workflow.function = {spec!r}: module {module_name!r} has no function or class {attr!r}")
+        raise UserError(
+            f"taskset.workflow.function = {spec!r}: module {module_name!r} has no function or class {attr!r}"
+        )
     return functools.partial(obj, **kwargs)
 
 

@@ -48,10 +48,14 @@ def start_run(cfg: RFTConfig) -> RunContext:
     """Resolve `cfg`, create the run directory and save the resolved config (refuses to reuse a run)."""
     cfg = cfg.resolved()
     run = RunContext(cfg=cfg, url=cfg.run_url)
-    check_storage(cfg.buffer.storage.url, run.storage_options)  # a missing bucket is an error, never created by makedirs below
+    check_storage(
+        cfg.buffer.storage.url, run.storage_options
+    )  # a missing bucket is an error, never created by makedirs below
     fs, root = run.fs()
     if fs.exists(join(root, CONFIG_FILE)):
-        raise UserError(f"run {run.url} already exists; resume it with `rft run --resume {run.url}` or pick another name (name: ...)")
+        raise UserError(
+            f"run {run.url} already exists; resume it with `rft run --resume {run.url}` or pick another name (name: ...)"
+        )
     fs.makedirs(root, exist_ok=True)
     write_bytes_atomic(fs, join(root, CONFIG_FILE), to_yaml(cfg).encode())
     return run
@@ -62,7 +66,9 @@ def open_run(url: str, storage_options: dict[str, Any] | None = None) -> RunCont
     fs, root = open_storage(url, storage_options)
     path = join(root, CONFIG_FILE)
     if not fs.exists(path):
-        raise UserError(f"{url}: not a run directory (no {CONFIG_FILE}); runs live under buffer.storage.url, e.g. runs/<name>")
+        raise UserError(
+            f"{url}: not a run directory (no {CONFIG_FILE}); runs live under buffer.storage.url, e.g. runs/<name>"
+        )
     data = parse_yaml(fs.cat_file(path), f"{url}/{CONFIG_FILE}")
     if storage_options:
         # The inverse of StorageConfig.fs_options(): the outage limit goes back to its own field.
@@ -95,14 +101,31 @@ def post_start(board: Board, at: ResumePoint, lease_generation: int | None = Non
     returns the attempt id."""
     attempt = uuid.uuid4().hex[:12]
     first_steps = {str(i): s for i, s in at.first_steps.items()}
-    board.post(START_KEY, {"attempt": attempt, "trainer_version": at.trainer_version, "first_steps": first_steps, "lease_generation": lease_generation})
+    board.post(
+        START_KEY,
+        {
+            "attempt": attempt,
+            "trainer_version": at.trainer_version,
+            "first_steps": first_steps,
+            "lease_generation": lease_generation,
+        },
+    )
     return attempt
 
 
 def read_start(board: Board, timeout_s: float) -> tuple[str, ResumePoint, int | None]:
     """(attempt id, where the loops start, the driver's lease generation) from the start marker."""
-    m = board.wait(START_KEY, lambda m: True, what="the run's start marker (roles are started by the mode's flow: `rft run`)", timeout_s=timeout_s)
-    return m["attempt"], ResumePoint(m["trainer_version"], {int(i): s for i, s in m["first_steps"].items()}), m.get("lease_generation")
+    m = board.wait(
+        START_KEY,
+        lambda m: True,
+        what="the run's start marker (roles are started by the mode's flow: `rft run`)",
+        timeout_s=timeout_s,
+    )
+    return (
+        m["attempt"],
+        ResumePoint(m["trainer_version"], {int(i): s for i, s in m["first_steps"].items()}),
+        m.get("lease_generation"),
+    )
 
 
 def last_committed_steps(run: RunContext) -> dict[int, int]:

@@ -41,7 +41,9 @@ from rl_engine.errors import UserError
 
 PLAN_FILE = "devices.json"  # beside config.yaml: the plan of the run's latest attempt
 VISIBLE = "CUDA_VISIBLE_DEVICES"
-Device = int | str  # a visible device index (local), or a CUDA_VISIBLE_DEVICES entry from job variables (an index, a UUID, a MIG id)
+Device = (
+    int | str
+)  # a visible device index (local), or a CUDA_VISIBLE_DEVICES entry from job variables (an index, a UUID, a MIG id)
 
 
 class DevicePlan(BaseModel):
@@ -51,12 +53,22 @@ class DevicePlan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     placement: Literal["local", "deployments"] = Field(description="The run's placement.type.")
-    visible: int | None = Field(description="GPUs this machine shows (local; 0: CPU); null under deployments, where each role has its worker's machine.")
-    source: str = Field(description="Where the devices come from: `cpu`, `split` (trainer first, explorers the rest), `placement.devices` or `job_variables`.")
-    trainer_ranks: int = Field(ge=1, description="The trainer's ranks on its (first) machine: trainer.num_ranks / trainer.nodes.")
-    tensor_parallel_size: int = Field(ge=1, description="explorer.engine.tensor_parallel_size: devices each engine needs.")
+    visible: int | None = Field(
+        description="GPUs this machine shows (local; 0: CPU); null under deployments, where each role has its worker's machine."
+    )
+    source: str = Field(
+        description="Where the devices come from: `cpu`, `split` (trainer first, explorers the rest), `placement.devices` or `job_variables`."
+    )
+    trainer_ranks: int = Field(
+        ge=1, description="The trainer's ranks on its (first) machine: trainer.num_ranks / trainer.nodes."
+    )
+    tensor_parallel_size: int = Field(
+        ge=1, description="explorer.engine.tensor_parallel_size: devices each engine needs."
+    )
     trainer: list[Device] | None = Field(description="The trainer's devices: rank r on trainer[r].")
-    explorers: list[list[Device] | None] = Field(description="Each explorer's engine devices: explorer i on explorers[i].")
+    explorers: list[list[Device] | None] = Field(
+        description="Each explorer's engine devices: explorer i on explorers[i]."
+    )
 
     @property
     def assigns(self) -> bool:
@@ -80,11 +92,18 @@ class DevicePlan(BaseModel):
         """One line for people: `devices: ...` (rft validate, the run's log)."""
         if self.placement == "local" and not self.visible:
             return f"devices: no GPU visible, every role on the CPU (gloo): trainer {self.trainer_ranks} rank(s), {len(self.explorers)} explorer engine(s)"
-        head = f"devices ({self.placement}, {self.visible} GPU(s) visible, {self.source})" if self.placement == "local" else "devices (deployments, each role's own worker machine)"
+        head = (
+            f"devices ({self.placement}, {self.visible} GPU(s) visible, {self.source})"
+            if self.placement == "local"
+            else "devices (deployments, each role's own worker machine)"
+        )
         unit = "GPU" if self.placement == "local" else f"{VISIBLE}="
         ranks = "trainer rank 0" if self.trainer_ranks == 1 else f"trainer ranks 0-{self.trainer_ranks - 1}"
         roles = [f"{ranks} on {_shown(self.trainer, unit)}"]
-        roles += [f"explorer {i} (tensor parallel {self.tensor_parallel_size}) on {_shown(d, unit)}" for i, d in enumerate(self.explorers)]
+        roles += [
+            f"explorer {i} (tensor parallel {self.tensor_parallel_size}) on {_shown(d, unit)}"
+            for i, d in enumerate(self.explorers)
+        ]
         used = {d for devs in [self.trainer or [], *[e or [] for e in self.explorers]] for d in devs}
         idle = [d for d in range(self.visible or 0) if d not in used]
         return f"{head}: " + "; ".join(roles) + (f"; unused: GPU {','.join(map(str, idle))}" if idle else "")
@@ -99,26 +118,51 @@ def _shown(devices: list[Device] | None, unit: str) -> str:
 # --------------------------------------------------------------------------- the plan
 
 
-def plan_devices(placement: PlacementConfig, trainer: TrainerConfig, explorer: ExplorerConfig, visible: int) -> DevicePlan:
+def plan_devices(
+    placement: PlacementConfig, trainer: TrainerConfig, explorer: ExplorerConfig, visible: int
+) -> DevicePlan:
     """The plan for `visible` GPUs on this machine (the count matters under local placement only)."""
     ranks, tp, count = trainer.num_ranks // trainer.nodes, explorer.engine.tensor_parallel_size, explorer.count
     common = dict(trainer_ranks=ranks, tensor_parallel_size=tp)
     if isinstance(placement, DeploymentsPlacement):
         jv = placement.job_variables
         explorers = [_job_devices(jv, f"explorer-{i}" if f"explorer-{i}" in jv else "explorer") for i in range(count)]
-        return DevicePlan(placement="deployments", visible=None, source="job_variables", trainer=_job_devices(jv, "trainer"), explorers=explorers, **common)
+        return DevicePlan(
+            placement="deployments",
+            visible=None,
+            source="job_variables",
+            trainer=_job_devices(jv, "trainer"),
+            explorers=explorers,
+            **common,
+        )
     if visible <= 0:
         return DevicePlan(placement="local", visible=0, source="cpu", trainer=None, explorers=[None] * count, **common)
     if placement.devices is not None:
-        for field, devs in [("trainer", placement.devices.trainer)] + [(f"explorers[{i}]", d) for i, d in enumerate(placement.devices.explorers)]:
+        for field, devs in [("trainer", placement.devices.trainer)] + [
+            (f"explorers[{i}]", d) for i, d in enumerate(placement.devices.explorers)
+        ]:
             if max(devs) >= visible:
                 raise UserError(
                     f"placement.devices.{field} names GPU {max(devs)}, but this machine shows {visible} GPU(s) (0..{visible - 1}); "
                     f"give indices below {visible}, or set placement.devices to null for the default split"
                 )
         d = placement.devices
-        return DevicePlan(placement="local", visible=visible, source="placement.devices", trainer=list(d.trainer), explorers=[list(e) for e in d.explorers], **common)
-    return DevicePlan(placement="local", visible=visible, source="split", trainer=list(range(ranks)), explorers=_split_engines(ranks, tp, count, visible), **common)
+        return DevicePlan(
+            placement="local",
+            visible=visible,
+            source="placement.devices",
+            trainer=list(d.trainer),
+            explorers=[list(e) for e in d.explorers],
+            **common,
+        )
+    return DevicePlan(
+        placement="local",
+        visible=visible,
+        source="split",
+        trainer=list(range(ranks)),
+        explorers=_split_engines(ranks, tp, count, visible),
+        **common,
+    )
 
 
 def _split_engines(ranks: int, tp: int, count: int, visible: int) -> list[list[Device] | None]:
@@ -206,7 +250,11 @@ def _check_engine(plan: DevicePlan, i: int, devs: list[Device] | None) -> None:
     if not devs:
         return  # nothing assigned, or CUDA_VISIBLE_DEVICES="" (a CPU worker)
     if len(set(devs)) < tp:
-        what = f"this machine shows {plan.visible} GPU(s)" if plan.source == "split" else f"{_where(plan, f'explorer-{i}')} gives it {','.join(map(str, devs))}"
+        what = (
+            f"this machine shows {plan.visible} GPU(s)"
+            if plan.source == "split"
+            else f"{_where(plan, f'explorer-{i}')} gives it {','.join(map(str, devs))}"
+        )
         raise UserError(
             f"explorer.engine.tensor_parallel_size = {tp}, but explorer {i}'s engine gets {len(set(devs))} distinct device(s) ({what}): vLLM runs one tensor "
             f"parallel worker per GPU; give the engine {tp} GPUs, or lower explorer.engine.tensor_parallel_size to {max(1, len(set(devs)))}"
@@ -215,7 +263,9 @@ def _check_engine(plan: DevicePlan, i: int, devs: list[Device] | None) -> None:
 
 def _check_sync_group(plan: DevicePlan) -> None:
     """Collective sync: trainer rank 0 and every engine's workers form one NCCL group; no two members on one device."""
-    members = [("the trainer's rank 0", plan.trainer[0])] + [(f"explorer {i}'s engine", d) for i, devs in enumerate(plan.explorers) for d in dict.fromkeys(devs or [])]
+    members = [("the trainer's rank 0", plan.trainer[0])] + [
+        (f"explorer {i}'s engine", d) for i, devs in enumerate(plan.explorers) for d in dict.fromkeys(devs or [])
+    ]
     seen: dict[Device, str] = {}
     for who, d in members:
         if d in seen and seen[d] != who:
@@ -256,4 +306,6 @@ def record_plan(fs: Any, root: str, plan: DevicePlan, attempt: str | None = None
     writes its own over the last (a resume may run on another machine)."""
     from rl_engine.storage import join, write_json
 
-    write_json(fs, join(root, PLAN_FILE), {"attempt": attempt, **plan.model_dump(mode="json"), "summary": plan.describe()})
+    write_json(
+        fs, join(root, PLAN_FILE), {"attempt": attempt, **plan.model_dump(mode="json"), "summary": plan.describe()}
+    )

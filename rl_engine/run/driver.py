@@ -36,7 +36,14 @@ from rl_engine.run.storage_checks import check_reachable
 class RunDriver:
     """One attempt of a run (new, or `resume` = the run's URL) in the `mode` its flow runs."""
 
-    def __init__(self, cfg: RFTConfig, resume: str | None, mode: str, source: str = "the config", log: Callable[[str], Any] = print):
+    def __init__(
+        self,
+        cfg: RFTConfig,
+        resume: str | None,
+        mode: str,
+        source: str = "the config",
+        log: Callable[[str], Any] = print,
+    ):
         if resume is None and cfg.name is None:
             raise ValueError("RunDriver of a new run needs cfg.name set (the flow run's name)")
         self.cfg, self.resume, self.mode, self.source, self.log = cfg, resume, mode, source, log
@@ -75,7 +82,9 @@ class RunDriver:
         self.lineage = begin_lineage(stored.cfg if stored else self.cfg, new=stored is None, log=self.log)
         cfg = self.lineage.cfg if self.lineage and not stored else self.cfg
         if cfg.synchronizer.mode != self.mode:
-            raise UserError(f"synchronizer.mode = {cfg.synchronizer.mode!r}, but this is the {self.mode!r} flow; run the {cfg.synchronizer.mode!r} deployment or set the mode")
+            raise UserError(
+                f"synchronizer.mode = {cfg.synchronizer.mode!r}, but this is the {self.mode!r} flow; run the {cfg.synchronizer.mode!r} deployment or set the mode"
+            )
         if stored is None:
             run = start_run(cfg)
             at = ResumePoint(0, {i: 1 for i in range(run.cfg.explorer.count)})
@@ -83,7 +92,9 @@ class RunDriver:
             run = stored  # opened by check(), with the same storage options
             Board(run.url, run.storage_options).clear()  # the crashed attempt's markers must not be seen
             at = resume_point(run, latest_state_step(run) or 0)
-            self.log(f"resuming {run.url}: trainer from version {at.trainer_version}, explorers from steps {at.first_steps}")
+            self.log(
+                f"resuming {run.url}: trainer from version {at.trainer_version}, explorers from steps {at.first_steps}"
+            )
         self.lease = self.lease or RunLease(run.url, run.storage_options).acquire()
         self.run = run
         self.attempt = post_start(Board(run.url, run.storage_options), at, self.lease.generation)
@@ -91,7 +102,9 @@ class RunDriver:
         record_plan(*run.fs(), plan, self.attempt)  # <run>/devices.json: where this attempt's roles run
         self.log(plan.describe())
         if self.lineage and (carried := self.lineage.adopt(run)):
-            self.log(f"lineage {self.lineage.name}: continuing {sum(map(len, carried.values()))} pending generations of {self.lineage.previous['run']}")
+            self.log(
+                f"lineage {self.lineage.name}: continuing {sum(map(len, carried.values()))} pending generations of {self.lineage.previous['run']}"
+            )
         return run, self.attempt
 
     def sweep(self) -> list[str]:

@@ -71,7 +71,11 @@ class Fence:
         # An acquirer creates generation+1 before it deletes older ones: either is proof.
         if fs.exists(_gen_path(root, self.generation + 1)) or not fs.exists(_gen_path(root, self.generation)):
             newest = _newest(fs, root)
-            who = f"generation {newest[0]} (pid {newest[1].get('pid')} on {newest[1].get('host')})" if newest[1] else "a newer holder"
+            who = (
+                f"generation {newest[0]} (pid {newest[1].get('pid')} on {newest[1].get('host')})"
+                if newest[1]
+                else "a newer holder"
+            )
             raise LeaseLost(
                 f"{self.url}: this process held lease generation {self.generation}, which {who} has taken over "
                 "(this holder stopped renewing for longer than its ttl); it stops here without committing, the new holder goes on"
@@ -107,7 +111,13 @@ class RunLease:
         self.url, self.storage_options, self.ttl_s = url.rstrip("/"), storage_options, ttl_s
         self.fs, self.root = open_storage(url, storage_options)
         me = psutil.Process()
-        self.me = {"holder": uuid.uuid4().hex, "host": socket.gethostname(), "pid": me.pid, "boot": psutil.boot_time(), "started": me.create_time()}
+        self.me = {
+            "holder": uuid.uuid4().hex,
+            "host": socket.gethostname(),
+            "pid": me.pid,
+            "boot": psutil.boot_time(),
+            "started": me.create_time(),
+        }
         self.generation: int | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,7 +142,9 @@ class RunLease:
             self._refuse(cur)
         nxt = gen + 1
         if not create_exclusive(self.fs, _gen_path(self.root, nxt), _json(self._body(nxt))):
-            won = read_json(self.fs, _gen_path(self.root, nxt))  # a racer's; or ours, if a retried PUT met its first try
+            won = read_json(
+                self.fs, _gen_path(self.root, nxt)
+            )  # a racer's; or ours, if a retried PUT met its first try
             if won.get("holder") != self.me["holder"]:
                 self._refuse(won)
         self.generation = nxt

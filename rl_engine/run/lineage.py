@@ -89,7 +89,9 @@ def append_run(url: str, storage_options: dict[str, Any] | None, entry: dict[str
     """Add one line to runs.jsonl. Object stores cannot append, so the whole file is rewritten
     (atomically); the lineage's lock keeps writers to one."""
     fs, root = open_storage(url, storage_options)
-    lines = [json.dumps(r, sort_keys=True) for r in read_runs(url, storage_options)] + [json.dumps(entry, sort_keys=True)]
+    lines = [json.dumps(r, sort_keys=True) for r in read_runs(url, storage_options)] + [
+        json.dumps(entry, sort_keys=True)
+    ]
     write_bytes_atomic(fs, join(root, RUNS_FILE), ("\n".join(lines) + "\n").encode())
 
 
@@ -105,15 +107,24 @@ def unused_tasks(tasks: list[Task], used: set[str]) -> list[Task]:
 
 def task_record(t: Task) -> dict[str, Any]:
     """A task as JSON: a frozen task-set row (with its id) or a task carried with continuations."""
-    return {"task_id": t.task_id, "prompt": t.prompt, "answer": t.answer, "row": json.loads(json.dumps(t.row, default=str))}
+    return {
+        "task_id": t.task_id,
+        "prompt": t.prompt,
+        "answer": t.answer,
+        "row": json.loads(json.dumps(t.row, default=str)),
+    }
 
 
-def freeze_tasks(url: str, storage_options: dict[str, Any] | None, run_name: str, tasks: list[Task], prompt_key: str, answer_key: str) -> str:
+def freeze_tasks(
+    url: str, storage_options: dict[str, Any] | None, run_name: str, tasks: list[Task], prompt_key: str, answer_key: str
+) -> str:
     """Write the tasks a run may draw to `<lineage>/tasks/<run>.jsonl` (each row keeps its task id
     in `id`); returns its URL, the run's `taskset.path`."""
     fs, root = open_storage(url, storage_options)
     rows = [{**task_record(t)["row"], prompt_key: t.prompt, answer_key: t.answer, "id": t.task_id} for t in tasks]
-    write_bytes_atomic(fs, join(root, TASKS_DIR, f"{run_name}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows).encode())
+    write_bytes_atomic(
+        fs, join(root, TASKS_DIR, f"{run_name}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows).encode()
+    )
     return f"{url}/{TASKS_DIR}/{run_name}.jsonl"
 
 
@@ -145,9 +156,13 @@ def lock(url: str, storage_options: dict[str, Any] | None, cfg: LineageConfig, p
             return RunLease(url, storage_options, ttl_s=cfg.lock_ttl_s).acquire()
         except UserError as e:
             if cfg.when_busy == "refuse":
-                raise UserError(f"lineage {cfg.name!r} is busy: {e} (lineage.when_busy = 'refuse'; set it to 'wait' to queue behind it)") from None
+                raise UserError(
+                    f"lineage {cfg.name!r} is busy: {e} (lineage.when_busy = 'refuse'; set it to 'wait' to queue behind it)"
+                ) from None
             if time.monotonic() + poll_s > deadline:
-                raise UserError(f"lineage {cfg.name!r}: waited lineage.wait_timeout_s = {cfg.wait_timeout_s:g} s for its lock: {e}") from None
+                raise UserError(
+                    f"lineage {cfg.name!r}: waited lineage.wait_timeout_s = {cfg.wait_timeout_s:g} s for its lock: {e}"
+                ) from None
         time.sleep(poll_s)
 
 
@@ -164,7 +179,10 @@ def renumber(batch: Any, version_offset: int, step_offset: int) -> Any:
     rows = table.to_pylist()
     for r in rows:
         r["versions"] = [v - version_offset for v in r["versions"]]
-        r["segments"] = [{**s, "version": s["version"] - version_offset, "explorer_step": s["explorer_step"] - step_offset} for s in r["segments"]]
+        r["segments"] = [
+            {**s, "version": s["version"] - version_offset, "explorer_step": s["explorer_step"] - step_offset}
+            for s in r["segments"]
+        ]
         r["explorer_step"] -= step_offset
     return ExperienceBatch.from_table(pa.Table.from_pylist(rows, schema=table.schema), source="carried continuations")
 
@@ -201,7 +219,9 @@ def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str
                 if known is None:
                     known = {t.task_id: task_record(t) for t in load_taskset(prev.cfg.taskset, prev.storage_options)}
                 if tid not in known:
-                    raise UserError(f"{src.manifest_uri}: pending continuation of task {tid!r}, which {prev.cfg.taskset.path} no longer has; restore that task file")
+                    raise UserError(
+                        f"{src.manifest_uri}: pending continuation of task {tid!r}, which {prev.cfg.taskset.path} no longer has; restore that task file"
+                    )
                 tasks[tid] = known[tid]
             batches.append(renumber(pending, final_version, last_steps.get(i, 0)))
         if batches:
@@ -220,7 +240,9 @@ def local_model(model_url: str, storage_options: dict[str, Any] | None, cache_di
     if is_local(fs):
         return root
     if not fs.exists(join(root, "config.json")):
-        raise UserError(f"lineage model {model_url}: no config.json there; the run that latest.json names did not save its model")
+        raise UserError(
+            f"lineage model {model_url}: no config.json there; the run that latest.json names did not save its model"
+        )
     fs.get(root + "/", cache_dir.rstrip("/") + "/", recursive=True)
     return cache_dir
 
@@ -270,7 +292,9 @@ class LineageRun:
         self.lease.release()
 
 
-def begin(cfg: RFTConfig, new: bool = True, log: Callable[[str], Any] = print, poll_s: float = 1.0) -> LineageRun | None:
+def begin(
+    cfg: RFTConfig, new: bool = True, log: Callable[[str], Any] = print, poll_s: float = 1.0
+) -> LineageRun | None:
     """Join `cfg.lineage.name` (None without one): take the lock, then for a new run (`cfg` with
     its name set) point model.path at the latest model and taskset.path at the unused tasks,
     frozen under the lineage. The lock is released if anything here fails."""
@@ -290,15 +314,23 @@ def begin(cfg: RFTConfig, new: bool = True, log: Callable[[str], Any] = print, p
         if previous is not None and lc.start_from == "latest":
             import tempfile
 
-            model = local_model(previous["model"], opts, f"{tempfile.gettempdir()}/rft-lineage-models/{lc.name}/{previous['run'].rstrip('/').rsplit('/', 1)[-1]}")
+            model = local_model(
+                previous["model"],
+                opts,
+                f"{tempfile.gettempdir()}/rft-lineage-models/{lc.name}/{previous['run'].rstrip('/').rsplit('/', 1)[-1]}",
+            )
             data["model"]["path"] = model  # the saved model has its tokenizer beside it
             log(f"lineage {lc.name}: starting from the model of {previous['run']} ({model})")
         tasks = load_taskset(cfg.taskset, opts)
         used = used_task_ids(read_runs(url, opts))
         fresh = unused_tasks(tasks, used)
         if not fresh:
-            raise UserError(f"lineage {lc.name!r} has used all {len(tasks)} tasks of taskset.path = {cfg.taskset.path!r}; add new task files there (a folder or prefix of task files takes new ones)")
-        data["taskset"]["path"] = freeze_tasks(url, opts, cfg.name, fresh, cfg.taskset.prompt_key, cfg.taskset.answer_key)
+            raise UserError(
+                f"lineage {lc.name!r} has used all {len(tasks)} tasks of taskset.path = {cfg.taskset.path!r}; add new task files there (a folder or prefix of task files takes new ones)"
+            )
+        data["taskset"]["path"] = freeze_tasks(
+            url, opts, cfg.name, fresh, cfg.taskset.prompt_key, cfg.taskset.answer_key
+        )
         log(f"lineage {lc.name}: {len(fresh)} of {len(tasks)} tasks not used yet ({data['taskset']['path']})")
         return LineageRun(lc.name, url, opts, lease, validate_config(data, f"lineage {lc.name}"), previous)
     except BaseException:

@@ -78,8 +78,8 @@ def start_owner_watch() -> threading.Thread | None:
             chain = []  # the owner is not an ancestor (it died already): stop only this process
     except psutil.Error:
         os._exit(1)  # the owner died before this worker even started
-    _owner_watch = threading.Thread(target=_stop_engine_after_owner, args=(owner, chain), daemon=True, name="rft-owner-watch")
+    _owner_watch = threading.Thread(
+        target=_stop_engine_after_owner, args=(owner, chain), daemon=True, name="rft-owner-watch"
+    )
     _owner_watch.start()
     return _owner_watch
-
-

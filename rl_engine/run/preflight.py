@@ -88,7 +88,9 @@ def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the c
 
     build_workflow(cfg.taskset.workflow)
     reward = cfg.taskset.reward.type
-    tasks = load_taskset(cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None)
+    tasks = load_taskset(
+        cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None
+    )
     check_model_paths(cfg.model)
     config, weights = check_model_dir(cfg.model.path)
     check_context_length(cfg.model.max_model_len, config, cfg.model.path)
@@ -101,7 +103,11 @@ def check_model(inputs: Inputs, resume: str | None = None) -> None:
     cfg, tasks, config, weights = inputs
     model = cfg.model.path
     vocab = config.get("vocab_size")
-    tokenizer = check_tokenizer(cfg.model.tokenizer_path or model, "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path", vocab if isinstance(vocab, int) else None)
+    tokenizer = check_tokenizer(
+        cfg.model.tokenizer_path or model,
+        "model.tokenizer_path" if cfg.model.tokenizer_path else "model.path",
+        vocab if isinstance(vocab, int) else None,
+    )
     check_prompts(tokenizer, tasks, cfg)
     params = check_weights_fit(model, weights)
     if resume is not None:
@@ -134,7 +140,9 @@ def check_new_run(cfg: RFTConfig) -> None:
     url = cfg.resolved().run_url
     fs, root = open_for_checks(cfg.buffer.storage.url, cfg.buffer.storage.fs_options())
     if checked_call(fs.exists, join(root, cfg.name, CONFIG_FILE), url=url, op="look for an existing run"):
-        raise UserError(f"run {url} already exists; resume it with `rft run CONFIG --resume {url}` or give the new run another name (name: ...)")
+        raise UserError(
+            f"run {url} already exists; resume it with `rft run CONFIG --resume {url}` or give the new run another name (name: ...)"
+        )
 
 
 def check_resume(cfg: RFTConfig, resume: str, source: str) -> RFTConfig:
@@ -209,13 +217,21 @@ def check_model_dir(path: str, what: str = "model.path") -> tuple[dict[str, Any]
     try:
         config = json.loads((d / "config.json").read_text())
     except (ValueError, UnicodeDecodeError) as e:
-        raise UserError(f"{d / 'config.json'}: not valid JSON ({e}); restore the model's config.json from where the model came from (or rebuild the model)") from None
+        raise UserError(
+            f"{d / 'config.json'}: not valid JSON ({e}); restore the model's config.json from where the model came from (or rebuild the model)"
+        ) from None
     if not isinstance(config, dict) or "model_type" not in config:
-        raise UserError(f"{d / 'config.json'}: not a Hugging Face model config (no 'model_type'); restore the model's config.json from where the model came from")
+        raise UserError(
+            f"{d / 'config.json'}: not a Hugging Face model config (no 'model_type'); restore the model's config.json from where the model came from"
+        )
     files = sorted(d.glob("*.safetensors"))
     if not files:
         pickles = sorted(p.name for p in d.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
-        hint = f"it has only pickle weights {pickles} (never loaded: unsafe); convert them with model.save_pretrained(dir, safe_serialization=True)" if pickles else "save the model with model.save_pretrained(dir)"
+        hint = (
+            f"it has only pickle weights {pickles} (never loaded: unsafe); convert them with model.save_pretrained(dir, safe_serialization=True)"
+            if pickles
+            else "save the model with model.save_pretrained(dir)"
+        )
         raise UserError(f"{what} = {path!r}: no *.safetensors weights; {hint}")
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
@@ -259,7 +275,9 @@ def check_tokenizer(path: str, what: str = "model.path", vocab_size: int | None 
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - missing files, bad JSON, unknown class
-        raise UserError(f"{what} = {path!r}: cannot load a tokenizer ({type(e).__name__}: {str(e)[:300]}); {files}") from None
+        raise UserError(
+            f"{what} = {path!r}: cannot load a tokenizer ({type(e).__name__}: {str(e)[:300]}); {files}"
+        ) from None
     if tok.pad_token_id is None:
         raise UserError(
             f"{what} = {path!r}: the tokenizer has no pad token, and the trainer pads batches with it; set one and save it "
@@ -284,10 +302,16 @@ def check_weights_fit(path: str, weights: dict[str, tuple[int, ...]]) -> dict[st
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
     except Exception as e:  # noqa: BLE001 - unknown model_type, inconsistent sizes
-        raise UserError(f"{path}/config.json: transformers cannot build a causal LM from it ({type(e).__name__}: {str(e)[:300]}); restore the model's config.json") from None
+        raise UserError(
+            f"{path}/config.json: transformers cannot build a causal LM from it ({type(e).__name__}: {str(e)[:300]}); restore the model's config.json"
+        ) from None
     params = {k: tuple(v.shape) for k, v in model.named_parameters()}
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    wrong = [f"{k} {list(s)} (config.json makes it {list(expected[k])})" for k, s in sorted(weights.items()) if k in expected and expected[k] != s]
+    wrong = [
+        f"{k} {list(s)} (config.json makes it {list(expected[k])})"
+        for k, s in sorted(weights.items())
+        if k in expected and expected[k] != s
+    ]
     if wrong or not weights.keys() & expected.keys():
         raise UserError(
             f"model.path = {path!r}: its weights do not fit its config.json, they come from another model ({'; '.join(wrong[:3]) or 'no tensor name in common'}); "
@@ -338,7 +362,9 @@ def check_prompts(tokenizer: Any, tasks: list[Any], cfg: RFTConfig) -> None:
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False).input_ids] if texts else []
     empty = [t.task_id for t, n in zip(tasks, lengths) if n == 0]
     if empty:
-        raise UserError(f"taskset.path = {cfg.taskset.path!r}: {len(empty)} prompt(s) are empty, e.g. task(s) {empty[:MAX_LISTED]}; give every row a prompt (or set taskset.template)")
+        raise UserError(
+            f"taskset.path = {cfg.taskset.path!r}: {len(empty)} prompt(s) are empty, e.g. task(s) {empty[:MAX_LISTED]}; give every row a prompt (or set taskset.template)"
+        )
     long = [(t.task_id, n) for t, n in zip(tasks, lengths) if n >= limit]
     if long:
         shown = ", ".join(f"{tid!r} ({n} tokens)" for tid, n in long[:MAX_LISTED])

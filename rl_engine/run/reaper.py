@@ -42,7 +42,9 @@ def start_reaper(interval_s: float = 0.5, grace_s: float = 5.0, ready_timeout_s:
         _reaper.stdout.close()
         if line.strip() != b"watching":
             _reaper.kill()
-            raise RuntimeError(f"rl_engine.run.reaper did not start watching within {ready_timeout_s} s (exit code {_reaper.poll()})")
+            raise RuntimeError(
+                f"rl_engine.run.reaper did not start watching within {ready_timeout_s} s (exit code {_reaper.poll()})"
+            )
     return _reaper
 
 
@@ -62,7 +64,11 @@ def watch(parent: int, interval_s: float, grace_s: float, on_watching: Callable[
         time.sleep(interval_s)
     left = [p for p in seen.values() if _running(p)]
     if left:
-        print(f"[rft] rft run (pid {parent}) is gone; stopping what it started: {[p.pid for p in left]}", file=sys.stderr, flush=True)
+        print(
+            f"[rft] rft run (pid {parent}) is gone; stopping what it started: {[p.pid for p in left]}",
+            file=sys.stderr,
+            flush=True,
+        )
     for p in left:  # psutil refuses a pid that was reused by another process
         with contextlib.suppress(psutil.Error):
             p.terminate()

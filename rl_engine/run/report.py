@@ -20,7 +20,20 @@ from rl_engine.run.context import RunContext
 from rl_engine.run.timeline import load_spans, render_gantt, summary_markdown, utilization
 from rl_engine.storage import join, read_json, write_bytes_atomic, write_json
 
-TABLE_KEYS = ("step", "version", "reward_mean", "reward_std", "loss", "kl", "entropy", "clip_frac", "grad_norm", "staleness_max", "wait_experience_s", "train_s")
+TABLE_KEYS = (
+    "step",
+    "version",
+    "reward_mean",
+    "reward_std",
+    "loss",
+    "kl",
+    "entropy",
+    "clip_frac",
+    "grad_norm",
+    "staleness_max",
+    "wait_experience_s",
+    "train_s",
+)
 # Columns of the algorithm knobs that report them (a correction, dynamic sampling), shown when a step has them.
 KNOB_KEYS = ("offpolicy_clamped_frac", "offpolicy_masked_frac", "is_weight_mean", "filtered_experiences")
 
@@ -36,7 +49,6 @@ EVAL_ROLE = "eval"  # the metrics role of the evaluation records
 EVAL_DIR = "eval"  # <run>/eval/: saved weights of due versions, best.json
 BEST = "best.json"
 _CURVE = ("pass@1",)  # the metric drawn per set (avg@n is pass@1's estimate too)
-
 
 
 def load_evaluations(run: RunContext) -> list[dict[str, Any]]:
@@ -64,7 +76,14 @@ def eval_table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in records:
         for name in set_names([r]):
             metrics = {k.split("/", 1)[1]: v for k, v in r.items() if k.startswith(f"{name}/")}
-            rows.append({"version": r["version"], "set": name, **{k: float(f"{v:.4g}") for k, v in metrics.items()}, "seconds": round(r["seconds"], 2)})
+            rows.append(
+                {
+                    "version": r["version"],
+                    "set": name,
+                    **{k: float(f"{v:.4g}") for k, v in metrics.items()},
+                    "seconds": round(r["seconds"], 2),
+                }
+            )
     return rows
 
 
@@ -74,7 +93,10 @@ def eval_markdown(table: list[dict[str, Any]], best: dict[str, Any] | None) -> s
     lines = ["## Held-out evaluation", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(str(row.get(c, "")) for c in cols) + " |" for row in table]
     if best is not None:
-        lines += ["", f"best: version {best['version']} ({best['metric']} = {best['value']:.4g}), model `{best['model']}`"]
+        lines += [
+            "",
+            f"best: version {best['version']} ({best['metric']} = {best['value']:.4g}), model `{best['model']}`",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -107,7 +129,12 @@ def record_step(run: RunContext, role: str, step: int, metrics: dict[str, Any]) 
     """Store one step's metrics of `role` (trainer step t, or explorer step e of explorer-i), with
     the wall-clock time it was recorded at (`time`)."""
     fs, root = run.fs()
-    write_json(fs, join(root, METRICS_DIR, f"role={role}", f"step={step:08d}.json"), {**metrics, TIME_KEY: metrics.get(TIME_KEY, time.time())}, fsync=False)
+    write_json(
+        fs,
+        join(root, METRICS_DIR, f"role={role}", f"step={step:08d}.json"),
+        {**metrics, TIME_KEY: metrics.get(TIME_KEY, time.time())},
+        fsync=False,
+    )
 
 
 def metric_roles(run: RunContext) -> list[str]:
@@ -122,7 +149,13 @@ class StepFeed:
     in step order, as `poll()` finds them: new files, or files rewritten since (a resumed run
     redoes steps), not those there before the feed was made (unless `since_start`: all of them)."""
 
-    def __init__(self, run: RunContext, role: str, on_step: Callable[[str, dict[str, Any]], Any] | None, since_start: bool = False):
+    def __init__(
+        self,
+        run: RunContext,
+        role: str,
+        on_step: Callable[[str, dict[str, Any]], Any] | None,
+        since_start: bool = False,
+    ):
         self.run, self.role, self.on_step = run, role, on_step
         self.metrics: list[dict[str, Any]] = []
         self._seen = {} if since_start else self._listing()
@@ -131,7 +164,10 @@ class StepFeed:
         fs, root = self.run.fs()
         fs.invalidate_cache()
         found = fs.glob(join(root, METRICS_DIR, f"role={self.role}", "step=*.json"), detail=True)
-        return {path: (info.get("size"), info.get("mtime") or info.get("LastModified"), info.get("ETag")) for path, info in found.items()}
+        return {
+            path: (info.get("size"), info.get("mtime") or info.get("LastModified"), info.get("ETag"))
+            for path, info in found.items()
+        }
 
     def poll(self) -> None:
         fs, _ = self.run.fs()
@@ -171,12 +207,23 @@ def reward_curve_png(trainer_metrics: list[dict], explorer_metrics: list[dict]) 
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     if trainer_metrics:
-        ax.plot([m["step"] for m in trainer_metrics], [m["reward_mean"] for m in trainer_metrics], marker="o", label="trained batch")
+        ax.plot(
+            [m["step"] for m in trainer_metrics],
+            [m["reward_mean"] for m in trainer_metrics],
+            marker="o",
+            label="trained batch",
+        )
     by_explorer: dict[int, list[dict]] = {}
     for m in explorer_metrics:
         by_explorer.setdefault(m["explorer_id"], []).append(m)
     for i, ms in sorted(by_explorer.items()):
-        ax.plot([m["explorer_step"] for m in ms], [m["reward_mean"] for m in ms], alpha=0.6, linestyle="--", label=f"explorer {i} rollouts")
+        ax.plot(
+            [m["explorer_step"] for m in ms],
+            [m["reward_mean"] for m in ms],
+            alpha=0.6,
+            linestyle="--",
+            label=f"explorer {i} rollouts",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("mean reward")
     ax.grid(alpha=0.3)
@@ -227,19 +274,27 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     ]
     if x := summary.get("experiences"):
         filtered = f", {x['filtered']} filtered (zero-variance groups)" if x.get("filtered") else ""
-        lines.append(f"experiences: {x['generated']} generated, {x['trained']} trained{filtered}, {x['dropped_stale']} dropped as stale, {x['untrained']} left untrained")
+        lines.append(
+            f"experiences: {x['generated']} generated, {x['trained']} trained{filtered}, {x['dropped_stale']} dropped as stale, {x['untrained']} left untrained"
+        )
     if util:
-        lines.append(f"start-up:   {util.get('startup_s', 0.0):.1f} s until every engine was up (busy below is after it)")
+        lines.append(
+            f"start-up:   {util.get('startup_s', 0.0):.1f} s until every engine was up (busy below is after it)"
+        )
     for lane, u in (util.get("lanes") or {}).items():
         lines.append(f"busy:       {lane:<12} {u['busy_fraction']:.0%} (waiting {u['wait_s']:.1f} s)")
     for name in dict.fromkeys(r["set"] for r in summary.get("evaluations") or []):
         mine = [r for r in summary["evaluations"] if r["set"] == name]
-        lines.append(f"held-out:   {name} pass@1 {mine[0]['pass@1']} (v{mine[0]['version']}) -> {mine[-1]['pass@1']} (v{mine[-1]['version']}), {len(mine)} evaluations")
+        lines.append(
+            f"held-out:   {name} pass@1 {mine[0]['pass@1']} (v{mine[0]['version']}) -> {mine[-1]['pass@1']} (v{mine[-1]['version']}), {len(mine)} evaluations"
+        )
     lines.append(f"report:     {run}/report/ (timeline.png, reward-curve.png, summary.json)")
     if summary.get("model"):
         lines.append(f"model:      {summary['model']}")
     if best := summary.get("best"):
-        lines.append(f"best:       version {best['version']} ({best['metric']} = {number(best['value'])}): {best['model']}")
+        lines.append(
+            f"best:       version {best['version']} ({best['metric']} = {number(best['value'])}): {best['model']}"
+        )
     return lines
 
 
@@ -258,7 +313,9 @@ def experience_accounting(fs: Any, root: str, trainer_metrics: list[dict[str, An
 
     generated = sum(int(rec.get("num_rows") or 0) for _, rec in commit_records(fs, root))
     counters = trainer_metrics[-1].get("buffer", {}) if trainer_metrics else {}
-    consumed, dropped, corrupt = (int(counters.get(k, 0)) for k in ("consumed", "dropped_stale", "skipped_corrupt_rows"))
+    consumed, dropped, corrupt = (
+        int(counters.get(k, 0)) for k in ("consumed", "dropped_stale", "skipped_corrupt_rows")
+    )
     filtered = int(sum(m.get("filtered_experiences", 0) for m in trainer_metrics))
     trained = consumed - filtered
     return {
@@ -313,7 +370,11 @@ def build_report(run: RunContext) -> Report:
         markdown += "\n" + eval_markdown(eval_table(evaluations), summary["best"])
     out = join(root, "report")
     write_json(fs, join(out, "summary.json"), summary)
-    write_bytes_atomic(fs, join(out, "metrics.jsonl"), "".join(json.dumps(m, default=str) + "\n" for m in trainer_metrics + explorer_metrics).encode())
+    write_bytes_atomic(
+        fs,
+        join(out, "metrics.jsonl"),
+        "".join(json.dumps(m, default=str) + "\n" for m in trainer_metrics + explorer_metrics).encode(),
+    )
     for name, png in images.items():
         write_bytes_atomic(fs, join(out, f"{name}.png"), png)
     return Report(summary=summary, table=table, markdown=markdown, images=images)

@@ -29,13 +29,20 @@ def _preflight_options(options: dict[str, Any] | None) -> dict[str, Any]:
     from rl_engine.config import StorageConfig
 
     opts = dict(options or {})
-    opts[OUTAGE_KEY] = min(float(opts.get(OUTAGE_KEY, StorageConfig.model_fields[OUTAGE_KEY].default)), PREFLIGHT_OUTAGE_S)
+    opts[OUTAGE_KEY] = min(
+        float(opts.get(OUTAGE_KEY, StorageConfig.model_fields[OUTAGE_KEY].default)), PREFLIGHT_OUTAGE_S
+    )
     return opts
 
 
 def _endpoint(options: dict[str, Any] | None) -> str:
     """The S3 endpoint that storage options talk to, as a user would name it."""
-    given = ((options or {}).get("client_kwargs") or {}).get("endpoint_url") or (options or {}).get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    given = (
+        ((options or {}).get("client_kwargs") or {}).get("endpoint_url")
+        or (options or {}).get("endpoint_url")
+        or os.environ.get("AWS_ENDPOINT_URL_S3")
+        or os.environ.get("AWS_ENDPOINT_URL")
+    )
     return f"endpoint {given}" if given else "the AWS default endpoint"
 
 
@@ -96,7 +103,9 @@ def check_storage(url: str, options: dict[str, Any] | None = None) -> None:
     bucket = root.split("/", 1)[0]
     if protocols & _BUCKET_PROTOCOLS and (code := access_denied(failure)):
         raise _denied_error(url, options, code, failure)
-    if protocols & _BUCKET_PROTOCOLS and not checked_call(fs.exists, bucket, url=url, op=f"look up bucket {bucket!r} ({error})"):
+    if protocols & _BUCKET_PROTOCOLS and not checked_call(
+        fs.exists, bucket, url=url, op=f"look up bucket {bucket!r} ({error})"
+    ):
         raise UserError(
             f"buffer.storage.url = {url!r}: bucket {bucket!r} does not exist (rft never creates buckets); "
             f"create it first (e.g. `aws s3 mb s3://{bucket}`, with your endpoint) or fix buffer.storage.url"
@@ -123,4 +132,6 @@ def checked_call(fn: Any, *args: Any, url: str, op: str) -> Any:
     try:
         return fn(*args)
     except Exception as e:  # noqa: BLE001 - unreachable endpoint, access denied
-        raise UserError(f"buffer.storage.url = {url!r}: cannot {op} ({type(e).__name__}: {e}); check the URL, its endpoint and your credentials") from None
+        raise UserError(
+            f"buffer.storage.url = {url!r}: cannot {op} ({type(e).__name__}: {e}); check the URL, its endpoint and your credentials"
+        ) from None

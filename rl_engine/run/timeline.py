@@ -73,7 +73,9 @@ def _check_span(kind: str, method: str | None) -> None:
     if kind not in KINDS:
         raise ValueError(f"span kind {kind!r}: expected one of {KINDS}")
     if method is not None and (kind != "sync" or method not in SYNC_METHODS):
-        raise ValueError(f"span method {method!r} on kind {kind!r}: only sync spans have a method, one of {SYNC_METHODS}")
+        raise ValueError(
+            f"span method {method!r} on kind {kind!r}: only sync spans have a method, one of {SYNC_METHODS}"
+        )
 
 
 # --------------------------------------------------------------------------- recording
@@ -85,7 +87,13 @@ class TimelineRecorder:
     `enabled=False` (monitor.timeline off) keeps the same calls but stores nothing.
     """
 
-    def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, component: str = "trainer", enabled: bool = True):
+    def __init__(
+        self,
+        run_url: str,
+        storage_options: dict[str, Any] | None = None,
+        component: str = "trainer",
+        enabled: bool = True,
+    ):
         if not _COMPONENT.match(component):
             raise ValueError(f"component name {component!r}: use letters, digits, '-', '_' or '.' (e.g. explorer-0)")
         self.run_url, self.storage_options, self.component, self.enabled = run_url, storage_options, component, enabled
@@ -95,7 +103,9 @@ class TimelineRecorder:
         self._seq = 0
 
     @contextlib.contextmanager
-    def span(self, kind: str, step: int | None = None, version: int | None = None, method: str | None = None) -> Iterator[Span]:
+    def span(
+        self, kind: str, step: int | None = None, version: int | None = None, method: str | None = None
+    ) -> Iterator[Span]:
         """Time the body as a span; it is recorded even if the body raises (that time was spent)."""
         _check_span(kind, method)
         s = Span(self.component, kind, time.time(), 0.0, step, version, method)
@@ -178,7 +188,11 @@ def lane_order(components: set[str] | list[str]) -> list[str]:
     """Explorers (by number), then the buffer, then the trainer, then anything else: the seeds' layout."""
 
     def key(c: str) -> tuple[int, int, str]:
-        role = ("explorer", "buffer", "trainer").index(c.split("-")[0]) if c.split("-")[0] in ("explorer", "buffer", "trainer") else 3
+        role = (
+            ("explorer", "buffer", "trainer").index(c.split("-")[0])
+            if c.split("-")[0] in ("explorer", "buffer", "trainer")
+            else 3
+        )
         num = re.search(r"(\d+)$", c)
         return role, int(num.group(1)) if num else -1, c
 
@@ -205,7 +219,9 @@ def startup_end(spans: list[Span]) -> float:
     work (the run's first start if there is none). A resumed attempt's engine start, later in
     the run, is not the run's start-up."""
     first_work = min((s.start for s in spans if s.kind not in ("wait", STARTUP)), default=float("inf"))
-    return max((s.end for s in spans if s.kind == STARTUP and s.start < first_work), default=min(s.start for s in spans))
+    return max(
+        (s.end for s in spans if s.kind == STARTUP and s.start < first_work), default=min(s.start for s in spans)
+    )
 
 
 def utilization(spans: list[Span]) -> dict[str, Any]:
@@ -220,7 +236,14 @@ def utilization(spans: list[Span]) -> dict[str, Any]:
     wait spans, for sync.
     """
     if not spans:
-        return {"wall_s": 0.0, "startup_s": 0.0, "lanes": {}, "trainer_wait_for_experiences_s": 0.0, "explorer_wait_for_sync_s": 0.0, "eval_s": 0.0}
+        return {
+            "wall_s": 0.0,
+            "startup_s": 0.0,
+            "lanes": {},
+            "trainer_wait_for_experiences_s": 0.0,
+            "explorer_wait_for_sync_s": 0.0,
+            "eval_s": 0.0,
+        }
     t0, t1 = min(s.start for s in spans), max(s.end for s in spans)
     ready = startup_end(spans)
     window = t1 - ready
@@ -229,7 +252,11 @@ def utilization(spans: list[Span]) -> dict[str, Any]:
         mine = [s for s in spans if s.component == comp]
         after = [(max(s.start, ready), s.end, s.kind) for s in mine if s.end > ready]
         busy = _measure([(a, b) for a, b, kind in after if kind not in ("wait", STARTUP)])
-        kinds = {k: _measure([(s.start, s.end) for s in mine if s.kind == k]) for k in KINDS if any(s.kind == k for s in mine)}
+        kinds = {
+            k: _measure([(s.start, s.end) for s in mine if s.kind == k])
+            for k in KINDS
+            if any(s.kind == k for s in mine)
+        }
         lanes[comp] = {
             "busy_s": busy,
             "wait_s": _measure([(a, b) for a, b, kind in after if kind == "wait"]),
@@ -243,7 +270,9 @@ def utilization(spans: list[Span]) -> dict[str, Any]:
         "lanes": lanes,
         "trainer_wait_for_experiences_s": sum(v["wait_s"] for c, v in lanes.items() if c.startswith("trainer")),
         "explorer_wait_for_sync_s": sum(v["wait_s"] for c, v in lanes.items() if c.startswith("explorer")),
-        "eval_s": sum(v["kinds_s"].get("eval", 0.0) for v in lanes.values()),  # held-out evaluations (rl_engine.roles.evaluation)
+        "eval_s": sum(
+            v["kinds_s"].get("eval", 0.0) for v in lanes.values()
+        ),  # held-out evaluations (rl_engine.roles.evaluation)
     }
 
 
@@ -256,7 +285,11 @@ def summary_markdown(util: dict[str, Any]) -> str:
     for comp, v in util["lanes"].items():
         k = v["kinds_s"]
         cells = [f"{k.get(kind, 0.0):.2f}" for kind in ("rollout", "train", "sync", "write", STARTUP)]
-        rows.append(f"| {comp} | {100 * v['busy_fraction']:.1f}% | {v['busy_s']:.2f} | {v['wait_s']:.2f} | " + " | ".join(cells) + " |")
+        rows.append(
+            f"| {comp} | {100 * v['busy_fraction']:.1f}% | {v['busy_s']:.2f} | {v['wait_s']:.2f} | "
+            + " | ".join(cells)
+            + " |"
+        )
     rows += [
         "",
         f"- wall time: {util['wall_s']:.2f} s, of which start-up (until the last engine was up): {util['startup_s']:.2f} s; busy is over the rest",
@@ -317,7 +350,16 @@ def _draw_bars(ax: Any, spans: list[Span], lanes: list[str], t0: float) -> list[
     for s in ordered:
         _, color, hatch = _STYLE[_style_key(s)]
         edge = "white" if hatch is None else "#A0A0A0"
-        ax.barh(lanes.index(s.component), s.duration, left=s.start - t0, height=0.62, color=color, hatch=hatch, edgecolor=edge, linewidth=0.6)
+        ax.barh(
+            lanes.index(s.component),
+            s.duration,
+            left=s.start - t0,
+            height=0.62,
+            color=color,
+            hatch=hatch,
+            edgecolor=edge,
+            linewidth=0.6,
+        )
     return ordered
 
 
@@ -332,7 +374,9 @@ def _decorate(ax: Any, spans: list[Span], lanes: list[str], title: str | None, l
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     present = [k for k in _STYLE if any(_style_key(s) == k for s in spans)]
-    handles = [Patch(facecolor=_STYLE[k][1], hatch=_STYLE[k][2], edgecolor="#A0A0A0", label=_STYLE[k][0]) for k in present]
+    handles = [
+        Patch(facecolor=_STYLE[k][1], hatch=_STYLE[k][2], edgecolor="#A0A0A0", label=_STYLE[k][0]) for k in present
+    ]
     if legend:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
     if title:
@@ -349,7 +393,15 @@ def _label_bars(ax: Any, spans: list[Span], lanes: list[str], t0: float) -> None
         a, b = max(s.start - t0, lo), min(s.end - t0, hi)
         if text and (b - a) * px_per_s > 7 * len(text) + 6:  # ~7 px per glyph at fontsize 8
             dark = _style_key(s) in _DARK
-            ax.text((a + b) / 2, lanes.index(s.component), text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+            ax.text(
+                (a + b) / 2,
+                lanes.index(s.component),
+                text,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if dark else "black",
+            )
 
 
 def gantt_figure(spans: list[Span], title: str | None = None) -> Any:
@@ -391,7 +443,10 @@ def gantt_figure(spans: list[Span], title: str | None = None) -> Any:
 
 
 def render_gantt(
-    spans: list[Span], out_png: str | None = None, title: str | None = None, storage_options: dict[str, Any] | None = None
+    spans: list[Span],
+    out_png: str | None = None,
+    title: str | None = None,
+    storage_options: dict[str, Any] | None = None,
 ) -> bytes:
     """Draw the run as a Gantt chart (PNG, `gantt_figure`); writes it to `out_png` (path or URL) if given, returns the bytes."""
     buf = io.BytesIO()
@@ -408,7 +463,9 @@ def render_gantt(
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: `rft timeline RUN_URL [--out PNG]`: render the Gantt chart and print the utilization table."""
-    ap = argparse.ArgumentParser(prog="rft timeline", description="Render a run's Gantt chart and print its utilization summary.")
+    ap = argparse.ArgumentParser(
+        prog="rft timeline", description="Render a run's Gantt chart and print its utilization summary."
+    )
     ap.add_argument("run_url", help="run directory: a local path or fsspec URL (s3://bucket/runs/NAME)")
     ap.add_argument("--out", help="PNG to write (path or URL); default <run>/timeline.png")
     ap.add_argument("--title", help="chart title; default the run's name")
@@ -417,7 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     options = parse_storage_options(a.storage_options)
     spans = load_spans(a.run_url, options)
     if not spans:
-        raise UserError(f"{a.run_url}: no timeline spans under {a.run_url.rstrip('/')}/timeline/ (is this a run directory, and was monitor.timeline on?)")
+        raise UserError(
+            f"{a.run_url}: no timeline spans under {a.run_url.rstrip('/')}/timeline/ (is this a run directory, and was monitor.timeline on?)"
+        )
     out = a.out or join(a.run_url, "timeline.png")
     render_gantt(spans, out, title=a.title or a.run_url.rstrip("/").rsplit("/", 1)[-1], storage_options=options)
     print(summary_markdown(utilization(spans)), end="")

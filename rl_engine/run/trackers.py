@@ -153,7 +153,11 @@ class TensorBoard:
 
 
 # Unless set, MLflow's client retries a refused connection for minutes; a dead server should cost seconds.
-MLFLOW_CLIENT_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
+MLFLOW_CLIENT_DEFAULTS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+}
 
 
 def mlflow_name(name: str) -> str:
@@ -198,7 +202,11 @@ class MLflow:
     def log_metrics(self, metrics: dict[str, float], step: int, wall_time: float, prefix: str) -> None:
         from mlflow.entities import Metric
 
-        rows = [Metric(mlflow_name(f"{prefix}/{k}"), v, int(wall_time * 1000), step) for k, v in metrics.items() if math.isfinite(v)]
+        rows = [
+            Metric(mlflow_name(f"{prefix}/{k}"), v, int(wall_time * 1000), step)
+            for k, v in metrics.items()
+            if math.isfinite(v)
+        ]
         for i in range(0, len(rows), 1000):  # MLflow's batch limit
             self.client.log_batch(self.run_id, metrics=rows[i : i + 1000])
 
@@ -243,7 +251,15 @@ class Wandb:
         run_id = state["run_id"] if state else uuid.uuid4().hex[:12]
         quiet = wandb.Settings(console="off", save_code=False, disable_git=True, x_disable_stats=True, silent=True)
         self.wb = wandb.init(
-            project=settings.project, entity=settings.entity, id=run_id, resume="allow", name=run.cfg.name, dir=self.dir, mode=settings.mode, settings=quiet, reinit="create_new"
+            project=settings.project,
+            entity=settings.entity,
+            id=run_id,
+            resume="allow",
+            name=run.cfg.name,
+            dir=self.dir,
+            mode=settings.mode,
+            settings=quiet,
+            reinit="create_new",
         )
         if state is None:
             save_tracker_state(run, self.name, {"run_id": run_id, "project": settings.project})
@@ -254,7 +270,13 @@ class Wandb:
             self.wb.define_metric(f"{prefix}/step")
             self.wb.define_metric(f"{prefix}/*", step_metric=f"{prefix}/step")
             self._axes.add(prefix)
-        self.wb.log({**{f"{prefix}/{k}": v for k, v in metrics.items()}, f"{prefix}/step": step, f"{prefix}/wall_time": wall_time})
+        self.wb.log(
+            {
+                **{f"{prefix}/{k}": v for k, v in metrics.items()},
+                f"{prefix}/step": step,
+                f"{prefix}/wall_time": wall_time,
+            }
+        )
 
     def log_config(self, cfg: dict[str, Any]) -> None:
         self.wb.config.update(cfg, allow_val_change=True)
@@ -299,7 +321,13 @@ class Guarded:
             fn(self.tracker)
         except Exception as e:  # noqa: BLE001 - a tracker never stops the run
             self.failed = True
-            self._warn("tracker %s failed (%s): %s: %s; it is off for the rest of the run", self.name, what, type(e).__name__, hide_credentials(str(e)))
+            self._warn(
+                "tracker %s failed (%s): %s: %s; it is off for the rest of the run",
+                self.name,
+                what,
+                type(e).__name__,
+                hide_credentials(str(e)),
+            )
             if self.tracker is not None:
                 try:
                     self.tracker.close()
@@ -329,8 +357,21 @@ class TrackerFeed:
     Steps recorded before the feed was made are not logged again (a resumed run's earlier attempt
     logged them); those a resumed run redoes are."""
 
-    def __init__(self, run: RunContext, trackers: list[Any], poll_s: float = 2.0, stop_timeout_s: float = 60.0, warn: Warn = log.warning):
-        self.run, self.trackers, self.poll_s, self.stop_timeout_s, self.warn = run, trackers, poll_s, stop_timeout_s, warn
+    def __init__(
+        self,
+        run: RunContext,
+        trackers: list[Any],
+        poll_s: float = 2.0,
+        stop_timeout_s: float = 60.0,
+        warn: Warn = log.warning,
+    ):
+        self.run, self.trackers, self.poll_s, self.stop_timeout_s, self.warn = (
+            run,
+            trackers,
+            poll_s,
+            stop_timeout_s,
+            warn,
+        )
         self.feeds = {role: StepFeed(run, role, self._on_step) for role in metric_roles(run)}
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -359,7 +400,12 @@ class TrackerFeed:
             self.poll()
         except Exception as e:  # noqa: BLE001 - storage hiccups: the next poll reads it again
             if not self._poll_failed:
-                self.warn("trackers: reading the run's metrics failed: %s: %s (trying again every %.0f s)", type(e).__name__, e, self.poll_s)
+                self.warn(
+                    "trackers: reading the run's metrics failed: %s: %s (trying again every %.0f s)",
+                    type(e).__name__,
+                    e,
+                    self.poll_s,
+                )
             self._poll_failed = True
 
     def _loop(self) -> None:
@@ -384,7 +430,10 @@ class TrackerFeed:
         self._done.set()
         self._thread.join(self.stop_timeout_s)
         if self._thread.is_alive():
-            self.warn("trackers: still busy after %.0f s (a tracker not answering); the last steps are not logged", self.stop_timeout_s)
+            self.warn(
+                "trackers: still busy after %.0f s (a tracker not answering); the last steps are not logged",
+                self.stop_timeout_s,
+            )
             return
         self._safe_poll()
         for t in self.trackers:

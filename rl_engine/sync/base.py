@@ -93,4 +93,10 @@ def post_loaded(board: Board, explorer_id: int, version: int) -> None:
 def wait_loaded(board: Board, num_explorers: int, version: int, timeout_s: float, stop: StopSignal | None) -> None:
     """Block until every explorer acknowledged `version` or newer."""
     for i in range(num_explorers):
-        board.wait(loaded_key(i), lambda m: m["version"] >= version, what=f"explorer {i} to load version {version}", timeout_s=timeout_s, stop=stop)
+        board.wait(
+            loaded_key(i),
+            lambda m: m["version"] >= version,
+            what=f"explorer {i} to load version {version}",
+            timeout_s=timeout_s,
+            stop=stop,
+        )

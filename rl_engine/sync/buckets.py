@@ -47,7 +47,9 @@ def group_device(backend: str, device: str | None = None) -> torch.device:
     return torch.device(device) if device else torch.device("cuda", torch.cuda.current_device())
 
 
-def init_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, listen_socket: Any = None) -> Any:
+def init_group(
+    host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float, listen_socket: Any = None
+) -> Any:
     """Join the weight-sync process group (blocks until all world_size ranks joined); rank 0 hosts
     the store, on `listen_socket` if given (bound and listening already: no race for the port)."""
     from vllm.distributed.utils import stateless_init_torch_distributed_process_group
@@ -73,7 +75,9 @@ class Bucket:
     segs: list[torch.Tensor]  # uint8 [bytes] each: a large parameter's own bytes, or packed small ones
 
     def header(self, version: int) -> bytes:
-        return json.dumps({"version": version, "segs": [s.numel() for s in self.segs], "params": self.params}, separators=(",", ":")).encode()
+        return json.dumps(
+            {"version": version, "segs": [s.numel() for s in self.segs], "params": self.params}, separators=(",", ":")
+        ).encode()
 
 
 def wire_dtype_of(t: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.dtype:
@@ -89,7 +93,12 @@ def _as_bytes(t: torch.Tensor, wire_dtype: torch.dtype | None, device: torch.dev
     return t.to(device).contiguous().view(-1).view(torch.uint8)
 
 
-def _bucket(items: list[tuple[str, torch.Tensor, torch.Tensor]], small_bytes: int, device: torch.device, wire_dtype: torch.dtype | None) -> Bucket:
+def _bucket(
+    items: list[tuple[str, torch.Tensor, torch.Tensor]],
+    small_bytes: int,
+    device: torch.device,
+    wire_dtype: torch.dtype | None,
+) -> Bucket:
     """One bucket from (name, original, bytes view) items; only parameters under small_bytes are copied (packed)."""
     small = [it for it in items if it[2].numel() < small_bytes]
     packed_size, offsets = 0, {}
@@ -109,11 +118,18 @@ def _bucket(items: list[tuple[str, torch.Tensor, torch.Tensor]], small_bytes: in
         else:
             seg, off = len(segs), 0
             segs.append(b)
-        params.append([name, str(wire_dtype_of(orig, wire_dtype)).removeprefix("torch."), list(orig.shape), seg, off, b.numel()])
+        params.append(
+            [name, str(wire_dtype_of(orig, wire_dtype)).removeprefix("torch."), list(orig.shape), seg, off, b.numel()]
+        )
     return Bucket(params, segs)
 
 
-def pack_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, wire_dtype: torch.dtype | None, device: torch.device) -> Iterator[Bucket]:
+def pack_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int,
+    wire_dtype: torch.dtype | None,
+    device: torch.device,
+) -> Iterator[Bucket]:
     """Group parameters, in iteration order, into buckets of about `bucket_bytes` (a bigger one alone)."""
     small_bytes = min(bucket_bytes, SMALL_BYTES)
     pending: list[tuple[str, torch.Tensor, torch.Tensor]] = []
@@ -145,7 +161,14 @@ def _bytes_tensor(b: bytes, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(bytearray(b), dtype=torch.uint8).to(device)  # [len(b)]
 
 
-def broadcast_send(pg: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, bucket_bytes: int, wire_dtype: torch.dtype | None, device: torch.device) -> tuple[int, int]:
+def broadcast_send(
+    pg: Any,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    version: int,
+    bucket_bytes: int,
+    wire_dtype: torch.dtype | None,
+    device: torch.device,
+) -> tuple[int, int]:
     """Root side: stream all parameters; returns (parameters sent, bytes sent) once every rank has them."""
     buckets = pack_buckets(named_tensors, bucket_bytes, wire_dtype, device)
     cur = next(buckets, None)
@@ -172,7 +195,12 @@ def broadcast_send(pg: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], v
     return n_params, n_bytes
 
 
-def broadcast_recv(pg: Any, device: torch.device, load: Callable[[list[tuple[str, torch.Tensor]]], Any], buffers: ReceiveBuffers | None = None) -> tuple[int, int]:
+def broadcast_recv(
+    pg: Any,
+    device: torch.device,
+    load: Callable[[list[tuple[str, torch.Tensor]]], Any],
+    buffers: ReceiveBuffers | None = None,
+) -> tuple[int, int]:
     """Receiver side: receive the stream and `load` each bucket's (name, tensor) list; returns (version, parameters).
 
     `buffers` reuses receive memory across syncs (see ReceiveBuffers); by default every

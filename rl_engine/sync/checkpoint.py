@@ -78,7 +78,10 @@ def _crc32_file(path: str, chunk_bytes: int = 16 << 20) -> int:
     return crc
 
 
-_CHECKSUMS = {"crc32": ("CRC-32", _crc32_file), "sha256": ("SHA-256", _sha256_file)}  # marker key -> (name, file checksum)
+_CHECKSUMS = {
+    "crc32": ("CRC-32", _crc32_file),
+    "sha256": ("SHA-256", _sha256_file),
+}  # marker key -> (name, file checksum)
 
 
 def needed_checkpoints(committed: Iterable[int], published: int, loaded: Iterable[int | None]) -> set[int]:
@@ -144,7 +147,12 @@ class CheckpointSender:
             self.fs.rm(marker)
         self.fs.makedirs(d, exist_ok=True)
 
-    def write_full(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, marker_extra: dict[str, Any] | None = None) -> tuple[int, int]:
+    def write_full(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        marker_extra: dict[str, Any] | None = None,
+    ) -> tuple[int, int]:
         """Write `checkpoints/version=<version>/` and commit it (its marker gets `marker_extra` too);
         returns (tensors, tensor bytes)."""
         d = self.version_dir(version)
@@ -174,18 +182,35 @@ class CheckpointSender:
                 self._write_shard(d, len(shards) + 1, cur, weight_map, files)
             nbytes += size
         if weight_map:
-            storage.write_json(self.fs, storage.join(d, "model.safetensors.index.json"), {"metadata": {"total_size": nbytes}, "weight_map": weight_map})
+            storage.write_json(
+                self.fs,
+                storage.join(d, "model.safetensors.index.json"),
+                {"metadata": {"total_size": nbytes}, "weight_map": weight_map},
+            )
         with open(os.path.join(self.model_dir, "config.json"), "rb") as f:
             storage.write_bytes_atomic(self.fs, storage.join(d, "config.json"), f.read())
         # Written last: until it exists no reader sees this version.
-        storage.write_json(self.fs, marker, {"version": version, "tensors": n, "bytes": nbytes, "time": time.time(), "files": files, **(marker_extra or {})})
+        storage.write_json(
+            self.fs,
+            marker,
+            {
+                "version": version,
+                "tensors": n,
+                "bytes": nbytes,
+                "time": time.time(),
+                "files": files,
+                **(marker_extra or {}),
+            },
+        )
         return n, nbytes
 
     def prune(self, published: int) -> list[int]:
         """After `published` was committed: delete versions beyond `keep_last` that no explorer may
         still load and no lineage points at. Returns the versions deleted."""
 
-        return prune(self.fs, self.root, CHECKPOINTS, self.keep_last, lambda committed: self.protected(committed, published))
+        return prune(
+            self.fs, self.root, CHECKPOINTS, self.keep_last, lambda committed: self.protected(committed, published)
+        )
 
     def protected(self, committed: list[int], published: int) -> set[int]:
         """Of the `committed` versions, those an explorer may still load (`needed_checkpoints`) and the one a lineage points at."""
@@ -204,12 +229,21 @@ class CheckpointSender:
             t = t.clone()
         return t
 
-    def _write_shard(self, d: str, index: int, tensors: dict[str, torch.Tensor], weight_map: dict[str, str], files: dict[str, dict[str, Any]]) -> None:
+    def _write_shard(
+        self,
+        d: str,
+        index: int,
+        tensors: dict[str, torch.Tensor],
+        weight_map: dict[str, str],
+        files: dict[str, dict[str, Any]],
+    ) -> None:
         fname = f"model-{index:05d}.safetensors"
         self.write_file(d, fname, tensors, files)
         weight_map.update({k: fname for k in tensors})
 
-    def write_file(self, d: str, fname: str, tensors: dict[str, torch.Tensor], files: dict[str, dict[str, Any]]) -> None:
+    def write_file(
+        self, d: str, fname: str, tensors: dict[str, torch.Tensor], files: dict[str, dict[str, Any]]
+    ) -> None:
         """Write one safetensors file and record its size and CRC-32 in `files`."""
         from safetensors.torch import save, save_file
 
@@ -245,7 +279,9 @@ class CheckpointReceiver:
     method = "checkpoint"
     joins_every_version = False
 
-    def __init__(self, run_url: str, options: dict[str, Any] | None, board: Board, explorer_id: int = 0, timeout_s: float = 600.0):
+    def __init__(
+        self, run_url: str, options: dict[str, Any] | None, board: Board, explorer_id: int = 0, timeout_s: float = 600.0
+    ):
         self.fs, self.root = storage.open_storage(run_url, options)
         self.board, self.explorer_id = board, explorer_id
         self.timeout_s = timeout_s
@@ -263,10 +299,20 @@ class CheckpointReceiver:
         what = f"checkpoint version {version} to be committed"
 
         def timed_out() -> WaitTimeout:
-            return WaitTimeout(f"waited {self.timeout_s:.0f} s for {what} under {self.root}/checkpoints (synchronizer.wait_timeout_s)")
+            return WaitTimeout(
+                f"waited {self.timeout_s:.0f} s for {what} under {self.root}/checkpoints (synchronizer.wait_timeout_s)"
+            )
 
         interval = storage.poll_interval(self.fs)
-        poll_until(lambda: any(storage.file_exists(self.fs, m) for m in markers), what=what, timeout_s=self.timeout_s, interval_s=interval, stop=stop, timeout_error=timed_out, between=self.fs.invalidate_cache)
+        poll_until(
+            lambda: any(storage.file_exists(self.fs, m) for m in markers),
+            what=what,
+            timeout_s=self.timeout_s,
+            interval_s=interval,
+            stop=stop,
+            timeout_error=timed_out,
+            between=self.fs.invalidate_cache,
+        )
 
     def committed_versions(self) -> list[int]:
         """Every version with a commit marker, ascending."""
@@ -337,8 +383,12 @@ class CheckpointReceiver:
         except FileNotFoundError:
             where = f"under {self.root}/checkpoints"
             if self.fs.exists(d):
-                raise SyncError(f"checkpoint version {version} {where} is not committed; committed: {self.committed_versions()}") from None
-            raise Damaged(f"it does not exist {where} (deleted after it was committed, or never written); committed now: {self.committed_versions()}") from None
+                raise SyncError(
+                    f"checkpoint version {version} {where} is not committed; committed: {self.committed_versions()}"
+                ) from None
+            raise Damaged(
+                f"it does not exist {where} (deleted after it was committed, or never written); committed now: {self.committed_versions()}"
+            ) from None
         except ValueError as e:
             raise Damaged(f"its commit marker {storage.join(d, COMMIT)} is unreadable ({e})") from e
         if "files" in marker:
@@ -357,11 +407,15 @@ class CheckpointReceiver:
                 continue
             size = os.path.getsize(path)
             if size != want["bytes"]:
-                raise Damaged(f"{shown} has {size} bytes where its commit marker says {want['bytes']} (truncated or overwritten)")
+                raise Damaged(
+                    f"{shown} has {size} bytes where its commit marker says {want['bytes']} (truncated or overwritten)"
+                )
             key = "crc32" if "crc32" in want else "sha256"  # markers written before CRC-32 carry SHA-256
             what, checksum = _CHECKSUMS[key]
             if checksum(path) != want[key]:
-                raise Damaged(f"{shown} does not match the {what} in its commit marker (its bytes changed after the commit)")
+                raise Damaged(
+                    f"{shown} does not match the {what} in its commit marker (its bytes changed after the commit)"
+                )
 
     def load_dir(self, engine: Any, local_dir: str, version: int) -> int:
         try:
@@ -369,7 +423,9 @@ class CheckpointReceiver:
         except EngineDiedError:
             raise
         except Exception as e:
-            raise SyncError(f"checkpoint version {version}: explorer {self.explorer_id}'s workers failed to load {local_dir}: {type(e).__name__}: {e}. {_FIX}") from e
+            raise SyncError(
+                f"checkpoint version {version}: explorer {self.explorer_id}'s workers failed to load {local_dir}: {type(e).__name__}: {e}. {_FIX}"
+            ) from e
         if any(n == 0 for _, n in results):
             raise RuntimeError(f"checkpoint version {version}: a worker loaded no tensors from {local_dir}")
         return version

@@ -53,7 +53,9 @@ from rl_engine.sync.buckets import (
 ADDRESS_KEY = "sync-address"
 GO_KEY = "sync"
 _NO_MORE = 1 << 62  # "abandon" this: the trainer sends nothing more
-SYNC_ERROR_GRACE_S = 5.0  # after a broadcast broke: how long a side waits for its peers' reports before naming the silent ones
+SYNC_ERROR_GRACE_S = (
+    5.0  # after a broadcast broke: how long a side waits for its peers' reports before naming the silent ones
+)
 _RPC_SLACK_S = 10.0  # the worker's own group timeout (collective.timeout_s) fires first; the RPC wait is the backstop
 
 
@@ -77,7 +79,11 @@ def _reports(board: Board, roles: list[str], version: int | None, wait_s: float)
     """The sync-error reports of `roles` about `version`, waiting up to `wait_s` s until all are in."""
     deadline = time.monotonic() + wait_s
     while True:
-        got = {r: m for r in roles if (m := board.get(sync_error_key(r))) is not None and m.get("version") in (version, None)}
+        got = {
+            r: m
+            for r in roles
+            if (m := board.get(sync_error_key(r))) is not None and m.get("version") in (version, None)
+        }
         if len(got) == len(roles) or time.monotonic() >= deadline:
             return got
         board.fs.invalidate_cache()
@@ -126,7 +132,14 @@ class CollectiveSender:
     method = "collective"
 
     def __init__(
-        self, c: CollectiveConfig, board: Board, num_explorers: int, workers_per_engine: int, wire_dtype: torch.dtype | None, wait_timeout_s: float, device: str | None = None
+        self,
+        c: CollectiveConfig,
+        board: Board,
+        num_explorers: int,
+        workers_per_engine: int,
+        wire_dtype: torch.dtype | None,
+        wait_timeout_s: float,
+        device: str | None = None,
     ):
         self.c, self.board = c, board
         self.device = device  # the trainer's ('cuda:1'); None: the connecting thread's current CUDA device
@@ -152,23 +165,35 @@ class CollectiveSender:
                 # Forming the group blocks in the store and cannot see the board: wait on the board first.
                 for i in range(self.num_explorers):
                     what = f"explorer {i} to join the weight-sync group on {self.c.host}:{port}"
-                    self.board.wait(group_key(i), lambda m: m.get("port") == port, what=what, timeout_s=self.c.timeout_s, stop=stop)
+                    self.board.wait(
+                        group_key(i), lambda m: m.get("port") == port, what=what, timeout_s=self.c.timeout_s, stop=stop
+                    )
             except BaseException as e:
                 sock.close()
                 if isinstance(e, WaitTimeout):
                     raise SyncError(self._not_formed(port, e)) from e
                 raise
             try:
-                self._pg = init_group(self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, listen_socket=sock)
+                self._pg = init_group(
+                    self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, listen_socket=sock
+                )
             except Exception as e:
                 raise SyncError(self._not_formed(port, e)) from e
             # Fixed here: a decoupled send runs in a thread of its own, whose current CUDA device is 0.
             self._device = group_device(self.backend, self.device)
 
     def _not_formed(self, port: int, e: BaseException) -> str:
-        came = [i for i in range(self.num_explorers) if (m := self.board.get(group_key(i))) is not None and m.get("port") == port]
+        came = [
+            i
+            for i in range(self.num_explorers)
+            if (m := self.board.get(group_key(i))) is not None and m.get("port") == port
+        ]
         missing = [f"explorer {i}" for i in range(self.num_explorers) if i not in came]
-        who = f"{', '.join(missing)} never came to join it (is its role running? see its log)" if missing else "every explorer came, but not all their workers joined"
+        who = (
+            f"{', '.join(missing)} never came to join it (is its role running? see its log)"
+            if missing
+            else "every explorer came, but not all their workers joined"
+        )
         # vLLM's create_tcp_store then closes a socket the store already closed: the EBADF hides the store's timeout.
         shown = e.__context__ if isinstance(e, OSError) and e.__context__ is not None else e
         return f"weight-sync group on {self.c.host}:{port} did not form within synchronizer.collective.timeout_s = {self.c.timeout_s:g} s: {who}. Group error: {_first_line(shown)}"
@@ -178,7 +203,13 @@ class CollectiveSender:
         try:
             for i in range(self.num_explorers):
                 what = f"explorer {i} to join the broadcast of version {version} (is its role running? see its log)"
-                self.board.wait(joining_key(i), lambda m: m["version"] >= version, what=what, timeout_s=self.wait_timeout_s, stop=stop)
+                self.board.wait(
+                    joining_key(i),
+                    lambda m: m["version"] >= version,
+                    what=what,
+                    timeout_s=self.wait_timeout_s,
+                    stop=stop,
+                )
         except BaseException:
             self.board.post(GO_KEY, {"abandon": version})
             raise
@@ -190,7 +221,9 @@ class CollectiveSender:
     def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Broadcast (HF name, full tensor) pairs as `version`; returns once every receiver has the bytes."""
         if self._pg is None:
-            raise RuntimeError("CollectiveSender.send before connect(): call connect() first (it waits for the explorers)")
+            raise RuntimeError(
+                "CollectiveSender.send before connect(): call connect() first (it waits for the explorers)"
+            )
         t0 = time.perf_counter()
         source_error: list[BaseException] = []
 
@@ -209,7 +242,11 @@ class CollectiveSender:
             _release(pg, e)
             del pg
             if e in source_error or not isinstance(e, Exception):
-                self._report(version, "trainer", f"the trainer failed while producing the weights of version {version}: {_first_line(e)}")
+                self._report(
+                    version,
+                    "trainer",
+                    f"the trainer failed while producing the weights of version {version}: {_first_line(e)}",
+                )
                 raise
             raise SyncError(self._broken(version, e)) from e
         self.last = SyncStats(version, n, nbytes, time.perf_counter() - t0)
@@ -227,19 +264,28 @@ class CollectiveSender:
         silent = [r for r in roles if r not in reports]
         head = f"weight sync of version {version} failed"
         if died:
-            msg = f"{head}: {', '.join(r.replace('-', ' ') for r in died)} left the broadcast: " + "; ".join(reports[r]["error"] for r in died)
+            msg = f"{head}: {', '.join(r.replace('-', ' ') for r in died)} left the broadcast: " + "; ".join(
+                reports[r]["error"] for r in died
+            )
         elif silent:
             names = ", ".join(r.replace("-", " ") for r in silent)
             msg = f"{head}: {names} left the broadcast and said nothing within {SYNC_ERROR_GRACE_S:g} s (killed or crashed, or hung; see its log). Group error: {_first_line(e)}"
         else:
-            msg = f"{head}: every explorer lost the broadcast too (" + "; ".join(reports[r]["error"] for r in roles) + f"). Group error: {_first_line(e)}"
+            msg = (
+                f"{head}: every explorer lost the broadcast too ("
+                + "; ".join(reports[r]["error"] for r in roles)
+                + f"). Group error: {_first_line(e)}"
+            )
         self._report(version, "peer", msg)
         return msg
 
     def send_raw(self, sizes: list[int]) -> None:
         """Benchmark floor: plain broadcasts of these byte sizes on the same group, from reused buffers."""
         if getattr(self, "_raw_sizes", None) != sizes:
-            self._raw_sizes, self._raw_bufs = list(sizes), [torch.zeros(n, dtype=torch.uint8, device=self._device) for n in sizes]
+            self._raw_sizes, self._raw_bufs = (
+                list(sizes),
+                [torch.zeros(n, dtype=torch.uint8, device=self._device) for n in sizes],
+            )
         raw_broadcast(self._pg, self._raw_bufs)
 
     def close(self) -> None:
@@ -255,9 +301,19 @@ class CollectiveReceiver:
     method = "collective"
     joins_every_version = True
 
-    def __init__(self, c: CollectiveConfig, board: Board, explorer_id: int, num_explorers: int, workers_per_engine: int, wait_timeout_s: float):
+    def __init__(
+        self,
+        c: CollectiveConfig,
+        board: Board,
+        explorer_id: int,
+        num_explorers: int,
+        workers_per_engine: int,
+        wait_timeout_s: float,
+    ):
         if not 0 <= explorer_id < num_explorers:
-            raise ValueError(f"explorer_id {explorer_id} outside 0..{num_explorers - 1} (explorer.count = {num_explorers})")
+            raise ValueError(
+                f"explorer_id {explorer_id} outside 0..{num_explorers - 1} (explorer.count = {num_explorers})"
+            )
         self.c, self.board = c, board
         self.wait_timeout_s = wait_timeout_s
         self.backend = resolve_backend(c.backend)
@@ -274,7 +330,16 @@ class CollectiveReceiver:
         addr = self.board.wait(ADDRESS_KEY, lambda m: True, what=what, timeout_s=self.c.timeout_s, stop=stop)
         self.board.post(group_key(self.explorer_id), {"host": addr["host"], "port": addr["port"]})
         try:
-            ranks = engine.rpc("rft_join_group", addr["host"], addr["port"], self.rank_offset, self.world_size, self.backend, self.c.timeout_s, timeout=self.c.timeout_s + _RPC_SLACK_S)
+            ranks = engine.rpc(
+                "rft_join_group",
+                addr["host"],
+                addr["port"],
+                self.rank_offset,
+                self.world_size,
+                self.backend,
+                self.c.timeout_s,
+                timeout=self.c.timeout_s + _RPC_SLACK_S,
+            )
         except EngineDiedError:
             raise
         except Exception as e:
@@ -285,7 +350,9 @@ class CollectiveReceiver:
             ) from e
         expected = list(range(self.rank_offset, self.rank_offset + self.workers))
         if sorted(ranks) != expected:
-            raise RuntimeError(f"explorer {self.explorer_id}: workers joined as ranks {ranks}, expected {expected} (tensor_parallel_size mismatch?)")
+            raise RuntimeError(
+                f"explorer {self.explorer_id}: workers joined as ranks {ranks}, expected {expected} (tensor_parallel_size mismatch?)"
+            )
         self._engine = engine
 
     def prepare(self, version: int, stop: StopSignal | None = None) -> None:
@@ -293,14 +360,22 @@ class CollectiveReceiver:
         self._prepared = version
         self.board.post(joining_key(self.explorer_id), {"version": version})
         what = f"the trainer to start broadcasting version {version}"
-        m = self.board.wait(GO_KEY, lambda m: max(m.get("go", -1), m.get("abandon", -1)) >= version, what=what, timeout_s=self.wait_timeout_s, stop=stop)
+        m = self.board.wait(
+            GO_KEY,
+            lambda m: max(m.get("go", -1), m.get("abandon", -1)) >= version,
+            what=what,
+            timeout_s=self.wait_timeout_s,
+            stop=stop,
+        )
         if m.get("go", -1) < version:
             raise Stopped(f"the trainer abandoned the broadcast of version {version}")
 
     def receive(self, engine: Any, version: int | None = None) -> int:
         """Block until the trainer's next `send` is loaded into `engine`; returns the installed version."""
         if self._engine is not engine:
-            raise RuntimeError(f"explorer {self.explorer_id}: receive() on an engine that did not connect(); call connect(engine) first")
+            raise RuntimeError(
+                f"explorer {self.explorer_id}: receive() on an engine that did not connect(); call connect(engine) first"
+            )
         expected = version if version is not None else self._prepared
         try:
             results = engine.rpc("rft_receive_broadcast", timeout=self.c.timeout_s + _RPC_SLACK_S)
@@ -315,15 +390,21 @@ class CollectiveReceiver:
             raise RuntimeError(f"explorer {self.explorer_id}: workers installed different versions {sorted(versions)}")
         got = versions.pop()
         if any(n == 0 for _, n in results):
-            raise RuntimeError(f"explorer {self.explorer_id}: version {got} arrived with no parameters; weights unchanged")
+            raise RuntimeError(
+                f"explorer {self.explorer_id}: version {got} arrived with no parameters; weights unchanged"
+            )
         if version is not None and got != version:
-            raise RuntimeError(f"explorer {self.explorer_id}: expected version {version} from the trainer, received {got}")
+            raise RuntimeError(
+                f"explorer {self.explorer_id}: expected version {version} from the trainer, received {got}"
+            )
         engine.mark_synced(got)
         post_loaded(self.board, self.explorer_id, got)
         return got
 
     def _report(self, version: int | None, cause: str, error: str) -> None:
-        self.board.post(sync_error_key(f"explorer-{self.explorer_id}"), {"version": version, "cause": cause, "error": error})
+        self.board.post(
+            sync_error_key(f"explorer-{self.explorer_id}"), {"version": version, "cause": cause, "error": error}
+        )
 
     def _broken(self, version: int | None, e: BaseException) -> str:
         """Why the broadcast of `version` broke, as the trainer reports it; a trainer that says nothing is gone."""

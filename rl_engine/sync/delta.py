@@ -127,13 +127,17 @@ class DeltaCheckpointSender:
         tensors: dict[str, torch.Tensor] = {}
         for name, t in named_tensors:
             p = self.full.prepare_tensor(t, tensors)
-            tensors[name] = p.clone() if p.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else p  # never the trainer's live storage
+            tensors[name] = (
+                p.clone() if p.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() else p
+            )  # never the trainer's live storage
         if not tensors:
             raise ValueError(f"checkpoint of version {version}: the trainer gave no parameters")
         delta, full = None, payload_bytes(tensors.values())
         if self.base is not None and version > self.base_version and self.links + 1 < self.full_every:
             entries = diff(self.base, tensors)
-            if entries is not None and payload_bytes(entries.values()) < full:  # not every tensor whole (float32 steps), which hardly compresses
+            if (
+                entries is not None and payload_bytes(entries.values()) < full
+            ):  # not every tensor whole (float32 steps), which hardly compresses
                 delta = (entries, *pack(entries))
             if delta is not None and 2 * len(delta[1]) > full:
                 delta = None  # it would save less than half: a full checkpoint (loaded straight, and a fresh chain) costs less
@@ -146,7 +150,9 @@ class DeltaCheckpointSender:
             nbytes = self._write_delta(delta, version, len(tensors))
             self.links += 1
         self.base, self.base_version = tensors, version
-        self.last = SyncStats(version, len(tensors), nbytes, time.perf_counter() - t0, "full" if delta is None else "delta")
+        self.last = SyncStats(
+            version, len(tensors), nbytes, time.perf_counter() - t0, "full" if delta is None else "delta"
+        )
         self.prune(version)
 
     def _write_delta(self, delta: tuple[dict[str, torch.Tensor], bytes, int], version: int, tensors: int) -> int:
@@ -154,13 +160,26 @@ class DeltaCheckpointSender:
         entries, data, raw = delta
         d = DELTAS.dir(self.root, version)
         self.full.uncommit(d)
-        storage.write_bytes_atomic(self.fs, storage.join(d, DELTA_FILE), data, fsync=False)  # as full checkpoints: the CRC catches a torn file
-        files = {DELTA_FILE: {"bytes": len(data), "crc32": zlib.crc32(data), "raw_bytes": raw}}  # the CRC covers the compressed bytes
+        storage.write_bytes_atomic(
+            self.fs, storage.join(d, DELTA_FILE), data, fsync=False
+        )  # as full checkpoints: the CRC catches a torn file
+        files = {
+            DELTA_FILE: {"bytes": len(data), "crc32": zlib.crc32(data), "raw_bytes": raw}
+        }  # the CRC covers the compressed bytes
         failpoint(FAILPOINT, version)
         changed = sum(int(t.numel()) for k, t in entries.items() if k.endswith((f"{SEP}dbits", f"{SEP}all")))
         marker = {
-            "version": version, "base": self.base_version, "chain": self.chain, "kind": "delta", "format": FORMAT, "tensors": tensors, "changed": changed,
-            "bytes": len(data), "payload_bytes": payload_bytes(entries.values()), "time": time.time(), "files": files,
+            "version": version,
+            "base": self.base_version,
+            "chain": self.chain,
+            "kind": "delta",
+            "format": FORMAT,
+            "tensors": tensors,
+            "changed": changed,
+            "bytes": len(data),
+            "payload_bytes": payload_bytes(entries.values()),
+            "time": time.time(),
+            "files": files,
         }
         storage.write_json(self.fs, storage.join(d, COMMIT), marker)  # written last: until then no reader sees it
         self._bases[version] = self.base_version
@@ -187,7 +206,9 @@ class DeltaCheckpointSender:
     def _base_of(self, version: int) -> int | None:
         if version not in self._bases:
             try:
-                self._bases[version] = int(storage.read_json(self.fs, storage.join(DELTAS.dir(self.root, version), COMMIT))["base"])
+                self._bases[version] = int(
+                    storage.read_json(self.fs, storage.join(DELTAS.dir(self.root, version), COMMIT))["base"]
+                )
             except (FileNotFoundError, ValueError, KeyError, TypeError):
                 return None
         return self._bases[version]
@@ -265,8 +286,21 @@ class DeltaCheckpointReceiver:
             start, links = self._route(engine, version)
             base = self.held_version if start is None else start[0]
             got = self._apply_chain(engine, start, links, version)
-            self.last_route = {"version": got, "start": "held" if start is None else "full", "base": base, "deltas": [v for v, _ in links], "fallback": None}
-            log.info("explorer %d: version %d from %s version %d + deltas %s", self.explorer_id, got, self.last_route["start"], base, self.last_route["deltas"])
+            self.last_route = {
+                "version": got,
+                "start": "held" if start is None else "full",
+                "base": base,
+                "deltas": [v for v, _ in links],
+                "fallback": None,
+            }
+            log.info(
+                "explorer %d: version %d from %s version %d + deltas %s",
+                self.explorer_id,
+                got,
+                self.last_route["start"],
+                base,
+                self.last_route["deltas"],
+            )
         except BrokenLink as broken:
             got = self._fall_back(engine, version, broken)
         self.full.acknowledge(engine, got)
@@ -282,7 +316,9 @@ class DeltaCheckpointReceiver:
             return None
         return m if isinstance(m, dict) else None
 
-    def _route(self, engine: Any, version: int) -> tuple[tuple[int, dict[str, Any]] | None, list[tuple[int, dict[str, Any]]]]:
+    def _route(
+        self, engine: Any, version: int
+    ) -> tuple[tuple[int, dict[str, Any]] | None, list[tuple[int, dict[str, Any]]]]:
         """(start, deltas oldest first): start None for the held tensors, else (full version, its
         marker). Walks back from `version`; raises BrokenLink where the chain breaks."""
         self.fs.invalidate_cache()
@@ -294,14 +330,22 @@ class DeltaCheckpointReceiver:
             full = self._marker(CHECKPOINTS, cur)
             if full is not None:
                 if chain is not None and full.get("chain") != chain:
-                    raise BrokenLink(links[-1][0], f"its base, full version {cur}, is of another chain (written by a trainer that restarted)")
+                    raise BrokenLink(
+                        links[-1][0],
+                        f"its base, full version {cur}, is of another chain (written by a trainer that restarted)",
+                    )
                 return (cur, full), links[::-1]
             m = self._marker(DELTAS, cur)
             if m is None:
-                what = f"neither a full checkpoint nor a delta of version {cur} is committed under {self.root}/checkpoints"
+                what = (
+                    f"neither a full checkpoint nor a delta of version {cur} is committed under {self.root}/checkpoints"
+                )
                 raise BrokenLink(cur, what if not links else f"{what} (the base of delta version {links[-1][0]})")
             if chain is not None and m.get("chain") != chain:
-                raise BrokenLink(links[-1][0], f"its base, delta version {cur}, is of another chain (written by a trainer that restarted)")
+                raise BrokenLink(
+                    links[-1][0],
+                    f"its base, delta version {cur}, is of another chain (written by a trainer that restarted)",
+                )
             if not isinstance(m.get("base"), int) or m["base"] >= cur:
                 raise BrokenLink(cur, f"its commit marker names base {m.get('base')!r}")
             links.append((cur, m))
@@ -315,7 +359,12 @@ class DeltaCheckpointReceiver:
         with self.full.fetched(CHECKPOINTS.dir(self.root, version), version) as (local, _):
             if engine is not None:
                 self.full.load_dir(engine, local, version)
-            return {k: v for f in sorted(os.listdir(local)) if f.endswith(".safetensors") for k, v in load_file(os.path.join(local, f)).items()}
+            return {
+                k: v
+                for f in sorted(os.listdir(local))
+                if f.endswith(".safetensors")
+                for k, v in load_file(os.path.join(local, f)).items()
+            }
 
     def _read_delta(self, version: int) -> dict[str, torch.Tensor]:
         """Delta `version`'s entries, its file checked against its marker (format 1 or 2); raises BrokenLink."""
@@ -327,7 +376,10 @@ class DeltaCheckpointReceiver:
                 if fmt == 1:
                     return load_file(os.path.join(local, DELTA_FILE_V1))
                 if fmt != FORMAT:
-                    raise BrokenLink(version, f"its format {fmt!r} is unknown to this rl_engine, which reads formats 1 and {FORMAT} (written by a newer trainer?)")
+                    raise BrokenLink(
+                        version,
+                        f"its format {fmt!r} is unknown to this rl_engine, which reads formats 1 and {FORMAT} (written by a newer trainer?)",
+                    )
                 with open(os.path.join(local, DELTA_FILE), "rb") as f:
                     return unpack(f.read(), int(marker["files"][DELTA_FILE]["raw_bytes"]))
         except BrokenLink:
@@ -339,7 +391,13 @@ class DeltaCheckpointReceiver:
 
     # ---- installing
 
-    def _apply_chain(self, engine: Any, start: tuple[int, dict[str, Any]] | None, links: list[tuple[int, dict[str, Any]]], version: int) -> int:
+    def _apply_chain(
+        self,
+        engine: Any,
+        start: tuple[int, dict[str, Any]] | None,
+        links: list[tuple[int, dict[str, Any]]],
+        version: int,
+    ) -> int:
         if start is None:
             if not links:
                 return version
@@ -389,7 +447,12 @@ class DeltaCheckpointReceiver:
                 try:
                     tensors = self._read_full(full)
                 except Damaged as e:
-                    log.warning("explorer %d: full version %d is damaged too (%s); trying an older one", self.explorer_id, full, e)
+                    log.warning(
+                        "explorer %d: full version %d is damaged too (%s); trying an older one",
+                        self.explorer_id,
+                        full,
+                        e,
+                    )
                     continue
                 cur, start = full, f"full version {full}"
             applied: list[int] = []
@@ -400,7 +463,9 @@ class DeltaCheckpointReceiver:
                 try:
                     delta = self._read_delta(v)
                     if tensors is None:
-                        tensors = {k: t.clone() for k, t in (self.held or {}).items()}  # the held copy stays whole if a link fails
+                        tensors = {
+                            k: t.clone() for k, t in (self.held or {}).items()
+                        }  # the held copy stays whole if a link fails
                     apply(tensors, delta)
                 except (BrokenLink, ValueError, RuntimeError, IndexError) as e:
                     log.warning("explorer %d: %s", self.explorer_id, e)
@@ -411,13 +476,24 @@ class DeltaCheckpointReceiver:
                 self._load_held(engine, tensors, chain, cur)
             log.warning(
                 "explorer %d: version %d not reachable (%s); fell back to the last full version %d: holds version %d (%s + deltas %s)",
-                self.explorer_id, version, broken, full, cur, start, applied,
+                self.explorer_id,
+                version,
+                broken,
+                full,
+                cur,
+                start,
+                applied,
             )
-            self.last_route = {"version": cur, "start": "full", "base": full, "deltas": applied, "fallback": str(broken)}
+            self.last_route = {
+                "version": cur,
+                "start": "full",
+                "base": full,
+                "deltas": applied,
+                "fallback": str(broken),
+            }
             return cur
         raise SyncError(
             f"checkpoint version {version} refused: {broken}, and no intact full checkpoint <= {version} is committed under {self.root}/checkpoints. "
             f"Nothing was loaded: explorer {self.explorer_id}'s engine keeps version {engine.version}. Resume the run (`rft run CONFIG --resume RUN`) "
             "so that the trainer publishes a full checkpoint"
         )
-

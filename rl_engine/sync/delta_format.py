@@ -56,13 +56,22 @@ def encode(name: str, old: torch.Tensor, new: torch.Tensor) -> dict[str, torch.T
         dense = bits[s : s + CHUNK] - base[s : s + CHUNK]  # wraps in the dtype's width
         changed = dense != 0
         d = np.compress(changed, dense)
-        chunks.append((s, np.packbits(changed), d, {w: int(np.count_nonzero((d < r.min) | (d > r.max))) for w, r in ranges.items()}))
+        chunks.append(
+            (
+                s,
+                np.packbits(changed),
+                d,
+                {w: int(np.count_nonzero((d < r.min) | (d > r.max))) for w, r in ranges.items()},
+            )
+        )
     k = sum(c[2].size for c in chunks)
     if k == 0:
         return {}
     wide = n > np.iinfo(np.int32).max
     itype, iw = (np.int64, 8) if wide else (np.int32, 4)
-    costs = {e: k * e} | {w: k * w + sum(c[3][w] for c in chunks) * (iw + e) for w in ranges}  # differences + exceptions
+    costs = {e: k * e} | {
+        w: k * w + sum(c[3][w] for c in chunks) * (iw + e) for w in ranges
+    }  # differences + exceptions
     width = min(costs, key=costs.__getitem__)
     where = {"idx": k * iw, "mask": (n + 7) // 8}
     how = min(where, key=where.__getitem__)
@@ -81,9 +90,14 @@ def encode(name: str, old: torch.Tensor, new: torch.Tensor) -> dict[str, torch.T
     if width < e and costs[width] > k * width:
         r = ranges[width]
         x = np.concatenate([positions(c, (c[2] < r.min) | (c[2] > r.max)) for c in chunks if c[3][width]])
-        out[f"{name}{SEP}xidx"], out[f"{name}{SEP}xval"] = torch.from_numpy(x), torch.from_numpy(bits[x]).view(new.dtype)
+        out[f"{name}{SEP}xidx"], out[f"{name}{SEP}xval"] = (
+            torch.from_numpy(x),
+            torch.from_numpy(bits[x]).view(new.dtype),
+        )
         d[(d < r.min) | (d > r.max)] = 0
-    out[f"{name}{SEP}dbits"] = torch.from_numpy(d.astype(f"int{8 * width}"))  # keeps the low bits: the wrapped difference
+    out[f"{name}{SEP}dbits"] = torch.from_numpy(
+        d.astype(f"int{8 * width}")
+    )  # keeps the low bits: the wrapped difference
     return out
 
 
@@ -113,29 +127,44 @@ def _plan(name: str, t: torch.Tensor | None, p: dict[str, torch.Tensor]) -> tupl
     if "all" in p:
         a = p["all"]
         if len(p) != 1 or a.shape != t.shape or a.dtype != t.dtype:
-            raise ValueError(f"{name!r} is {tuple(a.shape)} {a.dtype} in it (with {sorted(p)}), {tuple(t.shape)} {t.dtype} in its base")
+            raise ValueError(
+                f"{name!r} is {tuple(a.shape)} {a.dtype} in it (with {sorted(p)}), {tuple(t.shape)} {t.dtype} in its base"
+            )
         return t, None, a, False, None, None
     if ("idx" in p) == ("mask" in p) or ("dbits" in p) == ("val" in p) or ("xidx" in p) != ("xval" in p):
-        raise ValueError(f"{name!r} has entries {sorted(p)}: not positions (idx or mask), values (dbits or val) and optional xidx + xval")
+        raise ValueError(
+            f"{name!r} has entries {sorted(p)}: not positions (idx or mask), values (dbits or val) and optional xidx + xval"
+        )
     n = t.numel()
     if "idx" in p:
         where = _positions(name, "idx", p["idx"], n)
         count = where.size
-    elif p["mask"].dtype == torch.uint8 and p["mask"].dim() == 1 and p["mask"].numel() == (n + 7) // 8 and not p["mask"][-1] & ((1 << (-n % 8)) - 1):
+    elif (
+        p["mask"].dtype == torch.uint8
+        and p["mask"].dim() == 1
+        and p["mask"].numel() == (n + 7) // 8
+        and not p["mask"][-1] & ((1 << (-n % 8)) - 1)
+    ):
         where = p["mask"].numpy()  # packed: its padding bits are zero
         count = int(np.bitwise_count(where).sum())
     else:
-        raise ValueError(f"entry {name}{SEP}mask ({p['mask'].dtype}, {tuple(p['mask'].shape)}) is no packed mask of {n} elements")
+        raise ValueError(
+            f"entry {name}{SEP}mask ({p['mask'].dtype}, {tuple(p['mask'].shape)}) is no packed mask of {n} elements"
+        )
     is_diff = "dbits" in p
     values = p["dbits"] if is_diff else p["val"]
     fits = _DIFFS.get(values.dtype, 99) <= t.element_size() if is_diff else values.dtype == t.dtype
     if not fits or values.dim() != 1 or values.numel() != count:
-        raise ValueError(f"the values of {name!r} ({values.numel()} of {values.dtype}) do not fit its {count} changed elements of {t.dtype}")
+        raise ValueError(
+            f"the values of {name!r} ({values.numel()} of {values.dtype}) do not fit its {count} changed elements of {t.dtype}"
+        )
     xidx = xval = None
     if "xidx" in p:
         xidx, xval = _positions(name, "xidx", p["xidx"], n), p["xval"]
         if xval.dtype != t.dtype or xval.numel() != xidx.size:
-            raise ValueError(f"the exceptions of {name!r} ({xidx.size} positions, {xval.numel()} of {xval.dtype}) do not fit {t.dtype}")
+            raise ValueError(
+                f"the exceptions of {name!r} ({xidx.size} positions, {xval.numel()} of {xval.dtype}) do not fit {t.dtype}"
+            )
     return t, where, values, is_diff, xidx, xval
 
 

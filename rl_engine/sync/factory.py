@@ -27,7 +27,9 @@ def wire_dtype(cfg: RFTConfig) -> torch.dtype:
     return getattr(torch, cfg.model.dtype)
 
 
-def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None, device: str | None = None) -> WeightSender:
+def build_weight_sender(
+    cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None, device: str | None = None
+) -> WeightSender:
     """Trainer-side sync of `cfg.synchronizer.sync_method` (checkpoint with `synchronizer.delta.enabled`:
     deltas, rl_engine.sync.delta), meeting the receivers on the run's `board`;
     checkpoint needs a resolved cfg (run URL). `pinned` returns the model URL a lineage points at
@@ -35,9 +37,27 @@ def build_weight_sender(cfg: RFTConfig, board: Board, pinned: Callable[[], str |
     trainer's ('cuda:1'), where a collective sync's buckets are packed."""
     s = cfg.synchronizer
     if s.sync_method == "collective":
-        return CollectiveSender(s.collective, board, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, wire_dtype(cfg), s.wait_timeout_s, device)
+        return CollectiveSender(
+            s.collective,
+            board,
+            cfg.explorer.count,
+            cfg.explorer.engine.tensor_parallel_size,
+            wire_dtype(cfg),
+            s.wait_timeout_s,
+            device,
+        )
     if s.sync_method == "checkpoint":
-        full = CheckpointSender(cfg.run_url, cfg.buffer.storage.fs_options(), cfg.model.path, wire_dtype(cfg), board, cfg.explorer.count, s.wait_timeout_s, keep_last=s.keep_last_checkpoints, pinned=pinned)
+        full = CheckpointSender(
+            cfg.run_url,
+            cfg.buffer.storage.fs_options(),
+            cfg.model.path,
+            wire_dtype(cfg),
+            board,
+            cfg.explorer.count,
+            s.wait_timeout_s,
+            keep_last=s.keep_last_checkpoints,
+            pinned=pinned,
+        )
         return DeltaCheckpointSender(full, s.delta.full_every) if s.delta.enabled else full
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
 
@@ -46,9 +66,18 @@ def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) ->
     """Explorer-side sync of `cfg.synchronizer.sync_method` for explorer `explorer_id`, on the run's `board`."""
     s = cfg.synchronizer
     if s.sync_method == "collective":
-        return CollectiveReceiver(s.collective, board, explorer_id, cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size, s.wait_timeout_s)
+        return CollectiveReceiver(
+            s.collective,
+            board,
+            explorer_id,
+            cfg.explorer.count,
+            cfg.explorer.engine.tensor_parallel_size,
+            s.wait_timeout_s,
+        )
     if s.sync_method == "checkpoint":
-        full_receiver = CheckpointReceiver(cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s)
+        full_receiver = CheckpointReceiver(
+            cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s
+        )
         return DeltaCheckpointReceiver(full_receiver) if s.delta.enabled else full_receiver
     raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
 

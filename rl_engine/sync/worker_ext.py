@@ -115,7 +115,9 @@ class RFTWorkerExtension:
 
     # ---- collective method
 
-    def rft_join_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float) -> int:
+    def rft_join_group(
+        self, host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float
+    ) -> int:
         """Join the weight-sync group as rank `rank_offset + worker rank`; blocks until the group is complete."""
         from rl_engine.sync.buckets import init_group
 
@@ -169,7 +171,10 @@ class RFTWorkerExtension:
         pg, device = self._rft_group()
         key = (tuple(sizes), str(device))
         if getattr(self, "_rft_raw_key", None) != key:
-            self._rft_raw_key, self._rft_raw_bufs = key, [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes]
+            self._rft_raw_key, self._rft_raw_bufs = (
+                key,
+                [torch.empty(n, dtype=torch.uint8, device=device) for n in sizes],
+            )
         raw_broadcast(pg, self._rft_raw_bufs)
 
     # ---- checkpoint method
@@ -212,7 +217,9 @@ class RFTWorkerExtension:
 
         from safetensors.torch import load_file
 
-        weights = [(k, v.clone()) for f in sorted(Path(local_dir).glob("*.safetensors")) for k, v in load_file(str(f)).items()]
+        weights = [
+            (k, v.clone()) for f in sorted(Path(local_dir).glob("*.safetensors")) for k, v in load_file(str(f)).items()
+        ]
         t0 = time.perf_counter()
         self._rft_load(iter(weights))
         reload_s = time.perf_counter() - t0
@@ -223,7 +230,11 @@ class RFTWorkerExtension:
         def own_s(name: str) -> float:
             return sum(st[2] for (_, _, n), st in stats.items() if n == name)
 
-        return {"reload": reload_s, "pack": own_s("<built-in method torch._ops._C.create_onednn_mm_handler>"), "copy": own_s("<method 'copy_' of 'torch._C.TensorBase' objects>")}
+        return {
+            "reload": reload_s,
+            "pack": own_s("<built-in method torch._ops._C.create_onednn_mm_handler>"),
+            "copy": own_s("<method 'copy_' of 'torch._C.TensorBase' objects>"),
+        }
 
     def rft_weight_probe(self, names: list[str], rows: list[int]) -> dict[str, Any]:
         """Test and debugging probe: what this worker's model holds, by vLLM parameter name.
@@ -241,7 +252,11 @@ class RFTWorkerExtension:
                 p = params.get(name)
                 if p is None:
                     raise KeyError(f"no parameter {name!r} in the vLLM model; it has {sorted(params)[:8]}...")
-                out[name] = {"shape": tuple(p.shape), "sum": float(p.double().sum()), "rows": p[list(rows)].float().cpu().tolist()}
+                out[name] = {
+                    "shape": tuple(p.shape),
+                    "sum": float(p.double().sum()),
+                    "rows": p[list(rows)].float().cpu().tolist(),
+                }
             head, embed = params.get("lm_head.weight"), params.get("model.embed_tokens.weight")
             if head is None or embed is None:
                 out["tied"] = out["lm_head_equal"] = None

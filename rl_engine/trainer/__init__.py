@@ -1,9 +1,9 @@
 """The trainer side: the `Trainer` protocol, its settings and its factory (DeepSpeed is the one implementation).
 
-    from rl_engine.trainer import build_trainer, trainer_settings
-    trainer = build_trainer(trainer_settings(cfg))   # cfg: a run's RFTConfig (train_batch_size resolved or derivable)
-    ...
-    trainer.close()                                  # with several ranks: the others exit
+from rl_engine.trainer import build_trainer, trainer_settings
+trainer = build_trainer(trainer_settings(cfg))   # cfg: a run's RFTConfig (train_batch_size resolved or derivable)
+...
+trainer.close()                                  # with several ranks: the others exit
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def build_trainer(settings: TrainerSettings) -> Trainer:
     if local.world == 1:
         return local
     if local.rank != 0:
-        raise RuntimeError(f"build_trainer on trainer rank {local.rank}: ranks other than 0 follow rank 0 (rl_engine.trainer.ranks.follow)")
+        raise RuntimeError(
+            f"build_trainer on trainer rank {local.rank}: ranks other than 0 follow rank 0 (rl_engine.trainer.ranks.follow)"
+        )
     return LeaderTrainer(local)
 
 

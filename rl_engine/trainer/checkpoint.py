@@ -53,10 +53,24 @@ COMMIT_MARKER = "COMMITTED"
 # safetensors' dtype names, and its on-disk order: it sorts tensors by this rank (descending, its
 # Rust Dtype enum order, which keeps wide types aligned after the 8-byte-padded header), then by name.
 _ST_DTYPES = [
-    ("BOOL", torch.bool), ("U8", torch.uint8), ("I8", torch.int8), ("F8_E5M2", torch.float8_e5m2), ("F8_E4M3", torch.float8_e4m3fn),
-    ("F8_E4M3FNUZ", torch.float8_e4m3fnuz), ("F8_E5M2FNUZ", torch.float8_e5m2fnuz), ("I16", torch.int16), ("U16", torch.uint16),
-    ("F16", torch.float16), ("BF16", torch.bfloat16), ("I32", torch.int32), ("U32", torch.uint32), ("F32", torch.float32),
-    ("C64", torch.complex64), ("F64", torch.float64), ("I64", torch.int64), ("U64", torch.uint64),
+    ("BOOL", torch.bool),
+    ("U8", torch.uint8),
+    ("I8", torch.int8),
+    ("F8_E5M2", torch.float8_e5m2),
+    ("F8_E4M3", torch.float8_e4m3fn),
+    ("F8_E4M3FNUZ", torch.float8_e4m3fnuz),
+    ("F8_E5M2FNUZ", torch.float8_e5m2fnuz),
+    ("I16", torch.int16),
+    ("U16", torch.uint16),
+    ("F16", torch.float16),
+    ("BF16", torch.bfloat16),
+    ("I32", torch.int32),
+    ("U32", torch.uint32),
+    ("F32", torch.float32),
+    ("C64", torch.complex64),
+    ("F64", torch.float64),
+    ("I64", torch.int64),
+    ("U64", torch.uint64),
 ]
 _ST_NAME = {dt: name for name, dt in _ST_DTYPES}
 _ST_RANK = {dt: i for i, (_, dt) in enumerate(_ST_DTYPES)}
@@ -116,7 +130,9 @@ def drain(tensors: Mapping[str, torch.Tensor | Lazy]) -> None:
         pass
 
 
-def write_tensors(fs, path: str, tensors: Mapping[str, torch.Tensor | Lazy], metadata: dict[str, str] | None = None) -> int:
+def write_tensors(
+    fs, path: str, tensors: Mapping[str, torch.Tensor | Lazy], metadata: dict[str, str] | None = None
+) -> int:
     """Write a safetensors file of `tensors` (tensors or `Lazy`), streamed: the header from dtypes
     and shapes, then each tensor's bytes, holding one tensor's CPU copy at a time (none for CPU
     contiguous tensors). The file appears whole or not at all (`_atomic_open`). Returns its size.
@@ -246,7 +262,9 @@ def _base_optimizer(optimizer) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
-def collect_state(module: torch.nn.Module, optimizer) -> tuple[dict[str, Lazy | torch.Tensor], dict[str, Lazy | torch.Tensor], dict[str, Any]]:
+def collect_state(
+    module: torch.nn.Module, optimizer
+) -> tuple[dict[str, Lazy | torch.Tensor], dict[str, Lazy | torch.Tensor], dict[str, Any]]:
     """(master weights, optimizer tensors, optimizer JSON) of every parameter, full-size, HF names.
 
     Tensors are `Lazy` where producing one costs a full-size copy (ZeRO's fp32 fragments, any
@@ -263,13 +281,18 @@ def collect_state(module: torch.nn.Module, optimizer) -> tuple[dict[str, Lazy | 
         if _zero_managed(p):
             weights[name] = Lazy(torch.float32, _shape(p), lambda p=p: safe_get_full_fp32_param(p).float().cpu())
             for key in ("exp_avg", "exp_avg_sq") if has_state else ():
-                opt_tensors[f"{name}.{key}"] = Lazy(torch.float32, _shape(p), lambda p=p, key=key, name=name: _full_optimizer_state(p, key, name))
+                opt_tensors[f"{name}.{key}"] = Lazy(
+                    torch.float32, _shape(p), lambda p=p, key=key, name=name: _full_optimizer_state(p, key, name)
+                )
         else:
             weights[name] = _cpu_float(p.detach())
             for key, value in base.state.get(p, {}).items():
                 opt_tensors[f"{name}.{key}"] = _cpu_float(torch.as_tensor(value), keep_dtype=True)
     # Hyper-parameters the LR scheduler changes (lr) or that must match on load; `params` are ids.
-    groups = [{k: v for k, v in g.items() if k in ("lr", "initial_lr", "weight_decay", "eps") and isinstance(v, (int, float))} for g in base.param_groups]
+    groups = [
+        {k: v for k, v in g.items() if k in ("lr", "initial_lr", "weight_decay", "eps") and isinstance(v, (int, float))}
+        for g in base.param_groups
+    ]
     steps = [int(s["step"]) for s in base.state.values() if "step" in s]
     return weights, opt_tensors, {"param_groups": groups, "step": max(steps, default=0)}
 
@@ -287,7 +310,9 @@ def _full_optimizer_state(p: torch.nn.Parameter, key: str, name: str) -> torch.T
 
     value = safe_get_full_optimizer_state(p, key)
     if value is None:
-        raise RuntimeError(f"optimizer state {key!r} of {name} is missing although the optimizer has stepped (not Adam?)")
+        raise RuntimeError(
+            f"optimizer state {key!r} of {name} is missing although the optimizer has stepped (not Adam?)"
+        )
     return value.float().cpu()
 
 
@@ -300,8 +325,16 @@ def check_fits(params: dict[str, Any], weights: dict[str, Any], where: str = "tr
     """UserError unless `weights` has exactly the model's parameter names and shapes (values:
     tensors, or shapes as tuples, so a file's header is enough)."""
     missing, unexpected = sorted(params.keys() - weights.keys()), sorted(weights.keys() - params.keys())
-    wrong = [f"{k} {list(_shape(weights[k]))}, the model's {list(_shape(params[k]))}" for k in sorted(params.keys() & weights.keys()) if _shape(params[k]) != _shape(weights[k])]
-    problems = [f"{what} {names[:5]}" for what, names in (("missing", missing), ("unexpected", unexpected), ("shapes", wrong)) if names]
+    wrong = [
+        f"{k} {list(_shape(weights[k]))}, the model's {list(_shape(params[k]))}"
+        for k in sorted(params.keys() & weights.keys())
+        if _shape(params[k]) != _shape(weights[k])
+    ]
+    problems = [
+        f"{what} {names[:5]}"
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("shapes", wrong))
+        if names
+    ]
     if problems:
         raise UserError(
             f"{where} does not fit this model, it was saved from another one ({'; '.join(problems)}). "
@@ -309,7 +342,13 @@ def check_fits(params: dict[str, Any], weights: dict[str, Any], where: str = "tr
         )
 
 
-def restore_state(module: torch.nn.Module, optimizer, weights: dict[str, torch.Tensor], opt_tensors: dict[str, torch.Tensor], opt_meta: dict[str, Any]) -> None:
+def restore_state(
+    module: torch.nn.Module,
+    optimizer,
+    weights: dict[str, torch.Tensor],
+    opt_tensors: dict[str, torch.Tensor],
+    opt_meta: dict[str, Any],
+) -> None:
     """Inverse of `collect_state`: load weights (model and fp32 master) and optimizer state."""
     check_fits(dict(module.named_parameters()), weights)
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
@@ -335,7 +374,9 @@ def restore_state(module: torch.nn.Module, optimizer, weights: dict[str, torch.T
         # ZeRO's base optimizer holds flat partitions: their Adam step is one shared counter.
         for s in base.state.values():
             if "step" in s:
-                s["step"] = torch.full_like(s["step"], opt_meta["step"]) if torch.is_tensor(s["step"]) else opt_meta["step"]
+                s["step"] = (
+                    torch.full_like(s["step"], opt_meta["step"]) if torch.is_tensor(s["step"]) else opt_meta["step"]
+                )
 
 
 def _materialize_optimizer_state(optimizer) -> None:

@@ -63,7 +63,9 @@ class DeepSpeedTrainer:
             torch.set_num_threads(s.num_threads)
         torch.manual_seed(s.seed)
         model_dir = require_model_dir(s.model_path)
-        tok_dir = str(Path(s.tokenizer_path).expanduser()) if s.tokenizer_path else model_dir  # a tokenizer needs no config.json
+        tok_dir = (
+            str(Path(s.tokenizer_path).expanduser()) if s.tokenizer_path else model_dir
+        )  # a tokenizer needs no config.json
         self.tokenizer = AutoTokenizer.from_pretrained(tok_dir)
         if self.tokenizer.pad_token_id is None:
             raise UserError(
@@ -99,7 +101,9 @@ class DeepSpeedTrainer:
         optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
         warmup = s.warmup_steps
         # LambdaLR gets the number of finished steps n: step n+1 trains at lr * min(1, (n+1) / warmup).
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0
+        )
         ds_config: dict[str, Any] = {
             "train_batch_size": tbs,
             "train_micro_batch_size_per_gpu": micro,
@@ -114,7 +118,9 @@ class DeepSpeedTrainer:
         }
         preload_deepspeed_ops()  # a build lock left by a killed trainer would hang initialize forever
         count_start("deepspeed_init")
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config
+        )
         return engine
 
     # ---------------------------------------------------------------- steps
@@ -130,11 +136,27 @@ class DeepSpeedTrainer:
         offpolicy_masked_frac, is_weight_mean; filtered_experiences (dynamic sampling),
         truncated_masked, overlong_penalty when those knobs are on.
         """
-        b = self._to_device(batch, required=("input_ids", "attention_mask", "loss_mask", "behavior_logprobs", "versions", "rewards", "group_index", "response_len", "truncated"))
+        b = self._to_device(
+            batch,
+            required=(
+                "input_ids",
+                "attention_mask",
+                "loss_mask",
+                "behavior_logprobs",
+                "versions",
+                "rewards",
+                "group_index",
+                "response_len",
+                "truncated",
+            ),
+        )
         extra: dict[str, float] = {}
         if "advantages" not in b:  # one rank: the whole batch is here (TrainerRanks prepares both for several)
             prep = prepare_batch_rows(b, self.algo, self.max_response_tokens)
-            b["advantages"], b["trained_rows"] = prep.advantages.to(self.device), prep.trained_rows.to(self.device)  # [B] x 2
+            b["advantages"], b["trained_rows"] = (
+                prep.advantages.to(self.device),
+                prep.trained_rows.to(self.device),
+            )  # [B] x 2
             extra = row_metrics(prep, self.algo)
         stale = version_mask(b["versions"], self.version, self.algo.max_version_gap)  # [B, L]
         b["mask"] = b["loss_mask"] * stale * b["trained_rows"].unsqueeze(-1)  # [B, L]
@@ -159,7 +181,9 @@ class DeepSpeedTrainer:
         the accumulation boundary, after the last micro-batch)."""
         n = b["input_ids"].shape[0]
         if n != self.local_batch_size:
-            raise ValueError(f"train batch has {n} rows; this rank trains {self.local_batch_size} per step (train_batch_size / world size)")
+            raise ValueError(
+                f"train batch has {n} rows; this rank trains {self.local_batch_size} per step (train_batch_size / world size)"
+            )
         mask = b["mask"]
         counts = self._batch_counts(mask)
         sums: dict[str, float] = {}
@@ -182,7 +206,13 @@ class DeepSpeedTrainer:
         self.version += 1
         sums = self._summed_over_ranks(sums)
         tokens = max(counts["tokens"] * self.world, 1.0)
-        out = {"loss": sums.pop("loss"), "grad_norm": grad_norm, "lr": lr, "tokens": counts["tokens"] * self.world, "version": float(self.version)}
+        out = {
+            "loss": sums.pop("loss"),
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "tokens": counts["tokens"] * self.world,
+            "version": float(self.version),
+        }
         for k in ("pg_loss", "kl"):
             if k in sums:
                 out[k] = sums.pop(k)
@@ -220,10 +250,21 @@ class DeepSpeedTrainer:
         # The head runs on trained positions only (mask > 0): the prompt is most of a short
         # response's row, and skipping it made the SmolLM2 step 20% faster (bench.real). Untrained
         # positions take the old logprobs (ratio 1); mask zeroes them in the loss anyway.
-        logp, ent = self._token_logprobs(self.engine.module, self.engine, mb["input_ids"], mb["attention_mask"], self.temperature, mask)  # [b, L] x 2
+        logp, ent = self._token_logprobs(
+            self.engine.module, self.engine, mb["input_ids"], mb["attention_mask"], self.temperature, mask
+        )  # [b, L] x 2
         logp = torch.where(mask > 0, logp, mb["old_logprobs"])  # [b, L]
         out = policy_loss(
-            logp, mb["old_logprobs"], mb["advantages"], mask, self.algo, mb["behavior_logprobs"].float(), mb.get("ref_logprobs"), counts["tokens"], counts["seqs"], self.token_sum_divisor
+            logp,
+            mb["old_logprobs"],
+            mb["advantages"],
+            mask,
+            self.algo,
+            mb["behavior_logprobs"].float(),
+            mb.get("ref_logprobs"),
+            counts["tokens"],
+            counts["seqs"],
+            self.token_sum_divisor,
         )
         with torch.no_grad():
             log_ratio = mb["old_logprobs"] - logp.detach()  # [b, L]
@@ -231,7 +272,15 @@ class DeepSpeedTrainer:
                 "pg_loss": float(out.pg_loss),
                 "entropy": float((ent * mask).sum()),
                 "clipped": float(out.clipped_tokens),
-                **({"offpolicy_clamped": float(out.clamped_tokens), "offpolicy_masked": float(out.masked_tokens), "is_weight": float(out.weight_sum)} if self.algo.correction else {}),
+                **(
+                    {
+                        "offpolicy_clamped": float(out.clamped_tokens),
+                        "offpolicy_masked": float(out.masked_tokens),
+                        "is_weight": float(out.weight_sum),
+                    }
+                    if self.algo.correction
+                    else {}
+                ),
                 "approx_kl": float(((log_ratio.exp() - 1 - log_ratio) * mask).sum()),
                 "logprob_diff": float(((logp.detach() - mb["behavior_logprobs"]).abs() * mask).sum()),
             }
@@ -240,7 +289,9 @@ class DeepSpeedTrainer:
         return out.loss, parts
 
     def _sft_micro_loss(self, mb: Batch, mask: Tensor, counts: dict[str, float]) -> tuple[Tensor, dict[str, float]]:
-        logp, ent = self._token_logprobs(self.engine.module, self.engine, mb["input_ids"], mb["attention_mask"], 1.0, mask)  # [b, L]: SFT fits the untempered model
+        logp, ent = self._token_logprobs(
+            self.engine.module, self.engine, mb["input_ids"], mb["attention_mask"], 1.0, mask
+        )  # [b, L]: SFT fits the untempered model
         return sft_loss(logp, mask, counts["tokens"]), {"entropy": float((ent * mask).sum())}
 
     # ---------------------------------------------------------------- logprobs
@@ -261,11 +312,23 @@ class DeepSpeedTrainer:
         ids = batch["input_ids"].to(self.device)  # [B, L]
         am = batch["attention_mask"].to(self.device)  # [B, L]
         step = self.micro_batch_size
-        parts = [self._token_logprobs(model, forward, ids[i : i + step], am[i : i + step], self.temperature, None, entropy=False)[0] for i in range(0, ids.shape[0], step)]
+        parts = [
+            self._token_logprobs(
+                model, forward, ids[i : i + step], am[i : i + step], self.temperature, None, entropy=False
+            )[0]
+            for i in range(0, ids.shape[0], step)
+        ]
         return torch.cat(parts) if parts else torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
 
     def _token_logprobs(
-        self, model: torch.nn.Module, forward: Callable[..., Any], ids: Tensor, am: Tensor, temperature: float, mask: Tensor | None, entropy: bool = True
+        self,
+        model: torch.nn.Module,
+        forward: Callable[..., Any],
+        ids: Tensor,
+        am: Tensor,
+        temperature: float,
+        mask: Tensor | None,
+        entropy: bool = True,
     ) -> tuple[Tensor, Tensor]:
         """(logprobs [b, L] with grad, entropy [b, L] without) of ids under `model` run by `forward`
         (rl_engine.trainer.head: chunked output head, or full logits when `logits_chunk_tokens` is None)."""
@@ -298,12 +361,16 @@ class DeepSpeedTrainer:
             self.tokenizer.save_pretrained(tmp)
             ckpt.upload_dir(tmp, url, storage_options)
 
-    def save_state(self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+    def save_state(
+        self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+    ) -> None:
         """Write resumable state (weights, optimizer, LR schedule, RNG, version, `extra`) to `url`;
         see `rl_engine.trainer.checkpoint` for the format. `COMMITTED` is written last."""
         from rl_engine.storage import join, open_storage
 
-        weights, opt_tensors, opt_meta = ckpt.collect_state(self.engine.module, self.engine.optimizer)  # lazy: fetched while written
+        weights, opt_tensors, opt_meta = ckpt.collect_state(
+            self.engine.module, self.engine.optimizer
+        )  # lazy: fetched while written
         rng_tensors, rng_meta = ckpt.rng_state()
         if self.rank != 0:
             ckpt.drain(weights)  # ZeRO-3's fetches are collective: take part in rank 0's, in its order
@@ -319,7 +386,12 @@ class DeepSpeedTrainer:
             "format": ckpt.FORMAT,
             "format_version": ckpt.FORMAT_VERSION,
             "version": self.version,
-            "engine": {"global_steps": e.global_steps, "global_samples": e.global_samples, "micro_steps": e.micro_steps, "skipped_steps": e.skipped_steps},
+            "engine": {
+                "global_steps": e.global_steps,
+                "global_samples": e.global_samples,
+                "micro_steps": e.micro_steps,
+                "skipped_steps": e.skipped_steps,
+            },
             "optimizer": opt_meta,
             "lr_scheduler": _jsonable_scheduler_state(e.lr_scheduler),
             "rng": rng_meta,
@@ -334,7 +406,9 @@ class DeepSpeedTrainer:
 
         fs, root = open_storage(url, storage_options)
         if not fs.exists(join(root, ckpt.COMMIT_MARKER)):
-            raise UserError(f"{url}: no committed trainer state here ({ckpt.COMMIT_MARKER} missing); it was never written or its save did not finish")
+            raise UserError(
+                f"{url}: no committed trainer state here ({ckpt.COMMIT_MARKER} missing); it was never written or its save did not finish"
+            )
         meta = ckpt.read_json(fs, join(root, "state.json"))
         ckpt.check_format(meta, url)
         weights = ckpt.read_tensors(fs, join(root, "model.safetensors"))

@@ -48,13 +48,22 @@ def ensure_dist_env(local_device: int = 0) -> None:
         return  # an earlier trainer in this process already joined; DeepSpeed reuses the group
     owner = os.environ.get(OWNER)
     if owner == str(os.getpid()):
-        os.environ["LOCAL_RANK"] = str(local_device)  # our own one-process world, from an earlier trainer here: this one's device
+        os.environ["LOCAL_RANK"] = str(
+            local_device
+        )  # our own one-process world, from an earlier trainer here: this one's device
         return
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and owner is None:
         os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         return
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK=str(local_device), **{OWNER: str(os.getpid())})
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK=str(local_device),
+        **{OWNER: str(os.getpid())},
+    )
 
 
 def accelerator_device() -> str:
@@ -160,7 +169,11 @@ def _clear_if_stale(lock: str, stale_after_s: float) -> None:
         except FileNotFoundError:
             return
         if age > stale_after_s or time.monotonic() > deadline:
-            log.warning("removing %s, a torch extension build lock left by a process that died while holding it (%.0f s old)", lock, age)
+            log.warning(
+                "removing %s, a torch extension build lock left by a process that died while holding it (%.0f s old)",
+                lock,
+                age,
+            )
             with contextlib.suppress(FileNotFoundError):
                 os.remove(lock)
             return

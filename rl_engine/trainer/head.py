@@ -27,7 +27,14 @@ PLAIN_HEAD_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def head_logprobs(
-    model: torch.nn.Module, forward: Callable[..., Any], ids: Tensor, am: Tensor, temperature: float, chunk_tokens: int | None, mask: Tensor | None, entropy: bool = True
+    model: torch.nn.Module,
+    forward: Callable[..., Any],
+    ids: Tensor,
+    am: Tensor,
+    temperature: float,
+    chunk_tokens: int | None,
+    mask: Tensor | None,
+    entropy: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """(logprobs [b, L] with grad, entropy [b, L] without) of ids under `model`, which `forward`
     runs (the DeepSpeed engine for the policy: its forward, hooks included, stays in the path).
@@ -73,7 +80,9 @@ def final_hidden(model: torch.nn.Module, forward: Callable[..., Any], ids: Tenso
     would skip it.
     """
     got: list[Tensor] = []
-    hook = model.get_decoder().register_forward_hook(lambda _m, _a, out: got.append(out[0] if isinstance(out, tuple) else out.last_hidden_state))
+    hook = model.get_decoder().register_forward_hook(
+        lambda _m, _a, out: got.append(out[0] if isinstance(out, tuple) else out.last_hidden_state)
+    )
     try:
         forward(input_ids=ids, attention_mask=am, logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device))
     finally:

@@ -39,7 +39,14 @@ class RanksFailed(RuntimeError):
     """A trainer rank failed; the message names the first one and how it ended."""
 
 
-def ranks_command(run_url: str, storage_options: dict[str, Any] | None, num_ranks: int, nodes: int = 1, node_rank: int = 0, rendezvous: str | None = None) -> list[str]:
+def ranks_command(
+    run_url: str,
+    storage_options: dict[str, Any] | None,
+    num_ranks: int,
+    nodes: int = 1,
+    node_rank: int = 0,
+    rendezvous: str | None = None,
+) -> list[str]:
     """torchrun's command line for node `node_rank`'s share of the `num_ranks` trainer ranks of
     the run at `run_url`: all of them on one machine, or num_ranks / nodes per node, meeting at
     `rendezvous` (host:port on node 0; node 0 holds global rank 0)."""
@@ -47,7 +54,14 @@ def ranks_command(run_url: str, storage_options: dict[str, Any] | None, num_rank
         where = ["--standalone", f"--nproc-per-node={num_ranks}"]
     else:
         host, port = rendezvous.rsplit(":", 1)
-        where = [f"--nnodes={nodes}", f"--node-rank={node_rank}", f"--nproc-per-node={num_ranks // nodes}", "--rdzv-backend=static", f"--master-addr={host}", f"--master-port={port}"]
+        where = [
+            f"--nnodes={nodes}",
+            f"--node-rank={node_rank}",
+            f"--nproc-per-node={num_ranks // nodes}",
+            "--rdzv-backend=static",
+            f"--master-addr={host}",
+            f"--master-port={port}",
+        ]
     return [
         sys.executable, "-m", "torch.distributed.run", *where, "--max-restarts=0", "--monitor-interval=0.5",
         "-m", RANK_MAIN, run_url, "--storage-options", json.dumps(storage_options or {}),
@@ -59,7 +73,13 @@ def launcher_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
 
 
-def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: float = 1.0, stop_grace_s: float = 15.0, env: dict[str, str] | None = None) -> None:
+def run_ranks(
+    cmd: list[str],
+    poll: Callable[[], None] = lambda: None,
+    poll_s: float = 1.0,
+    stop_grace_s: float = 15.0,
+    env: dict[str, str] | None = None,
+) -> None:
     """Run torchrun's `cmd` (with `env` on top of this process's environment: the run's device
     plan, CUDA_VISIBLE_DEVICES), calling `poll()` every `poll_s` until it exits; then stop whatever
     it left (also when `poll` raises or this thread is interrupted). Raises RanksFailed on failure."""
@@ -81,7 +101,10 @@ def run_ranks(cmd: list[str], poll: Callable[[], None] = lambda: None, poll_s: f
         raise RanksFailed(describe_failure("".join(tail), proc.returncode))
 
 
-_FAILURE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*(.*?)(?=\n-{8,}|\n={8,}|\Z)", re.DOTALL)
+_FAILURE = re.compile(
+    r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)(?: \(pid: (\d+)\))?.*?traceback\s*:\s*(.*?)(?=\n-{8,}|\n={8,}|\Z)",
+    re.DOTALL,
+)
 
 
 def describe_failure(output: str, returncode: int) -> str:
@@ -146,20 +169,38 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="rft trainer-node", description=main.__doc__.splitlines()[0])
     p.add_argument("run_url", help="the run's directory or URL (as the trainer role has it)")
-    p.add_argument("--node-rank", type=int, required=True, help="this machine's node, 1 .. trainer.nodes - 1 (node 0 is the trainer role's)")
+    p.add_argument(
+        "--node-rank",
+        type=int,
+        required=True,
+        help="this machine's node, 1 .. trainer.nodes - 1 (node 0 is the trainer role's)",
+    )
     add_storage_options_arg(p)
-    p.add_argument("--wait-s", type=float, default=600.0, help="how long to wait for the run to start (its config.yaml)")
+    p.add_argument(
+        "--wait-s", type=float, default=600.0, help="how long to wait for the run to start (its config.yaml)"
+    )
     a = p.parse_args(argv)
     options = parse_storage_options(a.storage_options)
     fs, root = open_storage(a.run_url, options)
 
     def no_run() -> UserError:
-        return UserError(f"{a.run_url}: no run there after {a.wait_s:.0f} s (no config.yaml); start the run first (`rft run`), then its trainer nodes")
+        return UserError(
+            f"{a.run_url}: no run there after {a.wait_s:.0f} s (no config.yaml); start the run first (`rft run`), then its trainer nodes"
+        )
 
-    poll_until(lambda: fs.exists(join(root, CONFIG_FILE)), what="the run's config.yaml", timeout_s=a.wait_s, interval_s=1.0, timeout_error=no_run, between=fs.invalidate_cache)
+    poll_until(
+        lambda: fs.exists(join(root, CONFIG_FILE)),
+        what="the run's config.yaml",
+        timeout_s=a.wait_s,
+        interval_s=1.0,
+        timeout_error=no_run,
+        between=fs.invalidate_cache,
+    )
     t = open_run(a.run_url, options).cfg.trainer
     if not 0 < a.node_rank < t.nodes:
-        raise UserError(f"--node-rank {a.node_rank}: the run's trainer spans trainer.nodes = {t.nodes} machines; give 1 .. {t.nodes - 1} (node 0 is the trainer role's)")
+        raise UserError(
+            f"--node-rank {a.node_rank}: the run's trainer spans trainer.nodes = {t.nodes} machines; give 1 .. {t.nodes - 1} (node 0 is the trainer role's)"
+        )
     run_ranks(ranks_command(a.run_url, options, t.num_ranks, t.nodes, a.node_rank, t.rendezvous))
     return 0
 

@@ -36,7 +36,9 @@ class Trainer(Protocol):
         """Write a Hugging Face model directory (transformers and vLLM load it)."""
         ...
 
-    def save_state(self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+    def save_state(
+        self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+    ) -> None:
         """Write resumable state plus the caller's JSON `extra`; commit marker last."""
         ...
 

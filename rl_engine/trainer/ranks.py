@@ -46,11 +46,19 @@ def share(batch: Batch, rank: int, world: int) -> Batch:
     return {k: v[rows.to(v.device)] for k, v in batch.items()}
 
 
-def broadcast_op(op: str, args: dict[str, Any] | None = None, tensors: Batch | None = None, device: str = "cpu") -> None:
+def broadcast_op(
+    op: str, args: dict[str, Any] | None = None, tensors: Batch | None = None, device: str = "cpu"
+) -> None:
     """Rank 0: send one operation to the other ranks."""
     tensors = tensors or {}
     names = sorted(tensors)
-    head = json.dumps({"op": op, "args": args or {}, "tensors": [[k, str(tensors[k].dtype).removeprefix("torch."), list(tensors[k].shape)] for k in names]}).encode()
+    head = json.dumps(
+        {
+            "op": op,
+            "args": args or {},
+            "tensors": [[k, str(tensors[k].dtype).removeprefix("torch."), list(tensors[k].shape)] for k in names],
+        }
+    ).encode()
     dist.broadcast(torch.tensor([len(head)], dtype=torch.int64, device=device), src=0)
     dist.broadcast(torch.frombuffer(bytearray(head), dtype=torch.uint8).to(device), src=0)
     for k in names:
@@ -76,7 +84,12 @@ class LeaderTrainer:
 
     def __init__(self, local: Any):
         self.local = local
-        self.rank, self.world, self.pad_token_id, self.device = local.rank, local.world, local.pad_token_id, local.device
+        self.rank, self.world, self.pad_token_id, self.device = (
+            local.rank,
+            local.world,
+            local.pad_token_id,
+            local.device,
+        )
         # An operation that raised may have left the other ranks inside a collective: no `end`
         # then; rank 0's failure makes torchrun stop them.
         self._broken = False
@@ -121,7 +134,9 @@ class LeaderTrainer:
         self._send("save_hf", {"url": url})
         self._done(self.local.save_hf(url, storage_options))
 
-    def save_state(self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> None:
+    def save_state(
+        self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
+    ) -> None:
         self._send("save_state", {"url": url})
         self._done(self.local.save_state(url, storage_options, extra))
 
@@ -158,4 +173,6 @@ def follow(local: Any, storage_options: dict[str, Any] | None = None) -> None:
         elif op == "load_state":
             local.load_state(args["url"], storage_options)
         else:
-            raise RuntimeError(f"trainer rank {local.rank}: unknown operation {op!r} from rank 0 (ranks of different versions?)")
+            raise RuntimeError(
+                f"trainer rank {local.rank}: unknown operation {op!r} from rank 0 (ranks of different versions?)"
+            )

@@ -30,30 +30,55 @@ class TrainerSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    model_path: str = Field(description="Local Hugging Face model directory (config.json, weights) the policy starts from.")
+    model_path: str = Field(
+        description="Local Hugging Face model directory (config.json, weights) the policy starts from."
+    )
     tokenizer_path: str | None = Field(default=None, description="Tokenizer directory; null: model_path.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(default=_default(ModelConfig, "dtype"), description="Parameter dtype of the model (and of the KL reference).")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default=_default(ModelConfig, "dtype"), description="Parameter dtype of the model (and of the KL reference)."
+    )
     seed: int = Field(ge=0, description="torch seed set before the model is built.")
     train_batch_size: int = Field(ge=1, description="Experiences per step over all ranks (one optimizer update).")
-    micro_batch_size: int = Field(ge=1, description="Experiences per forward/backward pass on one rank; gradient accumulation makes up the rest.")
+    micro_batch_size: int = Field(
+        ge=1, description="Experiences per forward/backward pass on one rank; gradient accumulation makes up the rest."
+    )
     lr: float = Field(gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
     betas: tuple[float, float] = Field(default=_default(TrainerConfig, "betas"), description="AdamW betas.")
-    weight_decay: float = Field(default=_default(TrainerConfig, "weight_decay"), ge=0.0, description="AdamW weight decay.")
-    warmup_steps: int = Field(default=_default(TrainerConfig, "warmup_steps"), ge=0, description="Linear LR warmup over this many steps; 0: full lr from step 1.")
+    weight_decay: float = Field(
+        default=_default(TrainerConfig, "weight_decay"), ge=0.0, description="AdamW weight decay."
+    )
+    warmup_steps: int = Field(
+        default=_default(TrainerConfig, "warmup_steps"),
+        ge=0,
+        description="Linear LR warmup over this many steps; 0: full lr from step 1.",
+    )
     grad_clip: float = Field(default=_default(TrainerConfig, "grad_clip"), gt=0.0, description="Gradient norm clip.")
-    zero_stage: Literal[0, 1, 2, 3] = Field(default=_default(TrainerConfig, "zero_stage"), description="DeepSpeed ZeRO stage.")
-    num_threads: int | None = Field(default=_default(TrainerConfig, "num_threads"), ge=1, description="torch intra-op threads of this process; null keeps torch's default.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        default=_default(TrainerConfig, "zero_stage"), description="DeepSpeed ZeRO stage."
+    )
+    num_threads: int | None = Field(
+        default=_default(TrainerConfig, "num_threads"),
+        ge=1,
+        description="torch intra-op threads of this process; null keeps torch's default.",
+    )
     temperature: float = Field(
-        default=1.0, gt=0.0, description="Logits are divided by this before logprobs and entropy: the explorer's sampling temperature (1.0 when it samples greedily)."
+        default=1.0,
+        gt=0.0,
+        description="Logits are divided by this before logprobs and entropy: the explorer's sampling temperature (1.0 when it samples greedily).",
     )
     max_response_tokens: int | None = Field(
-        default=None, ge=1, description="The explorer's response token budget (overlong shaping and Dr.GRPO's divisor read it); null: no RL run."
+        default=None,
+        ge=1,
+        description="The explorer's response token budget (overlong shaping and Dr.GRPO's divisor read it); null: no RL run.",
     )
     algorithm: AlgorithmConfig = Field(
-        default_factory=AlgorithmConfig, description="The RL loss and advantages (train_step); SFT (sft_step) uses none of it."
+        default_factory=AlgorithmConfig,
+        description="The RL loss and advantages (train_step); SFT (sft_step) uses none of it.",
     )
     local_device: int = Field(
-        default=0, ge=0, description="CUDA device index of a trainer that is the only rank of its process's world (no launcher); a launcher's LOCAL_RANK wins (rl_engine.trainer.dist)."
+        default=0,
+        ge=0,
+        description="CUDA device index of a trainer that is the only rank of its process's world (no launcher); a launcher's LOCAL_RANK wins (rl_engine.trainer.dist).",
     )
 
 
@@ -78,7 +103,9 @@ def trainer_settings(cfg: RFTConfig, local_device: int = 0) -> TrainerSettings:
         zero_stage=t.zero_stage,
         num_threads=t.num_threads,
         temperature=temperature if temperature > 0 else 1.0,  # greedy sampling: the logprobs of the unscaled policy
-        max_response_tokens=cfg.explorer.partial.max_response_tokens if cfg.explorer.partial.enabled else cfg.explorer.sampling.max_tokens,
+        max_response_tokens=cfg.explorer.partial.max_response_tokens
+        if cfg.explorer.partial.enabled
+        else cfg.explorer.sampling.max_tokens,
         algorithm=cfg.algorithm,
         local_device=local_device,
     )

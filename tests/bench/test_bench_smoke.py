@@ -60,7 +60,10 @@ def run_bench(module: str, *args: str, timeout_s: float, tmp_path: Path) -> dict
         def tail(text: str) -> str:
             return "\n".join(text.splitlines()[-60:])
 
-        pytest.fail(f"{shown}: {why}\n--- stdout (tail) ---\n{tail(stdout)}\n--- stderr (tail) ---\n{tail(err.read_text(errors='replace'))}", pytrace=False)
+        pytest.fail(
+            f"{shown}: {why}\n--- stdout (tail) ---\n{tail(stdout)}\n--- stderr (tail) ---\n{tail(err.read_text(errors='replace'))}",
+            pytrace=False,
+        )
 
     if rc is None:
         fail(f"still running after {timeout_s:g} s: killed")
@@ -117,8 +120,24 @@ def per(result: dict[str, Any], key: str, names: set[str], check) -> None:
 
 def test_buffer(tmp_path):
     r = run_bench("buffer", "--smoke", timeout_s=180, tmp_path=tmp_path)
-    figures = ("write_ratio_vs_pyarrow", "read_ratio_vs_pyarrow", "batch_read_ms", "s3_write_ratio_vs_pyarrow", "s3_read_ratio_vs_pyarrow", "s3_batch_read_ms", "local_write_mb_s", "local_read_mb_s", "write_floor_ratio_vs_pyarrow", "read_floor_ratio_vs_pyarrow")
-    polling = ("poll_s_at_10k_over_10", "batch_read_s_at_10k_over_10", "poll_ms_at_10k", "full_listing_ms_at_10k")  # {"local", "s3"} each
+    figures = (
+        "write_ratio_vs_pyarrow",
+        "read_ratio_vs_pyarrow",
+        "batch_read_ms",
+        "s3_write_ratio_vs_pyarrow",
+        "s3_read_ratio_vs_pyarrow",
+        "s3_batch_read_ms",
+        "local_write_mb_s",
+        "local_read_mb_s",
+        "write_floor_ratio_vs_pyarrow",
+        "read_floor_ratio_vs_pyarrow",
+    )
+    polling = (
+        "poll_s_at_10k_over_10",
+        "batch_read_s_at_10k_over_10",
+        "poll_ms_at_10k",
+        "full_listing_ms_at_10k",
+    )  # {"local", "s3"} each
     has_keys(r, "commits", *figures, *polling)
     for k in figures:
         positive(r[k])
@@ -129,7 +148,14 @@ def test_buffer(tmp_path):
 
 def test_rollout(tmp_path):
     r = run_bench("rollout", "--smoke", timeout_s=300, tmp_path=tmp_path)
-    keys = ("rollout_over_raw", "rollout_tokens_per_s", "raw_tokens_per_s", "experiences_tokens_per_s", "experiences_over_rollout", "experiences_rows_ms")
+    keys = (
+        "rollout_over_raw",
+        "rollout_tokens_per_s",
+        "raw_tokens_per_s",
+        "experiences_tokens_per_s",
+        "experiences_over_rollout",
+        "experiences_rows_ms",
+    )
     has_keys(r, *keys)
     for k in keys:
         positive(r[k])
@@ -139,7 +165,16 @@ def test_rollout(tmp_path):
 def test_sync(tmp_path):
     r = run_bench("sync", "--smoke", timeout_s=300, tmp_path=tmp_path)
     assert r["smoke"] is True and r["largest_model"] == "0.3M"
-    times = ("collective_s", "raw_broadcast_s", "reload_s", "reload_pack_s", "reload_copy_s", "engine_load_s", "checkpoint_s", "raw_io_s")
+    times = (
+        "collective_s",
+        "raw_broadcast_s",
+        "reload_s",
+        "reload_pack_s",
+        "reload_copy_s",
+        "engine_load_s",
+        "checkpoint_s",
+        "raw_io_s",
+    )
     ratios = ("collective_over_raw", "bound_over_raw", "checkpoint_over_raw")
     has_keys(r, "params_M", "MB", "reload_other_s", *times, *ratios)
     for k in ("params_M", "MB", *times, *ratios):
@@ -147,17 +182,38 @@ def test_sync(tmp_path):
     number(r["reload_other_s"])
     assert r["bound_over_raw"] >= 1  # the bound is at least the raw broadcast itself
     assert r["device"] == "cpu" and r["hardware"].endswith(" cores")  # the CPU's model and the cores it had
-    deltas = ("full_MB_written", "full_sync_s", "delta_MB_written", "delta_sync_s", "delta_over_full", "changed", "delta_over_full_demo_lr", "changed_demo_lr", "delta_over_full_fp32")
+    deltas = (
+        "full_MB_written",
+        "full_sync_s",
+        "delta_MB_written",
+        "delta_sync_s",
+        "delta_over_full",
+        "changed",
+        "delta_over_full_demo_lr",
+        "changed_demo_lr",
+        "delta_over_full_fp32",
+    )
     has_keys(r, "delta_bytes_ratio", "delta_bytes_ratio_bf16", "delta", *deltas)
     assert set(r["delta"]) == {"0.3M"} and all(k in r["delta"]["0.3M"] for k in deltas)
     for k in ("delta_bytes_ratio", "delta_bytes_ratio_bf16", *deltas):
         positive(r[k])
-    assert r["delta_over_full"] < r["delta_over_full_demo_lr"] < 1 and r["changed"] < r["changed_demo_lr"]  # fewer bfloat16 elements move at a smaller lr
+    assert (
+        r["delta_over_full"] < r["delta_over_full_demo_lr"] < 1 and r["changed"] < r["changed_demo_lr"]
+    )  # fewer bfloat16 elements move at a smaller lr
 
 
 def test_modes_synthetic(tmp_path):
     r = run_bench("modes", "--smoke", "--synthetic", timeout_s=300, tmp_path=tmp_path)
-    has_keys(r, "workload", "steps", "efficiency", "step_s", "first_step_over_steady", "engine_start_s", "orchestration_overhead")
+    has_keys(
+        r,
+        "workload",
+        "steps",
+        "efficiency",
+        "step_s",
+        "first_step_over_steady",
+        "engine_start_s",
+        "orchestration_overhead",
+    )
     assert r["workload"] == "synthetic" and r["steps"] == 3
     per(r, "efficiency", MODES, positive)
     per(r, "step_s", MODES, positive)
@@ -168,7 +224,16 @@ def test_modes_synthetic(tmp_path):
 
 def test_train(tmp_path):
     r = run_bench("train", "--smoke", timeout_s=300, tmp_path=tmp_path)
-    has_keys(r, "params", "step_s_1rank", "step_s_2rank", "tokens_per_s_1rank", "tokens_per_s_2rank", "ideal_ratio", "update_max_abs_diff")
+    has_keys(
+        r,
+        "params",
+        "step_s_1rank",
+        "step_s_2rank",
+        "tokens_per_s_1rank",
+        "tokens_per_s_2rank",
+        "ideal_ratio",
+        "update_max_abs_diff",
+    )
     count(r["params"])
     for k in ("step_s_1rank", "step_s_2rank", "tokens_per_s_1rank", "tokens_per_s_2rank", "ideal_ratio"):
         positive(r[k])
@@ -184,14 +249,40 @@ def test_device_cuda_is_refused_without_cuda(module):
 
     if torch.cuda.device_count():
         pytest.skip("this machine has CUDA: tests/gpu runs the benchmarks there")
-    done = subprocess.run([sys.executable, "-m", f"bench.{module}", "--device", "cuda", "--smoke"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", "--device", "cuda", "--smoke"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done
-    assert "--device cuda: no CUDA device is visible here" in done.stderr and "make setup-gpu" in done.stderr and not done.stdout.strip()
+    assert (
+        "--device cuda: no CUDA device is visible here" in done.stderr
+        and "make setup-gpu" in done.stderr
+        and not done.stdout.strip()
+    )
 
 
 def test_partial(tmp_path):
     r = run_bench("partial", "--smoke", timeout_s=540, tmp_path=tmp_path)
-    has_keys(r, "steps", "seeds", "step_time_speedup", "trainer_step_speedup", "wall_speedup", "reward_start", "reward_off", "reward_on", "reward_spread", "reward_on_range", "reward_gap", "reward_on_within_spread", "alone_step_s", "alone_speedup")
+    has_keys(
+        r,
+        "steps",
+        "seeds",
+        "step_time_speedup",
+        "trainer_step_speedup",
+        "wall_speedup",
+        "reward_start",
+        "reward_off",
+        "reward_on",
+        "reward_spread",
+        "reward_on_range",
+        "reward_gap",
+        "reward_on_within_spread",
+        "alone_step_s",
+        "alone_speedup",
+    )
     assert r["steps"] == 5 and r["seeds"] == [0]
     for k in ("step_time_speedup", "trainer_step_speedup", "wall_speedup", "alone_speedup"):
         positive(r[k])
@@ -210,7 +301,24 @@ def test_partial(tmp_path):
 def test_learning(tmp_path):
     png = tmp_path / "learning.png"
     r = run_bench("learning", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path)
-    has_keys(r, "steps", "seeds", "reward_start", "png", "bench_s", "wall_s", "speedup_vs_sync", "final_reward", "final_reward_spread", "reward_within_spread", "wasted_fraction", "trainer_busy", "explorer_busy", "eval_overhead_fraction", "heldout_pass1_final")
+    has_keys(
+        r,
+        "steps",
+        "seeds",
+        "reward_start",
+        "png",
+        "bench_s",
+        "wall_s",
+        "speedup_vs_sync",
+        "final_reward",
+        "final_reward_spread",
+        "reward_within_spread",
+        "wasted_fraction",
+        "trainer_busy",
+        "explorer_busy",
+        "eval_overhead_fraction",
+        "heldout_pass1_final",
+    )
     assert r["steps"] == 3 and r["seeds"] == [0] and png.stat().st_size > 0
     fraction(r["reward_start"])
     positive(r["bench_s"])
@@ -226,17 +334,32 @@ def test_learning(tmp_path):
     per(r, "reward_within_spread", MODES, boolean)
     for k in ("wasted_fraction", "trainer_busy", "explorer_busy", "eval_overhead_fraction", "heldout_pass1_final"):
         per(r, k, MODES, fraction)
-    assert all(v > 0 for v in r["eval_overhead_fraction"].values())  # evaluated at start and end: explorer 0's eval spans
+    assert all(
+        v > 0 for v in r["eval_overhead_fraction"].values()
+    )  # evaluated at start and end: explorer 0's eval spans
     for k in ("floor_generate_s", "floor_train_s", "floor_reload_s", "trainer_step_s", "sync_step_over_floor"):
         positive(r[k])
-    assert r["step_floor_s"] == pytest.approx(r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-4)
+    assert r["step_floor_s"] == pytest.approx(
+        r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-4
+    )
     assert r["floor_train_s"] == min(r["trainer_step_s"], r["reference_step_s"])
 
 
 def test_algorithms(tmp_path):
     png = tmp_path / "algorithms.png"
     r = run_bench("algorithms", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path)
-    has_keys(r, "steps", "seeds", "reward_start", "png", "bench_s", "presets", "stale4_plain_vs_sync", "stale4_corrected_vs_sync", "corrected_within_sync_spread")
+    has_keys(
+        r,
+        "steps",
+        "seeds",
+        "reward_start",
+        "png",
+        "bench_s",
+        "presets",
+        "stale4_plain_vs_sync",
+        "stale4_corrected_vs_sync",
+        "corrected_within_sync_spread",
+    )
     assert r["steps"] == 2 and r["seeds"] == [0] and png.stat().st_size > 0
     fraction(r["reward_start"])
     positive(r["bench_s"])
@@ -266,13 +389,28 @@ def test_algorithms(tmp_path):
 def test_engine_start(tmp_path):
     r = run_bench("engine_start", "--smoke", timeout_s=600, tmp_path=tmp_path)
     parts = ("to_worker_s", "worker_s", "warm_up_s")
-    has_keys(r, "engine_start_s", "imports_s", "served_start_s", "engine_start_saved_s", "load_weights_s", "init_engine_s", *parts)
+    has_keys(
+        r,
+        "engine_start_s",
+        "imports_s",
+        "served_start_s",
+        "engine_start_saved_s",
+        "load_weights_s",
+        "init_engine_s",
+        *parts,
+    )
     for k in (*parts, "imports_s", "served_start_s"):
         positive(r[k])
     assert sum(r[k] for k in parts) == pytest.approx(r["engine_start_s"], abs=0.01)
     assert r["engine_start_saved_s"] == pytest.approx(r["engine_start_s"] - r["served_start_s"], abs=0.01)
     # `rft run` with the engine server: the roles begin, then the first rollout, after the command started.
-    has_keys(r, "rft_run_to_roles_s", "rft_run_to_first_rollout_s", "served_rft_run_to_roles_s", "served_rft_run_to_first_rollout_s")
+    has_keys(
+        r,
+        "rft_run_to_roles_s",
+        "rft_run_to_first_rollout_s",
+        "served_rft_run_to_roles_s",
+        "served_rft_run_to_first_rollout_s",
+    )
     assert r["rft_run_to_first_rollout_s"] is None  # --smoke: the local-engine run is left out
     assert 0 < r["served_rft_run_to_roles_s"] < r["served_rft_run_to_first_rollout_s"]
 
@@ -293,7 +431,16 @@ def test_faults(tmp_path):
     non_negative(r["outage_seconds_survived"])
     assert r["bad_inputs"] > 0 and r["bad_inputs_clear"] <= r["bad_inputs"] and r["bad_inputs_fixed"] <= r["bad_inputs"]
     assert r["kills"] == r["kill_trials"] and r["lost"] == r["kill_lost"] and r["orphans"] == r["kill_survivors"]
-    for k in ("lost", "duplicated", "outage_lost", "outage_duplicated", "outage_not_whole", "repeat_late", "lease_double_wins", "retention_wrongly_deleted"):
+    for k in (
+        "lost",
+        "duplicated",
+        "outage_lost",
+        "outage_duplicated",
+        "outage_not_whole",
+        "repeat_late",
+        "lease_double_wins",
+        "retention_wrongly_deleted",
+    ):
         assert r[k] == 0, f"{k} = {r[k]}"
 
 
@@ -302,8 +449,33 @@ def test_faults(tmp_path):
 
 
 def test_logits_memory(tiny_model_dir, tmp_path):
-    r = run_bench("logits_memory", "--model", tiny_model_dir, "--batch", "4", "--length", "24", "--prompt", "8", "--chunk", "16", "--repeats", "1", timeout_s=300, tmp_path=tmp_path)
-    has_keys(r, "full_peak_mb", "chunked_peak_mb", "full_step_s", "chunked_step_s", "peak_saving_mb", "logits_mb", "max_logprob_diff")
+    r = run_bench(
+        "logits_memory",
+        "--model",
+        tiny_model_dir,
+        "--batch",
+        "4",
+        "--length",
+        "24",
+        "--prompt",
+        "8",
+        "--chunk",
+        "16",
+        "--repeats",
+        "1",
+        timeout_s=300,
+        tmp_path=tmp_path,
+    )
+    has_keys(
+        r,
+        "full_peak_mb",
+        "chunked_peak_mb",
+        "full_step_s",
+        "chunked_step_s",
+        "peak_saving_mb",
+        "logits_mb",
+        "max_logprob_diff",
+    )
     for k in ("full_step_s", "chunked_step_s", "logits_mb"):
         positive(r[k])
     assert r["max_logprob_diff"] < 1e-5
@@ -311,11 +483,30 @@ def test_logits_memory(tiny_model_dir, tmp_path):
 
 def test_workflows(tmp_path):
     r = run_bench("workflows", "--smoke", timeout_s=540, tmp_path=tmp_path)
-    has_keys(r, "steps", "episodes_per_s", "turns_per_episode", "masked_token_frac", "reward_first_quarter", "reward_last_quarter", "heldout_success_before", "heldout_success_after", "masked_grad_max")
+    has_keys(
+        r,
+        "steps",
+        "episodes_per_s",
+        "turns_per_episode",
+        "masked_token_frac",
+        "reward_first_quarter",
+        "reward_last_quarter",
+        "heldout_success_before",
+        "heldout_success_after",
+        "masked_grad_max",
+    )
     assert r["steps"] == 2 and r["workflow_errors"] == 0
     positive(r["episodes_per_s"])
     assert 1 <= r["turns_per_episode"] <= 3  # max_calls 2: at most two tool calls and the answer
-    for k in ("masked_token_frac", "reward_first_quarter", "reward_last_quarter", "heldout_success_before", "heldout_success_after", "tool_use_before", "tool_use_after"):
+    for k in (
+        "masked_token_frac",
+        "reward_first_quarter",
+        "reward_last_quarter",
+        "heldout_success_before",
+        "heldout_success_after",
+        "tool_use_before",
+        "tool_use_after",
+    ):
         fraction(r[k])
     assert r["grad_rows"] > 0, "the smoke warm start calls the tool sometimes: stored rows with environment tokens"
     assert r["masked_grad_max"] == 0.0 and r["trained_grad_max"] > 0  # the mask, not a dead loss
@@ -324,7 +515,23 @@ def test_workflows(tmp_path):
 def test_scale(tmp_path):
     png = tmp_path / "scale.png"
     r = run_bench("scale", "--smoke", "--png", str(png), timeout_s=240, tmp_path=tmp_path)
-    has_keys(r, "overhead_per_step", "overhead_ratio_max_over_1", "step_s", "storage_requests_per_step", "api_calls_per_step", "server_cpu_s_per_step", "poll_ms", "read_batch_ms", "full_listing_ms", "sync_s", "sync_s_per_gb", "delta_bytes_ratio", "projected", "png")
+    has_keys(
+        r,
+        "overhead_per_step",
+        "overhead_ratio_max_over_1",
+        "step_s",
+        "storage_requests_per_step",
+        "api_calls_per_step",
+        "server_cpu_s_per_step",
+        "poll_ms",
+        "read_batch_ms",
+        "full_listing_ms",
+        "sync_s",
+        "sync_s_per_gb",
+        "delta_bytes_ratio",
+        "projected",
+        "png",
+    )
     explorers = {"1", "2"}
     per(r, "overhead_per_step", explorers, number)
     per(r, "step_s", explorers, positive)

@@ -30,15 +30,24 @@ print("never printed")
 
 
 def test_exit_now_joins_threads_runs_atexit_flushes_and_keeps_the_status(tmp_path):
-    res = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert res.returncode == 3, res.stderr
-    assert (res.stdout, res.stderr) == ("no newline at the end", "and a warning")  # buffered pipes flushed, nothing after
+    assert (res.stdout, res.stderr) == (
+        "no newline at the end",
+        "and a warning",
+    )  # buffered pipes flushed, nothing after
     assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
 
 
 def test_the_rft_script_exits_with_mains_status(tmp_path):
     rft = Path(sys.executable).with_name("rft")
-    bad = subprocess.run([str(rft), "validate", str(tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [str(rft), "validate", str(tmp_path / "missing.yaml")], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "missing.yaml" in bad.stderr, bad.stderr
     good = subprocess.run([str(rft), "validate", "--schema"], capture_output=True, text=True, timeout=120)
-    assert good.returncode == 0 and json.loads(good.stdout)["title"] == "RFTConfig", good.stderr[-2000:]  # 64 KB through a pipe, whole
+    assert good.returncode == 0 and json.loads(good.stdout)["title"] == "RFTConfig", good.stderr[
+        -2000:
+    ]  # 64 KB through a pipe, whole

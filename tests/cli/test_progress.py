@@ -26,8 +26,12 @@ from rl_engine.run.context import start_run
 from rl_engine.run.report import record_step
 
 RFT = str(Path(sys.executable).with_name("rft"))
-PROGRESS = re.compile(r"^step (\d+)/(\d+) \[[#.]{20}\] +\d+%  reward (-|\d+\.\d{3})(  (\d+\.\d) s/step)?  ETA (\d+:\d\d:\d\d|--:--:--)$")
-ENGINE_LINE = re.compile(r"\b(INFO|DEBUG)\b|\((EngineCore|VllmWorker|Worker|MainProcess) pid=|Loading safetensors|Writing model shards")
+PROGRESS = re.compile(
+    r"^step (\d+)/(\d+) \[[#.]{20}\] +\d+%  reward (-|\d+\.\d{3})(  (\d+\.\d) s/step)?  ETA (\d+:\d\d:\d\d|--:--:--)$"
+)
+ENGINE_LINE = re.compile(
+    r"\b(INFO|DEBUG)\b|\((EngineCore|VllmWorker|Worker|MainProcess) pid=|Loading safetensors|Writing model shards"
+)
 
 
 class Clock:
@@ -112,7 +116,9 @@ def rft(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProce
     # As a user's shell: its own ephemeral server, and engines closed when the run ends (not kept for reuse).
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != "RFT_KEEP_ENGINES"}
     env |= {"PREFECT_HOME": str(cwd / "prefect-home"), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
-    return subprocess.run([RFT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [RFT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 @pytest.mark.slow
@@ -136,9 +142,13 @@ def test_rft_run_prints_progress_and_logs_engines_to_the_run(tiny_model_dir, tas
     run_dir = Path(re.search(r"^run:\s+(\S+)", res.stdout, re.MULTILINE).group(1))
     log = (run_dir / "logs" / "engines.log").read_text()
     assert f"engine and library logs in {run_dir}/logs/engines.log" in out[0]
-    assert re.search(r"\(MainProcess pid=\d+\) INFO .*Initializing a V1 LLM engine", log), log[-2000:]  # vLLM's EngineCore (in the run's process on CPU)
+    assert re.search(r"\(MainProcess pid=\d+\) INFO .*Initializing a V1 LLM engine", log), log[
+        -2000:
+    ]  # vLLM's EngineCore (in the run's process on CPU)
     assert re.search(r"\(VllmWorker-0 pid=\d+\) INFO ", log), log[-2000:]  # the engine's worker process's own lines
-    assert "Flow run 'synchronous-" in log and "train t=   3" in log  # Prefect's INFO lines: the file and the UI, not the terminal
+    assert (
+        "Flow run 'synchronous-" in log and "train t=   3" in log
+    )  # Prefect's INFO lines: the file and the UI, not the terminal
 
 
 @pytest.mark.slow
@@ -150,7 +160,9 @@ def test_a_failing_run_shows_its_error_on_the_terminal(tiny_model_dir, task_file
     from rl_engine.run import lineage
 
     storage = tmp_path / "runs"
-    data = small_config(tiny_model_dir, task_file, str(storage), total_steps=2) | {"lineage": {"name": "busy", "when_busy": "refuse"}}
+    data = small_config(tiny_model_dir, task_file, str(storage), total_steps=2) | {
+        "lineage": {"name": "busy", "when_busy": "refuse"}
+    }
     held = lineage.lock(lineage.lineage_url(str(storage), "busy"), {}, LineageConfig(name="busy"))
     try:
         res = rft(["run", write_config(tmp_path / "c.yaml", data)], tmp_path, timeout=240)

@@ -46,8 +46,18 @@ finally:
 def _start(tmp_path: Path, case: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     home = tmp_path / f"prefect-home-{case}"
-    env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
-    return subprocess.Popen([sys.executable, "-c", SCRIPT, str(tmp_path / f"{case}.json"), case], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    env.update(
+        PREFECT_HOME=str(home),
+        PREFECT_SERVER_ANALYTICS_ENABLED="false",
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / f"{case}.json"), case],
+        cwd=REPO,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _gone(pid: int, timeout_s: float = 10.0) -> bool:
@@ -79,4 +89,6 @@ def test_the_server_starts_during_the_checks_and_no_process_outlives_it(tmp_path
     assert procs["fail"].returncode == 1 and "a model check found a problem" in err["fail"]
     assert out["fail"]["pid"] is not None and "health" not in out["fail"]
     for case in procs:
-        assert _gone(out[case]["pid"]), f"{case}: the ephemeral server (pid {out[case]['pid']}) outlived the process that started it"
+        assert _gone(out[case]["pid"]), (
+            f"{case}: the ephemeral server (pid {out[case]['pid']}) outlived the process that started it"
+        )

@@ -24,5 +24,3 @@ def deployed(prefect_live: LiveServer, rft_worker) -> dict[str, dict]:
     rows = prefect_live.api("POST", "/deployments/filter", json={})
     flows = {f["id"]: f["name"] for f in prefect_live.api("POST", "/flows/filter", json={})}
     return {f"{flows[d['flow_id']]}/{d['name']}": d for d in rows}
-
-

@@ -90,7 +90,11 @@ def cancel_unfinished_runs(live: LiveServer, deployment_id: str) -> None:
     """Cancels the deployment's runs a failed test left going, so they load neither the worker nor
     its terminal during the next test."""
     live_states = ["SCHEDULED", "PENDING", "RUNNING"]
-    rows = live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [deployment_id]}, "state": {"type": {"any_": live_states}}}})
+    rows = live.api(
+        "POST",
+        "/flow_runs/filter",
+        json={"flow_runs": {"deployment_id": {"any_": [deployment_id]}, "state": {"type": {"any_": live_states}}}},
+    )
     for row in rows:
         live.cancel(row["id"])
     for row in rows:
@@ -117,11 +121,16 @@ def one_run_at_a_time(prefect_live):
 
 
 @pytest.mark.timeout(900)
-def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deployment, rft_worker, engine_server, one_run_at_a_time):
+def test_readme_set_commands_change_exactly_that_field(
+    prefect_live, test_deployment, rft_worker, engine_server, one_run_at_a_time
+):
     dep, cfg, storage = test_deployment
     # Both runs generate on the session's engine server (no engine start of their own), which
     # serves one run at a time: the pool runs them one after the other.
-    cfg = {**cfg, "explorer": {**cfg["explorer"], "engine": {**cfg["explorer"]["engine"], "servers": [engine_server.url]}}}
+    cfg = {
+        **cfg,
+        "explorer": {**cfg["explorer"], "engine": {**cfg["explorer"]["engine"], "servers": [engine_server.url]}},
+    }
     prefect_live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": {"cfg": cfg}})
     block = readme_set_block()
     overrides = set(re.findall(r'"(trainer\.total_steps=\d+)"', block))
@@ -129,7 +138,15 @@ def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deploy
     total = int(next(iter(overrides)).split("=")[1])
     assert total != cfg["trainer"]["total_steps"]
 
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=REPO, env=prefect_live.env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", block],
+        cwd=REPO,
+        env=prefect_live.env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     created = json.loads(res.stdout.rstrip().splitlines()[-1])  # the REST call's answer: the flow run, or why not
     assert "id" in created, res.stdout[-3000:]
@@ -137,12 +154,16 @@ def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deploy
     t0 = time.monotonic()
     for how, run_id in runs.items():
         wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=600, worker=rft_worker)
-    print(f"CLI and REST runs with set, one after the other on the worker and the engine server: {time.monotonic() - t0:.0f} s to both Completed")
+    print(
+        f"CLI and REST runs with set, one after the other on the worker and the engine server: {time.monotonic() - t0:.0f} s to both Completed"
+    )
 
     given = flatten(validate_config(cfg).resolved().model_dump(mode="json"))
     for how, run_id in runs.items():
         flow_run = prefect_live.flow_run(run_id)
-        assert flow_run["parameters"] == {"cfg": cfg, "set": [f"trainer.total_steps={total}"]}, how  # cfg: the deployment's, whole
+        assert flow_run["parameters"] == {"cfg": cfg, "set": [f"trainer.total_steps={total}"]}, (
+            how
+        )  # cfg: the deployment's, whole
         run_dir = storage / flow_run["name"]  # the flow run is named after its run
         stored = flatten(yaml.safe_load((run_dir / "config.yaml").read_text()))
         differ = {k for k in stored.keys() | given.keys() if stored.get(k) != given.get(k)}
@@ -151,12 +172,18 @@ def test_readme_set_commands_change_exactly_that_field(prefect_live, test_deploy
         summary = json.loads((run_dir / "report" / "summary.json").read_text())
         assert summary["final_version"] == total
         result = flow_run["state"]["data"]  # the result record's metadata; the record is JSON on the worker's machine
-        assert result["serializer"]["type"] == "json" and json.loads(Path(result["storage_key"]).read_text()) == summary, how
+        assert (
+            result["serializer"]["type"] == "json" and json.loads(Path(result["storage_key"]).read_text()) == summary
+        ), how
 
         arts = artifacts(prefect_live, run_id)
-        assert set(arts) == {f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary", "model")}, (how, sorted(arts))
+        assert set(arts) == {
+            f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary", "model")
+        }, (how, sorted(arts))
         assert all(flow_run["name"] in a["description"] for a in arts.values()), how
-        assert arts[f"{KEYS}-progress"]["data"] == 100.0 and arts[f"{KEYS}-timeline"]["data"].startswith("![timeline of run ")
+        assert arts[f"{KEYS}-progress"]["data"] == 100.0 and arts[f"{KEYS}-timeline"]["data"].startswith(
+            "![timeline of run "
+        )
         assert arts[f"{KEYS}-model"]["data"] == f"[{run_dir}/model]({(run_dir / 'model').resolve().as_uri()})"
     # One key, both runs: the UI's page of the key lists them as its history.
     history = prefect_live.api("POST", "/artifacts/filter", json={"artifacts": {"key": {"any_": [f"{KEYS}-summary"]}}})
@@ -211,7 +238,9 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
         if markers and json.loads(markers[0].read_text()).get("version", 0) >= 2:
             break
         assert time.monotonic() < deadline, f"the trainer never reached version 2\n{rft_worker.log_tail()}"
-        assert prefect_live.flow_run(run_id)["state_type"] in ("SCHEDULED", "PENDING", "RUNNING"), prefect_live.flow_run(run_id)["state"]
+        assert prefect_live.flow_run(run_id)["state_type"] in ("SCHEDULED", "PENDING", "RUNNING"), (
+            prefect_live.flow_run(run_id)["state"]
+        )
         time.sleep(0.5)
     procs = run_processes(markers[0].parent)
     assert len(procs) >= 3, procs  # the flow process, vLLM's engine core and its worker at least
@@ -225,25 +254,44 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     assert not alive, f"left running {gone_s:.0f} s after the cancel request: {[f'{p.pid} {p.name()}' for p in alive]}"
-    print(f"cancel request -> Cancelled {cancelled_s:.1f} s, -> all {len(procs)} processes of the run gone {gone_s:.1f} s")
+    print(
+        f"cancel request -> Cancelled {cancelled_s:.1f} s, -> all {len(procs)} processes of the run gone {gone_s:.1f} s"
+    )
     assert_exited_cleanly(prefect_live, run_id)
     arts = artifacts(prefect_live, run_id)
-    assert {f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary")} <= set(arts), sorted(arts)
+    assert {f"{KEYS}-{what}" for what in ("progress", "metrics", "timeline", "reward-curve", "summary")} <= set(arts), (
+        sorted(arts)
+    )
     assert 0 < arts[f"{KEYS}-progress"]["data"] < 100
     run_name = prefect_live.flow_run(run_id)["name"]
     run_dir = storage / run_name
     assert run_name in arts[f"{KEYS}-summary"]["description"] and (run_dir / "report" / "summary.json").is_file()
     # The worker's terminal got a few lines of its own for the run; the engines' and libraries'
     # output went to the run's log (no "Failed to load weights" at a sync: tied head, rebuilt).
-    run_lines = lines_of_run(rft_worker.log_path.read_text().splitlines()[worker_lines:], {run_id, created["name"], run_name})
-    assert len(run_lines) < 30 and f"engine and library output in {run_dir}/logs/engines.log" in "\n".join(run_lines), "\n".join(run_lines)
+    run_lines = lines_of_run(
+        rft_worker.log_path.read_text().splitlines()[worker_lines:], {run_id, created["name"], run_name}
+    )
+    assert len(run_lines) < 30 and f"engine and library output in {run_dir}/logs/engines.log" in "\n".join(run_lines), (
+        "\n".join(run_lines)
+    )
     engines = (run_dir / "logs" / "engines.log").read_text()
-    assert "Initializing a V1 LLM engine" in engines and "(VllmWorker-0 pid=" in engines and "Failed to load weights" not in engines, engines[-3000:]
+    assert (
+        "Initializing a V1 LLM engine" in engines
+        and "(VllmWorker-0 pid=" in engines
+        and "Failed to load weights" not in engines
+    ), engines[-3000:]
     print(f"worker terminal: {len(run_lines)} lines for the run; engines.log: {len(engines.splitlines())} lines")
-    assert "run summary:" in prefect_live.cli("flow-run", "logs", run_id).stdout  # the flow run's own lines, where the README says
+    assert (
+        "run summary:" in prefect_live.cli("flow-run", "logs", run_id).stdout
+    )  # the flow run's own lines, where the README says
     # How to resume it, and the model it reached, as artifacts; the artifact's command resumes it on the worker.
-    assert arts[f"{KEYS}-model"]["data"] == f"[{run_dir}/model]({(run_dir / 'model').resolve().as_uri()})" and (run_dir / "model" / "config.json").is_file()
-    (command,) = [line for line in arts[f"{KEYS}-resume"]["data"].splitlines() if line.startswith("prefect deployment run")]
+    assert (
+        arts[f"{KEYS}-model"]["data"] == f"[{run_dir}/model]({(run_dir / 'model').resolve().as_uri()})"
+        and (run_dir / "model" / "config.json").is_file()
+    )
+    (command,) = [
+        line for line in arts[f"{KEYS}-resume"]["data"].splitlines() if line.startswith("prefect deployment run")
+    ]
     assert command == f"prefect deployment run 'synchronous/synchronous' --param resume={run_dir}", command
     resumed = flow_run_id_from_cli(prefect_live.cli(*shlex.split(command)[1:]).stdout)
     wait_flow_run(prefect_live, resumed, ["COMPLETED"], timeout_s=600, worker=rft_worker)
@@ -258,11 +306,34 @@ def test_bench_ops(prefect_live, test_deployment, rft_worker, engine_server, tin
     from tests.bench.test_bench_smoke import has_keys, non_negative, number, positive, run_bench
 
     params = prefect_live.deployment("synchronous/synchronous")["parameters"]
-    attached = ("--attach", prefect_live.api_url, "--worker-log", str(rft_worker.log_path), "--model", tiny_model_dir, "--tasks", task_file, "--engine-server", engine_server.url, str(engine_server.start_s))
+    attached = (
+        "--attach",
+        prefect_live.api_url,
+        "--worker-log",
+        str(rft_worker.log_path),
+        "--model",
+        tiny_model_dir,
+        "--tasks",
+        task_file,
+        "--engine-server",
+        engine_server.url,
+        str(engine_server.start_s),
+    )
     r = run_bench("ops", "--smoke", *attached, timeout_s=720, tmp_path=tmp_path)
-    parts = ("api_call_s", "worker_pickup_s", "process_spawn_s", "flow_import_s", "run_setup_s", "engine_start_s", "to_rollout_s")
+    parts = (
+        "api_call_s",
+        "worker_pickup_s",
+        "process_spawn_s",
+        "flow_import_s",
+        "run_setup_s",
+        "engine_start_s",
+        "to_rollout_s",
+    )
     has_keys(r, "api_to_first_rollout_s", "runs", "worker_terminal_lines_per_run", "op_rebuilt_during_runs", *parts)
-    assert r["runs"] == 1 and r["op_rebuilt_during_runs"] in (0, 1)  # smoke: no warm-up run, so the op may be built in it
+    assert r["runs"] == 1 and r["op_rebuilt_during_runs"] in (
+        0,
+        1,
+    )  # smoke: no warm-up run, so the op may be built in it
     assert 0 < r["worker_terminal_lines_per_run"] < 100  # at least the worker's own lines, never the engines' hundreds
     for k in parts:
         if k != "worker_pickup_s":

@@ -72,19 +72,26 @@ def test_deploy_all_from_repo_root(deployed):
             assert dep["enforce_parameter_schema"], name
             # The run form's `set` field: dotted overrides on top of `cfg`, described.
             set_ = dep["parameter_openapi_schema"]["properties"]["set"]
-            assert {"type": "array", "items": {"type": "string"}} in set_["anyOf"] and "set" not in dep["parameters"], name
+            assert {"type": "array", "items": {"type": "string"}} in set_["anyOf"] and "set" not in dep["parameters"], (
+                name
+            )
             assert set_["description"].startswith("Dotted overrides applied on top of `cfg`"), name
             # ... first in the form (the UI orders by `position`), with an example.
             assert set_["position"] == 0 and set_["examples"] == [SET_EXAMPLE], name
             assert_form_has_every_section(dep["parameter_openapi_schema"], name)
-    for role, params in {"rft-explorer/default": {"run_url", "explorer_id"}, "rft-trainer/default": {"run_url"}}.items():
+    for role, params in {
+        "rft-explorer/default": {"run_url", "explorer_id"},
+        "rft-trainer/default": {"run_url"},
+    }.items():
         schema = deployed[role]["parameter_openapi_schema"]
         assert params <= set(schema["properties"]) and schema["required"] == ["run_url"], (role, schema)
     nightly = deployed["one-step-off-policy/one-step-off-policy-nightly"]
     assert [s["active"] for s in nightly["schedules"]] == [False]
     assert [s["schedule"]["cron"] for s in nightly["schedules"]] == ["0 3 * * *"]
     # one run at a time: the server keeps the limit as a global concurrency limit of the deployment
-    assert nightly["global_concurrency_limit"]["limit"] == 1 and nightly["parameters"]["cfg"]["lineage"] == {"name": "nightly"}
+    assert nightly["global_concurrency_limit"]["limit"] == 1 and nightly["parameters"]["cfg"]["lineage"] == {
+        "name": "nightly"
+    }
 
 
 def assert_form_has_every_section(schema: dict, name: str) -> None:
@@ -114,14 +121,14 @@ def assert_form_has_every_section(schema: dict, name: str) -> None:
     assert len(seen) >= 10, (name, sorted(seen))
 
 
-TICK_FLOW = '''
+TICK_FLOW = """
 from prefect import flow
 
 
 @flow(name="rft-test-tick")
 def tick() -> int:
     return 1
-'''
+"""
 
 
 @pytest.mark.timeout(240)
@@ -129,21 +136,41 @@ def test_schedule_creates_runs(prefect_live, deployed, tmp_path):
     """The server's scheduler turns an interval schedule into scheduled flow runs; an inactive one into none."""
     (tmp_path / "tick.py").write_text(TICK_FLOW)
     ensure_process_pool(prefect_live, "rft-test-schedules")  # no worker: the runs stay scheduled
-    prefect_live.cli("deploy", "./tick.py:tick", "--name", "every-2s", "--pool", "rft-test-schedules", "--interval", "2", cwd=tmp_path, timeout=120)
+    prefect_live.cli(
+        "deploy",
+        "./tick.py:tick",
+        "--name",
+        "every-2s",
+        "--pool",
+        "rft-test-schedules",
+        "--interval",
+        "2",
+        cwd=tmp_path,
+        timeout=120,
+    )
     dep = prefect_live.deployment("rft-test-tick/every-2s")
     try:
         deadline = time.monotonic() + 90
         while True:
-            runs = prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}, "limit": 20})
+            runs = prefect_live.api(
+                "POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}, "limit": 20}
+            )
             scheduled = [r for r in runs if r["auto_scheduled"] and r["state_type"] == "SCHEDULED"]
             if len(scheduled) >= 3:
                 break
-            assert time.monotonic() < deadline, f"the scheduler made {len(runs)} runs in 90 s\n{prefect_live.log_tail()}"
+            assert time.monotonic() < deadline, (
+                f"the scheduler made {len(runs)} runs in 90 s\n{prefect_live.log_tail()}"
+            )
             time.sleep(1)
         starts = sorted(r["expected_start_time"] for r in scheduled)
         assert len(set(starts)) == len(starts)
         nightly = deployed["one-step-off-policy/one-step-off-policy-nightly"]
-        assert prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [nightly["id"]]}}}) == []
+        assert (
+            prefect_live.api(
+                "POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [nightly["id"]]}}}
+            )
+            == []
+        )
     finally:
         prefect_live.api("DELETE", f"/deployments/{dep['id']}")
 
@@ -152,7 +179,11 @@ def readme_schedule_snippet() -> str:
     """The README's Python snippet that creates a schedule with `set` overrides."""
     import re
 
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL) if "create_deployment_schedules" in b]
+    blocks = [
+        b
+        for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+        if "create_deployment_schedules" in b
+    ]
     assert len(blocks) == 1, "README: one python block creating a deployment schedule"
     return blocks[0]
 
@@ -169,7 +200,9 @@ def test_readme_schedule_with_set_overrides(prefect_live, deployed):
     overrides = ast.literal_eval(call.value)["set"]
     dep = prefect_live.deployment("synchronous/synchronous")
     before = {s["id"] for s in dep["schedules"]}
-    res = subprocess.run([sys.executable, "-c", snippet], cwd=REPO, env=prefect_live.env(), capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", snippet], cwd=REPO, env=prefect_live.env(), capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     mine: list[dict] = []
     try:
@@ -178,11 +211,20 @@ def test_readme_schedule_with_set_overrides(prefect_live, deployed):
         assert mine[0]["parameters"] == {"set": overrides}
         deadline = time.monotonic() + 150
         while True:
-            runs = prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}, "state": {"type": {"any_": ["SCHEDULED"]}}}, "limit": 20})
+            runs = prefect_live.api(
+                "POST",
+                "/flow_runs/filter",
+                json={
+                    "flow_runs": {"deployment_id": {"any_": [dep["id"]]}, "state": {"type": {"any_": ["SCHEDULED"]}}},
+                    "limit": 20,
+                },
+            )
             scheduled = [r for r in runs if r["auto_scheduled"] and r["parameters"].get("set") == overrides]
             if scheduled:
                 break
-            assert time.monotonic() < deadline, f"the scheduler made no run of the schedule in 150 s\n{prefect_live.log_tail()}"
+            assert time.monotonic() < deadline, (
+                f"the scheduler made no run of the schedule in 150 s\n{prefect_live.log_tail()}"
+            )
             time.sleep(2)
         for r in scheduled:
             assert r["parameters"] == {"cfg": dep["parameters"]["cfg"], "set": overrides}, r["parameters"]
@@ -196,24 +238,34 @@ def test_readme_schedule_with_set_overrides(prefect_live, deployed):
     finally:
         for s in mine:
             prefect_live.api("DELETE", f"/deployments/{dep['id']}/schedules/{s['id']}", ok=(200, 204, 404))
-        runs = prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}, "state": {"type": {"any_": ["SCHEDULED"]}}}})
+        runs = prefect_live.api(
+            "POST",
+            "/flow_runs/filter",
+            json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}, "state": {"type": {"any_": ["SCHEDULED"]}}}},
+        )
         for r in runs:
             if r["auto_scheduled"] and r["parameters"].get("set") == overrides:
                 prefect_live.api("DELETE", f"/flow_runs/{r['id']}", ok=(200, 204, 404))
 
 
 @pytest.mark.timeout(600)
-def test_synchronous_deployment_runs_on_the_worker(prefect_live, deployed, rft_worker, tiny_model_dir, task_file, tmp_path):
+def test_synchronous_deployment_runs_on_the_worker(
+    prefect_live, deployed, rft_worker, tiny_model_dir, task_file, tmp_path
+):
     """`prefect deployment run 'synchronous/synchronous' --param cfg=...` trains to Completed on the process worker."""
     storage = tmp_path / "runs"
     cfg = small_config(tiny_model_dir, task_file, str(storage), mode="synchronous", total_steps=3)
     t0 = time.monotonic()
-    out = prefect_live.cli("deployment", "run", "synchronous/synchronous", "--param", f"cfg={json.dumps(cfg)}", timeout=60)
+    out = prefect_live.cli(
+        "deployment", "run", "synchronous/synchronous", "--param", f"cfg={json.dumps(cfg)}", timeout=60
+    )
     run_id = flow_run_id_from_cli(out.stdout)
     state = wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=480, worker=rft_worker)
     elapsed = time.monotonic() - t0
     run = prefect_live.flow_run(run_id)
-    print(f"synchronous deployment run: {elapsed:.1f} s from `prefect deployment run` to Completed (flow run {run['total_run_time']:.1f} s)")
+    print(
+        f"synchronous deployment run: {elapsed:.1f} s from `prefect deployment run` to Completed (flow run {run['total_run_time']:.1f} s)"
+    )
     assert state["type"] == "COMPLETED"
     configs = list(storage.glob("*/config.yaml"))
     assert len(configs) == 1, list(storage.iterdir()) if storage.exists() else "no storage dir"
@@ -233,13 +285,22 @@ def test_serve_registers_mode_and_roles(prefect_live, tiny_model_dir, tmp_path):
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "deployments.serve", str(cfg_path), "--name", "served"],
-            cwd=REPO, env=prefect_live.env(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            cwd=REPO,
+            env=prefect_live.env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
     try:
         want = {"synchronous/served", "rft-explorer/served", "rft-trainer/served"}
         deadline = time.monotonic() + 120
         while True:
-            found = {n for n in want if prefect_live.api("GET", f"/deployments/name/{n}", ok=(200, 404)).get("name") == "served"}
+            found = {
+                n
+                for n in want
+                if prefect_live.api("GET", f"/deployments/name/{n}", ok=(200, 404)).get("name") == "served"
+            }
             if found == want:
                 break
             assert proc.poll() is None, f"serve exited {proc.returncode}\n{log_tail(log)}"
@@ -261,19 +322,35 @@ def test_readme_turns_the_nightly_schedule_on(prefect_live, deployed):
     schedule is active; the test pauses it again and removes any run the scheduler made of it."""
     import re
 
-    blocks = [b for b in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL) if "schedule resume" in b]
+    blocks = [
+        b
+        for b in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+        if "schedule resume" in b
+    ]
     assert len(blocks) == 1, "README: one bash block turning the nightly schedule on"
     name = "one-step-off-policy/one-step-off-policy-nightly"
     (schedule,) = prefect_live.deployment(name)["schedules"]
     assert not schedule["active"]  # as shipped
     try:
-        res = subprocess.run(["bash", "-euo", "pipefail", "-c", blocks[0]], cwd=REPO, env=prefect_live.env(), capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", blocks[0]],
+            cwd=REPO,
+            env=prefect_live.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         # Active is what the scheduler goes by (test_readme_schedule_with_set_overrides waits for its runs).
-        assert "0 3 * * *" in res.stdout and [s["active"] for s in prefect_live.deployment(name)["schedules"]] == [True], res.stdout
+        assert "0 3 * * *" in res.stdout and [s["active"] for s in prefect_live.deployment(name)["schedules"]] == [
+            True
+        ], res.stdout
     finally:
         prefect_live.cli("deployment", "schedule", "pause", name, schedule["id"])
         dep = prefect_live.deployment(name)
-        for r in prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}}):
+        for r in prefect_live.api(
+            "POST", "/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [dep["id"]]}}}
+        ):
             prefect_live.api("DELETE", f"/flow_runs/{r['id']}", ok=(200, 204, 404))
     assert [s["active"] for s in dep["schedules"]] == [False]

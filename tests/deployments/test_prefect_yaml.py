@@ -89,7 +89,9 @@ def test_pull_steps_find_the_checkout_at_run_time(tmp_path):
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "VIRTUAL_ENV"))}
     env.update(PATH="/usr/bin:/bin", PREFECT_HOME=str(tmp_path / "home"), PREFECT_API_URL="http://127.0.0.1:9/api")
-    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert Path(res.stdout.strip().splitlines()[-1]).resolve() == REPO
 

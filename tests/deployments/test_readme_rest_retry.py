@@ -45,7 +45,13 @@ class BusyOnceHandler(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        self._answer({"id": "bdb00ea5-7d4e-465d-832e-80ccf3e4a1f0", "name": "fascinating-capybara", "deployment_id": DEPLOYMENT_ID})
+        self._answer(
+            {
+                "id": "bdb00ea5-7d4e-465d-832e-80ccf3e4a1f0",
+                "name": "fascinating-capybara",
+                "deployment_id": DEPLOYMENT_ID,
+            }
+        )
 
     def log_message(self, *args) -> None:  # the test prints what it needs
         pass
@@ -64,14 +70,25 @@ def busy_server() -> Iterator[str]:
         thread.join(timeout=10)
 
 
-@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="the README's REST lines need curl and jq")
+@pytest.mark.skipif(
+    not (shutil.which("curl") and shutil.which("jq")), reason="the README's REST lines need curl and jq"
+)
 @pytest.mark.timeout(60)
 def test_readme_rest_calls_print_only_the_answer_after_a_busy_503(busy_server):
     block = readme_set_block()
     rest = block[block.index("ID=$(curl") :]  # the REST lines; the `prefect deployment run` line needs a real server
-    res = subprocess.run(["bash", "-euo", "pipefail", "-c", rest], env={"PATH": "/usr/bin:/bin", "PREFECT_API_URL": busy_server}, capture_output=True, text=True, timeout=50)
+    res = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", rest],
+        env={"PATH": "/usr/bin:/bin", "PREFECT_API_URL": busy_server},
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("returned error: 503") == 2, res.stderr  # both calls met the busy answer once, and said so
     created = json.loads(res.stdout.strip())  # one document: the flow run
     assert created["deployment_id"] == DEPLOYMENT_ID
-    assert BusyOnceHandler.seen == {("GET", "/api/deployments/name/synchronous/synchronous"): 2, ("POST", f"/api/deployments/{DEPLOYMENT_ID}/create_flow_run"): 2}
+    assert BusyOnceHandler.seen == {
+        ("GET", "/api/deployments/name/synchronous/synchronous"): 2,
+        ("POST", f"/api/deployments/{DEPLOYMENT_ID}/create_flow_run"): 2,
+    }

@@ -23,7 +23,9 @@ from tests.flows.test_modes import stored_experiences
 pytestmark = pytest.mark.slow
 
 
-def cancel_when(run_dir: Path, name: str, min_version: int, done: threading.Event, cancelled: list, timeout_s: float = 300) -> None:
+def cancel_when(
+    run_dir: Path, name: str, min_version: int, done: threading.Event, cancelled: list, timeout_s: float = 300
+) -> None:
     """From another thread: once the trainer reached `min_version`, cancel the flow run via the API."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
@@ -59,10 +61,21 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
     # Long enough that the cancel (seen within ~1 s) always lands mid-run, however fast the machine.
     total = 60
     cfg = validate_config(
-        small_config(tiny_model_dir, task_file, str(tmp_path), name="cancel-me", mode="one_step_off_policy", sync_offset=1, total_steps=total, checkpoint_interval=2)
+        small_config(
+            tiny_model_dir,
+            task_file,
+            str(tmp_path),
+            name="cancel-me",
+            mode="one_step_off_policy",
+            sync_offset=1,
+            total_steps=total,
+            checkpoint_interval=2,
+        )
     )
     done, cancelled = threading.Event(), []
-    canceller = threading.Thread(target=cancel_when, args=(tmp_path / "cancel-me", "cancel-me", 3, done, cancelled), daemon=True)
+    canceller = threading.Thread(
+        target=cancel_when, args=(tmp_path / "cancel-me", "cancel-me", 3, done, cancelled), daemon=True
+    )
     canceller.start()
     started = time.monotonic()
     try:
@@ -78,19 +91,29 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
         assert len(cancelled) == 1 and client.read_flow_run(cancelled[0]).state.is_cancelled(), result
     # The cancelled run still published its report, under the mode flow's keys; its progress stopped short of 100%.
     arts = artifacts_of(cancelled[0])
-    assert {f"one-step-off-policy-{what}" for what in ("summary", "metrics", "timeline", "reward-curve", "progress")} <= set(arts), sorted(arts)
-    assert 0 < arts["one-step-off-policy-progress"].data < 100 and "cancel-me" in arts["one-step-off-policy-summary"].description
+    assert {
+        f"one-step-off-policy-{what}" for what in ("summary", "metrics", "timeline", "reward-curve", "progress")
+    } <= set(arts), sorted(arts)
+    assert (
+        0 < arts["one-step-off-policy-progress"].data < 100
+        and "cancel-me" in arts["one-step-off-policy-summary"].description
+    )
     run = open_run(str(tmp_path / "cancel-me"))
     saved = latest_state_step(run)
     committed = last_committed_steps(run)[0]
     assert saved is not None and 2 <= saved < total, f"cancelled too late or no checkpoint: trainer state at {saved}"
     # ... with how to resume it (no deployment: the CLI with the run's own config) and the model it reached.
     resume = arts["one-step-off-policy-resume"].data
-    assert f"rft run {run.url}/config.yaml --resume {run.url}" in resume and f"version {saved} of {total}" in resume, resume
+    assert f"rft run {run.url}/config.yaml --resume {run.url}" in resume and f"version {saved} of {total}" in resume, (
+        resume
+    )
     reached = json.loads(Path(run.url, "report", "summary.json").read_text())["final_version"]
     assert 0 < reached < total and arts["one-step-off-policy-model"].data.startswith(f"[{run.url}/model]")
     model = load_file(str(Path(run.url, "model", "model.safetensors")))  # the policy it reached, a whole HF model
-    assert model.keys() == load_file(str(Path(tiny_model_dir, "model.safetensors"))).keys() and Path(run.url, "model", "config.json").is_file()
+    assert (
+        model.keys() == load_file(str(Path(tiny_model_dir, "model.safetensors"))).keys()
+        and Path(run.url, "model", "config.json").is_file()
+    )
     assert committed < total, "the explorer was not stopped"
     before = {r["experience_id"] for r in stored_experiences(run.url)}
     assert time.monotonic() - started < 240
@@ -105,7 +128,9 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
     assert sorted(set(steps)) == [(0, e) for e in range(1, total + 1)]  # the explorer continued after its last step
     assert len(rows) == total * 4  # ... and regenerated nothing
     # ... and continued its task stream: step e drew the e-th batch of its seeded order, no prompt replayed.
-    stream = TaskIterator(load_taskset(run.cfg.taskset), run.cfg.explorer.batch_size, seed=run.cfg.seed, shuffle=run.cfg.taskset.shuffle)
+    stream = TaskIterator(
+        load_taskset(run.cfg.taskset), run.cfg.explorer.batch_size, seed=run.cfg.seed, shuffle=run.cfg.taskset.shuffle
+    )
     expected = {e: sorted(t.task_id for t in stream.next_batch()) for e in range(1, total + 1)}
     drawn: dict[int, set] = {}
     for r in rows:
@@ -116,7 +141,9 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
     metrics = [json.loads(line) for line in Path(run.url, "report", "metrics.jsonl").read_text().splitlines()]
     trainer = [m for m in metrics if "explorer_steps" in m]
     assert [m["step"] for m in trainer] == list(range(1, total + 1))
-    assert [m["explorer_steps"] for m in trainer if m["resumed_from"] == saved] == [[t] for t in range(saved + 1, total + 1)]
+    assert [m["explorer_steps"] for m in trainer if m["resumed_from"] == saved] == [
+        [t] for t in range(saved + 1, total + 1)
+    ]
 
 
 def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_dir, task_file, tmp_path):
@@ -129,16 +156,30 @@ def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_
 
     # More steps than it can take before the test stops it: with warm engines 40 steps took 5 s, and
     # the first run was complete before the second driver's flow run had started (one suite run).
-    cfg = validate_config(small_config(tiny_model_dir, task_file, str(tmp_path), name="busy", mode="one_step_off_policy", sync_offset=1, total_steps=10_000))
+    cfg = validate_config(
+        small_config(
+            tiny_model_dir,
+            task_file,
+            str(tmp_path),
+            name="busy",
+            mode="one_step_off_policy",
+            sync_offset=1,
+            total_steps=10_000,
+        )
+    )
     out: list = []
-    first = threading.Thread(target=contextvars.copy_context().run, args=(lambda: out.append(run_config(cfg)),), daemon=True)
+    first = threading.Thread(
+        target=contextvars.copy_context().run, args=(lambda: out.append(run_config(cfg)),), daemon=True
+    )
     first.start()
     board = Board(str(tmp_path / "busy"))
     deadline = time.monotonic() + 240
     while (board.get("trainer") or {}).get("version", 0) < 1 and time.monotonic() < deadline:
         time.sleep(0.1)
     attempt = board.get("start")["attempt"]
-    with pytest.raises(UserError, match=rf"run {tmp_path}/busy is being run by pid {os.getpid()} on .*wait for that run to end"):
+    with pytest.raises(
+        UserError, match=rf"run {tmp_path}/busy is being run by pid {os.getpid()} on .*wait for that run to end"
+    ):
         run_config(open_run(str(tmp_path / "busy")).cfg, resume=str(tmp_path / "busy"))
     assert board.get("start")["attempt"] == attempt  # the refused driver touched nothing of the running one
     request_stop(board, "cancelled", "test over", by="test")

@@ -40,7 +40,14 @@ def run_in_its_own_process(clean: bool) -> tuple[subprocess.CompletedProcess, ob
         "PREFECT__FLOW_RUN_ID": str(flow_run.id),
         "PREFECT__FLOW_ENTRYPOINT": f"{REPO}/tests/flows/test_cancelled_exit.py:stopped_on_purpose",
     }
-    res = subprocess.run([sys.executable, "-m", "prefect.engine", str(flow_run.id)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "prefect.engine", str(flow_run.id)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     with get_client(sync_client=True) as client:
         return res, client.read_flow_run(flow_run.id).state
 
@@ -54,7 +61,9 @@ def test_a_flow_run_stopped_on_purpose_ends_cancelled_with_exit_status_0(prefect
     assert "Finished in state Cancelled" in out, out[-4000:]
 
     before, state = run_in_its_own_process(clean=False)  # what a returned Cancelled state did
-    assert before.returncode == 1 and (before.stdout + before.stderr).count("CancelledRun") >= 2 and state.is_cancelled()
+    assert (
+        before.returncode == 1 and (before.stdout + before.stderr).count("CancelledRun") >= 2 and state.is_cancelled()
+    )
 
 
 def test_in_process_the_caller_gets_the_cancelled_state(prefect_server):

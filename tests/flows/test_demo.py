@@ -26,13 +26,19 @@ def test_make_demo_builds_trains_and_prints_its_summary(tmp_path):
     run_dir = Path(re.search(r"^run:\s+(\S+)\s+\(mode one_step_off_policy\)$", out, re.MULTILINE).group(1))
     assert re.search(r"^trained:\s+20 steps -> version 20, 20 explorer steps$", out, re.MULTILINE), out
     assert re.search(r"^staleness:\s+max 1$", out, re.MULTILINE), out
-    assert re.search(r"^experiences: 1280 generated, 1280 trained, 0 dropped as stale, 0 left untrained$", out, re.MULTILINE), out
+    assert re.search(
+        r"^experiences: 1280 generated, 1280 trained, 0 dropped as stale, 0 left untrained$", out, re.MULTILINE
+    ), out
     assert re.search(r"^report:\s+.*\(timeline\.png, reward-curve\.png, summary\.json\)$", out, re.MULTILINE), out
     for f in ("timeline.png", "reward-curve.png", "summary.json"):
         assert (run_dir / "report" / f).stat().st_size > 0
     assert (run_dir / "model" / "config.json").is_file() and (run_dir / "model" / "model.safetensors").is_file()
     # The held-out rate over all 441 problems moved up: the trained weights are the ones evaluated.
-    m = re.search(r"^exact answers over all 441 problems: ([\d.]+)% at temperature 1 \(([\d.]+)% greedy\) before GRPO, ([\d.]+)% \(([\d.]+)% greedy\) after", out, re.MULTILINE)
+    m = re.search(
+        r"^exact answers over all 441 problems: ([\d.]+)% at temperature 1 \(([\d.]+)% greedy\) before GRPO, ([\d.]+)% \(([\d.]+)% greedy\) after",
+        out,
+        re.MULTILINE,
+    )
     assert m, out
     before, after = float(m.group(1)), float(m.group(3))
     assert after > before, out

@@ -44,7 +44,19 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
     (root / "models").mkdir(parents=True)
     (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)  # fetched once per session
     # --steps and --heldout as SHRINK and `rft demo --heldout 8` say; SHRINK's --set come after --smoke's own shrink
-    r = run_bench("real", "--smoke", "--steps", "2", "--heldout", "8", "--root", str(root), *(x for s in SHRINK for x in ("--set", s)), timeout_s=660, tmp_path=tmp_path)
+    r = run_bench(
+        "real",
+        "--smoke",
+        "--steps",
+        "2",
+        "--heldout",
+        "8",
+        "--root",
+        str(root),
+        *(x for s in SHRINK for x in ("--set", s)),
+        timeout_s=660,
+        tmp_path=tmp_path,
+    )
     out = (tmp_path / "real.stdout").read_text(errors="replace")
 
     # The demo (`rft demo --model smollm2`'s lines)
@@ -53,33 +65,76 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
     cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     assert f"VLLM_CPU_OMP_THREADS_BIND='{cores}'" in (run_dir / "logs" / "engines.log").read_text()
     assert re.search(r"^trained:\s+2 steps -> version 2, 2 explorer steps$", out, re.MULTILINE), out
-    assert re.search(r"^experiences: 16 generated, 16 trained, 0 dropped as stale, 0 left untrained$", out, re.MULTILINE), out
-    m = re.search(r"^held-out exact match over 8 problems: greedy ([\d.]+)% -> ([\d.]+)%, temperature 1 ([\d.]+)% -> ([\d.]+)% \(before -> after GRPO\); trained model: (\S+)$", out, re.MULTILINE)
+    assert re.search(
+        r"^experiences: 16 generated, 16 trained, 0 dropped as stale, 0 left untrained$", out, re.MULTILINE
+    ), out
+    m = re.search(
+        r"^held-out exact match over 8 problems: greedy ([\d.]+)% -> ([\d.]+)%, temperature 1 ([\d.]+)% -> ([\d.]+)% \(before -> after GRPO\); trained model: (\S+)$",
+        out,
+        re.MULTILINE,
+    )
     assert m and Path(m.group(5)) == run_dir / "model", out
     # The task sets were written; the held-out ones are never asked in training.
     train = {json.loads(line)["question"] for line in (root / "data" / "words-train.jsonl").read_text().splitlines()}
-    heldout = [json.loads(line)["question"] for line in (root / "data" / "words-heldout.jsonl").read_text().splitlines()]
+    heldout = [
+        json.loads(line)["question"] for line in (root / "data" / "words-heldout.jsonl").read_text().splitlines()
+    ]
     assert len(heldout) == 320 and not train & set(heldout)
     # The trained model is a tied-embedding HF directory whose weights moved from the base model's.
     cfg = json.loads((run_dir / "model" / "config.json").read_text())
     assert cfg["tie_word_embeddings"] and cfg["vocab_size"] == 49152
-    with safe_open(str(run_dir / "model" / "model.safetensors"), "pt") as new, safe_open(str(Path(smollm2_dir) / "model.safetensors"), "pt") as old:
+    with (
+        safe_open(str(run_dir / "model" / "model.safetensors"), "pt") as new,
+        safe_open(str(Path(smollm2_dir) / "model.safetensors"), "pt") as old,
+    ):
         assert "lm_head.weight" not in new.keys()  # tied: stored once, as the embedding
         name = "model.layers.0.self_attn.q_proj.weight"
         assert not (new.get_tensor(name) == old.get_tensor(name)).all()
 
     # bench.real's JSON line, of the same run
     assert r["mode"] == "synchronous" and r["overrides"] == SHRINK
-    has_keys(r, "steps", "heldout_tasks", "held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1", "s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "logprob_gap_fp32", "logprob_gap_bf16", "peak_rss_gb", "train_step_over_reference", "sync_s_trainer", "sync_s_explorer")
+    has_keys(
+        r,
+        "steps",
+        "heldout_tasks",
+        "held_out_before",
+        "held_out_after",
+        "held_out_before_t1",
+        "held_out_after_t1",
+        "s_per_step",
+        "gen_tokens_per_s",
+        "train_tokens_per_s",
+        "logprob_gap_fp32",
+        "logprob_gap_bf16",
+        "peak_rss_gb",
+        "train_step_over_reference",
+        "sync_s_trainer",
+        "sync_s_explorer",
+    )
     assert r["steps"] == 2 and r["heldout_tasks"] == 8
-    assert [r[k] for k in ("held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1")] == [round(float(m.group(i)) / 100, 4) for i in (1, 2, 3, 4)]  # the demo's line, as fractions
+    assert [r[k] for k in ("held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1")] == [
+        round(float(m.group(i)) / 100, 4) for i in (1, 2, 3, 4)
+    ]  # the demo's line, as fractions
     for k in ("sync_s_trainer", "sync_s_explorer"):  # None when the run synced nothing
         assert r[k] is None or r[k] > 0, r[k]
     for k in ("held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1"):
         fraction(r[k])
-    for k in ("s_per_step", "gen_tokens_per_s", "train_tokens_per_s", "peak_rss_gb", "train_step_over_reference", "floor_generate_s", "floor_train_s", "floor_reload_s", "trainer_step_s", "step_over_floor"):
+    for k in (
+        "s_per_step",
+        "gen_tokens_per_s",
+        "train_tokens_per_s",
+        "peak_rss_gb",
+        "train_step_over_reference",
+        "floor_generate_s",
+        "floor_train_s",
+        "floor_reload_s",
+        "trainer_step_s",
+        "step_over_floor",
+    ):
         positive(r[k])
-    assert r["step_floor_s"] == pytest.approx(r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-3)
+    assert r["step_floor_s"] == pytest.approx(
+        r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-3
+    )
     assert r["train_step_over_reference"] == pytest.approx(r["trainer_step_s"] / r["reference_step_s"], rel=0.02)
     assert r["floor_train_s"] == min(r["trainer_step_s"], r["reference_step_s"])
     assert r["logprob_gap_fp32"] is None and 0 < r["logprob_gap_bf16"] < 0.15
@@ -94,7 +149,21 @@ def test_rft_demo_smollm2_runs_demo_real_with_its_arguments(monkeypatch, tmp_pat
     calls = []
     monkeypatch.setattr(cli.demo_real, "demo_real", lambda *a, **k: calls.append((a, k)) or 0)
     monkeypatch.setattr("rl_engine.run.reaper.start_reaper", lambda: None)
-    assert main(["demo", "--model", "smollm2", "--root", str(tmp_path), "--heldout", "8", *(x for s in SHRINK[:2] for x in ("--set", s))]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--model",
+                "smollm2",
+                "--root",
+                str(tmp_path),
+                "--heldout",
+                "8",
+                *(x for s in SHRINK[:2] for x in ("--set", s)),
+            ]
+        )
+        == 0
+    )
     assert calls == [((str(tmp_path), SHRINK[:2], 8), {})]
 
 
@@ -105,14 +174,36 @@ def test_bench_real_set_reaches_the_config(tmp_path, monkeypatch):
     import bench.real
     import cli.demo_real
 
-    overrides = ["synchronizer.mode=one_step_off_policy", "synchronizer.sync_offset=1", "explorer.engine.num_threads=null"]
+    overrides = [
+        "synchronizer.mode=one_step_off_policy",
+        "synchronizer.sync_offset=1",
+        "explorer.engine.num_threads=null",
+    ]
     root = tmp_path / "runs"
-    monkeypatch.setattr(cli.demo_real, "prepare_real", lambda root: (f"{root}/models/smollm2-135m", f"{root}/data/words-train.jsonl", f"{root}/data/words-heldout.jsonl"))
+    monkeypatch.setattr(
+        cli.demo_real,
+        "prepare_real",
+        lambda root: (
+            f"{root}/models/smollm2-135m",
+            f"{root}/data/words-train.jsonl",
+            f"{root}/data/words-heldout.jsonl",
+        ),
+    )
     seen = []
-    monkeypatch.setattr(cli.demo_real, "demo_real", lambda root, sets, heldout, bench: seen.append(cli.demo_real.real_config(root, sets)[0]) or 1)
-    monkeypatch.setattr("sys.argv", ["bench.real", "--smoke", "--root", str(root), *(x for o in overrides for x in ("--set", o))])
+    monkeypatch.setattr(
+        cli.demo_real,
+        "demo_real",
+        lambda root, sets, heldout, bench: seen.append(cli.demo_real.real_config(root, sets)[0]) or 1,
+    )
+    monkeypatch.setattr(
+        "sys.argv", ["bench.real", "--smoke", "--root", str(root), *(x for o in overrides for x in ("--set", o))]
+    )
     with pytest.raises(SystemExit):
         bench.real.main()
     cfg = seen[0]
-    assert cfg.synchronizer.mode == "one_step_off_policy" and cfg.synchronizer.sync_offset == 1 and cfg.explorer.engine.num_threads is None
+    assert (
+        cfg.synchronizer.mode == "one_step_off_policy"
+        and cfg.synchronizer.sync_offset == 1
+        and cfg.explorer.engine.num_threads is None
+    )
     assert cfg.trainer.total_steps == 1 and cfg.explorer.batch_size == 2 and cfg.model.path.endswith("smollm2-135m")

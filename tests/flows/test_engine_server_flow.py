@@ -28,7 +28,9 @@ def _served_version(engine_server) -> int:
     return int(r.json()["results"][0])
 
 
-def test_synchronous_runs_on_a_served_engine_one_after_another(prefect_server, engine_server, tiny_model_dir, task_file, tmp_path):
+def test_synchronous_runs_on_a_served_engine_one_after_another(
+    prefect_server, engine_server, tiny_model_dir, task_file, tmp_path
+):
     for run in ("first", "second"):  # the second is the next scheduled run: same server, base weights again
         summary = _served(engine_server, tiny_model_dir, task_file, tmp_path / run, mode="synchronous", total_steps=3)
         by_step = versions_by_step(stored_experiences(summary["run"]))
@@ -39,8 +41,19 @@ def test_synchronous_runs_on_a_served_engine_one_after_another(prefect_server, e
         assert _served_version(engine_server) == 2  # the served engine holds the last version it generated with
 
 
-def test_fully_async_checkpoint_sync_into_a_served_engine(prefect_server, engine_server, tiny_model_dir, task_file, tmp_path):
-    summary = _served(engine_server, tiny_model_dir, task_file, tmp_path, mode="fully_async", sync_method="checkpoint", max_staleness=1, total_steps=4)
+def test_fully_async_checkpoint_sync_into_a_served_engine(
+    prefect_server, engine_server, tiny_model_dir, task_file, tmp_path
+):
+    summary = _served(
+        engine_server,
+        tiny_model_dir,
+        task_file,
+        tmp_path,
+        mode="fully_async",
+        sync_method="checkpoint",
+        max_staleness=1,
+        total_steps=4,
+    )
     rows = stored_experiences(summary["run"])
     assert max(v for r in rows for v in r["versions"]) >= 1  # checkpoints reached the served engine
     assert summary["max_staleness_seen"] <= 1 and summary["final_version"] == 4

@@ -55,12 +55,20 @@ def register_eval_deployment():
 
 def state_weights(run_url: str, version: int) -> str:
     """The weights of the trainer state saved at `version` (trainer.checkpoint_interval divides it)."""
-    (path,) = [p for p in Path(run_url, "trainer_state").glob("step=*/model.safetensors") if int(p.parent.name.split("=")[1]) == version]
+    (path,) = [
+        p
+        for p in Path(run_url, "trainer_state").glob("step=*/model.safetensors")
+        if int(p.parent.name.split("=")[1]) == version
+    ]
     return str(path)
 
 
-def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, tiny_model_dir, task_file, tmp_path, capsys):
-    data = small_config(tiny_model_dir, task_file, str(tmp_path), total_steps=4, checkpoint_interval=2, **MODES["fully_async"])
+def test_async_run_evaluates_exact_versions_and_keeps_the_best(
+    prefect_server, tiny_model_dir, task_file, tmp_path, capsys
+):
+    data = small_config(
+        tiny_model_dir, task_file, str(tmp_path), total_steps=4, checkpoint_interval=2, **MODES["fully_async"]
+    )
     data["eval"] = {
         "tasksets": [{"name": "heldout", "path": task_file, "n": 2, "max_tasks": 6}],
         "every_versions": 2,
@@ -103,7 +111,13 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, t
 
     keys = [f"{artifact_prefix(run.cfg.name)}-{what}" for what in ("evaluations", "heldout-curve")]
     with get_client(sync_client=True) as client:
-        arts = {a.key: a for a in sorted(client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys))), key=lambda a: a.created)}  # the latest of each key
+        arts = {
+            a.key: a
+            for a in sorted(
+                client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=keys))),
+                key=lambda a: a.created,
+            )
+        }  # the latest of each key
     assert set(arts) == set(keys)  # the evaluation table and the held-out curve, beside the timeline
     table = arts[keys[0]].data
     assert {row["version"] for row in (json.loads(table) if isinstance(table, str) else table)} == {0, 2, 4}
@@ -125,7 +139,10 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, t
     for v, r in redone.items():
         if v in values:
             during = next(x for x in records if x["version"] == v)
-            assert (r["heldout/pass@1"], r["heldout/response_len_mean"]) == (during["heldout/pass@1"], during["heldout/response_len_mean"]), v
+            assert (r["heldout/pass@1"], r["heldout/response_len_mean"]) == (
+                during["heldout/pass@1"],
+                during["heldout/response_len_mean"],
+            ), v
 
     # The rft-eval flow itself (what that deployment runs): the same scores, and its artifacts.
     from flows.evaluation import evaluate_run
@@ -133,5 +150,9 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, t
     flowed = {r["version"]: r["heldout/pass@1"] for r in evaluate_run(run.url)}
     assert flowed == {v: r["heldout/pass@1"] for v, r in redone.items()}
     with get_client(sync_client=True) as client:
-        saved = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{artifact_prefix(run.cfg.name)}-saved-versions"])))
+        saved = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[f"{artifact_prefix(run.cfg.name)}-saved-versions"])
+            )
+        )
     assert saved

@@ -17,13 +17,19 @@ from rl_engine.config import validate_config
 from tests.rl_engine.config.test_config import bare_placeholders, descriptions
 
 
-@pytest.mark.parametrize("mode_flow", [synchronous, one_step_off_policy, fully_async, multi_explorer], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "mode_flow", [synchronous, one_step_off_policy, fully_async, multi_explorer], ids=lambda f: f.name
+)
 def test_set_comes_first_in_the_run_form_with_an_example(mode_flow):
     schema = parameter_schema(mode_flow).model_dump()
     props = schema["properties"]
     assert sorted(props, key=lambda k: props[k]["position"]) == ["set", "cfg", "resume"]
     assert props["set"]["examples"] == [SET_EXAMPLE] and all(str(x) in props["set"]["description"] for x in SET_EXAMPLE)
-    assert props["set"]["description"].startswith("Dotted overrides applied on top of `cfg`") and props["resume"]["description"] and props["cfg"]["description"]
+    assert (
+        props["set"]["description"].startswith("Dotted overrides applied on top of `cfg`")
+        and props["resume"]["description"]
+        and props["cfg"]["description"]
+    )
     assert schema["required"] == ["cfg"]
     assert not [text for _, text in descriptions(schema) if bare_placeholders(text)]
     params = inspect.signature(mode_flow.fn).parameters

@@ -44,7 +44,12 @@ pytestmark = pytest.mark.slow
 # checkpoint, the others collectively), one-step off-policy with a multi-turn workflow instead of
 # partial rollouts; bench.faults runs the full one (5 kills per mode, and 10 multi-explorer kills,
 # half of them before the first trainer state).
-CASES = [("synchronous", "group"), ("one_step_off_policy", "main"), ("fully_async", "group"), ("multi_explorer", "group")]
+CASES = [
+    ("synchronous", "group"),
+    ("one_step_off_policy", "main"),
+    ("fully_async", "group"),
+    ("multi_explorer", "group"),
+]
 WORKFLOW_CASES = {("one_step_off_policy", "main")}
 
 
@@ -66,14 +71,25 @@ SEED = int(os.environ.get("RFT_KILL_SEED", "13"))
 @pytest.mark.parametrize("mode,scope", CASES)
 def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, task_file, tmp_path):
     point = kill_points(SEED)[(mode, scope)]
-    trial = kill_trial(tiny_model_dir, task_file, tmp_path, mode, scope, point, random.Random(f"{SEED}-{mode}-{scope}"), workflow=(mode, scope) in WORKFLOW_CASES)
+    trial = kill_trial(
+        tiny_model_dir,
+        task_file,
+        tmp_path,
+        mode,
+        scope,
+        point,
+        random.Random(f"{SEED}-{mode}-{scope}"),
+        workflow=(mode, scope) in WORKFLOW_CASES,
+    )
     print(
         f"\n{mode} killed ({scope}) at {point} after {trial['killed_after_s']:.0f} s (trial {trial['total_s']:.0f} s): checkpoint {trial['saved']}, "
         f"{len(trial['before'])} experiences stored, {len(trial['held'])} groups pending; tree {trial['tree']}"
     )
     # Nothing of the killed run survives: engine cores and workers, resource tracker, Prefect server.
     assert len(trial["tree"]) >= 3, f"expected the engine's processes in the run's tree: {trial['tree']}"
-    assert not trial["survivors"], f"processes of the killed run ({scope} killed) still running after {GONE_TIMEOUT_S:.0f} s: {trial['survivors']}"
+    assert not trial["survivors"], (
+        f"processes of the killed run ({scope} killed) still running after {GONE_TIMEOUT_S:.0f} s: {trial['survivors']}"
+    )
     # The resumed run finished; nothing committed before the kill lost, nothing stored twice.
     assert trial["resume_rc"] == 0 and f"-> version {TOTAL_STEPS}" in trial["resume_out"], trial["resume_out"][-4000:]
     assert not trial["lost"] and not trial["duplicated"], (trial["lost"], trial["duplicated"])
@@ -91,7 +107,9 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
     assert not trained_twice(trial), trained_twice(trial)
     assert not untrained(trial), untrained(trial)
     # Steps up to the checkpoint are the killed run's, the rest the resumed run's.
-    assert [m["resumed_from"] == trial["saved"] for m in trial["lineage"]] == [t > trial["saved"] for t in range(1, TOTAL_STEPS + 1)]
+    assert [m["resumed_from"] == trial["saved"] for m in trial["lineage"]] == [
+        t > trial["saved"] for t in range(1, TOTAL_STEPS + 1)
+    ]
     # The prompt order continued, and the mode's schedule held after the resume.
     assert not prompt_order_breaks(trial), prompt_order_breaks(trial)
     assert not schedule_breaks(trial), schedule_breaks(trial)

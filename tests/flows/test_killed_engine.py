@@ -54,14 +54,20 @@ def kill_engine_mid_run(data: dict, tmp_path: Path) -> None:
 
     killer = threading.Thread(target=kill_core, daemon=True)
     killer.start()
-    with pytest.raises(Exception, match=r"the vLLM engine of explorer 0 died \(VLLM::Worker\S* pid \d+ (killed by SIGKILL|exited)") as failed:
+    with pytest.raises(
+        Exception, match=r"the vLLM engine of explorer 0 died \(VLLM::Worker\S* pid \d+ (killed by SIGKILL|exited)"
+    ) as failed:
         run_config(validate_config(data))
     killer.join(5)
     assert killed, "the run's engine never came up"
     pid, at = killed[0]
     assert f"pid {pid}" in str(failed.value)
-    assert time.monotonic() - at < data["placement"]["heartbeat_timeout_s"]  # the explorer saw it, not a silent heartbeat
+    assert (
+        time.monotonic() - at < data["placement"]["heartbeat_timeout_s"]
+    )  # the explorer saw it, not a silent heartbeat
 
 
 def test_a_killed_engine_fails_the_run_naming_it(prefect_server, tiny_model_dir, task_file, tmp_path):
-    kill_engine_mid_run(small_config(tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=200), tmp_path)
+    kill_engine_mid_run(
+        small_config(tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=200), tmp_path
+    )

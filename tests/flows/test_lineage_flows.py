@@ -40,7 +40,9 @@ def length_reward(prompt: str, response: str, task) -> float:
 
 
 def lineage_config(model_dir: str, task_file: str, storage: str, **extra) -> dict:
-    data = small_config(model_dir, task_file, storage, name=extra.pop("name", None), total_steps=extra.pop("total_steps", 4), **SYNC)
+    data = small_config(
+        model_dir, task_file, storage, name=extra.pop("name", None), total_steps=extra.pop("total_steps", 4), **SYNC
+    )
     data["explorer"]["partial"] = dict(PARTIAL)
     data["lineage"] = {"name": "nightly", **extra.pop("lineage", {})}
     data["taskset"]["reward"] = {"type": "python", "function": "tests.flows.test_lineage_flows:length_reward"}
@@ -53,13 +55,17 @@ def pending_rows(run_url: str) -> dict[str, dict]:
     return {r["experience_id"]: r for r in t.to_table().select(["experience_id", "task_id", "segments"]).to_pylist()}
 
 
-def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(prefect_server, tiny_model_dir, task_file, tmp_path):
+def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(
+    prefect_server, tiny_model_dir, task_file, tmp_path
+):
     storage = str(tmp_path / "runs")
     url = lineage.lineage_url(storage, "nightly")
 
     first = run_config(validate_config(lineage_config(tiny_model_dir, task_file, storage)))
     run1 = first["run"]
-    assert Path(run1).name.startswith("one_step_off_policy-nightly-")  # the run directory carries the lineage, and so does its flow run
+    assert Path(run1).name.startswith(
+        "one_step_off_policy-nightly-"
+    )  # the run directory carries the lineage, and so does its flow run
     assert [r.state.type.value for r in flow_runs_named(Path(run1).name)] == ["COMPLETED"]
     assert lineage.read_latest(url)["run"] == run1 and lineage.read_latest(url)["model"] == f"{run1}/model"
     (entry1,) = lineage.read_runs(url)
@@ -90,7 +96,9 @@ def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(prefect_s
     assert set(start2) <= set(final1) and len(start2) > 5
     for name, w in start2.items():
         assert (w == final1[name]).all(), name
-    assert any((w != load_file(f"{tiny_model_dir}/model.safetensors")[n]).any() for n, w in start2.items())  # trained, not the base
+    assert any(
+        (w != load_file(f"{tiny_model_dir}/model.safetensors")[n]).any() for n, w in start2.items()
+    )  # trained, not the base
 
     # It drew no task the first consumed: its task set is the unused tasks, frozen under the lineage.
     drawable = {t.task_id for t in load_taskset(cfg2.taskset)}
@@ -106,16 +114,25 @@ def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(prefect_s
     assert continued, "none of the first run's continuations reached the second run's buffer"
     v1, e1 = first["final_version"], first["explorer_steps"]
     for r in continued:
-        before = [{**s, "version": s["version"] - v1, "explorer_step": s["explorer_step"] - e1} for s in held1[r["experience_id"]]["segments"]]
+        before = [
+            {**s, "version": s["version"] - v1, "explorer_step": s["explorer_step"] - e1}
+            for s in held1[r["experience_id"]]["segments"]
+        ]
         assert r["segments"][: len(before)] == before and r["task_id"] == held1[r["experience_id"]]["task_id"]
         assert all(s["version"] <= 0 and s["explorer_step"] <= 0 for s in before)
     trained2 = [json.loads(p.read_text()) for p in Path(run2, "metrics", "role=trainer").glob("step=*.json")]
-    assert len(trained2) == 4 and all(m["version_gap_mean"] >= 0 for m in trained2)  # no token newer than the weights it is trained with
+    assert len(trained2) == 4 and all(
+        m["version_gap_mean"] >= 0 for m in trained2
+    )  # no token newer than the weights it is trained with
     assert any(len(r["segments"]) > len(held1[r["experience_id"]]["segments"]) for r in continued)  # given new segments
     still = pending_rows(run2)
     assert set(held1) <= {r["experience_id"] for r in continued} | set(still)  # none lost
     entry2 = lineage.read_runs(url)[-1]
-    assert entry2["status"] == "completed" and entry2["base_model"] == f"{run1}/model" and carried_tasks <= set(entry2["tasks"])
+    assert (
+        entry2["status"] == "completed"
+        and entry2["base_model"] == f"{run1}/model"
+        and carried_tasks <= set(entry2["tasks"])
+    )
 
     # A run that fails (its reward raises on every sample) leaves latest where it was.
     bad = lineage_config(tiny_model_dir, task_file, storage, name="third")
@@ -125,7 +142,9 @@ def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(prefect_s
     assert lineage.read_latest(url)["run"] == run2
     last = lineage.read_runs(url)[-1]
     assert last["run"].endswith("/third") and last["status"] == "failed"
-    assert lineage.used_task_ids(lineage.read_runs(url)) == consumed1 | set(entry2["tasks"])  # a failed run consumes none
+    assert lineage.used_task_ids(lineage.read_runs(url)) == consumed1 | set(
+        entry2["tasks"]
+    )  # a failed run consumes none
     lineage.lock(url, {}, LineageConfig(name="nightly", when_busy="refuse")).release()  # and its lock is free
 
 
@@ -159,23 +178,31 @@ def test_a_busy_lineage_waits_or_refuses_and_never_overlaps(prefect_server, tiny
     url = lineage.lineage_url(storage, "nightly")
     held = lineage.lock(url, {}, LineageConfig(name="nightly"))  # another run of the lineage holds it
     try:
-        refused = lineage_config(tiny_model_dir, task_file, storage, name="refused", total_steps=2, lineage={"when_busy": "refuse"})
+        refused = lineage_config(
+            tiny_model_dir, task_file, storage, name="refused", total_steps=2, lineage={"when_busy": "refuse"}
+        )
         with pytest.raises(UserError, match="lineage 'nightly' is busy"):
             run_config(validate_config(refused))
         assert not (tmp_path / "runs" / "refused").exists()  # refused before it touched anything
 
-        waiting = lineage_config(tiny_model_dir, task_file, storage, name="waiting", total_steps=2, lineage={"wait_timeout_s": 300})
+        waiting = lineage_config(
+            tiny_model_dir, task_file, storage, name="waiting", total_steps=2, lineage={"wait_timeout_s": 300}
+        )
         result: list = []
         runner = threading.Thread(target=lambda: result.append(run_config(validate_config(waiting))), daemon=True)
         runner.start()
         time.sleep(8)
-        assert runner.is_alive() and not (tmp_path / "runs" / "waiting").exists(), "the run started while the lineage was busy"
+        assert runner.is_alive() and not (tmp_path / "runs" / "waiting").exists(), (
+            "the run started while the lineage was busy"
+        )
         released = time.time()
     finally:
         held.release()
     runner.join(300)
     assert not runner.is_alive() and result and result[0]["final_version"] == 2
-    assert (tmp_path / "runs" / "waiting" / "config.yaml").stat().st_mtime >= released  # it began after the lock was free
+    assert (
+        tmp_path / "runs" / "waiting" / "config.yaml"
+    ).stat().st_mtime >= released  # it began after the lock was free
     assert lineage.read_latest(url)["run"].endswith("/waiting")
 
 
@@ -189,7 +216,11 @@ def test_a_cancelled_run_leaves_latest_and_its_resume_moves_it(prefect_server, t
     assert cancelled and not isinstance(result, dict), f"the run was not cancelled: {result}"
     assert lineage.read_latest(url) is None  # a cancelled run never moves latest
     (entry,) = lineage.read_runs(url)
-    assert entry["status"] == "cancelled" and entry["run"].endswith("/cancel-me") and lineage.used_task_ids([entry]) == set()
+    assert (
+        entry["status"] == "cancelled"
+        and entry["run"].endswith("/cancel-me")
+        and lineage.used_task_ids([entry]) == set()
+    )
 
     # Its resume holds the lineage's lock, keeps the model and tasks it started with, and moves latest on success.
     run = open_run(str(tmp_path / "runs" / "cancel-me"))

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def base_cfg(tiny_model_dir, task_file, tmp_path_factory) -> dict:
-    data = small_config(tiny_model_dir, task_file, str(tmp_path_factory.mktemp("ops-runs")), mode="synchronous", total_steps=5)
+    data = small_config(
+        tiny_model_dir, task_file, str(tmp_path_factory.mktemp("ops-runs")), mode="synchronous", total_steps=5
+    )
     data["synchronizer"]["collective"]["port"] = None  # a free port per run
     return data
 
@@ -74,7 +76,10 @@ def test_the_run_lifecycle_shows_as_tasks_of_the_flow_run(done_run):
     from prefect.client.schemas.sorting import TaskRunSort
 
     with get_client(sync_client=True) as client:
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[done_run["flow_run"].id])), sort=TaskRunSort.EXPECTED_START_TIME_ASC)
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[done_run["flow_run"].id])),
+            sort=TaskRunSort.EXPECTED_START_TIME_ASC,
+        )
     names = [t.name for t in tasks]
     assert all(t.state.is_completed() for t in tasks), [(t.name, t.state.type) for t in tasks]
     steps = [n for n in names if n in ("preflight", "start-run", "sweep-buffer", "publish-report", "record-lineage")]
@@ -87,7 +92,9 @@ def test_the_run_lifecycle_shows_as_tasks_of_the_flow_run(done_run):
 def test_artifacts_under_stable_keys_with_the_run_in_the_description(done_run):
     arts, summary = done_run["artifacts"], done_run["summary"]
     name = Path(summary["run"]).name
-    assert set(arts) == {f"synchronous-{what}" for what in ("metrics", "timeline", "reward-curve", "summary", "progress", "model")}
+    assert set(arts) == {
+        f"synchronous-{what}" for what in ("metrics", "timeline", "reward-curve", "summary", "progress", "model")
+    }
     for key, art in arts.items():
         assert name not in key and name in art.description, (key, art.description)
     assert [row["step"] for row in json.loads(arts["synchronous-metrics"].data)] == [1, 2]
@@ -103,7 +110,9 @@ def test_artifacts_under_stable_keys_with_the_run_in_the_description(done_run):
     assert progress.type == "progress" and progress.data == 100.0 and progress.description.endswith("trainer step 2/2")
     model = arts["synchronous-model"]
     uri = (Path(summary["run"]) / "model").resolve().as_uri()
-    assert model.data == f"[{summary['run']}/model]({uri})" and (Path(summary["run"]) / "model" / "config.json").is_file()
+    assert (
+        model.data == f"[{summary['run']}/model]({uri})" and (Path(summary["run"]) / "model" / "config.json").is_file()
+    )
 
 
 def test_the_trainer_moves_the_progress_artifact_every_step(prefect_server, base_cfg):
@@ -114,7 +123,9 @@ def test_the_trainer_moves_the_progress_artifact_every_step(prefect_server, base
     from rl_engine.run.context import start_run
     from tasks.report import start_progress, trainer_step_done
 
-    run = start_run(validate_config(dict(base_cfg, name="progress-steps", trainer=dict(base_cfg["trainer"], total_steps=4))))
+    run = start_run(
+        validate_config(dict(base_cfg, name="progress-steps", trainer=dict(base_cfg["trainer"], total_steps=4)))
+    )
 
     @flow
     def four_trainer_steps() -> list[tuple[float, str]]:
@@ -122,12 +133,24 @@ def test_the_trainer_moves_the_progress_artifact_every_step(prefect_server, base
         seen = [(Artifact.get("test-ops-progress").data, "")]
         on_step = trainer_step_done(run.url, run.storage_options, progress_id)
         for t in range(1, 5):
-            on_step("trainer", {"step": t, "reward_mean": 0.5, "reward_std": 0.1, "staleness_max": 0, "wait_experience_s": 0.0, "train_s": 0.1})
+            on_step(
+                "trainer",
+                {
+                    "step": t,
+                    "reward_mean": 0.5,
+                    "reward_std": 0.1,
+                    "staleness_max": 0,
+                    "wait_experience_s": 0.0,
+                    "train_s": 0.1,
+                },
+            )
             art = Artifact.get("test-ops-progress")
             seen.append((art.data, art.description))
         return seen
 
-    assert four_trainer_steps() == [(0.0, "")] + [(25.0 * t, f"Run progress-steps: trainer step {t}/4") for t in range(1, 5)]
+    assert four_trainer_steps() == [(0.0, "")] + [
+        (25.0 * t, f"Run progress-steps: trainer step {t}/4") for t in range(1, 5)
+    ]
 
 
 def test_bad_override_is_refused_naming_the_key(prefect_server, base_cfg):
@@ -164,6 +187,9 @@ def test_a_flow_run_checks_its_inputs_before_any_engine_starts(prefect_server, b
     shutil.copy(Path(tiny_model_dir) / "config.json", model)
     runs = Path(base_cfg["buffer"]["storage"]["url"])
     before = set(runs.iterdir())
-    with pytest.raises(UserError, match=r"model.path = .*no-weights.*: no \*\.safetensors weights; save the model with model.save_pretrained"):
+    with pytest.raises(
+        UserError,
+        match=r"model.path = .*no-weights.*: no \*\.safetensors weights; save the model with model.save_pretrained",
+    ):
         synchronous(cfg=validate_config(base_cfg), set=[f"model.path={model}"])
     assert set(runs.iterdir()) == before  # nothing written: the run never started

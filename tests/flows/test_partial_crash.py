@@ -35,10 +35,23 @@ TIMEOUT_S = 420
 def rft_run(args: list[str], root: Path, failpoint: str | None = None) -> subprocess.CompletedProcess:
     """`rft run ...` as a user's shell runs it: its own ephemeral Prefect server and Prefect home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API") and k != ENV}
-    env |= {"PREFECT_HOME": str(root / "prefect-home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+    env |= {
+        "PREFECT_HOME": str(root / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    }
     if failpoint:
         env[ENV] = failpoint
-    return subprocess.run([RFT, "run", *args], cwd=root, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=TIMEOUT_S, start_new_session=True)
+    return subprocess.run(
+        [RFT, "run", *args],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=TIMEOUT_S,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.timeout(2 * TIMEOUT_S + 60)
@@ -46,13 +59,24 @@ def rft_run(args: list[str], root: Path, failpoint: str | None = None) -> subpro
 # (tests/rl_engine/roles/test_partial.py), this one is the point the buffer and the store disagree on.
 @pytest.mark.parametrize("point", ["explorer.after_commit"])
 def test_killed_between_continuation_save_and_buffer_commit(point, tiny_model_dir, task_file, tmp_path):
-    data = partial_config(tiny_model_dir, task_file, str(tmp_path), name="crash", mode="one_step_off_policy", sync_offset=1, total_steps=TOTAL, checkpoint_interval=2)
+    data = partial_config(
+        tiny_model_dir,
+        task_file,
+        str(tmp_path),
+        name="crash",
+        mode="one_step_off_policy",
+        sync_offset=1,
+        total_steps=TOTAL,
+        checkpoint_interval=2,
+    )
     data["synchronizer"]["collective"].pop("port")
     data["monitor"]["artifacts"] = False
     config = write_config(tmp_path / "crash.yaml", data)
 
     killed = rft_run([config], tmp_path, f"{point}@{CRASH_STEP}")
-    assert killed.returncode == -9, f"the failpoint did not kill the run (exit {killed.returncode}):\n{killed.stdout[-3000:]}{killed.stderr[-3000:]}"
+    assert killed.returncode == -9, (
+        f"the failpoint did not kill the run (exit {killed.returncode}):\n{killed.stdout[-3000:]}{killed.stderr[-3000:]}"
+    )
     run = open_run(str(tmp_path / "crash"))
     store = ContinuationStore(run.url, {}, 0)
     staged = [e for e in store.list() if e.kind == "outbox"]
@@ -71,7 +95,9 @@ def test_killed_between_continuation_save_and_buffer_commit(point, tiny_model_di
     # Once the resumed attempt ended, the buffer directory holds only committed files: plain Arrow
     # tools (the README's recipe) read each experience once.
     assert not os.path.exists(orphan) and uncommitted_files(run.url) == []
-    plain = ds.dataset(f"{run.url}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]).to_table()
+    plain = ds.dataset(
+        f"{run.url}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]
+    ).to_table()
     assert sorted(plain["experience_id"].to_pylist()) == sorted(r["experience_id"] for r in stored_rows(run.url))
     rows = stored_rows(run.url)
     ids = Counter(r["experience_id"] for r in rows)
@@ -84,5 +110,7 @@ def test_killed_between_continuation_save_and_buffer_commit(point, tiny_model_di
     assert not [e for e in ContinuationStore(run.url, {}, 0).list() if e.kind == "outbox"]
     # The final model was trained on each explorer step once.
     metrics = [json.loads(line) for line in Path(run.url, "report", "metrics.jsonl").read_text().splitlines()]
-    by_step = {m["step"]: m for m in metrics if "explorer_steps" in m}  # a step trained again after a resume replaces the lost one
+    by_step = {
+        m["step"]: m for m in metrics if "explorer_steps" in m
+    }  # a step trained again after a resume replaces the lost one
     assert sorted(s for t in sorted(by_step) for s in by_step[t]["explorer_steps"]) == list(range(1, TOTAL + 1))

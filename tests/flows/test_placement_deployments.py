@@ -54,12 +54,19 @@ def on_live_server(live):
 def deployments_config(model: str, tasks: str, root: Path, **sync) -> dict:
     data = small_config(model, tasks, str(root), **sync)
     data["synchronizer"]["collective"].pop("port")  # the trainer picks a free one and publishes it
-    data["placement"] = {"type": "deployments", "heartbeat_s": 1.0, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S, "start_timeout_s": 300}
+    data["placement"] = {
+        "type": "deployments",
+        "heartbeat_s": 1.0,
+        "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
+        "start_timeout_s": 300,
+    }
     return data
 
 
 def role_markers(run_url: str) -> dict[str, dict]:
-    return {p.stem.removeprefix("role-"): json.loads(p.read_text()) for p in Path(run_url, "control").glob("role-*.json")}
+    return {
+        p.stem.removeprefix("role-"): json.loads(p.read_text()) for p in Path(run_url, "control").glob("role-*.json")
+    }
 
 
 def child_runs(live, run_name: str) -> dict[str, dict]:
@@ -95,32 +102,68 @@ def test_readme_command_runs_every_role_on_the_worker(live, tiny_model_dir, task
     from harness.prefect_live import REPO, VENV_BIN
 
     total = 4
-    sets = [f"model.path={tiny_model_dir}", "model.max_model_len=64", f"taskset.path={task_file}", f"buffer.storage.url={tmp_path}", "name=readme"]
-    sets += ["explorer.batch_size=2", "algorithm.repeat_times=2", "explorer.engine.kv_cache_space_gib=0.25", f"trainer.total_steps={total}", "trainer.micro_batch_size=4"]
-    cmd = [str(VENV_BIN / "rft"), "run", "configs/synchronous.yaml", "--set", "placement.type=deployments"] + [a for kv in sets for a in ("--set", kv)]
-    res = subprocess.run(cmd, cwd=REPO, env=live.env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    sets = [
+        f"model.path={tiny_model_dir}",
+        "model.max_model_len=64",
+        f"taskset.path={task_file}",
+        f"buffer.storage.url={tmp_path}",
+        "name=readme",
+    ]
+    sets += [
+        "explorer.batch_size=2",
+        "algorithm.repeat_times=2",
+        "explorer.engine.kv_cache_space_gib=0.25",
+        f"trainer.total_steps={total}",
+        "trainer.micro_batch_size=4",
+    ]
+    cmd = [str(VENV_BIN / "rft"), "run", "configs/synchronous.yaml", "--set", "placement.type=deployments"] + [
+        a for kv in sets for a in ("--set", kv)
+    ]
+    res = subprocess.run(
+        cmd, cwd=REPO, env=live.env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     run_url = str(tmp_path / "readme")
     assert f"trained:    {total} steps -> version {total}" in res.stdout
     assert_roles_ran_apart(live, run_url, 1)
     by_step = versions_by_step(stored_experiences(run_url))
-    assert {e: vs for (_, e), vs in by_step.items()} == {e: {e - 1} for e in range(1, total + 1)}  # synchronous: step e by v(e-1)
+    assert {e: vs for (_, e), vs in by_step.items()} == {
+        e: {e - 1} for e in range(1, total + 1)
+    }  # synchronous: step e by v(e-1)
 
 
 # One-step off-policy across processes runs in test_killed_explorer_fails_the_run_then_resume_loses_nothing
 # (and synchronous in the README command's test): the suite's time goes to the modes nothing else covers here.
 @pytest.mark.parametrize("mode,method", [("fully_async", "collective"), ("multi_explorer", "checkpoint")])
 def test_every_role_in_its_own_process(mode, method, on_live_server, tiny_model_dir, task_file, tmp_path):
-    extra = {"one_step_off_policy": {"sync_offset": 1}, "multi_explorer": {"count": 2, "max_staleness": 3}}.get(mode, {})
+    extra = {"one_step_off_policy": {"sync_offset": 1}, "multi_explorer": {"count": 2, "max_staleness": 3}}.get(
+        mode, {}
+    )
     total, k = 4, 2 if mode in ("fully_async", "multi_explorer") else 1
-    cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, mode=mode, sync_method=method, sync_interval=k, total_steps=total, **extra))
+    cfg = validate_config(
+        deployments_config(
+            tiny_model_dir,
+            task_file,
+            tmp_path,
+            mode=mode,
+            sync_method=method,
+            sync_interval=k,
+            total_steps=total,
+            **extra,
+        )
+    )
     summary = run_config(cfg)
     assert summary["final_version"] == total
     assert_roles_ran_apart(on_live_server, summary["run"], cfg.explorer.count)
     from prefect.artifacts import Artifact
 
-    progress = Artifact.get(f"{mode.replace('_', '-')}-progress")  # the mode flow run's, moved by the trainer's flow run
-    assert progress.data == 100.0 and progress.description == f"Run {Path(summary['run']).name}: trainer step {total}/{total}"
+    progress = Artifact.get(
+        f"{mode.replace('_', '-')}-progress"
+    )  # the mode flow run's, moved by the trainer's flow run
+    assert (
+        progress.data == 100.0
+        and progress.description == f"Run {Path(summary['run']).name}: trainer step {total}/{total}"
+    )
 
     # The schedule holds across processes, read from the stored versions alone.
     by_step = versions_by_step(stored_experiences(summary["run"]))
@@ -145,7 +188,9 @@ def _run_in_thread(cfg, resume=None) -> tuple[threading.Thread, list]:
         except BaseException as e:  # noqa: BLE001 - the test inspects it
             out.append(e)
 
-    t = threading.Thread(target=contextvars.copy_context().run, args=(target,), daemon=True)  # keeps the live server's settings
+    t = threading.Thread(
+        target=contextvars.copy_context().run, args=(target,), daemon=True
+    )  # keeps the live server's settings
     t.start()
     return t, out
 
@@ -162,7 +207,17 @@ def _wait_trainer_version(run_dir: Path, version: int, timeout_s: float = 300) -
 
 def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server, tiny_model_dir, task_file, tmp_path):
     total = 30
-    cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, name="kill-me", mode="one_step_off_policy", sync_offset=1, total_steps=total))
+    cfg = validate_config(
+        deployments_config(
+            tiny_model_dir,
+            task_file,
+            tmp_path,
+            name="kill-me",
+            mode="one_step_off_policy",
+            sync_offset=1,
+            total_steps=total,
+        )
+    )
     run_dir = tmp_path / "kill-me"
     thread, out = _run_in_thread(cfg)
     _wait_trainer_version(run_dir, 3)
@@ -182,7 +237,9 @@ def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server,
     # The stop request comes from whoever noticed first: the parent (explorer-0's flow run crashed)
     # or the trainer (its weight-sync peer closed the connection); the run's error names both.
     stop = json.loads((run_dir / "control" / "stop.json").read_text())
-    assert stop["kind"] == "failed" and ("explorer-0" in stop["reason"] or "Connection closed by peer" in stop["reason"]), stop
+    assert stop["kind"] == "failed" and (
+        "explorer-0" in stop["reason"] or "Connection closed by peer" in stop["reason"]
+    ), stop
     assert_all_gone(doomed[1:])
     assert_all_gone([psutil.Process(trainer["pid"])] if psutil.pid_exists(trainer["pid"]) else [])
 
@@ -200,16 +257,32 @@ def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server,
     metrics = [json.loads(line) for line in Path(run.url, "report", "metrics.jsonl").read_text().splitlines()]
     trainer_steps = [m for m in metrics if "explorer_steps" in m]
     assert [m["step"] for m in trainer_steps] == list(range(1, total + 1))
-    assert [m["explorer_steps"] for m in trainer_steps if m["resumed_from"] == saved] == [[t] for t in range(saved + 1, total + 1)]
+    assert [m["explorer_steps"] for m in trainer_steps if m["resumed_from"] == saved] == [
+        [t] for t in range(saved + 1, total + 1)
+    ]
 
 
 def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_dir, task_file, tmp_path):
-    cfg = validate_config(deployments_config(tiny_model_dir, task_file, tmp_path, name="cancel-roles", mode="multi_explorer", count=2, sync_method="collective", sync_interval=1, total_steps=400))  # outlasts the cancel by far
+    cfg = validate_config(
+        deployments_config(
+            tiny_model_dir,
+            task_file,
+            tmp_path,
+            name="cancel-roles",
+            mode="multi_explorer",
+            count=2,
+            sync_method="collective",
+            sync_interval=1,
+            total_steps=400,
+        )
+    )  # outlasts the cancel by far
     run_dir = tmp_path / "cancel-roles"
     thread, out = _run_in_thread(cfg)
     _wait_trainer_version(run_dir, 2)
     procs = [p for m in role_markers(str(run_dir)).values() for p in process_tree(m["pid"])]
-    parents = on_live_server.api("POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["multi-explorer"]}}, "limit": 200})
+    parents = on_live_server.api(
+        "POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["multi-explorer"]}}, "limit": 200}
+    )
     [parent] = [r for r in parents if r["parameters"].get("cfg", {}).get("name") == "cancel-roles"]
     on_live_server.cancel(parent["id"])
     cancelled_at = time.monotonic()
@@ -225,9 +298,13 @@ def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_
             break
         time.sleep(1)
     assert set(children) == {"trainer", "explorer-0", "explorer-1"}
-    assert {c["state_type"] for c in children.values()} == {"CANCELLED"}, {r: (c["state_type"], c["state"]["message"]) for r, c in children.items()}
+    assert {c["state_type"] for c in children.values()} == {"CANCELLED"}, {
+        r: (c["state_type"], c["state"]["message"]) for r, c in children.items()
+    }
     assert_all_gone(procs)
-    for child in children.values():  # cancelled on purpose: no CancelledRun traceback, exit status 0 (flows.common.end_cancelled)
+    for child in (
+        children.values()
+    ):  # cancelled on purpose: no CancelledRun traceback, exit status 0 (flows.common.end_cancelled)
         assert_exited_cleanly(on_live_server, child["id"])
     print(f"cancel -> mode flow ended in {took:.1f} s")
 
@@ -235,11 +312,25 @@ def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_
 def _copy_deployment(live, name: str, new_name: str, pool: str) -> None:
     """`name` (flow/deployment) again as `flow/new_name` on `pool`, through the REST API."""
     dep = live.deployment(name)
-    keep = ("flow_id", "entrypoint", "pull_steps", "parameters", "parameter_openapi_schema", "enforce_parameter_schema", "job_variables", "path", "tags")
-    live.api("POST", "/deployments/", json={k: dep[k] for k in keep if k in dep} | {"name": new_name, "work_pool_name": pool})
+    keep = (
+        "flow_id",
+        "entrypoint",
+        "pull_steps",
+        "parameters",
+        "parameter_openapi_schema",
+        "enforce_parameter_schema",
+        "job_variables",
+        "path",
+        "tags",
+    )
+    live.api(
+        "POST", "/deployments/", json={k: dep[k] for k in keep if k in dep} | {"name": new_name, "work_pool_name": pool}
+    )
 
 
-def test_a_worker_run_on_s3_keeps_its_credentials_out_of_config_logs_and_artifacts(live, prefect_worker, tiny_model_dir, task_file, s3_bucket, tmp_path):
+def test_a_worker_run_on_s3_keeps_its_credentials_out_of_config_logs_and_artifacts(
+    live, prefect_worker, tiny_model_dir, task_file, s3_bucket, tmp_path
+):
     """Issue 28: credentials go to the workers' environment, never the config; a run on S3 whose
     roles run on a worker holding them leaves them in none of the run's objects (config.yaml, logs,
     report), the worker's terminal, the flow runs' logs, parameters or artifacts."""
@@ -252,32 +343,56 @@ def test_a_worker_run_on_s3_keeps_its_credentials_out_of_config_logs_and_artifac
     data = deployments_config(tiny_model_dir, task_file, tmp_path, mode="synchronous", total_steps=2)
     data["buffer"]["storage"] = {"url": url, "options": options}
     data["name"] = "s3-creds"
-    with pytest.raises(ConfigError, match="job_variables.trainer.env.AWS_SECRET_ACCESS_KEY: credentials must not be in the config") as refused:
-        validate_config({**data, "placement": {**data["placement"], "job_variables": {"trainer": {"env": {"AWS_SECRET_ACCESS_KEY": secret}}}}})
+    with pytest.raises(
+        ConfigError, match="job_variables.trainer.env.AWS_SECRET_ACCESS_KEY: credentials must not be in the config"
+    ) as refused:
+        validate_config(
+            {
+                **data,
+                "placement": {
+                    **data["placement"],
+                    "job_variables": {"trainer": {"env": {"AWS_SECRET_ACCESS_KEY": secret}}},
+                },
+            }
+        )
     assert secret not in str(refused.value)
 
     # Roles on a pool of their own whose worker has the key in its environment, as the README says.
-    worker = prefect_worker("rft-s3", AWS_ACCESS_KEY_ID="rft-test-key", AWS_SECRET_ACCESS_KEY=secret)  # creates the pool
+    worker = prefect_worker(
+        "rft-s3", AWS_ACCESS_KEY_ID="rft-test-key", AWS_SECRET_ACCESS_KEY=secret
+    )  # creates the pool
     for role in ("rft-trainer", "rft-explorer"):
         _copy_deployment(live, f"{role}/default", "s3-creds", "rft-s3")
     data["placement"] |= {"trainer_deployment": "rft-trainer/s3-creds", "explorer_deployment": "rft-explorer/s3-creds"}
     with temporary_settings({PREFECT_API_URL: live.api_url}):
         summary = run_config(validate_config(data))
     assert summary["final_version"] == 2
-    assert {r: c["state_type"] for r, c in child_runs(live, "s3-creds").items()} == {"trainer": "COMPLETED", "explorer-0": "COMPLETED"}
+    assert {r: c["state_type"] for r, c in child_runs(live, "s3-creds").items()} == {
+        "trainer": "COMPLETED",
+        "explorer-0": "COMPLETED",
+    }
 
     import s3fs
 
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
     objects = fs.find(f"{url}/s3-creds")
-    assert {"config.yaml", "logs/engines-trainer.log", "logs/engines-explorer-0.log", "report/summary.json"} <= {o.split("/s3-creds/", 1)[1] for o in objects}
+    assert {"config.yaml", "logs/engines-trainer.log", "logs/engines-explorer-0.log", "report/summary.json"} <= {
+        o.split("/s3-creds/", 1)[1] for o in objects
+    }
     leaks = [o for o in objects if secret.encode() in fs.cat_file(o)]
     runs = live.api("POST", "/flow_runs/filter", json={"flow_runs": {"name": {"like_": "s3-creds"}}, "limit": 50})
     ids = [r["id"] for r in runs]
     logs: list = []
-    while page := live.api("POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": ids}}, "limit": 200, "offset": len(logs)}):
+    while page := live.api(
+        "POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": ids}}, "limit": 200, "offset": len(logs)}
+    ):
         logs += page
     arts = live.api("POST", "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": ids}}})
-    shown = {"worker terminal": worker.log_path.read_text(), "flow runs": json.dumps(runs), "flow run logs": json.dumps(logs), "artifacts": json.dumps(arts)}
+    shown = {
+        "worker terminal": worker.log_path.read_text(),
+        "flow runs": json.dumps(runs),
+        "flow run logs": json.dumps(logs),
+        "artifacts": json.dumps(arts),
+    }
     leaks += [where for where, text in shown.items() if secret in text]
     assert len(logs) > 10 and len(arts) >= 5 and not leaks, leaks

@@ -46,7 +46,17 @@ def _stop_at(run_dir: Path, version: int, done: threading.Event, timeout_s: floa
 
 def test_run_keeps_two_of_each_and_resumes(prefect_server, tiny_model_dir, task_file, tmp_path):
     total = 8
-    data = small_config(tiny_model_dir, task_file, str(tmp_path), name="keep2", mode="one_step_off_policy", sync_offset=1, sync_method="checkpoint", keep_last_checkpoints=2, total_steps=total)
+    data = small_config(
+        tiny_model_dir,
+        task_file,
+        str(tmp_path),
+        name="keep2",
+        mode="one_step_off_policy",
+        sync_offset=1,
+        sync_method="checkpoint",
+        keep_last_checkpoints=2,
+        total_steps=total,
+    )
     data["trainer"]["keep_last_states"] = 2
     done = threading.Event()
     stopper = threading.Thread(target=_stop_at, args=(tmp_path / "keep2", 3, done), daemon=True)

@@ -1,6 +1,6 @@
 """Placement `local` runs every role as a thread of the flow's process, with the shorter GIL switch interval.
 
-    .venv/bin/python -m pytest tests/flows/test_run_local.py -q
+.venv/bin/python -m pytest tests/flows/test_run_local.py -q
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def test_local_roles_start_and_finish_under_the_shared_process_switch_interval(m
 
     monkeypatch.setattr(common, "trainer_task", types.SimpleNamespace(submit=submit))
     monkeypatch.setattr(common, "explorer_task", types.SimpleNamespace(submit=submit))
-    run = types.SimpleNamespace(url="runs/x", storage_options={}, cfg=types.SimpleNamespace(explorer=types.SimpleNamespace(count=2)))
+    run = types.SimpleNamespace(
+        url="runs/x", storage_options={}, cfg=types.SimpleNamespace(explorer=types.SimpleNamespace(count=2))
+    )
     before = sys.getswitchinterval()
     common.run_local(run, "progress-id")
     assert [a for a, _ in seen] == [("runs/x", {}, "progress-id"), ("runs/x", 0, {}), ("runs/x", 1, {})]

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow
 STALL_S = 20.0
 
 
-def _stall_after_first_commit(direct: s3fs.S3FileSystem, run_root: str, proxy: OutageProxy, done: threading.Event, stalled_at: list) -> None:
+def _stall_after_first_commit(
+    direct: s3fs.S3FileSystem, run_root: str, proxy: OutageProxy, done: threading.Event, stalled_at: list
+) -> None:
     deadline = time.monotonic() + 300
     while not done.is_set() and time.monotonic() < deadline:
         direct.invalidate_cache()
@@ -40,11 +42,19 @@ def test_run_on_s3_survives_a_20s_stall(prefect_server, tiny_model_dir, task_fil
     direct = s3fs.S3FileSystem(skip_instance_cache=True, **direct_options)
     total, name = 6, f"outage-{uuid.uuid4().hex[:6]}"
     with OutageProxy(direct_options["client_kwargs"]["endpoint_url"]) as proxy:
-        data = small_config(tiny_model_dir, task_file, url, name=name, total_steps=total, mode="one_step_off_policy", sync_offset=1)
-        data["buffer"]["storage"].update(options={"client_kwargs": {"endpoint_url": proxy.endpoint}}, outage_timeout_s=60)
+        data = small_config(
+            tiny_model_dir, task_file, url, name=name, total_steps=total, mode="one_step_off_policy", sync_offset=1
+        )
+        data["buffer"]["storage"].update(
+            options={"client_kwargs": {"endpoint_url": proxy.endpoint}}, outage_timeout_s=60
+        )
         cfg = validate_config(data)
         done, stalled_at = threading.Event(), []
-        watcher = threading.Thread(target=_stall_after_first_commit, args=(direct, f"{url.removeprefix('s3://')}/{name}", proxy, done, stalled_at), daemon=True)
+        watcher = threading.Thread(
+            target=_stall_after_first_commit,
+            args=(direct, f"{url.removeprefix('s3://')}/{name}", proxy, done, stalled_at),
+            daemon=True,
+        )
         watcher.start()
         try:
             summary = run_config(cfg)

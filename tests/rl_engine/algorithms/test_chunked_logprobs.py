@@ -46,7 +46,9 @@ def chunked(kind, hidden, weight, b, ids, temperature, chunk, mask=None):
 
 
 @pytest.mark.parametrize("kind", ["weight", "head"])
-@pytest.mark.parametrize("chunk", [1, 4, 5, 18, 100])  # 18 positions: 5 and 4 leave a short last chunk, 100 is one chunk
+@pytest.mark.parametrize(
+    "chunk", [1, 4, 5, 18, 100]
+)  # 18 positions: 5 and 4 leave a short last chunk, 100 is one chunk
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_chunked_equals_full_logits(kind, chunk, temperature):
     hidden, weight, b, ids, up = case(bias=chunk == 5)

@@ -33,7 +33,9 @@ LN = math.log
 
 
 def close(a, b, tol=1e-5):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=tol)
+    torch.testing.assert_close(
+        torch.as_tensor(a, dtype=torch.float32), torch.as_tensor(b, dtype=torch.float32), atol=tol, rtol=tol
+    )
 
 
 # ----------------------------------------------------------------------------- advantages
@@ -81,7 +83,9 @@ def test_zero_variance_and_single_member_groups_are_finite(estimator, std):
         close(adv[[0, 1, 4]], [0.0, 0.0, 0.0])
     if std == "group":  # no scale in a zero-variance group, whatever the baseline
         close(adv[[0, 1]], [0.0, 0.0])
-    close(group_advantages(torch.full((4,), 0.7), torch.tensor([0, 0, 1, 1]), estimator, std), [0.0] * 4)  # an all-equal batch
+    close(
+        group_advantages(torch.full((4,), 0.7), torch.tensor([0, 0, 1, 1]), estimator, std), [0.0] * 4
+    )  # an all-equal batch
 
 
 def test_unknown_estimator_and_std():
@@ -135,27 +139,56 @@ def test_single_token_responses_every_aggregation_agrees():
 
 
 def _batch():
-    lp = torch.tensor([[0.0, -1.0, -0.5, -2.0], [0.0, -0.3, -0.9, -0.1], [0.0, -1.5, -0.2, -0.7], [0.0, -0.4, -0.6, -0.8]])
-    old = lp + torch.tensor([[0.0, 0.1, -0.4, 0.3], [0.0, -0.05, 0.5, 0.0], [0.0, 0.2, 0.2, -0.3], [0.0, 0.0, 0.1, 0.1]])
+    lp = torch.tensor(
+        [[0.0, -1.0, -0.5, -2.0], [0.0, -0.3, -0.9, -0.1], [0.0, -1.5, -0.2, -0.7], [0.0, -0.4, -0.6, -0.8]]
+    )
+    old = lp + torch.tensor(
+        [[0.0, 0.1, -0.4, 0.3], [0.0, -0.05, 0.5, 0.0], [0.0, 0.2, 0.2, -0.3], [0.0, 0.0, 0.1, 0.1]]
+    )
     ref = lp + 0.25
-    mask = torch.tensor([[0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]])  # row 2: filtered
+    mask = torch.tensor(
+        [[0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 0.0]]
+    )  # row 2: filtered
     return lp, old, ref, mask, torch.tensor([1.0, -0.5, 2.0, -1.5])
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
-@pytest.mark.parametrize("loss", [{"type": "ppo_clip"}, {"type": "gspo", "clip_eps_low": 0.1, "clip_eps_high": 0.1}, {"type": "cispo"}, {"type": "kimi"}])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        {"type": "ppo_clip"},
+        {"type": "gspo", "clip_eps_low": 0.1, "clip_eps_high": 0.1},
+        {"type": "cispo"},
+        {"type": "kimi"},
+    ],
+)
 def test_micro_batches_sum_to_the_whole_batch(aggregation, loss):
     # gradient accumulation: the micro-batches' losses and gradients, with the whole batch's counts
     # (6 tokens, 3 sequences with tokens) and divisor, sum to the whole batch's
     div = 8 if aggregation == "seq-mean-token-sum" else None
-    cfg = AlgorithmConfig(aggregation=aggregation, token_sum_divisor=div, loss=loss, kl={"coef": 0.1, "estimator": "k3"})
+    cfg = AlgorithmConfig(
+        aggregation=aggregation, token_sum_divisor=div, loss=loss, kl={"coef": 0.1, "estimator": "k3"}
+    )
     lp, old, ref, mask, adv = _batch()
     d = float(div or 1)
     whole_lp = lp.clone().requires_grad_()
     whole = policy_loss(whole_lp, old, adv, mask, cfg, ref_logprobs=ref, token_sum_divisor=d)
     whole.loss.backward()
     parts_lp = lp.clone().requires_grad_()
-    total = sum(policy_loss(parts_lp[s], old[s], adv[s], mask[s], cfg, ref_logprobs=ref[s], num_tokens=6, num_seqs=3, token_sum_divisor=d).loss for s in (slice(0, 1), slice(1, 4)))
+    total = sum(
+        policy_loss(
+            parts_lp[s],
+            old[s],
+            adv[s],
+            mask[s],
+            cfg,
+            ref_logprobs=ref[s],
+            num_tokens=6,
+            num_seqs=3,
+            token_sum_divisor=d,
+        ).loss
+        for s in (slice(0, 1), slice(1, 4))
+    )
     total.backward()
     close(total, whole.loss)
     close(parts_lp.grad, whole_lp.grad)
@@ -299,12 +332,27 @@ S15 = math.sqrt(1.5)
     [
         # token clamp [.5, 2]: w = [[2, .5, 1], [1.5, 1]] -> 2 clamped; pg = (-(2 + .5 + 1) * 1 - (1.5 + 1) * 2) / 5 = -1.7;
         # d/d log pi = -w A / 5 (the weights carry no gradient)
-        ({"level": "token", "action": "clamp", "low": 0.5, "high": 2.0}, -1.7, [2, 0, 6.0], [[-2 / 5, -0.5 / 5, -1 / 5], [-3 / 5, -2 / 5, 0]]),
+        (
+            {"level": "token", "action": "clamp", "low": 0.5, "high": 2.0},
+            -1.7,
+            [2, 0, 6.0],
+            [[-2 / 5, -0.5 / 5, -1 / 5], [-3 / 5, -2 / 5, 0]],
+        ),
         # token mask (icepop) [.5, 2]: 3 and .25 dropped -> pg = (-1 - 1.5 * 2 - 1 * 2) / 5 = -1.2 (masked tokens stay in the count)
-        ({"level": "token", "action": "mask", "low": 0.5, "high": 2.0}, -1.2, [0, 2, 3.5], [[0, 0, -1 / 5], [-3 / 5, -2 / 5, 0]]),
+        (
+            {"level": "token", "action": "mask", "low": 0.5, "high": 2.0},
+            -1.2,
+            [0, 2, 3.5],
+            [[0, 0, -1 / 5], [-3 / 5, -2 / 5, 0]],
+        ),
         # sequence mask [.95, 2]: geometric means (3 * .25 * 1)^(1/3) = .90856 -> row 0 masked (3 tokens); sqrt(1.5) = 1.22474 kept
         # pg = -1.22474 * 2 * 2 / 5; weight_sum = 2 * 1.22474
-        ({"level": "sequence", "action": "mask", "low": 0.95, "high": 2.0}, -4 * S15 / 5, [0, 3, 2 * S15], [[0, 0, 0], [-2 * S15 / 5, -2 * S15 / 5, 0]]),
+        (
+            {"level": "sequence", "action": "mask", "low": 0.95, "high": 2.0},
+            -4 * S15 / 5,
+            [0, 3, 2 * S15],
+            [[0, 0, 0], [-2 * S15 / 5, -2 * S15 / 5, 0]],
+        ),
     ],
 )
 def test_policy_loss_correction_counts(correction, loss, counts, grad):
@@ -321,10 +369,17 @@ def test_correction_masked_tokens_stay_in_the_default_counts(aggregation, level,
     # counts are taken from the mask: one call on the whole batch = the sum of its rows with the whole batch's counts
     # (5 tokens, 2 sequences). Hand values: token mask, token-mean -> (-1 - 3 - 2) / 5 = -1.2 (not / 3);
     # sequence mask, seq-mean-token-mean -> (0 + (-2 * 1.22474 * 2) / 2) / 2 = -1.22474 (not / 1 sequence)
-    cfg = AlgorithmConfig(proximal="recompute", correction={"level": level, "action": "mask", "low": low, "high": 2.0}, aggregation=aggregation)
+    cfg = AlgorithmConfig(
+        proximal="recompute",
+        correction={"level": level, "action": "mask", "low": low, "high": 2.0},
+        aggregation=aggregation,
+    )
     args = (torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, 2.0]), CORR_MASK)
     whole = policy_loss(*args, cfg, behavior=CORR_BEH).loss
-    rows = sum(policy_loss(*(x[i : i + 1] for x in args), cfg, behavior=CORR_BEH[i : i + 1], num_tokens=5, num_seqs=2).loss for i in (0, 1))
+    rows = sum(
+        policy_loss(*(x[i : i + 1] for x in args), cfg, behavior=CORR_BEH[i : i + 1], num_tokens=5, num_seqs=2).loss
+        for i in (0, 1)
+    )
     close(whole, rows)
     if (level, aggregation) == ("token", "token-mean"):
         close(whole, -1.2)
@@ -341,7 +396,9 @@ def test_policy_loss_correction_needs_behavior():
 def test_policy_loss_cispo_and_kimi_clip_counts():
     # cispo: ratios 3 and .5 (pi .6, .1 over .2, .2) -> one weight bounded; kimi never clips
     lp, old = torch.tensor([[LN(0.6), LN(0.1)]]), torch.full((1, 2), LN(0.2))
-    cispo = policy_loss(lp, old, torch.ones(1), torch.ones(1, 2), AlgorithmConfig(loss={"type": "cispo", "clip_eps_high": 1.0}))
+    cispo = policy_loss(
+        lp, old, torch.ones(1), torch.ones(1, 2), AlgorithmConfig(loss={"type": "cispo", "clip_eps_high": 1.0})
+    )
     close(cispo.loss, (-2 * LN(0.6) - 0.5 * LN(0.1)) / 2)
     close(cispo.clipped_tokens, 1.0)
     close(policy_loss(lp, old, torch.ones(1), torch.ones(1, 2), AlgorithmConfig(preset="kimi")).clipped_tokens, 0.0)
@@ -354,18 +411,25 @@ REWARDS = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 3.0, 1.0])  # group 4 all 
 LEN8, NOTRUNC = torch.full((8,), 5), torch.zeros(8, dtype=torch.long)
 
 
-@pytest.mark.parametrize("adv", [{"type": "grpo"}, {"type": "rloo"}, {"type": "reinforce_pp"}, {"type": "grpo", "std": "batch"}])
+@pytest.mark.parametrize(
+    "adv", [{"type": "grpo"}, {"type": "rloo"}, {"type": "reinforce_pp"}, {"type": "grpo", "std": "batch"}]
+)
 def test_dynamic_sampling_drops_zero_variance_groups(adv):
     prep = prepare_rows(REWARDS, GROUPS, LEN8, NOTRUNC, AlgorithmConfig(advantage=adv, dynamic_sampling=True), None)
     assert prep.filtered == 3 and prep.truncated_masked == 0
     assert prep.trained_rows.tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
     close(prep.advantages[:3], [0.0] * 3)
-    close(prep.advantages[3:], group_advantages(REWARDS[3:], GROUPS[3:], adv["type"], AlgorithmConfig(advantage=adv).advantage.std))
+    close(
+        prep.advantages[3:],
+        group_advantages(REWARDS[3:], GROUPS[3:], adv["type"], AlgorithmConfig(advantage=adv).advantage.std),
+    )
 
 
 def test_dynamic_sampling_batch_baseline_on_kept_rows_only():
     # reinforce_pp on kept rewards 0, 1, 0, 3, 1: mean 1, centred -1, 0, -1, 2, 0, std sqrt(6 / 4) = 1.224745
-    prep = prepare_rows(REWARDS, GROUPS, LEN8, NOTRUNC, AlgorithmConfig(preset="reinforce_pp", dynamic_sampling=True), None)
+    prep = prepare_rows(
+        REWARDS, GROUPS, LEN8, NOTRUNC, AlgorithmConfig(preset="reinforce_pp", dynamic_sampling=True), None
+    )
     close(prep.advantages, [0, 0, 0, -0.816497, 0, -0.816497, 1.632993, 0])
     # without dynamic sampling the 8 rows count: centred 0, 0, 0, -1, 0, -1, 2, 0, std sqrt(6 / 7) = .92582
     prep = prepare_rows(REWARDS, GROUPS, LEN8, NOTRUNC, AlgorithmConfig(preset="reinforce_pp"), None)
@@ -376,19 +440,40 @@ def test_dynamic_sampling_batch_baseline_on_kept_rows_only():
 def test_overlong_shaping_changes_which_groups_are_informative():
     # dapo: budget 8, buffer round(.25 * 8) = 2 -> penalty from length 6, -1 at 8
     # group 0: rewards 1, 1, lengths 3, 8 -> shaped 1, 0 (informative); group 1: 1, 0, lengths 8, 2 -> 0, 0 (filtered)
-    prep = prepare_rows(torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor([0, 0, 1, 1]), torch.tensor([3, 8, 8, 2]), torch.zeros(4), AlgorithmConfig(preset="dapo"), 8)
+    prep = prepare_rows(
+        torch.tensor([1.0, 1.0, 1.0, 0.0]),
+        torch.tensor([0, 0, 1, 1]),
+        torch.tensor([3, 8, 8, 2]),
+        torch.zeros(4),
+        AlgorithmConfig(preset="dapo"),
+        8,
+    )
     assert prep.trained_rows.tolist() == [1.0, 1.0, 0.0, 0.0] and prep.filtered == 2
     close(prep.advantages, [1 / math.sqrt(2), -1 / math.sqrt(2), 0.0, 0.0])
     close(prep.overlong_penalty, -0.5)  # (0 - 1 - 1 + 0) / 4
     with pytest.raises(ValueError, match="max_response_tokens"):
-        prepare_rows(torch.ones(2), torch.zeros(2, dtype=torch.long), torch.ones(2), torch.zeros(2), AlgorithmConfig(preset="dapo"), None)
+        prepare_rows(
+            torch.ones(2),
+            torch.zeros(2, dtype=torch.long),
+            torch.ones(2),
+            torch.zeros(2),
+            AlgorithmConfig(preset="dapo"),
+            None,
+        )
 
 
 def test_mask_truncated():
     # group 0: 1, 0 -> +-.70711, the truncated second row still counts in the baseline, then is masked
     # group 1: 0, 1 -> -+.70711; group 2: 1, 1 with a truncated row, filtered by dynamic sampling (counted there, not as truncated)
     cfg = AlgorithmConfig(overlong={"mask_truncated": True}, dynamic_sampling=True)
-    prep = prepare_rows(torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]), torch.tensor([0, 0, 1, 1, 2, 2]), torch.ones(6), torch.tensor([0, 1, 0, 0, 1, 0]), cfg, None)
+    prep = prepare_rows(
+        torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0]),
+        torch.tensor([0, 0, 1, 1, 2, 2]),
+        torch.ones(6),
+        torch.tensor([0, 1, 0, 0, 1, 0]),
+        cfg,
+        None,
+    )
     close(prep.advantages, [0.707107, 0.0, -0.707107, 0.707107, 0.0, 0.0])
     assert prep.trained_rows.tolist() == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
     assert (prep.truncated_masked, prep.filtered) == (1, 2)
@@ -427,14 +512,20 @@ def test_presets_expand(preset, adv, std, loss, agg, div, extra):
     assert c.dynamic_sampling == extra.get("dynamic_sampling", False)
     assert c.proximal == extra.get("proximal", "behavior")
     assert c.overlong.buffer_fraction == (0.25 if preset == "dapo" else None)
-    corr = None if c.correction is None else (c.correction.level, c.correction.action, c.correction.low, c.correction.high)
+    corr = (
+        None if c.correction is None else (c.correction.level, c.correction.action, c.correction.low, c.correction.high)
+    )
     assert corr == (("token", "clamp", 0.0, 2.0) if preset == "decoupled_ppo" else None)
     assert c.kl is None
 
 
 def test_explicit_knobs_override_the_preset():
     c = AlgorithmConfig(preset="dapo", loss={"clip_eps_high": 0.3}, dynamic_sampling=False, overlong={"penalty": 0.5})
-    assert (c.loss.type, c.loss.clip_eps_low, c.loss.clip_eps_high) == ("ppo_clip", 0.2, 0.3)  # same type: merged key by key
+    assert (c.loss.type, c.loss.clip_eps_low, c.loss.clip_eps_high) == (
+        "ppo_clip",
+        0.2,
+        0.3,
+    )  # same type: merged key by key
     assert not c.dynamic_sampling and (c.overlong.buffer_fraction, c.overlong.penalty) == (0.25, 0.5)
     c = AlgorithmConfig(preset="gspo", loss={"clip_eps_high": 5e-4}, advantage={"type": "grpo", "std": "batch"})
     assert (c.loss.type, c.loss.clip_eps_low, c.loss.clip_eps_high, c.advantage.std) == ("gspo", 3e-4, 5e-4, "batch")
@@ -462,7 +553,11 @@ def test_config_refusals():
         AlgorithmConfig(preset="ppo")
     with pytest.raises(ValueError, match="low"):
         AlgorithmConfig(proximal="recompute", correction={"low": 2.0, "high": 1.0})
-    c = AlgorithmConfig(loss={"type": "cispo", "clip_eps_high": 1.0}, correction={"level": "token", "action": "mask", "low": 0.5, "high": 2.0}, proximal="recompute")
+    c = AlgorithmConfig(
+        loss={"type": "cispo", "clip_eps_high": 1.0},
+        correction={"level": "token", "action": "mask", "low": 0.5, "high": 2.0},
+        proximal="recompute",
+    )
     assert (c.loss.type, c.correction.action, c.proximal) == ("cispo", "mask", "recompute")
 
 

@@ -74,14 +74,20 @@ def test_batch_exercises_both_clips(seed):
     rewards, group_index, mask, old, new, _ = _batch(seed)
     adv = _np_advantages(rewards, group_index)[:, None]
     ratio, m = np.exp(new - old), mask > 0
-    assert ((ratio > 1 + EPS_HIGH) & (adv > 0) & m).any() and ((ratio < 1 - EPS_LOW) & (adv < 0) & m).any()  # the clip binds
-    assert ((ratio > 1 + EPS_HIGH) & (adv < 0) & m).any() and ((ratio < 1 - EPS_LOW) & (adv > 0) & m).any()  # beyond it, not binding
+    assert ((ratio > 1 + EPS_HIGH) & (adv > 0) & m).any() and (
+        (ratio < 1 - EPS_LOW) & (adv < 0) & m
+    ).any()  # the clip binds
+    assert ((ratio > 1 + EPS_HIGH) & (adv < 0) & m).any() and (
+        (ratio < 1 - EPS_LOW) & (adv > 0) & m
+    ).any()  # beyond it, not binding
 
 
 def test_group_advantages_match_numpy():
     rewards, group_index, *_ = _batch()
     got = group_advantages(torch.tensor(rewards, dtype=torch.float32), torch.tensor(group_index), "grpo", "group")
-    np.testing.assert_allclose(got.numpy(), _np_advantages(rewards.astype(np.float32).astype(np.float64), group_index), atol=1e-6, rtol=1e-6)
+    np.testing.assert_allclose(
+        got.numpy(), _np_advantages(rewards.astype(np.float32).astype(np.float64), group_index), atol=1e-6, rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -94,7 +100,9 @@ def test_grpo_loss_matches_numpy(aggregation, seed):
         kl={"coef": KL_COEF, "estimator": "k3"},
         aggregation=aggregation,
     )
-    adv = group_advantages(torch.tensor(rewards), torch.tensor(group_index), cfg.advantage.type, cfg.advantage.std)  # [B]
+    adv = group_advantages(
+        torch.tensor(rewards), torch.tensor(group_index), cfg.advantage.type, cfg.advantage.std
+    )  # [B]
     lp = torch.tensor(new, requires_grad=True)  # float64: the comparison is about the formulas, not rounding
     out = policy_loss(lp, torch.tensor(old), adv, torch.tensor(mask), cfg, ref_logprobs=torch.tensor(ref))
     out.loss.backward()
@@ -111,9 +119,19 @@ def test_grpo_loss_matches_numpy(aggregation, seed):
 def test_grpo_loss_matches_numpy_in_float32():
     # the trainer's dtype: float32 logprobs, the same numbers to float32 precision
     rewards, group_index, mask, old, new, ref = _batch()
-    cfg = AlgorithmConfig(preset="grpo", loss={"type": "ppo_clip", "clip_eps_low": EPS_LOW, "clip_eps_high": EPS_HIGH}, kl={"coef": KL_COEF, "estimator": "k3"})
+    cfg = AlgorithmConfig(
+        preset="grpo",
+        loss={"type": "ppo_clip", "clip_eps_low": EPS_LOW, "clip_eps_high": EPS_HIGH},
+        kl={"coef": KL_COEF, "estimator": "k3"},
+    )
     f32 = [x.astype(np.float32).astype(np.float64) for x in (rewards, old, new, ref)]
     adv = group_advantages(torch.tensor(f32[0], dtype=torch.float32), torch.tensor(group_index))
-    out = policy_loss(*(torch.tensor(x, dtype=torch.float32) for x in (f32[2], f32[1])), adv, torch.tensor(mask, dtype=torch.float32), cfg, ref_logprobs=torch.tensor(f32[3], dtype=torch.float32))
+    out = policy_loss(
+        *(torch.tensor(x, dtype=torch.float32) for x in (f32[2], f32[1])),
+        adv,
+        torch.tensor(mask, dtype=torch.float32),
+        cfg,
+        ref_logprobs=torch.tensor(f32[3], dtype=torch.float32),
+    )
     loss, *_ = _np_grpo(_np_advantages(f32[0], group_index), mask, f32[1], f32[2], f32[3], "token-mean")
     np.testing.assert_allclose(out.loss.item(), loss, atol=1e-5, rtol=1e-5)

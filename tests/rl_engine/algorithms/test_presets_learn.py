@@ -62,7 +62,14 @@ def test_preset_raises_rewarded_and_lowers_unrewarded(preset, tiny_model_dir):
     b = batch()
     stale = torch.zeros_like(b["mask"])
     stale[::2, PROMPT : PROMPT + 2] = 1.0  # rows 0, 2, ...: their first two tokens came from an older policy
-    prep = prepare_rows(torch.tensor(REWARDS), torch.tensor(GROUPS), torch.tensor(LENS), torch.zeros(len(LENS), dtype=torch.long), cfg, MAX_TOKENS)
+    prep = prepare_rows(
+        torch.tensor(REWARDS),
+        torch.tensor(GROUPS),
+        torch.tensor(LENS),
+        torch.zeros(len(LENS), dtype=torch.long),
+        cfg,
+        MAX_TOKENS,
+    )
     if cfg.dynamic_sampling:
         assert prep.filtered == 4 and prep.trained_rows.tolist() == [1.0] * 4 + [0.0] * 4
     mask = b["mask"] * prep.trained_rows[:, None]  # [B, L]
@@ -80,7 +87,9 @@ def test_preset_raises_rewarded_and_lowers_unrewarded(preset, tiny_model_dir):
         out.loss.backward()
         opt.step()
     moved = first_token_logprobs(model, b) - before  # [2]
-    assert moved[0] > 0.01 and moved[1] < -0.01, f"{preset}: log p(GOOD) moved {moved[0]:+.4f}, log p(BAD) {moved[1]:+.4f}"
+    assert moved[0] > 0.01 and moved[1] < -0.01, (
+        f"{preset}: log p(GOOD) moved {moved[0]:+.4f}, log p(BAD) {moved[1]:+.4f}"
+    )
     if cfg.correction is not None:
         # the stale tokens of trained rows: w = e^1 = 2.72, clamped to decoupled_ppo's high 2 (4 rows x 2 tokens)
         assert out.clamped_tokens == 8 and out.masked_tokens == 0

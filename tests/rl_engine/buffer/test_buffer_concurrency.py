@@ -1,6 +1,6 @@
 """Several writers at once (threads, processes), and writers killed mid-write.
 
-    .venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_concurrency.py     # slow ones: processes, S3
+.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_concurrency.py     # slow ones: processes, S3
 """
 
 from __future__ import annotations
@@ -94,7 +94,11 @@ def test_one_writer_shared_by_threads(tmp_path):
 def _processes(run: str, options: dict) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
-        subprocess.Popen([sys.executable, "-c", WRITER_CHILD, run, json.dumps(options), str(e), str(STEPS), str(ROWS)], env=env, cwd=REPO)
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER_CHILD, run, json.dumps(options), str(e), str(STEPS), str(ROWS)],
+            env=env,
+            cwd=REPO,
+        )
         for e in range(WRITERS)
     ]
     ids = _read_all(run, options, lambda: any(p.poll() is None for p in procs))
@@ -151,7 +155,14 @@ BufferWriter(sys.argv[1], {}, 0).write(1, make_batch(64, explorer_step=1))
 def test_writer_killed_leaves_nothing_visible(tmp_path, phase, leftover):
     run = str(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = subprocess.Popen([sys.executable, "-c", KILLED_CHILD, run, phase], env=env, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CHILD, run, phase],
+        env=env,
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "ready"
         os.kill(child.pid, signal.SIGKILL)
@@ -165,6 +176,11 @@ def test_writer_killed_leaves_nothing_visible(tmp_path, phase, leftover):
     with pytest.raises(BufferTimeout, match="only 0 usable in 0 committed file"):
         reader.read_batch(1, timeout_s=0)
     if phase == "mid-file":  # Arrow tools skip the dot-file too
-        assert ds.dataset(f"{run}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]).count_rows() == 0
+        assert (
+            ds.dataset(
+                f"{run}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]
+            ).count_rows()
+            == 0
+        )
     BufferWriter(run, {}, 0).write(2, make_batch(4, explorer_step=2))
     assert {x.explorer_step for x in reader.read_batch(4, timeout_s=0).experiences()} == {2}

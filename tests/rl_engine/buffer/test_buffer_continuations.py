@@ -1,6 +1,6 @@
 """ContinuationStore: save / list / load / retire partial rollouts, atomically, on any storage.
 
-    .venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_continuations.py
+.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_continuations.py
 """
 
 from __future__ import annotations

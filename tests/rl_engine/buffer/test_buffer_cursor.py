@@ -1,6 +1,6 @@
 """Cursor: checkpoint, crash, restore -> the trainer consumes exactly what it did after the checkpoint.
 
-    .venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_cursor.py
+.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_cursor.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Buffer writer + reader round trips on local disk, memory:// and S3 (moto on loopback).
 
-    .venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_io.py          # -m "not slow" skips S3
+.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_io.py          # -m "not slow" skips S3
 """
 
 from __future__ import annotations
@@ -134,4 +134,8 @@ def test_the_record_holds_size_and_checksum_of_the_bytes_written(tmp_path, url):
         info = _files.write_data(fs, path, table, fsync=False, checksum=kind)
         assert fs.cat_file(path) == expected
         assert info == {"size": len(expected), kind: value}
-        assert _files.read_data(fs, path, size=info["size"], checksum=(kind, info[kind]), uri=path).to_table().equals(table)
+        assert (
+            _files.read_data(fs, path, size=info["size"], checksum=(kind, info[kind]), uri=path)
+            .to_table()
+            .equals(table)
+        )

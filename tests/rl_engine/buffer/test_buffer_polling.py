@@ -100,7 +100,9 @@ def test_window_poll_parses_only_new_names_and_a_rewind_sees_them_again(tmp_path
     writer.write(2, make_batch(4, explorer_step=2))
     assert len(reader.read_batch(4, timeout_s=0)) == 4
     assert reader.poll() == 0
-    assert len(parsed) == 1  # the new record only: the consumed one and the second look at the new one are not parsed again
+    assert (
+        len(parsed) == 1
+    )  # the new record only: the consumed one and the second look at the new one are not parsed again
     reader.load_state_dict(before)  # the same reader rewound: both records are offered again
     assert sorted(x.explorer_step for x in reader.read_batch(8, timeout_s=0).experiences()) == [1] * 4 + [2] * 4
 

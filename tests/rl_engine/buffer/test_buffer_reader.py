@@ -1,6 +1,6 @@
 """BufferReader selection rules: whole groups, staleness, corrupt and invalid files, late commits.
 
-    .venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_reader.py
+.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_reader.py
 """
 
 from __future__ import annotations
@@ -40,7 +40,12 @@ def test_a_file_taken_whole_keeps_its_row_order_and_one_taken_in_parts_goes_grou
     w = BufferWriter(run, {}, 0)
     for step in (1, 2):  # rows 0..3 in groups g0 g1 g0 g1: interleaved, as no explorer writes them
         t = make_batch(4, group_size=2, explorer_step=step).to_table()
-        w.write(step, ExperienceBatch(t.set_column(t.schema.get_field_index("group_id"), "group_id", pa.array(["g0", "g1", "g0", "g1"]))))
+        w.write(
+            step,
+            ExperienceBatch(
+                t.set_column(t.schema.get_field_index("group_id"), "group_id", pa.array(["g0", "g1", "g0", "g1"]))
+            ),
+        )
     reader = BufferReader(run, {}, BufferConfig(whole_groups=True))
     assert _ids(reader.read_batch(4, timeout_s=0)) == ["e0-s1-0", "e0-s1-1", "e0-s1-2", "e0-s1-3"]
     assert _ids(reader.read_batch(2, timeout_s=0)) == ["e0-s2-0", "e0-s2-2"]  # g0 whole, first appearing
@@ -76,7 +81,13 @@ def test_rows_dropped_while_waiting_are_reported_before_the_wait_ends(tmp_path):
     reader = BufferReader(run, {}, BufferConfig(poll_interval_s=0.05))
     seen: list[int] = []
     with pytest.raises(BufferTimeout):
-        reader.read_batch(4, trainer_version=3, max_staleness=1, timeout_s=0.3, on_wait=lambda: seen.append(reader.stats["dropped_stale"]))
+        reader.read_batch(
+            4,
+            trainer_version=3,
+            max_staleness=1,
+            timeout_s=0.3,
+            on_wait=lambda: seen.append(reader.stats["dropped_stale"]),
+        )
     assert seen and seen[0] == 4  # the first pause already knows
 
 
@@ -84,10 +95,20 @@ def test_group_with_one_stale_member_dropped_whole(tmp_path):
     run = str(tmp_path)
     t = make_batch(4, group_size=2, version=5).to_table()
     versions = [[5] * 32, [1] + [5] * 31, [5] * 32, [5] * 32]
-    t = t.set_column(t.schema.get_field_index("versions"), t.schema.field("versions"), pa.array(versions, pa.list_(pa.int32())))
+    t = t.set_column(
+        t.schema.get_field_index("versions"), t.schema.field("versions"), pa.array(versions, pa.list_(pa.int32()))
+    )
     segments = [version_runs(1, v) for v in versions]
-    t = t.set_column(t.schema.get_field_index("segments"), t.schema.field("segments"), pa.array(segments, t.schema.field("segments").type))
-    t = t.set_column(t.schema.get_field_index("num_segments"), t.schema.field("num_segments"), pa.array([len(x) for x in segments], pa.int32()))
+    t = t.set_column(
+        t.schema.get_field_index("segments"),
+        t.schema.field("segments"),
+        pa.array(segments, t.schema.field("segments").type),
+    )
+    t = t.set_column(
+        t.schema.get_field_index("num_segments"),
+        t.schema.field("num_segments"),
+        pa.array([len(x) for x in segments], pa.int32()),
+    )
     BufferWriter(run, {}, 0).write(1, ExperienceBatch.from_table(t))
     reader = BufferReader(run, {}, BufferConfig(whole_groups=True))
     assert _ids(reader.read_batch(2, trainer_version=5, max_staleness=2, timeout_s=0)) == ["e0-s1-2", "e0-s1-3"]
@@ -157,9 +178,15 @@ def _committed_invalid(run: str, table: pa.Table) -> str:
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.replace_schema_metadata({SCHEMA_VERSION_KEY: b"9"}), r"experience schema version 9, this code reads versions 1 to 2"),
+        (
+            lambda t: t.replace_schema_metadata({SCHEMA_VERSION_KEY: b"9"}),
+            r"experience schema version 9, this code reads versions 1 to 2",
+        ),
         (lambda t: t.drop_columns(["logprobs"]), r"column 'logprobs': missing"),
-        (lambda t: t.set_column(t.schema.get_field_index("reward"), "reward", pa.array(np.zeros(4, np.float32))), r"column 'reward': has type float, expected double"),
+        (
+            lambda t: t.set_column(t.schema.get_field_index("reward"), "reward", pa.array(np.zeros(4, np.float32))),
+            r"column 'reward': has type float, expected double",
+        ),
     ],
 )
 def test_invalid_committed_file_names_file_and_column(tmp_path, edit, message):
@@ -232,7 +259,9 @@ def test_crc32_records_of_format_1_still_verified(tmp_path):
         del rec["xxh3_64"]
         rec.update(format=1, crc32=zlib.crc32((tmp_path / "buffer" / rec["path"]).read_bytes()) & 0xFFFFFFFF)
         record.write_text(json.dumps(rec))
-    assert [x.explorer_step for x in BufferReader(str(tmp_path), {}).read_batch(12, timeout_s=0).experiences()] == [1] * 4 + [2] * 4 + [3] * 4
+    assert [x.explorer_step for x in BufferReader(str(tmp_path), {}).read_batch(12, timeout_s=0).experiences()] == [
+        1
+    ] * 4 + [2] * 4 + [3] * 4
     _flip_byte(_local(uris[1]))
     reader = BufferReader(str(tmp_path), {}, BufferConfig(on_corrupt="fail"))
     reader.read_batch(4, timeout_s=0)
@@ -245,7 +274,12 @@ def test_rows_checked_when_the_checksum_is_not(tmp_path):
     checked again. Unverified, they are (here a row whose logprobs miss a token)."""
     t = make_batch(4).to_table()
     short = [lp[:-1] if i == 2 else lp for i, lp in enumerate(t.column("logprobs").to_pylist())]
-    uri = _committed_invalid(str(tmp_path), t.set_column(t.schema.get_field_index("logprobs"), t.schema.field("logprobs"), pa.array(short, pa.list_(pa.float32()))))
+    uri = _committed_invalid(
+        str(tmp_path),
+        t.set_column(
+            t.schema.get_field_index("logprobs"), t.schema.field("logprobs"), pa.array(short, pa.list_(pa.float32()))
+        ),
+    )
     with pytest.raises(CorruptFileError, match="column 'logprobs': row 2 has a different length") as info:
         BufferReader(str(tmp_path), {}, BufferConfig(verify_checksums=False)).read_batch(4, timeout_s=0)
     assert str(info.value).startswith(uri)
@@ -263,7 +297,9 @@ def test_without_crc_check_size_and_structure_still_checked(tmp_path):
 
 
 def _commit(run: str, explorer: int, step: int, version: int) -> None:
-    BufferWriter(run, {}, explorer).write(step, make_batch(4, explorer_id=explorer, explorer_step=step, version=version))
+    BufferWriter(run, {}, explorer).write(
+        step, make_batch(4, explorer_id=explorer, explorer_step=step, version=version)
+    )
 
 
 def test_batch_order_waits_for_a_batch_committed_late(tmp_path):
@@ -290,7 +326,10 @@ def test_batch_order_trains_what_admission_admitted_within_the_bound(tmp_path):
     _commit(run, 0, 2, 1)  # batch 3
     _commit(run, 1, 2, 2)  # batch 4
     _commit(run, 1, 1, 0)  # batch 2, committed last
-    for reader, dropped in ((BufferReader(run, {}, BufferConfig(), explorers=2), 0), (BufferReader(run, {}, BufferConfig()), 4)):
+    for reader, dropped in (
+        (BufferReader(run, {}, BufferConfig(), explorers=2), 0),
+        (BufferReader(run, {}, BufferConfig()), 4),
+    ):
         got = []
         for t in range(4):
             try:

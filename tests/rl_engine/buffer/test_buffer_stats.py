@@ -1,6 +1,6 @@
 """`rft buffer stats RUN` (rl_engine.buffer.stats.main) and reading the buffer with plain Arrow.
 
-    .venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_stats.py
+.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_stats.py
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def _run(tmp_path: Path) -> str:
         for s in (1, 2, 3):
             w.write(s, make_batch(4 * (e + 1), explorer_id=e, explorer_step=s, version=s - 1, response_len=10 + e))
     fs, root = open_storage(run)
-    _files.write_data(fs, f"{root}/buffer/explorer=0/step=4/part-orphan.arrow", make_batch(2, explorer_step=4).to_table())
+    _files.write_data(
+        fs, f"{root}/buffer/explorer=0/step=4/part-orphan.arrow", make_batch(2, explorer_step=4).to_table()
+    )
     reader = BufferReader(run, {})
     reader.read_batch(8, timeout_s=0)
     save_cursor(run, {}, 1, reader.state_dict())
@@ -79,7 +81,12 @@ def test_committed_files_open_with_pyarrow_dataset(tmp_path):
     assert len(files) == 6 and not any("orphan" in f for f in files)
     assert ds.dataset(files, format="arrow").count_rows() == 36
     # The whole-directory recipe sees every complete file, the uncommitted orphan included.
-    assert ds.dataset(f"{run}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]).count_rows() == 38
+    assert (
+        ds.dataset(
+            f"{run}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]
+        ).count_rows()
+        == 38
+    )
 
 
 # --------------------------------------------------------------------------- partial rollouts
@@ -87,15 +94,30 @@ def test_committed_files_open_with_pyarrow_dataset(tmp_path):
 _ids = itertools.count()
 
 
-def _exp(group: str, finish: str, steps: list[int], *, step: int | None = None, explorer_id: int = 0, tokens: int = 2) -> Experience:
+def _exp(
+    group: str, finish: str, steps: list[int], *, step: int | None = None, explorer_id: int = 0, tokens: int = 2
+) -> Experience:
     """A row whose segments were generated in explorer steps `steps` (2 tokens each, version step - 1)."""
-    segments = [{"explorer_step": s, "version": s - 1, "start": i * tokens, "end": (i + 1) * tokens} for i, s in enumerate(steps)]
+    segments = [
+        {"explorer_step": s, "version": s - 1, "start": i * tokens, "end": (i + 1) * tokens}
+        for i, s in enumerate(steps)
+    ]
     versions = [s - 1 for s in steps for _ in range(tokens)]
     n = len(versions)
     return Experience(
-        experience_id=f"{group}-{next(_ids)}", task_id=group, group_id=group, explorer_id=explorer_id,
-        explorer_step=step if step is not None else steps[-1], prompt_ids=[1, 2], response_ids=list(range(3, 3 + n)),
-        logprobs=[-0.5] * n, versions=versions, loss_mask=[1] * n, reward=1.0, finish_reason=finish, segments=segments,
+        experience_id=f"{group}-{next(_ids)}",
+        task_id=group,
+        group_id=group,
+        explorer_id=explorer_id,
+        explorer_step=step if step is not None else steps[-1],
+        prompt_ids=[1, 2],
+        response_ids=list(range(3, 3 + n)),
+        logprobs=[-0.5] * n,
+        versions=versions,
+        loss_mask=[1] * n,
+        reward=1.0,
+        finish_reason=finish,
+        segments=segments,
     )
 
 
@@ -104,18 +126,27 @@ def _partial_run(tmp_path: Path) -> str:
     run = str(tmp_path / "run")
     w0 = BufferWriter(run, {}, 0)
     w0.write(1, ExperienceBatch.from_experiences([_exp("a", "stop", [1]), _exp("a", "stop", [1])]))
-    w0.write(2, ExperienceBatch.from_experiences([_exp("b", "repeat", [1, 2], step=2), _exp("b", "truncated", [1, 2, 2], step=2)]))
+    w0.write(
+        2,
+        ExperienceBatch.from_experiences(
+            [_exp("b", "repeat", [1, 2], step=2), _exp("b", "truncated", [1, 2, 2], step=2)]
+        ),
+    )
     # A file written before partial rollouts (schema 1, no segments): two version runs -> 2 segments on read.
     old = ExperienceBatch.from_experiences([_exp("c", "stop", [2, 3], step=2)]).to_table().drop_columns(["segments"])
     w0.write(2, ExperienceBatch(old.replace_schema_metadata({SCHEMA_VERSION_KEY: b"1"})))
     store0 = ContinuationStore(run, {}, 0, fsync=False)
-    store0.save(ExperienceBatch.from_experiences([_exp("old", "length", [1])]), explorer_step=1)  # retired by the stage below
+    store0.save(
+        ExperienceBatch.from_experiences([_exp("old", "length", [1])]), explorer_step=1
+    )  # retired by the stage below
     outbox = ExperienceBatch.from_experiences([_exp("d", "stop", [3], step=3), _exp("d", "stop", [2, 3], step=3)])
-    pending = ExperienceBatch.from_experiences([
-        _exp("e", "length", [1, 2, 3]),  # cut: 6 tokens, oldest segment from step 1
-        _exp("e", "stop", [2]),  # finished, waiting for its group
-        _exp("f", "length", [3]),
-    ])
+    pending = ExperienceBatch.from_experiences(
+        [
+            _exp("e", "length", [1, 2, 3]),  # cut: 6 tokens, oldest segment from step 1
+            _exp("e", "stop", [2]),  # finished, waiting for its group
+            _exp("f", "length", [3]),
+        ]
+    )
     store0.commit([(outbox, "outbox"), (pending, "pending")], explorer_step=3, retire=[store0.list()[0].id])
     w1 = BufferWriter(run, {}, 1)
     for e in (1, 2):
@@ -143,9 +174,16 @@ def test_stats_pending_continuations_and_segment_mix_json(tmp_path, capsys):
     c0, c1 = s["continuations"]
     manifest0 = f"file://{tmp_path}/run/continuations/explorer=0/_manifest.json"
     assert c0 == {
-        "explorer": 0, "manifest": manifest0, "pending_groups": 2, "pending_generations": 3, "cut_generations": 2,
-        "finished_waiting": 1, "tokens": 6 + 2 + 2, "oldest_segment_step": 1,
-        "outbox": [{"explorer_step": 3, "experiences": 2, "status": "staged"}], "last_committed_step": 2,
+        "explorer": 0,
+        "manifest": manifest0,
+        "pending_groups": 2,
+        "pending_generations": 3,
+        "cut_generations": 2,
+        "finished_waiting": 1,
+        "tokens": 6 + 2 + 2,
+        "oldest_segment_step": 1,
+        "outbox": [{"explorer_step": 3, "experiences": 2, "status": "staged"}],
+        "last_committed_step": 2,
     }
     assert c1["explorer"] == 1 and c1["pending_generations"] == 0 and c1["oldest_segment_step"] is None
     assert c1["outbox"] == [{"explorer_step": 2, "experiences": 1, "status": "committed"}]
@@ -171,31 +209,49 @@ def test_stats_names_an_unreadable_continuation_manifest(tmp_path, capsys):
     (tmp_path / "run/continuations/explorer=1/_manifest.json").write_text("{not json")
     assert main([run, "--json"]) == 0
     c0, c1 = json.loads(capsys.readouterr().out)["continuations"]
-    assert c0["pending_groups"] == 2 and "unreadable continuation manifest" in c1["error"] and c1["manifest"].endswith("explorer=1/_manifest.json")
-
+    assert (
+        c0["pending_groups"] == 2
+        and "unreadable continuation manifest" in c1["error"]
+        and c1["manifest"].endswith("explorer=1/_manifest.json")
+    )
 
 
 def test_stats_outbox_ahead_of_the_buffer(tmp_path, capsys):
     # A staged step 2 with no step 1 committed: the store and the buffer disagree, as a resume would say.
     run = str(tmp_path / "run")
-    ContinuationStore(run, {}, 3, fsync=False).commit([(ExperienceBatch.from_experiences([_exp("z", "stop", [2], explorer_id=3)]), "outbox")], explorer_step=2)
+    ContinuationStore(run, {}, 3, fsync=False).commit(
+        [(ExperienceBatch.from_experiences([_exp("z", "stop", [2], explorer_id=3)]), "outbox")], explorer_step=2
+    )
     assert main([run]) == 0
     out = capsys.readouterr().out
     assert "0 experiences in 0 committed files" in out
-    assert "    outbox: step 2 (1 experiences) staged, but the buffer's last committed step of this explorer is 0: a resume refuses" in out
+    assert (
+        "    outbox: step 2 (1 experiences) staged, but the buffer's last committed step of this explorer is 0: a resume refuses"
+        in out
+    )
+
 
 @pytest.mark.slow
 def test_stats_module_entry_point_on_s3(s3_bucket):
     url, options = s3_bucket
     run = f"{url}/r"
     BufferWriter(run, options, 0).write(1, make_batch(4))
-    ContinuationStore(run, options, 2).save(ExperienceBatch.from_experiences([_exp("p", "length", [1, 2])]), explorer_step=2)
+    ContinuationStore(run, options, 2).save(
+        ExperienceBatch.from_experiences([_exp("p", "length", [1, 2])]), explorer_step=2
+    )
     repo = Path(__file__).resolve().parents[3]
     proc = subprocess.run(
         [sys.executable, "-m", "rl_engine.buffer.stats", run, "--storage-options", json.dumps(options)],
-        capture_output=True, text=True, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, timeout=120,
+        capture_output=True,
+        text=True,
+        cwd=repo,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert "4 experiences in 1 committed files" in proc.stdout
-    assert "  explorer 2: 1 groups, 1 generations (1 cut, 0 finished and waiting for their group), 4 tokens so far, oldest pending segment from step 1" in proc.stdout
+    assert (
+        "  explorer 2: 1 groups, 1 generations (1 cut, 0 finished and waiting for their group), 4 tokens so far, oldest pending segment from step 1"
+        in proc.stdout
+    )
     assert f"    manifest: {run}/continuations/explorer=2/_manifest.json" in proc.stdout

@@ -31,16 +31,26 @@ for step in (1, 2, 3):
 
 def plain_arrow_rows(run: str) -> list[tuple[int, str]]:
     """(step, experience id) of every row as the README's pyarrow recipe reads buffer/."""
-    table = ds.dataset(f"{run}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]).to_table()
+    table = ds.dataset(
+        f"{run}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]
+    ).to_table()
     return sorted(zip(table["explorer_step"].to_pylist(), table["experience_id"].to_pylist()))
 
 
 def test_killed_writer_leaves_an_orphan_that_the_sweep_removes(tmp_path):
     run = str(tmp_path / "run")
     root = Path(__file__).resolve().parents[3]
-    killed = subprocess.run([sys.executable, "-c", WRITE_STEPS, run], cwd=root, env={"PATH": "", ENV: "buffer.after_data@3"}, capture_output=True, timeout=120)
+    killed = subprocess.run(
+        [sys.executable, "-c", WRITE_STEPS, run],
+        cwd=root,
+        env={"PATH": "", ENV: "buffer.after_data@3"},
+        capture_output=True,
+        timeout=120,
+    )
     assert killed.returncode == -9, killed.stderr.decode()[-2000:]
-    (tmp_path / "run/buffer/explorer=0/step=1/.tmp-0123").write_bytes(b"ARROW1 half a file")  # a write killed midway (local disk)
+    (tmp_path / "run/buffer/explorer=0/step=1/.tmp-0123").write_bytes(
+        b"ARROW1 half a file"
+    )  # a write killed midway (local disk)
     orphans = uncommitted_files(run)
     assert [u.rsplit("/", 2)[-2] for u in orphans] == ["step=1", "step=3"]
     assert {s for s, _ in plain_arrow_rows(run)} == {1, 2, 3}  # the orphan's rows look like data
@@ -71,7 +81,11 @@ def test_sweep_on_s3(s3_bucket):
     w = BufferWriter(run, options, 1)
     w.write(1, make_batch(4, explorer_id=1, explorer_step=1))
     fs, root = open_storage(run, options)
-    _files.write_data(fs, f"{root}/buffer/explorer=1/step=2/part-orphan.arrow", make_batch(4, explorer_id=1, explorer_step=2).to_table())
+    _files.write_data(
+        fs,
+        f"{root}/buffer/explorer=1/step=2/part-orphan.arrow",
+        make_batch(4, explorer_id=1, explorer_step=2).to_table(),
+    )
     assert uncommitted_files(run, options) == [f"s3://{root}/buffer/explorer=1/step=2/part-orphan.arrow"]
     assert len(remove_uncommitted(run, options)) == 1
     assert uncommitted_files(run, options) == []

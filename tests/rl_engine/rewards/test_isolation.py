@@ -74,17 +74,26 @@ def test_a_reward_that_kills_its_worker_is_a_crash(pool, response, reason):
 
 
 def test_a_raising_reward_in_the_pool_is_a_sample_error(pool):
-    result = score_rollouts(_reward(), _samples("ab", "raise"), pool, failed_reward=0.0)  # failed_reward is for timeouts and crashes only
+    result = score_rollouts(
+        _reward(), _samples("ab", "raise"), pool, failed_reward=0.0
+    )  # failed_reward is for timeouts and crashes only
     assert result.ok == [True, False]
     assert result.errors[1] == "ValueError: cannot parse 'raise'"
-    assert (result.metrics["reward/errors"], result.metrics["reward/timeouts"], result.metrics["reward/crashes"]) == (1, 0, 0)
+    assert (result.metrics["reward/errors"], result.metrics["reward/timeouts"], result.metrics["reward/crashes"]) == (
+        1,
+        0,
+        0,
+    )
     with pytest.raises(RewardError, match=r"failed on all 2 samples of this step.*ValueError: cannot parse"):
         score_rollouts(_reward(), _samples("raise", "raise"), pool)
 
 
 def test_every_sample_timing_out_fails_the_step_unless_failed_reward_scores_them():
     with UserCodePool(workers=2, name="test") as pool:
-        with pytest.raises(RewardError, match=r"did not return within taskset\.reward\.timeout_s = 0\.5 s \(task 't0'\).*2 timed out.*taskset\.user_code\.failed_reward"):
+        with pytest.raises(
+            RewardError,
+            match=r"did not return within taskset\.reward\.timeout_s = 0\.5 s \(task 't0'\).*2 timed out.*taskset\.user_code\.failed_reward",
+        ):
             score_rollouts(_reward(timeout_s=0.5), _samples("sleep", "sleep"), pool)
         result = score_rollouts(_reward(timeout_s=0.5), _samples("sleep", "sleep"), pool, failed_reward=-1.0)
         assert result.rewards == [-1.0, -1.0] and result.metrics["reward/timeouts"] == 2
@@ -97,7 +106,9 @@ def test_results_are_in_input_order_when_calls_finish_out_of_order():
         start = time.monotonic()
         result = score_rollouts(_reward(), _samples("slow:0.6", "slow:0.3", "slow:0"), pool)
         assert result.rewards == [0.6, 0.3, 0.0]
-        assert time.monotonic() - start < 1.2 + 1.0  # in parallel (plus spawning three workers), not 0.9 s in a row after spawning
+        assert (
+            time.monotonic() - start < 1.2 + 1.0
+        )  # in parallel (plus spawning three workers), not 0.9 s in a row after spawning
 
 
 def test_close_is_quick_with_a_call_stuck_in_a_worker():
@@ -118,7 +129,9 @@ def test_pool_call_maps_errors_and_keeps_the_functions_own(pool):
     with pytest.raises(KeyError, match="mine") as e:
         pool.call(user_rewards.fail, "mine", timeout_s=5)
     assert "user_rewards.py" in str(e.value.__cause__)  # the worker's traceback
-    with pytest.raises(UserCodeTimeout, match=r"sleep_forever ran past its timeout of 0\.3 s; its worker was killed and replaced"):
+    with pytest.raises(
+        UserCodeTimeout, match=r"sleep_forever ran past its timeout of 0\.3 s; its worker was killed and replaced"
+    ):
         pool.call(user_rewards.sleep_forever, timeout_s=0.3)
     with pytest.raises(UserCodeCrashed, match=r"by_response: its worker process \d+ died \(exit code 3\)"):
         pool.call(user_rewards.by_response, "p", "exit", None, "stop", timeout_s=5)
@@ -147,7 +160,9 @@ def test_in_thread_timeout_is_counted_the_same_way():
 def test_a_reward_module_the_workers_cannot_import_is_a_sample_error(pool):
     fn = _reward()
     fn.spec = "no_such_rewards_xyz:f"  # imported in the parent, gone in the worker
-    with pytest.raises(RewardError, match=r"failed on all 1 samples.*UserError: .*cannot import module 'no_such_rewards_xyz'"):
+    with pytest.raises(
+        RewardError, match=r"failed on all 1 samples.*UserError: .*cannot import module 'no_such_rewards_xyz'"
+    ):
         score_rollouts(fn, _samples("ab"), pool)
     assert issubclass(RewardError, UserError)
 

@@ -53,7 +53,9 @@ def test_start_values_follow_the_truncated_power_law():
 
 def test_answer_lengths_are_long_tailed():
     # What partial rollouts are for: most answers short, a few several times longer.
-    lengths = sorted(len(r["answer"]) + 1 for r in make_countdown_tasks(20_000, seed=0))  # + EOS, one token per character
+    lengths = sorted(
+        len(r["answer"]) + 1 for r in make_countdown_tasks(20_000, seed=0)
+    )  # + EOS, one token per character
     median, p95, longest = lengths[len(lengths) // 2], lengths[int(0.95 * len(lengths))], lengths[-1]
     assert median <= 10 and p95 >= 80 and longest == 111
     assert sum(x > 64 for x in lengths) / len(lengths) == pytest.approx(0.117, abs=0.01)
@@ -124,7 +126,14 @@ def test_reward_from_config_and_yaml(tmp_path, tiny_model_dir):
     fn = build_reward(CountdownReward(type="countdown", correct_weight=2.0, close_weight=0.25))
     assert fn("3..1=", "3 2 1", _task(3), "stop") == {"correct": 2.0, "close": 0.25}
     p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump({"model": {"path": tiny_model_dir}, "taskset": {"path": "t.jsonl", "reward": {"type": "countdown", "close_weight": -1}}}))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": tiny_model_dir},
+                "taskset": {"path": "t.jsonl", "reward": {"type": "countdown", "close_weight": -1}},
+            }
+        )
+    )
     with pytest.raises(UserError, match=r"taskset\.reward\.close_weight = -1"):
         load_config(p)
 
@@ -151,7 +160,9 @@ def test_warmstart_countdown_data_fits_the_shipped_config():
     from rl_engine.warmstart import encode_examples, task_problems, task_rows
 
     problems, weights = task_problems("countdown")
-    assert [p["question"] for p in problems] == [f"{n}..1=" for n in range(1, 41)] and weights == pytest.approx(countdown_weights())
+    assert [p["question"] for p in problems] == [f"{n}..1=" for n in range(1, 41)] and weights == pytest.approx(
+        countdown_weights()
+    )
     assert task_rows("countdown", 64, seed=7) == make_countdown_tasks(64, seed=7)
     assert task_problems("arithmetic")[1] is None and len(task_rows("arithmetic", 5, seed=0)) == 5
     # The longest problem (prompt + answer + EOS) fits the config's context, and its answer the response budget.
@@ -159,7 +170,12 @@ def test_warmstart_countdown_data_fits_the_shipped_config():
     batch = encode_examples(build_tokenizer(), problems[-1:])
     answer_tokens = int(batch["loss_mask"].sum())
     assert batch["input_ids"].shape[1] <= cfg["model"]["max_model_len"]
-    assert answer_tokens == 111 <= cfg["explorer"]["partial"]["max_response_tokens"] <= cfg["explorer"]["sampling"]["max_tokens"]
+    assert (
+        answer_tokens
+        == 111
+        <= cfg["explorer"]["partial"]["max_response_tokens"]
+        <= cfg["explorer"]["sampling"]["max_tokens"]
+    )
 
 
 def test_warmstart_bad_task():
@@ -175,9 +191,17 @@ def test_cli_warmstart_countdown(tmp_path):
     from rl_engine.warmstart import evaluate_dir
 
     out = tmp_path / "m"
-    assert rft(["warmstart", str(out), "--task", "countdown", "--steps", "2", "--batch-size", "8", "--threads", "1"]) == 0
+    assert (
+        rft(["warmstart", str(out), "--task", "countdown", "--steps", "2", "--batch-size", "8", "--threads", "1"]) == 0
+    )
     summary = json.loads((out / "warmstart.json").read_text())
-    assert (summary["task"], summary["steps"], summary["batch_size"], summary["max_n"], summary["alpha"]) == ("countdown", 2, 8, 40, 1.0)
+    assert (summary["task"], summary["steps"], summary["batch_size"], summary["max_n"], summary["alpha"]) == (
+        "countdown",
+        2,
+        8,
+        40,
+        1.0,
+    )
     again = evaluate_dir(str(out), task="countdown")
     assert again["expected_exact_t1"] == pytest.approx(summary["expected_exact_t1"], rel=1e-4, abs=1e-7)
     assert again["greedy_exact"] == summary["greedy_exact"]

@@ -17,9 +17,15 @@ def _sample(response, answer="19", finish="stop", tid="t"):
 
 
 def test_dict_components_sum_to_the_reward():
-    result = score_rollouts(ArithmeticRewardFn(1.0, 0.25), [_sample("19"), _sample("18"), _sample("19", finish="length")])
+    result = score_rollouts(
+        ArithmeticRewardFn(1.0, 0.25), [_sample("19"), _sample("18"), _sample("19", finish="length")]
+    )
     assert result.rewards == [1.25, 0.25, 1.0]
-    assert result.components == [{"correct": 1.0, "format": 0.25}, {"correct": 0.0, "format": 0.25}, {"correct": 1.0, "format": 0.0}]
+    assert result.components == [
+        {"correct": 1.0, "format": 0.25},
+        {"correct": 0.0, "format": 0.25},
+        {"correct": 1.0, "format": 0.0},
+    ]
     assert result.ok == [True, True, True]
     assert result.metrics["reward/mean"] == pytest.approx(2.5 / 3)
     assert result.metrics["reward/correct/mean"] == pytest.approx(2 / 3)
@@ -59,7 +65,9 @@ def test_unusable_return_values_are_sample_errors(bad):
 def test_float_int_and_numpy_rewards():
     import numpy as np
 
-    result = score_rollouts(lambda p, r, t, f: 1 if f == "stop" else np.float32(0.5), [_sample("x"), _sample("x", finish="length")])
+    result = score_rollouts(
+        lambda p, r, t, f: 1 if f == "stop" else np.float32(0.5), [_sample("x"), _sample("x", finish="length")]
+    )
     assert result.rewards == [1.0, 0.5] and result.components == [{}, {}]
     assert all(type(r) is float for r in result.rewards)  # plain floats, ready for Arrow/JSON
 

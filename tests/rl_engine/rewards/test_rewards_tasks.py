@@ -27,7 +27,9 @@ def _write_jsonl(path, rows, extra_lines=()):
 
 def _write_parquet(path, rows):
     # Parquet columns are typed: answers as strings (None where missing), like a real export.
-    pq.write_table(pa.Table.from_pylist([{**r, "answer": None if "answer" not in r else str(r["answer"])} for r in rows]), path)
+    pq.write_table(
+        pa.Table.from_pylist([{**r, "answer": None if "answer" not in r else str(r["answer"])} for r in rows]), path
+    )
     return str(path)
 
 
@@ -147,7 +149,11 @@ def test_iterator_epochs_cover_every_task_and_shuffle_by_seed():
     other = TaskIterator(tasks, batch_size=5, seed=2)
     assert _ids(other.next_batch()) + _ids(other.next_batch()) != epoch0
     plain = TaskIterator(tasks, batch_size=4, seed=1, shuffle=False)
-    assert [_ids(plain.next_batch()) for _ in range(3)] == [["t0", "t1", "t2", "t3"], ["t4", "t5", "t6", "t7"], ["t8", "t9", "t0", "t1"]]
+    assert [_ids(plain.next_batch()) for _ in range(3)] == [
+        ["t0", "t1", "t2", "t3"],
+        ["t4", "t5", "t6", "t7"],
+        ["t8", "t9", "t0", "t1"],
+    ]
 
 
 def test_iterator_resume_continues_same_order():

@@ -23,7 +23,10 @@ def test_tasks_are_seeded_and_the_held_out_split_is_disjoint_from_train():
     row = heldout[0]
     a, b = (int(x) for x in row["question"].removeprefix("What is ").split("?")[0].split(" + "))
     assert row["answer"] == str(a + b) and row["question"].endswith("Reply with only the number.")
-    assert make_word_arithmetic_tasks(50, seed=3, split="heldout") == make_word_arithmetic_tasks(None, seed=3, split="heldout")[:50]
+    assert (
+        make_word_arithmetic_tasks(50, seed=3, split="heldout")
+        == make_word_arithmetic_tasks(None, seed=3, split="heldout")[:50]
+    )
 
 
 def test_make_tasks_writes_them(tmp_path, capsys):

@@ -67,7 +67,11 @@ def test_a_role_restates_its_own_failure_but_never_another_roles_request(tmp_pat
         restate_failure(b, "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)", "trainer")
     after = {d: b.get(STOP_KEY) for d, b in boards.items()}
     for d in ("own", "none"):
-        assert (after[d]["kind"], after[d]["reason"], after[d]["by"]) == ("failed", "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)", "trainer")
+        assert (after[d]["kind"], after[d]["reason"], after[d]["by"]) == (
+            "failed",
+            "trainer failed: trainer rank 1 (pid 7) failed: Signal 9 (SIGKILL)",
+            "trainer",
+        )
     for d in ("other", "silent", "cancel"):
         assert after[d] == before[d], d
 
@@ -119,7 +123,12 @@ def test_a_peer_that_finished_is_not_silent(tmp_path):
 
 @pytest.fixture
 def run(tiny_model_dir, tmp_path):
-    cfg = make_config(tiny_model_dir, name="roles", buffer={"storage": {"url": str(tmp_path)}}, placement={"type": "local", "heartbeat_s": 0.1})
+    cfg = make_config(
+        tiny_model_dir,
+        name="roles",
+        buffer={"storage": {"url": str(tmp_path)}},
+        placement={"type": "local", "heartbeat_s": 0.1},
+    )
     run = start_run(cfg)
     post_start(Board(run.url), ResumePoint(3, {0: 5}))
     return run

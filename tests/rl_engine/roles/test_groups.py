@@ -32,7 +32,14 @@ class FixedEngine:
     def generate(self, prompts, n, sampling, seed):
         def rollout(j: int, k: int, p: list[int]) -> Rollout:
             resp = [] if (j, k) == (1, 1) else [5 + k] * (j + k + 1)
-            return Rollout(prompt_ids=p, response_ids=resp, logprobs=[-0.25] * len(resp), finish_reason=REASONS[k % 3], version=self.version, text=f"ans{j}{k}")
+            return Rollout(
+                prompt_ids=p,
+                response_ids=resp,
+                logprobs=[-0.25] * len(resp),
+                finish_reason=REASONS[k % 3],
+                version=self.version,
+                text=f"ans{j}{k}",
+            )
 
         return [[rollout(j, k, p) for k in range(n)] for j, p in enumerate(prompts)]
 
@@ -43,7 +50,13 @@ def reward(prompt: str, response: str, task: Task, finish_reason: str) -> dict[s
     return {"correct": float(len(response)), "format": 0.5}
 
 
-CFG = SimpleNamespace(taskset=SimpleNamespace(template="Q: {prompt}", user_code=UserCodeConfig()), model=SimpleNamespace(max_model_len=512), algorithm=SimpleNamespace(repeat_times=3), explorer=SimpleNamespace(sampling=SamplingConfig()), seed=1)
+CFG = SimpleNamespace(
+    taskset=SimpleNamespace(template="Q: {prompt}", user_code=UserCodeConfig()),
+    model=SimpleNamespace(max_model_len=512),
+    algorithm=SimpleNamespace(repeat_times=3),
+    explorer=SimpleNamespace(sampling=SamplingConfig()),
+    seed=1,
+)
 
 
 def _tasks(*names: str) -> list[Task]:
@@ -54,17 +67,35 @@ def test_plain_rows_every_column():
     batch, metrics = generate_experiences(FixedEngine(), _tasks("t0", "t1", "t2"), reward, CFG, explorer_id=2, step=5)
     rows = batch.to_table().to_pylist()
     assert len(rows) == 8 and metrics["reward/errors"] == 1  # prompt 2's member 1 is left out, its group stays
-    assert [r["group_id"] for r in rows] == ["2-d13-t0"] * 3 + ["2-d14-t1"] * 3 + ["2-d15-t2"] * 2  # step 5 draws 13..15
+    assert [r["group_id"] for r in rows] == ["2-d13-t0"] * 3 + ["2-d14-t1"] * 3 + [
+        "2-d15-t2"
+    ] * 2  # step 5 draws 13..15
     prompt = TOK("Q: prompt of t0", add_special_tokens=False).input_ids
     assert rows[1] | {"experience_id": None, "created_at": None} == {
-        "experience_id": None, "task_id": "t0", "group_id": "2-d13-t0", "explorer_id": 2, "explorer_step": 5,
-        "prompt_ids": prompt, "response_ids": [6, 6], "logprobs": [-0.25, -0.25], "versions": [3, 3], "loss_mask": [1, 1],
-        "reward": 5.5, "reward_components": [("correct", 5.0), ("format", 0.5)], "finish_reason": "length",
-        "num_segments": 1, "segments": [{"explorer_step": 5, "version": 3, "start": 0, "end": 2}],
-        "created_at": None, "started_at": None, "prompt_text": "Q: prompt of t0", "response_text": "ans01",
+        "experience_id": None,
+        "task_id": "t0",
+        "group_id": "2-d13-t0",
+        "explorer_id": 2,
+        "explorer_step": 5,
+        "prompt_ids": prompt,
+        "response_ids": [6, 6],
+        "logprobs": [-0.25, -0.25],
+        "versions": [3, 3],
+        "loss_mask": [1, 1],
+        "reward": 5.5,
+        "reward_components": [("correct", 5.0), ("format", 0.5)],
+        "finish_reason": "length",
+        "num_segments": 1,
+        "segments": [{"explorer_step": 5, "version": 3, "start": 0, "end": 2}],
+        "created_at": None,
+        "started_at": None,
+        "prompt_text": "Q: prompt of t0",
+        "response_text": "ans01",
     }
     empty = rows[4]  # prompt 1, member 1: no tokens, one empty segment of version -1 (what the schema derives)
-    assert empty["response_ids"] == [] and empty["segments"] == [{"explorer_step": 5, "version": -1, "start": 0, "end": 0}]
+    assert empty["response_ids"] == [] and empty["segments"] == [
+        {"explorer_step": 5, "version": -1, "start": 0, "end": 0}
+    ]
     assert len({r["experience_id"] for r in rows}) == 8 and all(r["created_at"] == rows[0]["created_at"] for r in rows)
 
 
@@ -81,7 +112,14 @@ def test_plain_draw_numbers_follow_the_task_stream_across_steps_and_explorers():
     ids = []
     for e in (1, 2, 3, 4):
         for explorer in (0, 1):
-            batch, _ = generate_experiences(FixedEngine(), stream.next_batch() if explorer == 0 else _tasks("t0", "t1"), lambda *a: 1.0, CFG, explorer, e)
+            batch, _ = generate_experiences(
+                FixedEngine(),
+                stream.next_batch() if explorer == 0 else _tasks("t0", "t1"),
+                lambda *a: 1.0,
+                CFG,
+                explorer,
+                e,
+            )
             ids += sorted(set(batch.column("group_id").tolist()))
     assert len(ids) == len(set(ids)) == 16
     assert [int(g.split("-")[1].removeprefix("d")) for g in ids if g.startswith("0-")] == list(range(1, 9))
@@ -118,5 +156,8 @@ def test_a_too_long_prompt_is_refused_before_the_engine_naming_its_task():
 
     cfg = SimpleNamespace(**{**vars(CFG), "model": SimpleNamespace(max_model_len=40)})
     tasks = _tasks("short.jsonl#1") + [Task(task_id="tasks.jsonl#2", prompt="x" * 100, answer="1")]
-    with pytest.raises(UserError, match=r"task 'tasks.jsonl#2': its prompt is \d+ tokens .* model.max_model_len = 40; .*raise model.max_model_len"):
+    with pytest.raises(
+        UserError,
+        match=r"task 'tasks.jsonl#2': its prompt is \d+ tokens .* model.max_model_len = 40; .*raise model.max_model_len",
+    ):
         generate_experiences(NoEngine(), tasks, reward, cfg, explorer_id=0, step=1)

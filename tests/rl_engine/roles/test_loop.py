@@ -23,7 +23,16 @@ def warm_model(tmp_path_factory):
     from rl_engine.warmstart import DEFAULTS, warmstart
 
     out = tmp_path_factory.mktemp("models") / "tiny-arith-sft"
-    summary = warmstart(str(out), DEFAULTS["steps"], DEFAULTS["batch_size"], DEFAULTS["lr"], DEFAULTS["warmup_steps"], seed=0, max_operand=20, threads=2)
+    summary = warmstart(
+        str(out),
+        DEFAULTS["steps"],
+        DEFAULTS["batch_size"],
+        DEFAULTS["lr"],
+        DEFAULTS["warmup_steps"],
+        seed=0,
+        max_operand=20,
+        threads=2,
+    )
     return str(out), summary
 
 
@@ -48,7 +57,11 @@ def test_grpo_steps_raise_the_expected_reward(warm_model, tmp_path):
             "model": {"path": model_dir, "max_model_len": 128},
             "taskset": {"path": tasks},
             "algorithm": {"repeat_times": 8, "loss": {"type": "ppo_clip", "clip_eps_high": 0.28}},
-            "explorer": {"batch_size": 8, "sampling": {"temperature": 1.0, "max_tokens": 8}, "engine": {"kv_cache_space_gib": 0.25, "num_threads": 1}},
+            "explorer": {
+                "batch_size": 8,
+                "sampling": {"temperature": 1.0, "max_tokens": 8},
+                "engine": {"kv_cache_space_gib": 0.25, "num_threads": 1},
+            },
             "buffer": {"storage": {"url": str(tmp_path / "runs")}},
             "trainer": {"micro_batch_size": 32, "lr": 5e-5, "warmup_steps": 3, "num_threads": 1},
             "synchronizer": {"mode": "synchronous", "sync_method": "collective", "collective": {"port": free_port()}},
@@ -61,4 +74,6 @@ def test_grpo_steps_raise_the_expected_reward(warm_model, tmp_path):
     # ratios start at 1 and nothing is clipped before the update.
     for h in history[1:]:
         assert h["logprob_diff"] < 1e-4 and h["clip_frac"] == 0.0, h
-    assert last["eval_expected_exact_t1"] >= first["eval_expected_exact_t1"] + MIN_GAIN, [round(h["eval_expected_exact_t1"], 3) for h in history]
+    assert last["eval_expected_exact_t1"] >= first["eval_expected_exact_t1"] + MIN_GAIN, [
+        round(h["eval_expected_exact_t1"], 3) for h in history
+    ]

@@ -55,8 +55,25 @@ class ScriptedEngine:
             task, done = text.split(":", 1)
             full = ids(self._answer(task, done)) + [TOK.eos_token_id]
             got, reason = vllm_segment(full[len(ids(done)) :] if done else full, budget, repeat)
-            out.append([Rollout(prompt_ids=p, response_ids=got, logprobs=[-0.5] * len(got), finish_reason=reason, version=self.version)])
-        self.calls.append({"prompts": len(prompts), "seed": seed, "max_tokens": list(max_tokens), "finish_reasons": [r.finish_reason for (r,) in out]})
+            out.append(
+                [
+                    Rollout(
+                        prompt_ids=p,
+                        response_ids=got,
+                        logprobs=[-0.5] * len(got),
+                        finish_reason=reason,
+                        version=self.version,
+                    )
+                ]
+            )
+        self.calls.append(
+            {
+                "prompts": len(prompts),
+                "seed": seed,
+                "max_tokens": list(max_tokens),
+                "finish_reasons": [r.finish_reason for (r,) in out],
+            }
+        )
         return out
 
 
@@ -64,7 +81,11 @@ def vllm_segment(rest: list[int], budget: int, repeat: tuple[int, int] | None) -
     """What vLLM emits of `rest` (ending with EOS) under max_tokens = budget: its scheduler appends a
     token, then checks EOS, the budget, and repetition over the request's output tokens, which are
     this segment's only (vllm/v1/core/sched/utils.py check_stop); the token that ends it is kept."""
-    detect = RepetitionDetectionParams(max_pattern_size=repeat[0], min_pattern_size=1, min_count=repeat[1]) if repeat else None
+    detect = (
+        RepetitionDetectionParams(max_pattern_size=repeat[0], min_pattern_size=1, min_count=repeat[1])
+        if repeat
+        else None
+    )
     for k in range(1, len(rest) + 1):  # returns by the EOS at the latest
         got = rest[:k]
         if got[-1] == TOK.eos_token_id:
@@ -79,8 +100,16 @@ def vllm_segment(rest: list[int], budget: int, repeat: tuple[int, int] | None) -
 LONG = "0123456789abcdefghijklmnopqrstuvwxyzABCD"  # no repeats
 
 
-def settings(batch_size=2, repeat_times=2, segment=4, max_response=12, stop=(), in_flight=None, max_model_len=64, **partial) -> PartialSettings:
-    p = PartialRolloutConfig(enabled=True, segment_max_tokens=segment, max_response_tokens=max_response, max_groups_in_flight=in_flight, **partial)
+def settings(
+    batch_size=2, repeat_times=2, segment=4, max_response=12, stop=(), in_flight=None, max_model_len=64, **partial
+) -> PartialSettings:
+    p = PartialRolloutConfig(
+        enabled=True,
+        segment_max_tokens=segment,
+        max_response_tokens=max_response,
+        max_groups_in_flight=in_flight,
+        **partial,
+    )
     return PartialSettings(p, SamplingConfig(stop=list(stop)), batch_size, repeat_times, max_model_len, None, 0, 0)
 
 
@@ -90,7 +119,9 @@ def reward(prompt, response, task, finish_reason):
 
 def make(tmp_path, answers: dict[str, str], first_step=1, **kw) -> tuple[PartialRollouts, ScriptedEngine]:
     engine = ScriptedEngine(answers)
-    tasks = TaskIterator([Task(t, t + ":", a if isinstance(a, str) else a[0]) for t, a in answers.items()], 1, seed=0, shuffle=False)
+    tasks = TaskIterator(
+        [Task(t, t + ":", a if isinstance(a, str) else a[0]) for t, a in answers.items()], 1, seed=0, shuffle=False
+    )
     store = ContinuationStore(str(tmp_path), {}, 0, fsync=False)
     return PartialRollouts(engine, store, tasks, reward, settings(**kw), first_step), engine
 
@@ -139,7 +170,11 @@ def test_generation_keep_trims_only_inside_the_last_segment():
     g.extend(1, 0, [5, 6, 7], [-1.0] * 3)
     g.extend(2, 1, [8, 9], [-2.0] * 2)
     g.keep(4)
-    assert (g.response_ids, g.versions, g.segments[-1]) == ([5, 6, 7, 8], [0, 0, 0, 1], {"explorer_step": 2, "version": 1, "start": 3, "end": 4})
+    assert (g.response_ids, g.versions, g.segments[-1]) == (
+        [5, 6, 7, 8],
+        [0, 0, 0, 1],
+        {"explorer_step": 2, "version": 1, "start": 3, "end": 4},
+    )
     with pytest.raises(ValueError, match="outside the last segment"):
         g.keep(2)
 
@@ -148,7 +183,9 @@ def test_generation_keep_trims_only_inside_the_last_segment():
 
 
 def test_cut_generations_continue_with_the_new_version_and_keep_their_provenance(tmp_path):
-    p, engine = make(tmp_path, {"a": "12", "b": "1234567", "c": "34"}, batch_size=1, repeat_times=1, segment=4, in_flight=2)
+    p, engine = make(
+        tmp_path, {"a": "12", "b": "1234567", "c": "34"}, batch_size=1, repeat_times=1, segment=4, in_flight=2
+    )
     writer = BufferWriter(str(tmp_path), {}, 0)
     b1, m1 = run_step(p, writer, 1)  # starts a and b (2 in flight): a fits one segment, b is cut after 4 tokens
     engine.version = 3  # a sync between steps
@@ -160,7 +197,10 @@ def test_cut_generations_continue_with_the_new_version_and_keep_their_provenance
     assert m3["rounds"] == 1 and m3["extra_rounds"] == 0
     (b,) = b2.experiences()
     assert TOK.decode(b.response_ids, skip_special_tokens=True) == "1234567" and b.finish_reason == "stop"
-    assert b.segments == [{"explorer_step": 1, "version": 0, "start": 0, "end": 4}, {"explorer_step": 2, "version": 3, "start": 4, "end": 8}]
+    assert b.segments == [
+        {"explorer_step": 1, "version": 0, "start": 0, "end": 4},
+        {"explorer_step": 2, "version": 3, "start": 4, "end": 8},
+    ]
     assert b.versions == [0] * 4 + [3] * 4 and b.num_segments == 2 and b.reward == 1.0 and b.explorer_step == 2
     assert [c["prompts"] for c in engine.calls] == [2, 2, 1]  # one generate call per step for every held group
     assert len({c["seed"] for c in engine.calls}) == len(engine.calls)  # every segment samples with its own seed
@@ -173,7 +213,9 @@ def test_truncated_at_max_response_tokens_and_at_the_context(tmp_path):
     (x,) = batch.experiences()
     assert x.finish_reason == "truncated" and len(x.response_ids) == 10 and m["extra_rounds"] == 2
     # Near the context limit the segment budget shrinks to what fits.
-    p2, engine2 = make(tmp_path / "ctx", {"a": LONG}, batch_size=1, repeat_times=1, segment=4, max_response=30, max_model_len=9)
+    p2, engine2 = make(
+        tmp_path / "ctx", {"a": LONG}, batch_size=1, repeat_times=1, segment=4, max_response=30, max_model_len=9
+    )
     x = run_step(p2, BufferWriter(str(tmp_path / "ctx"), {}, 0), 1)[0].experiences()[0]
     assert x.finish_reason == "truncated" and len(x.prompt_ids) + len(x.response_ids) == 9
     # Prompt "a:" is 2 tokens: both held groups get a segment of 4 in one call; then only the
@@ -186,8 +228,20 @@ def loop_row(tmp_path, answer: str, segment: int):
     """Task "a" answered by `answer` in segments of `segment` tokens, under repetition rule
     (2, 3) ("ab" x3 is a loop) and penalty -0.5: its one row, and the engine's reason for the
     last segment. A row's per-token lists match its response, which its last segment ends."""
-    p, engine = make(tmp_path, {"a": answer}, batch_size=1, repeat_times=1, segment=segment, max_response=30, repeat_ngram=2, repeat_threshold=3, repeat_penalty=-0.5)
-    (x,) = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)[0].experiences()  # extra rounds of step 1 run every segment
+    p, engine = make(
+        tmp_path,
+        {"a": answer},
+        batch_size=1,
+        repeat_times=1,
+        segment=segment,
+        max_response=30,
+        repeat_ngram=2,
+        repeat_threshold=3,
+        repeat_penalty=-0.5,
+    )
+    (x,) = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)[
+        0
+    ].experiences()  # extra rounds of step 1 run every segment
     assert len(x.logprobs) == len(x.versions) == len(x.response_ids) == x.segments[-1]["end"]
     return x, engine.calls[-1]["finish_reasons"][0]
 
@@ -212,7 +266,9 @@ def loop_row(tmp_path, answer: str, segment: int):
         ("qabababz", 5, "qababab", [(0, 5), (5, 7)], "stop"),
     ],
 )
-def test_a_loop_is_cut_where_it_first_completes_in_the_whole_response(tmp_path, answer, segment, kept, spans, engine_said):
+def test_a_loop_is_cut_where_it_first_completes_in_the_whole_response(
+    tmp_path, answer, segment, kept, spans, engine_said
+):
     x, said = loop_row(tmp_path, answer, segment)
     assert said == engine_said  # the segment ended as the case says (vLLM's view), whatever the row's end
     assert x.finish_reason == "repeat" and x.response_ids == ids(kept)
@@ -226,14 +282,21 @@ def test_a_stop_string_across_a_boundary_ends_the_response_before_the_engines_eo
     p, engine = make(tmp_path, {"a": "ab##c"}, batch_size=1, repeat_times=1, segment=3, max_response=30, stop=["##"])
     (x,) = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)[0].experiences()
     assert engine.calls[-1]["finish_reasons"] == ["stop"] and x.finish_reason == "stop"
-    assert x.response_ids == ids("ab##") and x.response_text == "ab" and [(s["start"], s["end"]) for s in x.segments] == [(0, 3), (3, 4)]
+    assert (
+        x.response_ids == ids("ab##")
+        and x.response_text == "ab"
+        and [(s["start"], s["end"]) for s in x.segments] == [(0, 3), (3, 4)]
+    )
 
 
 def test_without_a_loop_the_engines_stop_stands(tmp_path):
     # "abab" is a loop's first 4 tokens only; the whole response never completes one.
     x, said = loop_row(tmp_path, "qababz", 4)
     assert said == "stop" and x.finish_reason == "stop"
-    assert x.response_ids == ids("qababz") + [TOK.eos_token_id] and [(s["start"], s["end"]) for s in x.segments] == [(0, 4), (4, 7)]
+    assert x.response_ids == ids("qababz") + [TOK.eos_token_id] and [(s["start"], s["end"]) for s in x.segments] == [
+        (0, 4),
+        (4, 7),
+    ]
     assert "repeat_penalty" not in x.reward_components and x.reward == 1.0
 
 
@@ -244,7 +307,11 @@ def test_a_group_enters_the_buffer_only_when_every_member_finished(tmp_path):
     written = [sorted({x.task_id for x in run_step(p, writer, e)[0].experiences()}) for e in (1, 2, 3)]
     assert written == [["b"], ["c"], ["a"]]  # a waited (its finished member in the store) and came whole
     rows = {TOK.decode(x.response_ids, skip_special_tokens=True): x for x in _all_rows(tmp_path) if x.task_id == "a"}
-    assert set(rows) == {"1", "0123456789"} and rows["1"].segments[0]["explorer_step"] == 1 and rows["1"].explorer_step == 3
+    assert (
+        set(rows) == {"1", "0123456789"}
+        and rows["1"].segments[0]["explorer_step"] == 1
+        and rows["1"].explorer_step == 3
+    )
 
 
 def test_every_group_written_once_and_nothing_lost_over_a_crash_at_each_point(tmp_path):
@@ -306,9 +373,24 @@ def test_token_version_metrics_by_hand():
     from rl_engine.roles.trainer import token_versions
 
     def row(i, versions):
-        return Experience(experience_id=f"x{i}", task_id="t", group_id="g", explorer_id=0, explorer_step=3, prompt_ids=[1], response_ids=[5] * len(versions),
-                          logprobs=[-1.0] * len(versions), versions=versions, loss_mask=[1] * len(versions), reward=0.0)
+        return Experience(
+            experience_id=f"x{i}",
+            task_id="t",
+            group_id="g",
+            explorer_id=0,
+            explorer_step=3,
+            prompt_ids=[1],
+            response_ids=[5] * len(versions),
+            logprobs=[-1.0] * len(versions),
+            versions=versions,
+            loss_mask=[1] * len(versions),
+            reward=0.0,
+        )
 
     m = token_versions(ExperienceBatch.from_experiences([row(0, [0, 0, 1, 1]), row(1, [1, 1])]), trainer_version=2)
     # gaps 2, 2, 1, 1, 1, 1; two tokens older than the newest segment of their trajectory
-    assert m == {"version_gap_mean": pytest.approx(8 / 6), "version_gap_max": 2, "tokens_older_fraction": pytest.approx(2 / 6)}
+    assert m == {
+        "version_gap_mean": pytest.approx(8 / 6),
+        "version_gap_max": 2,
+        "tokens_older_fraction": pytest.approx(2 / 6),
+    }

@@ -42,7 +42,9 @@ class FakeEpisode:
         self.prompt_text = prompt
         self.ids = list(self.tokenizer(prompt)["input_ids"])
         self.mask = [0] * len(self.ids)  # 1 = sampled (trained), 0 = prompt / environment
-        self.events: list[tuple[str, Any]] = []  # ("generate", (max_tokens, stop)), ("env", text), ("call", (fn name, args))
+        self.events: list[
+            tuple[str, Any]
+        ] = []  # ("generate", (max_tokens, stop)), ("env", text), ("call", (fn name, args))
         self.last_text = ""
         self.turns = 0
 
@@ -53,7 +55,9 @@ class FakeEpisode:
         sampled = self.script.pop(0)
         eos = sampled.endswith(EOS_MARK)
         body = sampled.removesuffix(EOS_MARK)
-        ids = list(self.tokenizer(body, add_special_tokens=False)["input_ids"]) + ([self.tokenizer.eos_token_id] if eos else [])
+        ids = list(self.tokenizer(body, add_special_tokens=False)["input_ids"]) + (
+            [self.tokenizer.eos_token_id] if eos else []
+        )
         hit = next((s for s in (stop or []) if body.endswith(s)), None)
         text = body[: len(body) - len(hit)] if hit else body
         finish = "stop" if eos or hit else "length"

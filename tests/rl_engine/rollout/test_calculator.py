@@ -29,7 +29,15 @@ from tests.rl_engine.rollout.fake_episode import EOS_MARK, FakeEpisode, FakeTask
 
 @pytest.mark.parametrize(
     "expr, want",
-    [("37*58", "2146"), (" 12 + 7 ", "19"), ("3-10", "-7"), ("-(2+3)*4", "-20"), ("2*3*4-1", "23"), ("0", "0"), ("99*99", "9801")],
+    [
+        ("37*58", "2146"),
+        (" 12 + 7 ", "19"),
+        ("3-10", "-7"),
+        ("-(2+3)*4", "-20"),
+        ("2*3*4-1", "23"),
+        ("0", "0"),
+        ("99*99", "9801"),
+    ],
 )
 def test_calc_evaluates_integer_arithmetic(expr, want):
     assert calc(expr) == want
@@ -241,7 +249,24 @@ def test_warm_start_writes_a_model(tmp_path):
     from rl_engine.warmstart import main
 
     out = tmp_path / "calc-sft"
-    assert main([str(out), "--task", "calculator", "--steps", "3", "--batch-size", "8", "--warmup-steps", "1", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                str(out),
+                "--task",
+                "calculator",
+                "--steps",
+                "3",
+                "--batch-size",
+                "8",
+                "--warmup-steps",
+                "1",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "warmstart.json").read_text())
     assert summary["task"] == "calculator" and summary["steps"] == 3
     for k in ("tool_rate", "success_with_tool", "success_without_tool", "expected_exact_t1", "greedy_exact"):

@@ -82,14 +82,19 @@ def _episode(tok, turns: list[tuple[str, str, bool]], model: str = MODEL):
 def test_prompt_ids_are_the_rendering_with_the_generation_prompt():
     tok = _tokenizer()
     messages = [{"role": "user", "content": "1+2?"}]
-    assert chat_prompt_ids(tok, messages, MODEL) == _ids(tok, "<|im_start|>user\n1+2?<|im_end|>\n<|im_start|>assistant\n")
+    assert chat_prompt_ids(tok, messages, MODEL) == _ids(
+        tok, "<|im_start|>user\n1+2?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_appended_turns_give_the_full_renderings_tokens():
     tok = _tokenizer()
     ids, messages, delta = _episode(tok, [("3", True, "times 4?"), ("12", True, "minus 5?")])
     assert ids == _full_ids(tok, messages)
-    assert tok.decode(delta, skip_special_tokens=False) == "\n<|im_start|>user\nminus 5?<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tok.decode(delta, skip_special_tokens=False)
+        == "\n<|im_start|>user\nminus 5?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_a_turn_stopped_without_its_end_token_gets_it_in_the_appended_part():
@@ -140,7 +145,9 @@ def test_a_template_that_trims_the_sampled_content_is_refused():
 def test_a_turn_ended_by_a_token_the_template_does_not_render_is_refused():
     tok = _tokenizer()
     messages = [{"role": "user", "content": "1+2?"}, {"role": "assistant", "content": "3"}]
-    ids = chat_prompt_ids(tok, messages[:1], MODEL) + _ids(tok, "3") + [tok.eos_token_id]  # <|endoftext|>, not <|im_end|>
+    ids = (
+        chat_prompt_ids(tok, messages[:1], MODEL) + _ids(tok, "3") + [tok.eos_token_id]
+    )  # <|endoftext|>, not <|im_end|>
     with pytest.raises(TemplateNotAppendOnly, match=r"turn 1: .*<\|endoftext\|>"):
         chat_turn_ids(tok, messages, ids, [{"role": "user", "content": "ok"}], MODEL, 1)
 
@@ -148,22 +155,31 @@ def test_a_turn_ended_by_a_token_the_template_does_not_render_is_refused():
 def test_no_chat_template_is_a_clear_user_error():
     tok = _tokenizer(None)
     messages = [{"role": "user", "content": "1+2?"}]
-    for call in (lambda: chat_prompt_ids(tok, messages, MODEL), lambda: chat_turn_ids(tok, messages, [1, 2], messages, MODEL, 1)):
+    for call in (
+        lambda: chat_prompt_ids(tok, messages, MODEL),
+        lambda: chat_turn_ids(tok, messages, [1, 2], messages, MODEL, 1),
+    ):
         with pytest.raises(UserError, match="no chat template") as e:
             call()
         assert not isinstance(e.value, TemplateNotAppendOnly)
         assert MODEL in str(e.value) and "taskset.template" in str(e.value) and "append_text" in str(e.value)
 
 
-@pytest.mark.skipif(not SMOLLM2.is_dir(), reason=f"no {SMOLLM2} (rft fetch-model smollm2-135m runs/models/smollm2-135m)")
+@pytest.mark.skipif(
+    not SMOLLM2.is_dir(), reason=f"no {SMOLLM2} (rft fetch-model smollm2-135m runs/models/smollm2-135m)"
+)
 def test_smollm2_chatml_turns_are_token_in_token_out():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(SMOLLM2))
     assert "<|im_start|>" in tok.chat_template  # its real ChatML template (adds a default system prompt)
-    ids, messages, delta = _episode(tok, [("The answer is 3.", True, "And times 4?"), ("It is 12 </answer>", False, "Thanks!")])
+    ids, messages, delta = _episode(
+        tok, [("The answer is 3.", True, "And times 4?"), ("It is 12 </answer>", False, "Thanks!")]
+    )
     assert ids == _full_ids(tok, messages)
-    assert delta[0] == tok.convert_tokens_to_ids("<|im_end|>")  # the stopped turn's end token came with the appended part
+    assert delta[0] == tok.convert_tokens_to_ids(
+        "<|im_end|>"
+    )  # the stopped turn's end token came with the appended part
     # The sampled ids are kept as sampled, even when not the canonical tokenisation of their text.
     messages = [{"role": "user", "content": "Say hi"}]
     prompt = chat_prompt_ids(tok, messages, "smollm2")

@@ -77,7 +77,7 @@ def doomed_engine(tiny_model_dir):
 
 def _worker(eng) -> psutil.Process:
     """The engine's one worker process (its EngineCore runs in this process on CPU)."""
-    (worker, _), = eng._procs.workers
+    ((worker, _),) = eng._procs.workers
     return worker
 
 
@@ -111,14 +111,18 @@ def test_worker_killed_during_generate_fails_it(doomed_engine):
     assert f"explorer {EXPLORER} died" in msg and f"pid {worker.pid}" in msg and "SIGKILL" in msg, msg
     # The helper thread that ran vLLM's generate was woken too (nothing left behind).
     deadline = time.monotonic() + 5
-    while [t for t in threading.enumerate() if t.name.startswith(f"rft-explorer-{EXPLORER}-")] and time.monotonic() < deadline:
+    while [
+        t for t in threading.enumerate() if t.name.startswith(f"rft-explorer-{EXPLORER}-")
+    ] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [t for t in threading.enumerate() if t.name.startswith(f"rft-explorer-{EXPLORER}-")]
     # Every later call fails at once, and close() is quick.
     for later in (lambda: eng.rpc("rft_version", timeout=10), lambda: eng.generate([[5, 6]], 1, BIG_SAMPLING, seed=0)):
         after = _Call(later, name="test-after-death")
         assert after.join(DEATH_BOUND_S)
-        assert isinstance(after.error, EngineDiedError) and f"explorer {EXPLORER} died" in str(after.error), repr(after.error)
+        assert isinstance(after.error, EngineDiedError) and f"explorer {EXPLORER} died" in str(after.error), repr(
+            after.error
+        )
 
 
 @pytest.mark.slow
@@ -195,7 +199,9 @@ def test_engine_processes_exit_when_their_owner_is_killed(tiny_model_dir, tmp_pa
                 if "READY" in lines.get(timeout=max(0.1, deadline - time.monotonic())):
                     break
             except queue.Empty:
-                pytest.fail(f"the owner did not start its engine within 240 s (exit code {owner.poll()}):\n{log.read_text()[-3000:]}")
+                pytest.fail(
+                    f"the owner did not start its engine within 240 s (exit code {owner.poll()}):\n{log.read_text()[-3000:]}"
+                )
         children = psutil.Process(owner.pid).children(recursive=True)
         names = sorted(c.name() for c in children)
         # On CPU the EngineCore runs in the owner itself: its one child process is the worker.
@@ -206,8 +212,12 @@ def test_engine_processes_exit_when_their_owner_is_killed(tiny_model_dir, tmp_pa
         while any(_alive(c) for c in children) and time.monotonic() - killed_at < ORPHAN_BOUND_S:
             time.sleep(0.05)
         survivors = [(c.pid, c.name()) for c in children if _alive(c)]
-        print(f"owner SIGKILLed -> its {len(children)} processes {names} gone after {time.monotonic() - killed_at:.2f} s")
-        assert not survivors, f"still running {ORPHAN_BOUND_S} s after their owner was killed: {survivors}\n{log.read_text()[-3000:]}"
+        print(
+            f"owner SIGKILLed -> its {len(children)} processes {names} gone after {time.monotonic() - killed_at:.2f} s"
+        )
+        assert not survivors, (
+            f"still running {ORPHAN_BOUND_S} s after their owner was killed: {survivors}\n{log.read_text()[-3000:]}"
+        )
     finally:
         owner.kill()
         for c in children:
@@ -258,7 +268,9 @@ def test_an_engine_leaves_the_process_group_random_state_and_threads_of_the_trai
     leaves the process's random generators (Python, numpy, torch) where they were, and torch's
     thread count: vLLM sets it to 1 for serving, and a thread that made its first torch op then
     (a trainer loading its model during the engine's start) computed on one core for good."""
-    p = subprocess.run([sys.executable, "-c", _TRAINER_BESIDE, tiny_model_dir], cwd=REPO, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-c", _TRAINER_BESIDE, tiny_model_dir], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "RNG True" in p.stdout and "GROUP True" in p.stdout, p.stdout[-2000:]
     assert "THREADS 3 [3]" in p.stdout, p.stdout[-2000:]

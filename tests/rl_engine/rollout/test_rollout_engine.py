@@ -1,6 +1,6 @@
 """The vLLM rollout engine on the tiny model: samples, logprobs against transformers, errors.
 
-    .venv/bin/python -m pytest tests/rl_engine/rollout -q
+.venv/bin/python -m pytest tests/rl_engine/rollout -q
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def test_request_fields_give_each_prompt_its_seed_and_budget():
     sampling = SamplingConfig(max_tokens=12)
     fields = request_fields(3, 4, sampling, seed=7, max_tokens=[5, 12, 1], repeat=(2, 3))
     assert [f["seed"] for f in fields] == request_seeds(7, 3, 4) and [f["max_tokens"] for f in fields] == [5, 12, 1]
-    assert all(f["n"] == 4 and f["repetition_detection"] == {"max_pattern_size": 2, "min_pattern_size": 1, "min_count": 3} for f in fields)
+    assert all(
+        f["n"] == 4 and f["repetition_detection"] == {"max_pattern_size": 2, "min_pattern_size": 1, "min_count": 3}
+        for f in fields
+    )
     assert [f["max_tokens"] for f in request_fields(2, 1, sampling, seed=7)] == [12, 12]
 
 
@@ -90,7 +93,9 @@ def test_engine_threads_bind_cores_by_explorer_or_all_of_this_process():
     assert _cpu_thread_bind(None, 0) is None  # vLLM decides
     assert _cpu_thread_bind(1, 0) == "0" and _cpu_thread_bind(1, 1) == str(1 % ncpu)  # explorer x: cores [x*n, (x+1)*n)
     assert _cpu_thread_bind(ncpu + 5, 0) == ",".join(map(str, range(ncpu)))  # never more threads than cores
-    assert _cpu_thread_bind("all", 3) == ",".join(map(str, sorted(os.sched_getaffinity(0))))  # this process's cores, whatever the explorer
+    assert _cpu_thread_bind("all", 3) == ",".join(
+        map(str, sorted(os.sched_getaffinity(0)))
+    )  # this process's cores, whatever the explorer
 
 
 def test_all_engine_threads_fall_back_to_every_core_where_there_is_no_affinity(monkeypatch):
@@ -215,7 +220,9 @@ def test_batch_over_the_token_budget(engine):
 
 @pytest.mark.slow
 def test_prompt_longer_than_context_is_a_user_error(engine):
-    with pytest.raises(UserError, match=rf"prompt 1 has {MAX_MODEL_LEN + 5} tokens.*model.max_model_len = {MAX_MODEL_LEN}"):
+    with pytest.raises(
+        UserError, match=rf"prompt 1 has {MAX_MODEL_LEN + 5} tokens.*model.max_model_len = {MAX_MODEL_LEN}"
+    ):
         engine.generate([[5, 6], [7] * (MAX_MODEL_LEN + 5)], 2, _sampling(engine), seed=0)
     with pytest.raises(UserError, match="prompt 0 is empty"):
         engine.generate([[]], 1, _sampling(engine), seed=0)

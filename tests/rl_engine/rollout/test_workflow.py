@@ -173,7 +173,9 @@ def test_token_in_token_out_on_vllm(example, engine, tiny_model_dir):
 
     tok = engine.tokenizer
     appended: dict = {}
-    workflow = recording(calc_like if example == "tool_call" else lambda t, ep: guess_number_workflow(t, ep, max_turns=3), appended)
+    workflow = recording(
+        calc_like if example == "tool_call" else lambda t, ep: guess_number_workflow(t, ep, max_turns=3), appended
+    )
     prompt = tok.encode("guess 1..15\n", add_special_tokens=False)
     jobs_ = [EpisodeJob(Task(f"t{i}", "guess 1..15\n", "11"), "guess 1..15\n", prompt, seed=i) for i in range(6)]
     with UserCodePool(1, "test") as pool:
@@ -183,7 +185,9 @@ def test_token_in_token_out_on_vllm(example, engine, tiny_model_dir):
     t = batch.to_tensors(pad_id=tok.pad_token_id)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
     with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits[:, :-1].float(), -1)  # [B, L-1, V]
+        logp = torch.log_softmax(
+            model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits[:, :-1].float(), -1
+        )  # [B, L-1, V]
     logp = logp.gather(-1, t["input_ids"][:, 1:, None])[..., 0]  # [B, L-1]: logprob of token i+1
     assert sum(len(v) for v in appended.values()) > 0, "the environment spoke in some episode"
     for b, (r, job) in enumerate(zip(res, jobs_)):
@@ -191,7 +195,9 @@ def test_token_in_token_out_on_vllm(example, engine, tiny_model_dir):
         n = len(r.prompt_ids) + len(r.response_ids)
         assert t["input_ids"][b, :n].tolist() == r.prompt_ids + r.response_ids  # what the trainer sees
         env_ids = [i for i, m in zip(r.response_ids, r.loss_mask) if m == 0]
-        assert env_ids == [i for text in appended.get(job.task.task_id, []) for i in tok.encode(text, add_special_tokens=False)]
+        assert env_ids == [
+            i for text in appended.get(job.task.task_id, []) for i in tok.encode(text, add_special_tokens=False)
+        ]
         assert t["loss_mask"][b, len(r.prompt_ids) : n].tolist() == [float(m) for m in r.loss_mask]
         assert sum(r.loss_mask) > 0 and all(lp == 0.0 for lp, m in zip(r.logprobs, r.loss_mask) if m == 0)
         trained = t["loss_mask"][b, 1:n] > 0  # positions 1..n-1 whose token the policy sampled
@@ -212,7 +218,12 @@ def chat_jobs(eng, n: int) -> list[EpisodeJob]:
     from rl_engine.rollout.chat import chat_prompt_ids
 
     messages = [{"role": "user", "content": "q"}]
-    return [EpisodeJob(Task(f"t{i}", "q", "a"), "q", chat_prompt_ids(eng.tokenizer, messages, "tiny-chat"), 100 + i, messages) for i in range(n)]
+    return [
+        EpisodeJob(
+            Task(f"t{i}", "q", "a"), "q", chat_prompt_ids(eng.tokenizer, messages, "tiny-chat"), 100 + i, messages
+        )
+        for i in range(n)
+    ]
 
 
 def chat_engine(template: str) -> ScriptedEngine:
@@ -227,7 +238,9 @@ def test_chat_turns_render_only_whats_new_and_equal_the_whole_rendering():
     from rl_engine.rollout.workflow import build_workflow
 
     eng = chat_engine(CHATML)
-    game = build_workflow(PythonWorkflow(type="python", function="tests.rl_engine.rollout.user_workflows:Game", kwargs={"turns": 2}))  # a class
+    game = build_workflow(
+        PythonWorkflow(type="python", function="tests.rl_engine.rollout.user_workflows:Game", kwargs={"turns": 2})
+    )  # a class
     res = run_episodes(eng, game, chat_jobs(eng, 2), SAMPLING, 128, 5, model="tiny-chat")
     tok = eng.tokenizer
     for r in res:
@@ -235,8 +248,13 @@ def test_chat_turns_render_only_whats_new_and_equal_the_whole_rendering():
         sampled = [r.response_ids[i] for i, m in enumerate(r.loss_mask) if m]  # [turn 1 (2 ids), turn 2 (2 ids)]
         chat = [{"role": "user", "content": "q"}]
         for k in range(2):
-            chat += [{"role": "assistant", "content": tok.decode(sampled[2 * k : 2 * k + 2])}, {"role": "user", "content": "again"}]
-        whole = tok(tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+            chat += [
+                {"role": "assistant", "content": tok.decode(sampled[2 * k : 2 * k + 2])},
+                {"role": "user", "content": "again"},
+            ]
+        whole = tok(
+            tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+        )["input_ids"]
         assert r.prompt_ids + r.response_ids == whole  # token in / token out: nothing re-tokenised, nothing lost
         assert r.loss_mask[:2] == [1, 1] and r.loss_mask[2] == 0  # the environment's part begins after the sampled ids
 
@@ -246,7 +264,9 @@ def test_a_template_that_is_not_append_only_fails_the_episode_naming_model_and_t
     from tests.rl_engine.rollout.user_workflows import Game
 
     res = run_episodes(eng, Game(turns=2).run, chat_jobs(eng, 1), SAMPLING, 128, 5, model="runs/models/tiny-chat")
-    assert "TemplateNotAppendOnly" in res[0].error and "runs/models/tiny-chat" in res[0].error and "turn 1" in res[0].error, res[0].error
+    assert (
+        "TemplateNotAppendOnly" in res[0].error and "runs/models/tiny-chat" in res[0].error and "turn 1" in res[0].error
+    ), res[0].error
 
 
 def test_append_message_without_a_chat_prompt_says_to_use_append_text():
@@ -267,7 +287,14 @@ def test_a_failed_episode_is_dropped_scored_or_fails_the_run(on_error, tiny_mode
     cfg = validate_config(
         {
             "model": {"path": tiny_model_dir, "max_model_len": 64},
-            "taskset": {"path": "t.jsonl", "workflow": {"type": "python", "function": "tests.rl_engine.rollout.user_workflows:breaks_on_odd_tasks"}, "user_code": user_code},
+            "taskset": {
+                "path": "t.jsonl",
+                "workflow": {
+                    "type": "python",
+                    "function": "tests.rl_engine.rollout.user_workflows:breaks_on_odd_tasks",
+                },
+                "user_code": user_code,
+            },
             "algorithm": {"repeat_times": 2},
             "explorer": {"sampling": {"max_tokens": 4}},
         }
@@ -277,7 +304,10 @@ def test_a_failed_episode_is_dropped_scored_or_fails_the_run(on_error, tiny_mode
     tasks = [Task(f"t-{i}", "1+2=", "3") for i in range(4)]
     args = (ScriptedEngine(), tasks, build_workflow(cfg.taskset.workflow), build_reward(cfg.taskset.reward), cfg, 0, 1)
     if on_error == "fail":
-        with pytest.raises(UserError, match=r"failed on task 't-1': ValueError: the environment cannot handle t-1 \(taskset.user_code.on_episode_error is fail\)"):
+        with pytest.raises(
+            UserError,
+            match=r"failed on task 't-1': ValueError: the environment cannot handle t-1 \(taskset.user_code.on_episode_error is fail\)",
+        ):
             explore_episodes(*args)
         return
     batch, metrics = explore_episodes(*args)

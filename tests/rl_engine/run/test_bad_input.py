@@ -34,7 +34,19 @@ def test_bad_input_gets_a_clear_error(case: Case, env: Env):
 
 def test_the_table_covers_the_issue():
     areas = {c.area for c in CASES}
-    assert {"config", "sampling", "model", "taskset", "prompt", "reward", "workflow", "storage", "resume", "buffer", "cli"} <= areas
+    assert {
+        "config",
+        "sampling",
+        "model",
+        "taskset",
+        "prompt",
+        "reward",
+        "workflow",
+        "storage",
+        "resume",
+        "buffer",
+        "cli",
+    } <= areas
     assert len(CASES) >= 30 and len({c.name for c in CASES}) == len(CASES)
 
 
@@ -78,7 +90,9 @@ def test_slow_reward_within_its_timeout_is_scored(env):
     from rl_engine.config import PythonReward
     from rl_engine.rewards import RolloutSample, Task, build_reward, score_rollouts
 
-    mod = env.module("import time\ndef f(prompt, response, task, finish_reason, scale=1.0):\n    time.sleep(0.05)\n    return {'len': scale * len(response)}\n")
+    mod = env.module(
+        "import time\ndef f(prompt, response, task, finish_reason, scale=1.0):\n    time.sleep(0.05)\n    return {'len': scale * len(response)}\n"
+    )
     fn = build_reward(PythonReward(type="python", function=f"{mod}:f", kwargs={"scale": 2.0}, timeout_s=5))
     result = score_rollouts(fn, [RolloutSample("p", "abc", Task("t", "p", None), "stop")] * 3)
     assert result.rewards == [6.0] * 3 and result.components == [{"len": 6.0}] * 3
@@ -114,7 +128,11 @@ def test_sampling_refusals_match_vllm():
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    for refused, message in (({"temperature": 3.0}, "temperature must be in"), ({"stop": [""]}, "empty string"), ({"temperature": 0.0, "n": 4}, "n must be 1 when using greedy")):
+    for refused, message in (
+        ({"temperature": 3.0}, "temperature must be in"),
+        ({"stop": [""]}, "empty string"),
+        ({"temperature": 0.0, "n": 4}, "n must be 1 when using greedy"),
+    ):
         with pytest.raises(VLLMValidationError, match=message):
             SamplingParams(**refused)
     SamplingParams(temperature=2.0, top_p=1.0, top_k=0, n=4, stop=["\n"], max_tokens=1)
@@ -123,7 +141,10 @@ def test_sampling_refusals_match_vllm():
 def _client_error(code: str, status: int, operation: str = "PutObject") -> Exception:
     from botocore.exceptions import ClientError
 
-    return ClientError({"Error": {"Code": code, "Message": f"{code} says the store"}, "ResponseMetadata": {"HTTPStatusCode": status}}, operation)
+    return ClientError(
+        {"Error": {"Code": code, "Message": f"{code} says the store"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        operation,
+    )
 
 
 def test_a_refused_request_is_access_denied_not_a_missing_bucket(monkeypatch):
@@ -147,7 +168,10 @@ def test_a_refused_request_is_access_denied_not_a_missing_bucket(monkeypatch):
     with pytest.raises(UserError) as e:
         pf.check_storage("s3://bucket/runs", {"client_kwargs": {"endpoint_url": "http://store:9000"}})
     msg = str(e.value)
-    assert "access denied by the object store at endpoint http://store:9000 (InvalidAccessKeyId" in msg and "AWS_ACCESS_KEY_ID" in msg, msg
+    assert (
+        "access denied by the object store at endpoint http://store:9000 (InvalidAccessKeyId" in msg
+        and "AWS_ACCESS_KEY_ID" in msg
+    ), msg
     assert "does not exist" not in msg
 
 
@@ -161,5 +185,10 @@ def test_access_denied_tells_403_from_other_answers():
     assert access_denied(translate_boto_error(_client_error("SignatureDoesNotMatch", 403))) == "SignatureDoesNotMatch"
     assert access_denied(_client_error("", 403, "HeadBucket")) == "403"  # a HEAD answer has no body, so no code
     assert access_denied(NoCredentialsError()) == "NoCredentials"
-    for other in (_client_error("NoSuchBucket", 404), _client_error("InternalError", 500), FileNotFoundError("b/x"), PermissionError("local")):
+    for other in (
+        _client_error("NoSuchBucket", 404),
+        _client_error("InternalError", 500),
+        FileNotFoundError("b/x"),
+        PermissionError("local"),
+    ):
         assert access_denied(other) is None

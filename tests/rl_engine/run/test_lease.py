@@ -93,7 +93,9 @@ def _a_holder_that_lost_its_lease_commits_nothing(url: str, opts: dict) -> None:
     try:
         assert (old.generation, new.generation) == (1, 2)
         new.check()
-        with pytest.raises(LeaseLost, match=r"held lease generation 1, which generation 2 \(pid \d+ on .*\) has taken over"):
+        with pytest.raises(
+            LeaseLost, match=r"held lease generation 1, which generation 2 \(pid \d+ on .*\) has taken over"
+        ):
             old.check()
         # A role of the old driver got its generation in the start marker: its buffer commits are refused.
         writer = BufferWriter(url, opts, 0, before_commit=Fence(url, opts, old.generation).check)

@@ -114,7 +114,12 @@ def test_lock_refuses_waits_and_expires(tmp_path):
 
         # a waiter gets the lock once the holder lets go
         got: list = []
-        waiter = threading.Thread(target=lambda: got.append(lineage.lock(url, {}, LineageConfig(name="nightly", wait_timeout_s=20), poll_s=0.1)), daemon=True)
+        waiter = threading.Thread(
+            target=lambda: got.append(
+                lineage.lock(url, {}, LineageConfig(name="nightly", wait_timeout_s=20), poll_s=0.1)
+            ),
+            daemon=True,
+        )
         waiter.start()
         time.sleep(0.5)
         assert not got
@@ -126,7 +131,11 @@ def test_lock_refuses_waits_and_expires(tmp_path):
 
     # a dead holder (elsewhere: no process to check) stops renewing and its lock expires after its ttl
     fs, root = open_storage(url)
-    write_json(fs, f"{root}/{LEASE_DIR}/gen=00000009.json", {"holder": "x", "host": "elsewhere", "pid": 1, "time": time.time() - 5, "ttl_s": 2})
+    write_json(
+        fs,
+        f"{root}/{LEASE_DIR}/gen=00000009.json",
+        {"holder": "x", "host": "elsewhere", "pid": 1, "time": time.time() - 5, "ttl_s": 2},
+    )
     lineage.lock(url, {}, LineageConfig(name="nightly", when_busy="refuse")).release()
 
 
@@ -156,7 +165,13 @@ def test_begin_points_at_latest_model_and_unused_tasks_end_moves_latest_on_succe
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     write_taskset(str(tasks / "a.jsonl"), rows("a", 4))
-    data = {"name": "r1", "model": {"path": str(base)}, "taskset": {"path": str(tasks)}, "buffer": {"storage": {"url": str(tmp_path / "runs")}}, "lineage": {"name": "nightly", "when_busy": "refuse"}}
+    data = {
+        "name": "r1",
+        "model": {"path": str(base)},
+        "taskset": {"path": str(tasks)},
+        "buffer": {"storage": {"url": str(tmp_path / "runs")}},
+        "lineage": {"name": "nightly", "when_busy": "refuse"},
+    }
     cfg = validate_config(data)
     assert validate_config({**data, "name": None}).resolved().name.startswith("synchronous-nightly-")
 
@@ -188,7 +203,10 @@ def test_begin_points_at_latest_model_and_unused_tasks_end_moves_latest_on_succe
         assert second.cfg.taskset.path == f"{second.url}/tasks/r2.jsonl"
     finally:
         second.release()
-    base_start = lineage.begin(validate_config({**data, "name": "r3", "lineage": {"name": "nightly", "start_from": "base"}}), log=lambda _: None)
+    base_start = lineage.begin(
+        validate_config({**data, "name": "r3", "lineage": {"name": "nightly", "start_from": "base"}}),
+        log=lambda _: None,
+    )
     base_start.release()
     assert base_start.cfg.model.path == str(base)
 
@@ -209,10 +227,15 @@ def test_consumed_tasks_and_carried_continuations(tmp_path):
     from rl_engine.buffer.synthetic import make_batch
 
     task_file = tmp_path / "tasks.jsonl"
-    write_taskset(str(task_file), [{"id": t, "question": f"q {t}", "answer": "1"} for t in ("b-g0", "b-g1", "p-g0", "x-g0")])
+    write_taskset(
+        str(task_file), [{"id": t, "question": f"q {t}", "answer": "1"} for t in ("b-g0", "b-g1", "p-g0", "x-g0")]
+    )
     data = {
-        "name": "r1", "model": {"path": str(_model(tmp_path))}, "taskset": {"path": str(task_file)},
-        "buffer": {"storage": {"url": str(tmp_path / "runs")}}, "lineage": {"name": "nightly"},
+        "name": "r1",
+        "model": {"path": str(_model(tmp_path))},
+        "taskset": {"path": str(task_file)},
+        "buffer": {"storage": {"url": str(tmp_path / "runs")}},
+        "lineage": {"name": "nightly"},
         "explorer": {"partial": {"enabled": True, "segment_max_tokens": 4, "max_response_tokens": 100}},
     }
     prev = start_run(validate_config(data))
@@ -223,7 +246,9 @@ def test_consumed_tasks_and_carried_continuations(tmp_path):
     from rl_engine.trainer.checkpoint import COMMIT_MARKER
 
     (Path(prev.url) / "trainer_state" / "step=3").mkdir(parents=True)
-    (Path(prev.url) / "trainer_state" / "step=3" / COMMIT_MARKER).write_text("{}")  # the previous run ended at version 3
+    (Path(prev.url) / "trainer_state" / "step=3" / COMMIT_MARKER).write_text(
+        "{}"
+    )  # the previous run ended at version 3
 
     write_taskset(str(tmp_path / "other.jsonl"), [{"id": "x-g0", "question": "q", "answer": "1"}])
     run = start_run(validate_config({**data, "name": "r2", "taskset": {"path": str(tmp_path / "other.jsonl")}}))
@@ -231,12 +256,21 @@ def test_consumed_tasks_and_carried_continuations(tmp_path):
     store = ContinuationStore(run.url, {}, 0)
     (entry,) = store.list()
     got = store.load().to_table()
-    assert entry.kind == "pending" and got.drop(["versions", "segments", "explorer_step"]).equals(pending.to_table().drop(["versions", "segments", "explorer_step"]))
+    assert entry.kind == "pending" and got.drop(["versions", "segments", "explorer_step"]).equals(
+        pending.to_table().drop(["versions", "segments", "explorer_step"])
+    )
     # renumbered: the previous run's version 3 is this run's 0, its last step (1) this run's step 0
     assert got.column("versions").to_pylist() == [[-1] * 4] * 2 and got.column("explorer_step").to_pylist() == [0, 0]
     assert got.column("segments").to_pylist() == [[{"explorer_step": 0, "version": -1, "start": 0, "end": 4}]] * 2
     # the task resolves in the new run although its task set does not have it
-    assert store.carried_tasks() == {"p-g0": {"task_id": "p-g0", "prompt": "q p-g0", "answer": "1", "row": {"id": "p-g0", "question": "q p-g0", "answer": "1"}}}
+    assert store.carried_tasks() == {
+        "p-g0": {
+            "task_id": "p-g0",
+            "prompt": "q p-g0",
+            "answer": "1",
+            "row": {"id": "p-g0", "question": "q p-g0", "answer": "1"},
+        }
+    }
     # a run after that one carries them on, with their tasks, from the store that holds them now
     third = start_run(validate_config({**data, "name": "r3", "taskset": {"path": str(tmp_path / "other.jsonl")}}))
     assert lineage.carry_continuations(run, third) == {0: ["p-0", "p-1"]}
@@ -249,7 +283,9 @@ def test_latest_model_on_s3_is_fetched_to_a_local_directory(s3_bucket, tmp_path)
     fs, _ = open_storage(root, opts)
     fs.pipe({f"{root}/r1/model/config.json": b"{}", f"{root}/r1/model/model.safetensors": b"weights"})
     local = lineage.local_model(f"{root}/r1/model", opts, str(tmp_path / "cache"))
-    assert (tmp_path / "cache" / "config.json").read_bytes() == b"{}" and (tmp_path / "cache" / "model.safetensors").read_bytes() == b"weights"
+    assert (tmp_path / "cache" / "config.json").read_bytes() == b"{}" and (
+        tmp_path / "cache" / "model.safetensors"
+    ).read_bytes() == b"weights"
     assert local == str(tmp_path / "cache")
     assert lineage.local_model(str(tmp_path / "cache"), {}, "unused") == str(tmp_path / "cache")  # local: used in place
     with pytest.raises(UserError, match="no config.json"):

@@ -29,7 +29,13 @@ MODES = ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
 
 
 def _cfg(
-    sync_method: str = "collective", num_ranks: int = 1, placement: str | dict = "local", mode: str = "synchronous", count: int | None = None, tp: int = 1, nodes: int = 1
+    sync_method: str = "collective",
+    num_ranks: int = 1,
+    placement: str | dict = "local",
+    mode: str = "synchronous",
+    count: int | None = None,
+    tp: int = 1,
+    nodes: int = 1,
 ) -> RFTConfig:
     count = count or (2 if mode == "multi_explorer" else 1)
     return RFTConfig.model_validate(
@@ -37,8 +43,17 @@ def _cfg(
             "model": {"path": "m"},
             "taskset": {"path": "t.jsonl"},
             "explorer": {"batch_size": 4, "count": count, "engine": {"tensor_parallel_size": tp}},
-            "trainer": {"micro_batch_size": 1, "num_ranks": num_ranks, "nodes": nodes, **({"rendezvous": "node0:29400"} if nodes > 1 else {})},
-            "synchronizer": {"mode": mode, "sync_method": sync_method, **({"sync_offset": 1} if mode == "one_step_off_policy" else {})},
+            "trainer": {
+                "micro_batch_size": 1,
+                "num_ranks": num_ranks,
+                "nodes": nodes,
+                **({"rendezvous": "node0:29400"} if nodes > 1 else {}),
+            },
+            "synchronizer": {
+                "mode": mode,
+                "sync_method": sync_method,
+                **({"sync_offset": 1} if mode == "one_step_off_policy" else {}),
+            },
             "placement": {"type": placement} if isinstance(placement, str) else placement,
         }
     )
@@ -55,7 +70,11 @@ def test_local_split_trainer_first_explorers_after(visible, mode):
     n = cfg.explorer.count
     if visible == 0:
         assert (plan.trainer, plan.explorers, plan.source) == (None, [None] * n, "cpu")
-        assert (plan.trainer_env(), plan.trainer_device(), plan.engine_visible(0)) == ({}, None, None)  # CPU: nothing set
+        assert (plan.trainer_env(), plan.trainer_device(), plan.engine_visible(0)) == (
+            {},
+            None,
+            None,
+        )  # CPU: nothing set
     elif visible == 1:
         assert (plan.trainer, plan.explorers) == ([0], [[0]] * n)  # colocated: checkpoint sync only
     elif visible == 2:
@@ -79,8 +98,16 @@ def test_local_split_trainer_first_explorers_after(visible, mode):
     ],
 )
 def test_local_split_with_ranks_and_tensor_parallel(visible, ranks, count, tp, trainer, explorers):
-    plan = device_plan(_cfg("checkpoint", num_ranks=ranks, mode="multi_explorer" if count > 1 else "synchronous", count=count, tp=tp), visible)
-    assert (plan.trainer, plan.explorers, plan.trainer_ranks, plan.tensor_parallel_size) == (trainer, explorers, ranks, tp)
+    plan = device_plan(
+        _cfg("checkpoint", num_ranks=ranks, mode="multi_explorer" if count > 1 else "synchronous", count=count, tp=tp),
+        visible,
+    )
+    assert (plan.trainer, plan.explorers, plan.trainer_ranks, plan.tensor_parallel_size) == (
+        trainer,
+        explorers,
+        ranks,
+        tp,
+    )
 
 
 def test_the_plan_is_what_the_roles_apply(monkeypatch):
@@ -94,35 +121,56 @@ def test_the_plan_is_what_the_roles_apply(monkeypatch):
     assert plan.trainer_env() == {"CUDA_VISIBLE_DEVICES": "7,6,5,4"} and plan.engine_visible(0) == "3"
     assert cuda_visible([0, 2]) == "7,5"
     one = device_plan(_cfg(), 2)
-    assert (one.trainer_device(), one.engine_visible(0)) == (0, "6")  # in-process trainer on index 0; the engine on this process's device 1
+    assert (one.trainer_device(), one.engine_visible(0)) == (
+        0,
+        "6",
+    )  # in-process trainer on index 0; the engine on this process's device 1
     split = device_plan(_cfg(placement={"type": "local", "devices": {"trainer": [1], "explorers": [[0]]}}), 2)
     assert (split.trainer_device(), split.source) == (1, "placement.devices")
 
 
 def test_devices_per_role_from_placement(tmp_path):
-    cfg = _cfg(num_ranks=2, mode="multi_explorer", count=2, placement={"type": "local", "devices": {"trainer": [6, 7], "explorers": [[0], [3]]}})
+    cfg = _cfg(
+        num_ranks=2,
+        mode="multi_explorer",
+        count=2,
+        placement={"type": "local", "devices": {"trainer": [6, 7], "explorers": [[0], [3]]}},
+    )
     plan = device_plan(cfg, 8)
     assert (plan.trainer, plan.explorers) == ([6, 7], [[0], [3]])
     check_plan(plan, "collective")
     assert "unused: GPU 1,2,4,5" in plan.describe()
     assert device_plan(cfg, 0).source == "cpu"  # a GPU config validated on a laptop: every role on the CPU
-    with pytest.raises(UserError, match=r"placement.devices.trainer names GPU 7, but this machine shows 4 GPU\(s\) \(0..3\)"):
+    with pytest.raises(
+        UserError, match=r"placement.devices.trainer names GPU 7, but this machine shows 4 GPU\(s\) \(0..3\)"
+    ):
         device_plan(cfg, 4)
 
 
 @pytest.mark.parametrize(
     "devices, error",
     [
-        ({"trainer": [0, 1], "explorers": [[2]]}, r"placement.devices.trainer lists 2 device\(s\) for the trainer's 1 rank\(s\).*one device per rank"),
-        ({"trainer": [0], "explorers": [[1], [2]]}, r"placement.devices.explorers lists 2 engine\(s\) for explorer.count = 1"),
-        ({"trainer": [0], "explorers": [[1, 2]]}, r"placement.devices.explorers\[0\] lists 2 device\(s\), explorer.engine.tensor_parallel_size = 1"),
+        (
+            {"trainer": [0, 1], "explorers": [[2]]},
+            r"placement.devices.trainer lists 2 device\(s\) for the trainer's 1 rank\(s\).*one device per rank",
+        ),
+        (
+            {"trainer": [0], "explorers": [[1], [2]]},
+            r"placement.devices.explorers lists 2 engine\(s\) for explorer.count = 1",
+        ),
+        (
+            {"trainer": [0], "explorers": [[1, 2]]},
+            r"placement.devices.explorers\[0\] lists 2 device\(s\), explorer.engine.tensor_parallel_size = 1",
+        ),
         ({"trainer": [-1], "explorers": [[1]]}, r"device indices start at 0"),
         ({"trainer": [0], "explorers": [[1]], "gpus": 2}, r"gpus"),
     ],
 )
 def test_placement_devices_must_fit_the_roles(devices, error):
     with pytest.raises(ConfigError, match=error):
-        validate_config({"model": {"path": "m"}, "taskset": {"path": "t.jsonl"}, "placement": {"type": "local", "devices": devices}})
+        validate_config(
+            {"model": {"path": "m"}, "taskset": {"path": "t.jsonl"}, "placement": {"type": "local", "devices": devices}}
+        )
 
 
 @pytest.mark.parametrize("visible", [0, 1, 2, 4, 8])
@@ -146,14 +194,19 @@ def test_deployments_take_each_roles_devices_from_its_job_variables(visible, mod
 
 
 def test_collective_sync_on_one_gpu_is_refused_with_checkpoint_as_the_fix():
-    with pytest.raises(UserError, match=r"sync_method = collective on a single GPU.*NCCL refuses.*use sync_method: checkpoint"):
+    with pytest.raises(
+        UserError, match=r"sync_method = collective on a single GPU.*NCCL refuses.*use sync_method: checkpoint"
+    ):
         check_devices(_cfg(), gpus=1)
     check_devices(_cfg("checkpoint"), gpus=1)  # colocated: weights go through storage
 
 
 def test_collective_group_sharing_a_device_is_refused():
     """The case the old test passed: 2 trainer ranks on 2 GPUs leave the engine on GPU 0, with rank 0."""
-    with pytest.raises(UserError, match=r"collective puts the trainer's rank 0 and explorer 0's engine on GPU 0 \(the default split.*NCCL refuses.*use sync_method: checkpoint.*3 GPUs in all.*shows 2"):
+    with pytest.raises(
+        UserError,
+        match=r"collective puts the trainer's rank 0 and explorer 0's engine on GPU 0 \(the default split.*NCCL refuses.*use sync_method: checkpoint.*3 GPUs in all.*shows 2",
+    ):
         check_devices(_cfg(num_ranks=2), gpus=2)
     check_devices(_cfg("checkpoint", num_ranks=2), gpus=2)
     # Two explorers on one device are two members of the group too.
@@ -166,23 +219,47 @@ def test_collective_group_sharing_a_device_is_refused():
 
 
 def test_more_trainer_ranks_than_gpus_is_refused():
-    with pytest.raises(UserError, match=r"trainer.num_ranks = 4 but this machine shows 2 GPU.*one rank per GPU.*lower trainer.num_ranks to at most 2"):
+    with pytest.raises(
+        UserError,
+        match=r"trainer.num_ranks = 4 but this machine shows 2 GPU.*one rank per GPU.*lower trainer.num_ranks to at most 2",
+    ):
         check_devices(_cfg("checkpoint", num_ranks=4), gpus=2)
     check_devices(_cfg("checkpoint", num_ranks=4, nodes=2), gpus=2)  # 2 ranks on this machine, 2 on the other
     with pytest.raises(UserError, match=r"placement.devices.trainer gives two trainer ranks GPU 1: NCCL refuses"):
-        check_devices(_cfg("checkpoint", num_ranks=2, placement={"type": "local", "devices": {"trainer": [1, 1], "explorers": [[0]]}}), gpus=2)
+        check_devices(
+            _cfg(
+                "checkpoint",
+                num_ranks=2,
+                placement={"type": "local", "devices": {"trainer": [1, 1], "explorers": [[0]]}},
+            ),
+            gpus=2,
+        )
     jv = {"trainer": {"env": {"CUDA_VISIBLE_DEVICES": "0"}}}
-    with pytest.raises(UserError, match=r"placement.job_variables.trainer.env.CUDA_VISIBLE_DEVICES = 0 gives the trainer 1 device\(s\) for its 2 rank\(s\)"):
+    with pytest.raises(
+        UserError,
+        match=r"placement.job_variables.trainer.env.CUDA_VISIBLE_DEVICES = 0 gives the trainer 1 device\(s\) for its 2 rank\(s\)",
+    ):
         check_devices(_cfg(num_ranks=2, placement={"type": "deployments", "job_variables": jv}), gpus=0)
 
 
 def test_an_engine_with_fewer_devices_than_its_tensor_parallel_size_is_refused():
-    with pytest.raises(UserError, match=r"tensor_parallel_size = 4, but explorer 0's engine gets 2 distinct device\(s\) \(this machine shows 2 GPU\(s\)\).*lower explorer.engine.tensor_parallel_size to 2"):
+    with pytest.raises(
+        UserError,
+        match=r"tensor_parallel_size = 4, but explorer 0's engine gets 2 distinct device\(s\) \(this machine shows 2 GPU\(s\)\).*lower explorer.engine.tensor_parallel_size to 2",
+    ):
         check_devices(_cfg("checkpoint", tp=4), gpus=2)
-    with pytest.raises(UserError, match=r"explorer 0's engine gets 1 distinct device\(s\) \(placement.devices.explorers\[0\] gives it 2,2\)"):
-        check_devices(_cfg("checkpoint", tp=2, placement={"type": "local", "devices": {"trainer": [0], "explorers": [[2, 2]]}}), gpus=4)
+    with pytest.raises(
+        UserError,
+        match=r"explorer 0's engine gets 1 distinct device\(s\) \(placement.devices.explorers\[0\] gives it 2,2\)",
+    ):
+        check_devices(
+            _cfg("checkpoint", tp=2, placement={"type": "local", "devices": {"trainer": [0], "explorers": [[2, 2]]}}),
+            gpus=4,
+        )
     jv = {"explorer": {"env": {"CUDA_VISIBLE_DEVICES": "1"}}}
-    with pytest.raises(UserError, match=r"placement.job_variables.explorer-0 \(or explorer\).env.CUDA_VISIBLE_DEVICES gives it 1"):
+    with pytest.raises(
+        UserError, match=r"placement.job_variables.explorer-0 \(or explorer\).env.CUDA_VISIBLE_DEVICES gives it 1"
+    ):
         check_devices(_cfg(tp=2, placement={"type": "deployments", "job_variables": jv}), gpus=0)
 
 
@@ -193,7 +270,10 @@ def test_what_fits_passes():
     check_devices(_cfg(placement="deployments"), gpus=1)  # each role's devices come from its job variables
 
 
-@pytest.mark.parametrize("visible, mode, method, ranks, tp", list(itertools.product([1, 2, 4, 8], MODES, ("collective", "checkpoint"), (1, 2, 4), (1, 2))))
+@pytest.mark.parametrize(
+    "visible, mode, method, ranks, tp",
+    list(itertools.product([1, 2, 4, 8], MODES, ("collective", "checkpoint"), (1, 2, 4), (1, 2))),
+)
 def test_every_plan_preflight_passes_is_one_nccl_accepts(visible, mode, method, ranks, tp):
     """Over 1..8 GPUs, every mode, method, rank count and tensor parallel size: what check_plan lets
     through has one device per trainer rank, tp distinct devices per engine, indices that exist, and
@@ -202,7 +282,14 @@ def test_every_plan_preflight_passes_is_one_nccl_accepts(visible, mode, method, 
     try:
         check_plan(plan, method)
     except UserError as e:
-        assert any(fix in str(e) for fix in ("sync_method: checkpoint", "lower trainer.num_ranks", "lower explorer.engine.tensor_parallel_size")), e
+        assert any(
+            fix in str(e)
+            for fix in (
+                "sync_method: checkpoint",
+                "lower trainer.num_ranks",
+                "lower explorer.engine.tensor_parallel_size",
+            )
+        ), e
         return
     used = plan.trainer + [d for e in plan.explorers for d in e]
     assert len(set(plan.trainer)) == ranks and all(len(set(e)) == tp for e in plan.explorers) and max(used) < visible
@@ -234,12 +321,20 @@ def test_rft_validate_print_shows_the_plan(tmp_path, monkeypatch, capsys):
     model.mkdir()
     (model / "config.json").write_text("{}")
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"model: {{path: {model}}}\ntaskset: {{path: t.jsonl}}\nsynchronizer: {{mode: multi_explorer, sync_method: collective}}\nexplorer: {{count: 2}}\n")
+    cfg.write_text(
+        f"model: {{path: {model}}}\ntaskset: {{path: t.jsonl}}\nsynchronizer: {{mode: multi_explorer, sync_method: collective}}\nexplorer: {{count: 2}}\n"
+    )
     monkeypatch.setattr(preflight, "visible_gpus", lambda: 4)
     assert rft(["validate", str(cfg), "--print"]) == 0
     out, err = capsys.readouterr()
-    assert "placement:" in out and "devices (local, 4 GPU(s) visible, split): trainer rank 0 on GPU 0; explorer 0 (tensor parallel 1) on GPU 1; explorer 1 (tensor parallel 1) on GPU 2; unused: GPU 3" in err
-    monkeypatch.setattr(preflight, "visible_gpus", lambda: 2)  # the same config on 2 GPUs: the explorers would share GPU 1
+    assert (
+        "placement:" in out
+        and "devices (local, 4 GPU(s) visible, split): trainer rank 0 on GPU 0; explorer 0 (tensor parallel 1) on GPU 1; explorer 1 (tensor parallel 1) on GPU 2; unused: GPU 3"
+        in err
+    )
+    monkeypatch.setattr(
+        preflight, "visible_gpus", lambda: 2
+    )  # the same config on 2 GPUs: the explorers would share GPU 1
     assert rft(["validate", str(cfg)]) == 2
     assert "explorer 0's engine and explorer 1's engine on GPU 1" in capsys.readouterr().err
 
@@ -274,7 +369,9 @@ def test_the_readmes_gpu_configs_validate_with_the_plans_it_shows(tmp_path, monk
     assert shown in out and "explorer 3 (tensor parallel 1) on GPU 7" in out
     assert rft(["validate", str(two)]) == 0
     out = capsys.readouterr().out
-    assert "trainer ranks 0-3 on CUDA_VISIBLE_DEVICES=0,1,2,3" in out and all(f"explorer {i} (tensor parallel 1) on CUDA_VISIBLE_DEVICES={i}" in out for i in range(4))
+    assert "trainer ranks 0-3 on CUDA_VISIBLE_DEVICES=0,1,2,3" in out and all(
+        f"explorer {i} (tensor parallel 1) on CUDA_VISIBLE_DEVICES={i}" in out for i in range(4)
+    )
     monkeypatch.setattr(preflight, "visible_gpus", lambda: 4)
     assert rft(["validate", str(gpu8)]) == 2
     assert "the trainer's rank 0 and explorer 0's engine on GPU 0" in capsys.readouterr().err

@@ -58,7 +58,13 @@ def test_keep_last_counts_committed_and_never_deletes_protected_or_in_progress()
         ([5, 8], [], 0, set(), [5, 8]),
         ([5, 8], [], None, set(), []),  # null keeps all
         ([2, 5, 8], [], 1, {2}, [5]),  # protected survives outside the newest
-        ([5, 8], [3, 6, 9], 3, {8}, [3, 6]),  # leftovers older than the newest committed go, 9 may be a write in progress
+        (
+            [5, 8],
+            [3, 6, 9],
+            3,
+            {8},
+            [3, 6],
+        ),  # leftovers older than the newest committed go, 9 may be a write in progress
         ([5, 8], [3], None, set(), []),  # null keeps leftovers too
         ([], [1, 2], 3, set(), []),  # nothing committed: nothing is known to be a leftover
         ([8, 5, 8], [5], 3, set(), []),  # duplicates and an uncommitted twin of a committed number
@@ -170,12 +176,16 @@ def test_prune_states_and_checkpoints(storage, tiny_model_dir):
 
 
 def test_null_keeps_all_and_collective_has_no_checkpoints(tmp_path, tiny_model_dir):
-    run = _run(str(tmp_path), tiny_model_dir, trainer={"keep_last_states": None}, synchronizer={"sync_method": "collective"})
+    run = _run(
+        str(tmp_path), tiny_model_dir, trainer={"keep_last_states": None}, synchronizer={"sync_method": "collective"}
+    )
     _make(run, STATES, [1, 2, 3])
     _make(run, CHECKPOINTS, [1, 2, 3])
     assert retention.prune_states(run) == []
     sender = build_weight_sender(run.cfg, Board(run.url))
-    assert sender.method == "collective" and not hasattr(sender, "prune")  # checkpoint retention is the checkpoint sender's alone
+    assert sender.method == "collective" and not hasattr(
+        sender, "prune"
+    )  # checkpoint retention is the checkpoint sender's alone
     assert _left(run, STATES)[0] == _left(run, CHECKPOINTS)[0] == [1, 2, 3]
 
 
@@ -189,7 +199,13 @@ def test_lineage_pointer_is_kept(tmp_path, tiny_model_dir):
     assert _left(run, STATES)[0] == [2, 6]
 
 
-@pytest.mark.parametrize("field, value, bound", [("trainer.keep_last_states", 0, "greater than or equal to 1"), ("synchronizer.keep_last_checkpoints", -1, "greater than or equal to 0")])
+@pytest.mark.parametrize(
+    "field, value, bound",
+    [
+        ("trainer.keep_last_states", 0, "greater than or equal to 1"),
+        ("synchronizer.keep_last_checkpoints", -1, "greater than or equal to 0"),
+    ],
+)
 def test_bounds_are_checked(tiny_model_dir, field, value, bound):
     from rl_engine.config import validate_config
 
@@ -219,10 +235,14 @@ def test_delete_killed_after_the_marker_leaves_nothing_committed(tmp_path, tiny_
     _make(run, STATES, [2, 4, 6])
     _make(run, CHECKPOINTS, [2, 4, 6])
     env = {**os.environ, "RFT_FAILPOINT": f"{pruning.FAILPOINT}@2", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", KILLED_DELETE, run.url], env=env, timeout=120, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_DELETE, run.url], env=env, timeout=120, capture_output=True, text=True
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     step2 = Path(run.url, "trainer_state", "step=2")
-    assert (step2 / "model.safetensors").exists() and not (step2 / "COMMITTED").exists()  # killed between marker and rest
+    assert (step2 / "model.safetensors").exists() and not (
+        step2 / "COMMITTED"
+    ).exists()  # killed between marker and rest
     assert _left(run, STATES) == ([4, 6], [2])
     assert latest_state_step(run) == 6  # a resume takes the newest committed state
     # ... and a checkpoint deleted the same way is invisible to explorers.

@@ -85,7 +85,9 @@ def _record_many(run_url, options, component, worker, n, barrier=None):
     if barrier is not None:
         barrier.wait()
     for i in range(n):
-        rec.add(Span(component, "rollout", T0 + worker * 1000 + i, T0 + worker * 1000 + i + 0.5, step=i, version=worker))
+        rec.add(
+            Span(component, "rollout", T0 + worker * 1000 + i, T0 + worker * 1000 + i + 0.5, step=i, version=worker)
+        )
         if i % 3 == 2:
             rec.flush()
     rec.flush()
@@ -99,7 +101,9 @@ def test_concurrent_threads_round_trip(tmp_path):
     def use_shared(worker):
         barrier.wait()
         for i in range(20):
-            shared.add(Span("buffer", "write", T0 + worker * 1000 + i, T0 + worker * 1000 + i + 0.1, step=i, version=worker))
+            shared.add(
+                Span("buffer", "write", T0 + worker * 1000 + i, T0 + worker * 1000 + i + 0.1, step=i, version=worker)
+            )
             shared.flush()
 
     # Two recorders share the component name "trainer" (a restarted trainer): distinct files still.
@@ -128,14 +132,19 @@ def test_concurrent_processes_round_trip(tmp_path):
         p.join(60)
         assert p.exitcode == 0
     spans = load_spans(run)
-    assert sorted((s.component, s.step) for s in spans) == sorted((f"explorer-{w}", i) for w in range(3) for i in range(10))
+    assert sorted((s.component, s.step) for s in spans) == sorted(
+        (f"explorer-{w}", i) for w in range(3) for i in range(10)
+    )
 
 
 @pytest.mark.slow
 def test_round_trip_on_s3(s3_bucket):
     url, options = s3_bucket
     run = f"{url}/runs/r1"
-    threads = [threading.Thread(target=_record_many, args=(run, options, c, w, 7)) for w, c in enumerate(["explorer-0", "trainer"])]
+    threads = [
+        threading.Thread(target=_record_many, args=(run, options, c, w, 7))
+        for w, c in enumerate(["explorer-0", "trainer"])
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -225,7 +234,10 @@ def test_engine_start_is_start_up_not_work():
     assert lanes["explorer-0"]["busy_fraction"] == pytest.approx(12.0 / 17)
     assert lanes["trainer"]["busy_fraction"] == pytest.approx(8.0 / 17)
     # Engine start is not rollout (or any) work; waits before start-up ended are not counted either.
-    assert lanes["explorer-0"]["kinds_s"]["rollout"] == pytest.approx(13.0) and lanes["explorer-0"]["kinds_s"]["engine_start"] == 20.0
+    assert (
+        lanes["explorer-0"]["kinds_s"]["rollout"] == pytest.approx(13.0)
+        and lanes["explorer-0"]["kinds_s"]["engine_start"] == 20.0
+    )
     assert lanes["explorer-0"]["wait_s"] == 0.0 and u["explorer_wait_for_sync_s"] == 0.0
     assert lanes["trainer"]["wait_s"] == pytest.approx(1.0 + 8.0)  # 30-31, then 1 s after each step
     md = summary_markdown(u)
@@ -234,7 +246,10 @@ def test_engine_start_is_start_up_not_work():
 
 
 def test_a_resumed_attempts_engine_start_is_not_the_runs_start_up():
-    resumed = LONG_STARTUP + [_s("explorer-0", "engine_start", 47, 60, None, 0), _s("explorer-0", "rollout", 60, 61, 10, 8)]
+    resumed = LONG_STARTUP + [
+        _s("explorer-0", "engine_start", 47, 60, None, 0),
+        _s("explorer-0", "rollout", 60, 61, 10, 8),
+    ]
     assert startup_end(resumed) == T0 + 30
     u = utilization(resumed)
     assert u["startup_s"] == 30.0 and u["lanes"]["explorer-0"]["busy_s"] == pytest.approx(13.0)  # 12 + rollout 10
@@ -243,7 +258,13 @@ def test_a_resumed_attempts_engine_start_is_not_the_runs_start_up():
 
 
 def test_lane_order():
-    assert lane_order(["trainer", "explorer-10", "buffer", "explorer-2", "other"]) == ["explorer-2", "explorer-10", "buffer", "trainer", "other"]
+    assert lane_order(["trainer", "explorer-10", "buffer", "explorer-2", "other"]) == [
+        "explorer-2",
+        "explorer-10",
+        "buffer",
+        "trainer",
+        "other",
+    ]
 
 
 # --------------------------------------------------------------------------- rendering
@@ -322,7 +343,9 @@ def test_cli_main_on_run_dir(tmp_path, capsys):
 def test_load_spans_tolerates_new_keys_and_names_a_bad_file(tmp_path):
     d = tmp_path / "run" / "timeline" / "component=trainer"
     d.mkdir(parents=True)
-    (d / "part-1.jsonl").write_text('{"component": "trainer", "kind": "train", "start": 1.0, "end": 2.0, "step": 1, "gpu": 0}\n')
+    (d / "part-1.jsonl").write_text(
+        '{"component": "trainer", "kind": "train", "start": 1.0, "end": 2.0, "step": 1, "gpu": 0}\n'
+    )
     (d / ".tmp-123").write_text("half written")  # a writer's temp file is never read
     assert [_key(s) for s in load_spans(str(tmp_path / "run"))] == [("trainer", "train", 1.0, 2.0, 1, None, None)]
     (d / "part-2.jsonl").write_text('{"component": "trainer"}\n')

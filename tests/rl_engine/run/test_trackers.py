@@ -28,13 +28,27 @@ FAKE_TOKEN = "fake-secret-token-0123456789"
 
 
 def make_run(tmp_path: Path, trackers: list, name: str = "r"):
-    data = {"name": name, "model": {"path": str(tmp_path / "model")}, "taskset": {"path": str(tmp_path / "tasks.jsonl")}, "buffer": {"storage": {"url": str(tmp_path / "runs")}}}
+    data = {
+        "name": name,
+        "model": {"path": str(tmp_path / "model")},
+        "taskset": {"path": str(tmp_path / "tasks.jsonl")},
+        "buffer": {"storage": {"url": str(tmp_path / "runs")}},
+    }
     data["monitor"] = {"trackers": trackers}
     return start_run(validate_config(data))
 
 
 def trainer_step(v: int) -> dict:
-    return {"step": v, "version": v, "reward_mean": 0.1 * v, "buffer": {"consumed": 4 * v}, "staleness_hist": {"0": 4}, "explorer_steps": [v], "note": "x", "flag": True}
+    return {
+        "step": v,
+        "version": v,
+        "reward_mean": 0.1 * v,
+        "buffer": {"consumed": 4 * v},
+        "staleness_hist": {"0": 4},
+        "explorer_steps": [v],
+        "note": "x",
+        "flag": True,
+    }
 
 
 def test_flatten_metrics_keeps_numbers_only():
@@ -51,13 +65,31 @@ def test_step_of_each_role():
 
 def test_config_trackers_shorthand_settings_and_refusals(tmp_path):
     base = {"model": {"path": "m"}, "taskset": {"path": "t"}}
-    cfg = validate_config({**base, "monitor": {"trackers": ["tensorboard", {"type": "mlflow", "tracking_uri": "http://127.0.0.1:5000"}, {"type": "wandb", "mode": "offline"}]}})
+    cfg = validate_config(
+        {
+            **base,
+            "monitor": {
+                "trackers": [
+                    "tensorboard",
+                    {"type": "mlflow", "tracking_uri": "http://127.0.0.1:5000"},
+                    {"type": "wandb", "mode": "offline"},
+                ]
+            },
+        }
+    )
     assert [t.type for t in cfg.monitor.trackers] == ["tensorboard", "mlflow", "wandb"]
     assert validate_config(base).monitor.trackers == []
     with pytest.raises(ConfigError, match="each tracker type at most once"):
         validate_config({**base, "monitor": {"trackers": ["tensorboard", "tensorboard"]}})
     with pytest.raises(ConfigError) as e:  # a credential in the URI: refused, and not echoed
-        validate_config({**base, "monitor": {"trackers": [{"type": "mlflow", "tracking_uri": f"https://me:{FAKE_TOKEN}@mlflow.example"}]}})
+        validate_config(
+            {
+                **base,
+                "monitor": {
+                    "trackers": [{"type": "mlflow", "tracking_uri": f"https://me:{FAKE_TOKEN}@mlflow.example"}]
+                },
+            }
+        )
     assert "MLFLOW_TRACKING_PASSWORD" in str(e.value) and FAKE_TOKEN not in str(e.value)
     with pytest.raises(ConfigError, match="api_key"):
         validate_config({**base, "monitor": {"trackers": [{"type": "wandb", "api_key": FAKE_TOKEN}]}})
@@ -68,7 +100,12 @@ def test_tracker_on_a_dead_server_warns_once_and_the_rest_goes_on(tmp_path, capl
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     run = make_run(tmp_path, [{"type": "mlflow", "tracking_uri": dead}, "tensorboard"])
     warnings: list[str] = []
-    feed = TrackerFeed(run, build_trackers(run.cfg.monitor, run, warn=lambda msg, *a: warnings.append(msg % a)), poll_s=0.1, warn=lambda msg, *a: warnings.append(msg % a))
+    feed = TrackerFeed(
+        run,
+        build_trackers(run.cfg.monitor, run, warn=lambda msg, *a: warnings.append(msg % a)),
+        poll_s=0.1,
+        warn=lambda msg, *a: warnings.append(msg % a),
+    )
     t0 = time.monotonic()
     with feed:
         for v in (1, 2, 3):
@@ -115,7 +152,14 @@ def test_resumed_run_continues_the_same_tracker_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", FAKE_TOKEN)
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", FAKE_TOKEN)
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    run = make_run(tmp_path, ["tensorboard", {"type": "mlflow", "tracking_uri": store, "experiment": "unit"}, {"type": "wandb", "mode": "offline"}])
+    run = make_run(
+        tmp_path,
+        [
+            "tensorboard",
+            {"type": "mlflow", "tracking_uri": store, "experiment": "unit"},
+            {"type": "wandb", "mode": "offline"},
+        ],
+    )
     warnings: list[str] = []
 
     def attempt(steps: list[int], explorer_steps: list[int]) -> None:
@@ -124,13 +168,19 @@ def test_resumed_run_continues_the_same_tracker_runs(tmp_path, monkeypatch):
             for v in steps:
                 record_step(r, "trainer", v, trainer_step(v))
             for e in explorer_steps:
-                record_step(r, "explorer-0", e, {"explorer_id": 0, "explorer_step": e, "version": e - 1, "reward_mean": 0.5})
-            record_step(r, "eval", steps[-1], {"version": steps[-1], "exact_match": 0.25})  # a role the feed has not seen before
+                record_step(
+                    r, "explorer-0", e, {"explorer_id": 0, "explorer_step": e, "version": e - 1, "reward_mean": 0.5}
+                )
+            record_step(
+                r, "eval", steps[-1], {"version": steps[-1], "exact_match": 0.25}
+            )  # a role the feed has not seen before
             time.sleep(0.3)
 
     attempt([1, 2], [1, 2])
     ids = {name: load_tracker_state(run, name) for name in ("mlflow", "wandb", "tensorboard")}
-    time.sleep(1.1)  # W&B names an attempt's offline directory by the second it started in: a real resume is never within the same one
+    time.sleep(
+        1.1
+    )  # W&B names an attempt's offline directory by the second it started in: a real resume is never within the same one
     attempt([2, 3, 4], [3, 4])  # the resume redoes trainer step 2
     assert {name: load_tracker_state(run, name) for name in ids} == ids
     assert warnings == []
@@ -138,7 +188,12 @@ def test_resumed_run_continues_the_same_tracker_runs(tmp_path, monkeypatch):
     history = MlflowClient(store).get_metric_history(ids["mlflow"]["run_id"], "trainer/reward_mean")
     assert sorted(m.step for m in history) == [1, 2, 2, 3, 4]
     assert all(abs(m.timestamp / 1000 - time.time()) < 300 for m in history)  # wall-clock time of the record
-    assert [m.step for m in MlflowClient(store).get_metric_history(ids["mlflow"]["run_id"], "explorer-0/version")] == [1, 2, 3, 4]
+    assert [m.step for m in MlflowClient(store).get_metric_history(ids["mlflow"]["run_id"], "explorer-0/version")] == [
+        1,
+        2,
+        3,
+        4,
+    ]
     assert len(MlflowClient(store).search_runs([MlflowClient(store).get_experiment_by_name("unit").experiment_id])) == 1
 
     rows = wandb_history(str(Path(run.url, "trackers", "wandb")), ids["wandb"]["run_id"])
@@ -160,7 +215,12 @@ def test_remote_run_copies_tracker_files_to_the_run_at_the_end(tmp_path):
     their files are copied under <run>/trackers/ when the feed stops."""
     import fsspec
 
-    data = {"name": f"remote-{time.time_ns()}", "model": {"path": "m"}, "taskset": {"path": "t"}, "buffer": {"storage": {"url": "memory://trackers-test"}}}
+    data = {
+        "name": f"remote-{time.time_ns()}",
+        "model": {"path": "m"},
+        "taskset": {"path": "t"},
+        "buffer": {"storage": {"url": "memory://trackers-test"}},
+    }
     data["monitor"] = {"trackers": ["tensorboard", {"type": "wandb", "mode": "offline"}]}
     run = start_run(validate_config(data))
     warnings: list[str] = []

@@ -1,6 +1,6 @@
 """Bucketed broadcast wire format over a real gloo group, ranks as threads (no vLLM engine; seconds).
 
-    .venv/bin/python -m pytest tests/rl_engine/sync/test_buckets.py -q
+.venv/bin/python -m pytest tests/rl_engine/sync/test_buckets.py -q
 """
 
 from __future__ import annotations
@@ -30,7 +30,11 @@ def _params() -> list[tuple[str, torch.Tensor]]:
 def test_pack_buckets_groups_and_sends_large_parameters_without_copy():
     params = _params()
     buckets = list(pack_buckets(params, bucket_bytes=4096, wire_dtype=torch.float32, device=torch.device("cpu")))
-    assert [[p[0] for p in b.params] for b in buckets] == [["a.weight", "a.bias"], ["big.weight"], ["steps", "b.weight"]]
+    assert [[p[0] for p in b.params] for b in buckets] == [
+        ["a.weight", "a.bias"],
+        ["big.weight"],
+        ["steps", "b.weight"],
+    ]
     assert [len(b.segs) for b in buckets] == [1, 1, 1]  # small ones packed into one segment
     assert buckets[1].segs[0].data_ptr() == params[2][1].data_ptr()  # the large one goes from its own memory
     for b in buckets:
@@ -65,7 +69,9 @@ def _receiver(port: int, rank: int, world: int) -> tuple[int, dict[str, torch.Te
 def test_broadcast_to_two_receivers(wire, tmp_path):
     port, params = free_port(), _params()
     cfg = CollectiveConfig(port=port, bucket_mb=4096 / 2**20, timeout_s=30)
-    sender = CollectiveSender(cfg, _joining(tmp_path, port, 2), num_explorers=2, workers_per_engine=1, wire_dtype=wire, wait_timeout_s=30)
+    sender = CollectiveSender(
+        cfg, _joining(tmp_path, port, 2), num_explorers=2, workers_per_engine=1, wire_dtype=wire, wait_timeout_s=30
+    )
 
     def trainer():
         sender.connect()
@@ -73,7 +79,9 @@ def test_broadcast_to_two_receivers(wire, tmp_path):
         sender.close()
         return sender.last
 
-    stats, (v1, got1, calls1), (v2, got2, _) = run_concurrently(trainer, lambda: _receiver(port, 1, 3), lambda: _receiver(port, 2, 3))
+    stats, (v1, got1, calls1), (v2, got2, _) = run_concurrently(
+        trainer, lambda: _receiver(port, 1, 3), lambda: _receiver(port, 2, 3)
+    )
     assert (v1, v2) == (7, 7)
     assert stats.version == 7 and stats.params == len(params)
     assert calls1 == 3  # one load per bucket
@@ -87,7 +95,9 @@ def test_broadcast_to_two_receivers(wire, tmp_path):
 
 def test_empty_stream_is_an_error_on_both_sides(tmp_path):
     port = free_port()
-    sender = CollectiveSender(CollectiveConfig(port=port, timeout_s=30), _joining(tmp_path, port, 1), 1, 1, torch.float32, 30)
+    sender = CollectiveSender(
+        CollectiveConfig(port=port, timeout_s=30), _joining(tmp_path, port, 1), 1, 1, torch.float32, 30
+    )
 
     def trainer():
         sender.connect()
@@ -110,7 +120,9 @@ def test_trainer_picks_and_publishes_a_free_port_or_names_a_taken_one(tmp_path):
     try:
         port = sock.getsockname()[1]
         assert port > 0
-        with pytest.raises(RuntimeError, match=rf"cannot listen on 127.0.0.1:{port}.*synchronizer.collective.port to null"):
+        with pytest.raises(
+            RuntimeError, match=rf"cannot listen on 127.0.0.1:{port}.*synchronizer.collective.port to null"
+        ):
             listen("127.0.0.1", port)  # a second run asking for the same fixed port
     finally:
         sock.close()

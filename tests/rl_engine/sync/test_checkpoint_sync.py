@@ -1,6 +1,6 @@
 """Checkpoint sync: committed safetensors checkpoints on storage, loaded into a live vLLM engine.
 
-    .venv/bin/python -m pytest tests/rl_engine/sync/test_checkpoint_sync.py -q
+.venv/bin/python -m pytest tests/rl_engine/sync/test_checkpoint_sync.py -q
 """
 
 from __future__ import annotations
@@ -26,7 +26,12 @@ def _board(cfg) -> Board:
 
 
 def _cfg(model_dir: str, url: str, options: dict | None = None):
-    return make_config(model_dir, name="run", buffer={"storage": {"url": url, "options": options or {}}}, synchronizer={"sync_method": "checkpoint"})
+    return make_config(
+        model_dir,
+        name="run",
+        buffer={"storage": {"url": url, "options": options or {}}},
+        synchronizer={"sync_method": "checkpoint"},
+    )
 
 
 # ---------------------------------------------------------------- fast (no engine)
@@ -34,7 +39,16 @@ def _cfg(model_dir: str, url: str, options: dict | None = None):
 
 def test_sharded_checkpoint_is_an_hf_model_dir(tiny_model_dir, tmp_path):
     trained = perturbed_hf(tiny_model_dir, seed=2)
-    sender = CheckpointSender(str(tmp_path / "run"), None, tiny_model_dir, torch.float32, Board(str(tmp_path / "run")), 1, 30, shard_bytes=200_000)
+    sender = CheckpointSender(
+        str(tmp_path / "run"),
+        None,
+        tiny_model_dir,
+        torch.float32,
+        Board(str(tmp_path / "run")),
+        1,
+        30,
+        shard_bytes=200_000,
+    )
     sender.send(named_weights(trained), version=4)
     d = tmp_path / "run" / "checkpoints" / "version=4"
     index = json.loads((d / "model.safetensors.index.json").read_text())

@@ -25,7 +25,11 @@ def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2, tmp_p
     cfg = make_config(
         tiny_model_dir,
         explorer={"count": 2, "engine": {"kv_cache_space_gib": 0.25}},
-        synchronizer={"mode": "multi_explorer", "sync_method": "collective", "collective": {"port": free_port(), "bucket_mb": 0.25, "timeout_s": 120}},
+        synchronizer={
+            "mode": "multi_explorer",
+            "sync_method": "collective",
+            "collective": {"port": free_port(), "bucket_mb": 0.25, "timeout_s": 120},
+        },
     )
     original = load_hf(tiny_model_dir)
     trained = perturbed_hf(tiny_model_dir, seed=1)
@@ -51,14 +55,18 @@ def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2, tmp_p
             after = rollouts(e)
             assert all(r.version == 1 for g in after for r in g)
             d_trained, d_original = max_logprob_diff(trained, after, 1.0), max_logprob_diff(original, after, 1.0)
-            print(f"explorer {e.explorer_id}: after collective sync max |diff| vs trained {d_trained:.2e}, vs original {d_original:.2e}")
+            print(
+                f"explorer {e.explorer_id}: after collective sync max |diff| vs trained {d_trained:.2e}, vs original {d_original:.2e}"
+            )
             assert d_trained < LOGPROB_TOL
             assert d_original > CHANGED
 
         # A second sync on the same group restores the original weights (and leaves the shared
         # engines as the other tests expect them: version 0, original weights).
         got = run_concurrently(
-            lambda: sender.send(named_weights(original), version=0),  # no handshake needed: both receivers are in receive()
+            lambda: sender.send(
+                named_weights(original), version=0
+            ),  # no handshake needed: both receivers are in receive()
             *[lambda r=r, e=e: r.receive(e, version=0) for r, e in zip(receivers, engines)],
         )
         assert got[1:] == [0, 0]

@@ -44,7 +44,12 @@ class Loaded:
 
     def rpc(self, method: str, local_dir: str, version: int, timeout: float | None = None):
         assert method == "rft_load_checkpoint"
-        self.weights = {k: v for f in sorted(os.listdir(local_dir)) if f.endswith(".safetensors") for k, v in load_file(os.path.join(local_dir, f)).items()}
+        self.weights = {
+            k: v
+            for f in sorted(os.listdir(local_dir))
+            if f.endswith(".safetensors")
+            for k, v in load_file(os.path.join(local_dir, f)).items()
+        }
         self.loads += 1
         return [(version, len(self.weights))]
 
@@ -52,11 +57,19 @@ class Loaded:
         self.version = version
 
 
-def trainer_versions(n: int, seed: int = 0, start: dict[str, torch.Tensor] | None = None) -> list[dict[str, torch.Tensor]]:
+def trainer_versions(
+    n: int, seed: int = 0, start: dict[str, torch.Tensor] | None = None
+) -> list[dict[str, torch.Tensor]]:
     """Versions 0..n-1 of a small 'model': each step changes a random 5% of the elements of most
     tensors (sparse path), every element of `dense` (dense path) and nothing of `frozen`."""
     g = torch.Generator().manual_seed(seed)
-    w = start or {"embed": torch.randn(50, 16, generator=g), "layer.weight": torch.randn(16, 16, generator=g), "dense": torch.randn(8, generator=g), "frozen": torch.randn(4, generator=g), "count": torch.arange(3)}
+    w = start or {
+        "embed": torch.randn(50, 16, generator=g),
+        "layer.weight": torch.randn(16, 16, generator=g),
+        "dense": torch.randn(8, generator=g),
+        "frozen": torch.randn(4, generator=g),
+        "count": torch.arange(3),
+    }
     out = [{k: t.clone() for k, t in w.items()}]
     for _ in range(n - 1):
         w = {k: t.clone() for k, t in w.items()}
@@ -70,13 +83,21 @@ def trainer_versions(n: int, seed: int = 0, start: dict[str, torch.Tensor] | Non
 
 def bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     """Same names, dtypes, shapes and bits (NaN and -0.0 included)."""
-    same = lambda x, y: x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))  # noqa: E731
+    same = lambda x, y: (
+        x.dtype == y.dtype
+        and x.shape == y.shape
+        and torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
+    )  # noqa: E731
     return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
 
 
-def sides(run: Path, model_dir: str, full_every: int = 10, keep_last: int | None = None, dtype: torch.dtype = torch.float32):
+def sides(
+    run: Path, model_dir: str, full_every: int = 10, keep_last: int | None = None, dtype: torch.dtype = torch.float32
+):
     board = Board(str(run))
-    sender = DeltaCheckpointSender(CheckpointSender(str(run), None, model_dir, dtype, board, 1, 30, keep_last=keep_last), full_every)
+    sender = DeltaCheckpointSender(
+        CheckpointSender(str(run), None, model_dir, dtype, board, 1, 30, keep_last=keep_last), full_every
+    )
     return sender, board
 
 
@@ -102,7 +123,9 @@ def test_deltas_v1_to_v5_give_the_trainers_v5_bit_for_bit(tiny_model_dir, tmp_pa
         sender.send(w.items(), v)
         assert sender.last.kind == ("full" if v == 0 else "delta")
         assert follower.receive(eng, v) == v == eng.version
-        assert follower.last_route["start"] == ("full" if v == 0 else "held") and follower.last_route["fallback"] is None
+        assert (
+            follower.last_route["start"] == ("full" if v == 0 else "held") and follower.last_route["fallback"] is None
+        )
     assert listing(run) == ["delta=1", "delta=2", "delta=3", "delta=4", "delta=5", "version=0"]
     want = {k: t.to(dtype) if t.is_floating_point() else t for k, t in versions[5].items()}
     assert bits_equal(eng.weights, want) and bits_equal(follower.held, want)
@@ -112,14 +135,18 @@ def test_deltas_v1_to_v5_give_the_trainers_v5_bit_for_bit(tiny_model_dir, tmp_pa
     assert bits_equal(eng_late.weights, want)
     full = (run / "checkpoints" / "version=0" / "model.safetensors").stat().st_size
     for v in range(1, 6):
-        assert (run / "checkpoints" / f"delta={v}" / DELTA_FILE).stat().st_size < 0.3 * full  # 5% of two tensors changed
+        assert (
+            run / "checkpoints" / f"delta={v}" / DELTA_FILE
+        ).stat().st_size < 0.3 * full  # 5% of two tensors changed
 
 
 def test_a_chain_through_object_storage(tiny_model_dir):
     """Off one machine (here memory://): every link is copied next to the explorer and checked there."""
     url = f"memory://delta-{os.getpid()}/run"
     board = Board(url)
-    sender = DeltaCheckpointSender(CheckpointSender(url, None, tiny_model_dir, torch.float32, board, 1, 30), full_every=10)
+    sender = DeltaCheckpointSender(
+        CheckpointSender(url, None, tiny_model_dir, torch.float32, board, 1, 30), full_every=10
+    )
     r, eng = DeltaCheckpointReceiver(CheckpointReceiver(url, None, board, 0, timeout_s=30)), Loaded()
     versions = trainer_versions(4)
     for v, w in enumerate(versions):
@@ -173,9 +200,15 @@ def test_a_missing_or_damaged_delta_falls_back_to_the_last_full_version_and_says
     late, eng = receiver(run, board), Loaded()
     assert late.receive(eng, 5) == 2 == eng.version  # full 0 + the intact deltas 1, 2
     assert bits_equal(eng.weights, versions[2])
-    assert late.last_route["fallback"].startswith("delta version 3: ") and "does not match the CRC-32" in late.last_route["fallback"]
+    assert (
+        late.last_route["fallback"].startswith("delta version 3: ")
+        and "does not match the CRC-32" in late.last_route["fallback"]
+    )
     said = caplog.text
-    assert "version 5 not reachable (delta version 3" in said and "fell back to the last full version 0: holds version 2" in said
+    assert (
+        "version 5 not reachable (delta version 3" in said
+        and "fell back to the last full version 0: holds version 2" in said
+    )
     assert "deltas [1, 2]" in said
 
     # An explorer that holds version 4 and finds delta 5 gone keeps version 4 (nothing to load).
@@ -207,13 +240,20 @@ def test_a_format_1_delta_is_still_read_and_an_unknown_format_falls_back(tiny_mo
     old = {"embed::idx": torch.nonzero((versions[1]["embed"] != versions[0]["embed"]).reshape(-1)).reshape(-1).int()}
     old["embed::val"] = versions[1]["embed"].reshape(-1)[old["embed::idx"].long()]
     old["dense::all"] = versions[1]["dense"]
-    old["layer.weight::mask"] = torch.from_numpy(np.packbits((versions[1]["layer.weight"] != versions[0]["layer.weight"]).reshape(-1).numpy()))
+    old["layer.weight::mask"] = torch.from_numpy(
+        np.packbits((versions[1]["layer.weight"] != versions[0]["layer.weight"]).reshape(-1).numpy())
+    )
     old["layer.weight::val"] = versions[1]["layer.weight"][versions[1]["layer.weight"] != versions[0]["layer.weight"]]
     save_file(old, d1 / DELTA_FILE_V1)
     (d1 / DELTA_FILE).unlink()
     marker = json.loads((d1 / COMMIT).read_text())
     del marker["format"]
-    marker["files"] = {DELTA_FILE_V1: {"bytes": (d1 / DELTA_FILE_V1).stat().st_size, "crc32": zlib.crc32((d1 / DELTA_FILE_V1).read_bytes())}}
+    marker["files"] = {
+        DELTA_FILE_V1: {
+            "bytes": (d1 / DELTA_FILE_V1).stat().st_size,
+            "crc32": zlib.crc32((d1 / DELTA_FILE_V1).read_bytes()),
+        }
+    }
     (d1 / COMMIT).write_text(json.dumps(marker))
     r, eng = receiver(run, board), Loaded()
     assert r.receive(eng, 1) == 1 and r.last_route["deltas"] == [1] and bits_equal(eng.weights, versions[1])
@@ -221,7 +261,10 @@ def test_a_format_1_delta_is_still_read_and_an_unknown_format_falls_back(tiny_mo
     (d2 / COMMIT).write_text(json.dumps({**marker, "format": 99}))
     late = receiver(run, board)
     assert late.receive(Loaded(), 2) == 1  # full 0 + the format 1 delta
-    assert late.last_route["fallback"] == "delta version 2: its format 99 is unknown to this rl_engine, which reads formats 1 and 2 (written by a newer trainer?)"
+    assert (
+        late.last_route["fallback"]
+        == "delta version 2: its format 99 is unknown to this rl_engine, which reads formats 1 and 2 (written by a newer trainer?)"
+    )
 
 
 def test_no_intact_full_version_is_refused_naming_the_link(tiny_model_dir, tmp_path):
@@ -231,7 +274,10 @@ def test_no_intact_full_version_is_refused_naming_the_link(tiny_model_dir, tmp_p
         sender.send(w.items(), v)
     _flip(run / "checkpoints" / "version=0" / "model.safetensors")
     eng = Loaded()
-    with pytest.raises(Exception, match=r"checkpoint version 2 refused: full version 0: .*does not match the CRC-32.*no intact full checkpoint <= 2") as e:
+    with pytest.raises(
+        Exception,
+        match=r"checkpoint version 2 refused: full version 0: .*does not match the CRC-32.*no intact full checkpoint <= 2",
+    ) as e:
         receiver(run, board).receive(eng, 2)
     assert "keeps version 0" in str(e.value) and eng.loads == 0
 
@@ -280,7 +326,9 @@ for v, w in enumerate(trainer_versions(n)):
 def test_kill_between_a_delta_and_its_commit_then_resume(tiny_model_dir, tmp_path):
     run = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "RFT_FAILPOINT": "sync.delta_before_commit@5"}
-    p = subprocess.run([sys.executable, "-c", _PUBLISHER, str(run), tiny_model_dir, "7"], cwd=REPO, env=env, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", _PUBLISHER, str(run), tiny_model_dir, "7"], cwd=REPO, env=env, timeout=120
+    )
     assert p.returncode == -9  # SIGKILLed at the failpoint: delta 5's file written, not its marker
     ckpt = run / "checkpoints"
     assert (ckpt / "delta=5" / DELTA_FILE).exists() and not (ckpt / "delta=5" / COMMIT).exists()
@@ -301,7 +349,11 @@ def test_kill_between_a_delta_and_its_commit_then_resume(tiny_model_dir, tmp_pat
     assert bits_equal(eng.weights, resumed[1])
     for v in (4, 5):
         sender.send(resumed[v - 2].items(), v)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["delta=4", "delta=5", "version=3"]  # the dead chain pruned (keep_last 2 + base)
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "delta=4",
+        "delta=5",
+        "version=3",
+    ]  # the dead chain pruned (keep_last 2 + base)
     assert r.receive(eng, 5) == 5 and r.last_route["start"] == "held" and bits_equal(eng.weights, resumed[3])
     fresh = receiver(run, board)
     assert fresh.receive(Loaded(), 5) == 5 and fresh.last_route["deltas"] == [4, 5]
@@ -314,14 +366,24 @@ def test_kill_between_a_delta_and_its_commit_then_resume(tiny_model_dir, tmp_pat
 def restore_original(engine, tiny_model_dir, tmp_path):
     """Put the shared engine back to the original weights as version 0 after the test."""
     yield
-    cfg = make_config(tiny_model_dir, name="restore", buffer={"storage": {"url": str(tmp_path / "restore")}}, synchronizer={"sync_method": "checkpoint"})
+    cfg = make_config(
+        tiny_model_dir,
+        name="restore",
+        buffer={"storage": {"url": str(tmp_path / "restore")}},
+        synchronizer={"sync_method": "checkpoint"},
+    )
     build_weight_sender(cfg, Board(cfg.run_url)).send(named_weights(load_hf(tiny_model_dir)), version=0)
     assert build_weight_receiver(cfg, Board(cfg.run_url)).receive(engine, version=0) == 0
 
 
 @pytest.mark.slow
 def test_vllm_logprobs_match_after_delta_syncs(engine, tiny_model_dir, tmp_path, restore_original):
-    cfg = make_config(tiny_model_dir, name="run", buffer={"storage": {"url": str(tmp_path)}}, synchronizer={"sync_method": "checkpoint", "delta": {"enabled": True, "full_every": 10}})
+    cfg = make_config(
+        tiny_model_dir,
+        name="run",
+        buffer={"storage": {"url": str(tmp_path)}},
+        synchronizer={"sync_method": "checkpoint", "delta": {"enabled": True, "full_every": 10}},
+    )
     board = Board(cfg.run_url)
     sender, r = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
     assert isinstance(sender, DeltaCheckpointSender) and isinstance(r, DeltaCheckpointReceiver)

@@ -32,9 +32,13 @@ NO_REPEAT = {"repeat_ngram": 1, "repeat_threshold": 1000}  # a random tiny model
 
 def _partial(engine, tmp_path, segment: int, max_response: int, sampling: SamplingConfig) -> PartialRollouts:
     p = PartialRolloutConfig(enabled=True, segment_max_tokens=segment, max_response_tokens=max_response, **NO_REPEAT)
-    settings = PartialSettings(p, sampling, batch_size=1, repeat_times=2, max_model_len=MAX_MODEL_LEN, template=None, seed=7, explorer_id=0)
+    settings = PartialSettings(
+        p, sampling, batch_size=1, repeat_times=2, max_model_len=MAX_MODEL_LEN, template=None, seed=7, explorer_id=0
+    )
     tasks = TaskIterator([Task("t", "12+30=", "42")], 1, shuffle=False)
-    return PartialRollouts(engine, ContinuationStore(str(tmp_path), {}, 0, fsync=False), tasks, lambda *a: 0.0, settings, first_step=1)
+    return PartialRollouts(
+        engine, ContinuationStore(str(tmp_path), {}, 0, fsync=False), tasks, lambda *a: 0.0, settings, first_step=1
+    )
 
 
 def test_greedy_cut_and_resumed_equals_uninterrupted(engine, tmp_path):
@@ -42,19 +46,25 @@ def test_greedy_cut_and_resumed_equals_uninterrupted(engine, tmp_path):
     prompt = engine.tokenizer("12+30=", add_special_tokens=False).input_ids
     (whole,) = engine.generate([prompt], 1, greedy, seed=1)[0]
     p = _partial(engine, tmp_path, segment=5, max_response=24, sampling=greedy)
-    batch, m = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)  # one group: its segments run as extra rounds of step 1
+    batch, m = run_step(
+        p, BufferWriter(str(tmp_path), {}, 0), 1
+    )  # one group: its segments run as extra rounds of step 1
     rows = batch.experiences()
     assert len(rows) == 2 and m["rounds"] >= 2
     for x in rows:
         n = len(whole.response_ids)
-        assert x.response_ids == whole.response_ids, "re-prefilled continuation diverged from the uninterrupted generation"
+        assert x.response_ids == whole.response_ids, (
+            "re-prefilled continuation diverged from the uninterrupted generation"
+        )
         diff = float(np.max(np.abs(np.array(x.logprobs[:n]) - np.array(whole.logprobs))))
         print(f"re-prefill vs decode: max |logprob diff| = {diff:.2e} over {n} tokens, {x.num_segments} segments")
         assert diff < REPREFILL_TOL
         assert [s["end"] - s["start"] for s in x.segments][:-1] == [5] * (x.num_segments - 1)
 
 
-def test_after_a_sync_new_tokens_carry_the_new_version_and_the_trainers_logprobs(engine, tiny_model_dir, tmp_path, restore_original):  # noqa: F811
+def test_after_a_sync_new_tokens_carry_the_new_version_and_the_trainers_logprobs(
+    engine, tiny_model_dir, tmp_path, restore_original
+):  # noqa: F811
     sampling = SamplingConfig(temperature=1.0, max_tokens=24)
     cfg = _cfg(tiny_model_dir, str(tmp_path / "sync"))
     sender, receiver = build_weight_sender(cfg, _board(cfg)), build_weight_receiver(cfg, _board(cfg))
@@ -78,11 +88,16 @@ def test_after_a_sync_new_tokens_carry_the_new_version_and_the_trainers_logprobs
     first, rest = x.segments[0], x.segments[1:]
     assert first["version"] == 0 and rest and all(s["version"] == 1 for s in rest)
     original = load_hf(tiny_model_dir)
-    for model, span in ((original, slice(first["start"], first["end"])), (trained, slice(rest[0]["start"], rest[-1]["end"]))):
+    for model, span in (
+        (original, slice(first["start"], first["end"])),
+        (trained, slice(rest[0]["start"], rest[-1]["end"])),
+    ):
         ids = torch.tensor([x.prompt_ids + x.response_ids])  # [1, P + R]
         with torch.no_grad():
             logits = model(ids).logits[0].float()  # [P + R, V]
-        lp = torch.log_softmax(logits[len(x.prompt_ids) - 1 : -1], dim=-1).gather(-1, torch.tensor(x.response_ids)[:, None])[:, 0]  # [R]
+        lp = torch.log_softmax(logits[len(x.prompt_ids) - 1 : -1], dim=-1).gather(
+            -1, torch.tensor(x.response_ids)[:, None]
+        )[:, 0]  # [R]
         diff = float((lp[span] - torch.tensor(x.logprobs)[span]).abs().max())
         print(f"segment tokens {span.start}..{span.stop}: max |vLLM - HF| = {diff:.2e}")
         assert diff < LOGPROB_TOL

@@ -72,7 +72,9 @@ def test_eos_is_trained_and_padding_after_it_is_masked(tok):
     # Its behavior logprob sits at its own position: the trainer's token_logprobs puts logprob(token i | < i) there.
     assert t["behavior_logprobs"][row, p + n - 1] == pytest.approx(-0.1 * n)
     assert (t["input_ids"][row, p + n :] == 2).all()  # padding with the same id as eos ...
-    assert (t["attention_mask"][row, p + n :] == 0).all() and (t["loss_mask"][row, p + n :] == 0).all()  # ... masked everywhere
+    assert (t["attention_mask"][row, p + n :] == 0).all() and (
+        t["loss_mask"][row, p + n :] == 0
+    ).all()  # ... masked everywhere
     assert t["attention_mask"][row, : p + n].all() and t["loss_mask"][row, :p].sum() == 0
     assert t["loss_mask"][1, p:].sum() == len(long) and t["attention_mask"][1].all()
     from rl_engine.algorithms import token_logprobs
@@ -156,13 +158,17 @@ def check_synced(engine, trainer, before: torch.Tensor, before_rows: torch.Tenso
     d = (after - want).abs()
     changed = (after - before).abs().max().item()
     sampled = gaps(trainer, engine.generate(chat_prompts(engine.tokenizer, QUESTIONS[:4]), 1, SAMPLING, seed=7))
-    print(f"after sync to v{engine.version}: fixed response |vLLM - trainer| max {d.max():.2e} mean {d.mean():.2e} over {len(d)} tokens; "
-          f"moved by up to {changed:.2e}; sampled max {sampled['max']:.2e} mean {sampled['mean']:.2e} over {sampled['tokens']}")
+    print(
+        f"after sync to v{engine.version}: fixed response |vLLM - trainer| max {d.max():.2e} mean {d.mean():.2e} over {len(d)} tokens; "
+        f"moved by up to {changed:.2e}; sampled max {sampled['max']:.2e} mean {sampled['mean']:.2e} over {sampled['tokens']}"
+    )
     assert d.max() < LOGPROB_TOL and sampled["max"] < LOGPROB_TOL
     assert changed > 10 * LOGPROB_TOL  # the engine's logits really moved
     got = probe(engine)
     assert got["tied"] and got["lm_head_equal"], got  # lm_head is still the embedding, with its new values
-    assert torch.equal(got[EMBED]["rows"], trainer_rows(trainer)) and torch.equal(got["lm_head.weight"]["rows"], trainer_rows(trainer))
+    assert torch.equal(got[EMBED]["rows"], trainer_rows(trainer)) and torch.equal(
+        got["lm_head.weight"]["rows"], trainer_rows(trainer)
+    )
     assert not torch.equal(got[EMBED]["rows"], before_rows)
 
 
@@ -181,8 +187,17 @@ def test_fp32_engine_matches_the_trainer_before_any_update(real_engine, real_tra
 
 @pytest.mark.slow
 def test_collective_sync_of_a_trainer_update(real_engine, real_trainer, smollm2_dir, tmp_path):
-    cfg = real_config(smollm2_dir, synchronizer={"sync_method": "collective", "collective": {"port": free_port(), "bucket_mb": 16, "timeout_s": 120}})
-    before, before_rows = engine_fixed_logprobs(real_engine, _fixed(real_engine.tokenizer)), probe(real_engine)[EMBED]["rows"]
+    cfg = real_config(
+        smollm2_dir,
+        synchronizer={
+            "sync_method": "collective",
+            "collective": {"port": free_port(), "bucket_mb": 16, "timeout_s": 120},
+        },
+    )
+    before, before_rows = (
+        engine_fixed_logprobs(real_engine, _fixed(real_engine.tokenizer)),
+        probe(real_engine)[EMBED]["rows"],
+    )
     train_one_step(real_engine, real_trainer)
     v = real_trainer.version
     board = Board(str(tmp_path))
@@ -203,8 +218,13 @@ def test_collective_sync_of_a_trainer_update(real_engine, real_trainer, smollm2_
 
 @pytest.mark.slow
 def test_checkpoint_sync_of_a_trainer_update(real_engine, real_trainer, smollm2_dir, tmp_path):
-    cfg = real_config(smollm2_dir, name="run", buffer={"storage": {"url": str(tmp_path)}}, synchronizer={"sync_method": "checkpoint"})
-    before, before_rows = engine_fixed_logprobs(real_engine, _fixed(real_engine.tokenizer)), probe(real_engine)[EMBED]["rows"]
+    cfg = real_config(
+        smollm2_dir, name="run", buffer={"storage": {"url": str(tmp_path)}}, synchronizer={"sync_method": "checkpoint"}
+    )
+    before, before_rows = (
+        engine_fixed_logprobs(real_engine, _fixed(real_engine.tokenizer)),
+        probe(real_engine)[EMBED]["rows"],
+    )
     train_one_step(real_engine, real_trainer)
     v = real_trainer.version
     board = Board(cfg.run_url)

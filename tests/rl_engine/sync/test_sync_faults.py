@@ -94,10 +94,14 @@ else:
 """
 
 
-def _peer(role: str, run_url: str, c: CollectiveConfig, model_dir: str, kill_at: int) -> tuple[subprocess.Popen, dict[str, float]]:
+def _peer(
+    role: str, run_url: str, c: CollectiveConfig, model_dir: str, kill_at: int
+) -> tuple[subprocess.Popen, dict[str, float]]:
     """Start a peer process; returns it and a dict that gets its death time ('died', monotonic)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    p = subprocess.Popen([sys.executable, "-c", _PEER, role, run_url, c.model_dump_json(), model_dir, str(kill_at)], cwd=REPO, env=env)
+    p = subprocess.Popen(
+        [sys.executable, "-c", _PEER, role, run_url, c.model_dump_json(), model_dir, str(kill_at)], cwd=REPO, env=env
+    )
     death: dict[str, float] = {}
 
     def watch() -> None:
@@ -108,7 +112,9 @@ def _peer(role: str, run_url: str, c: CollectiveConfig, model_dir: str, kill_at:
     return p, death
 
 
-def _slowly(items: list[tuple[str, torch.Tensor]], kill: Callable[[], None] | None = None, kill_at: int = -1) -> Iterator[tuple[str, torch.Tensor]]:
+def _slowly(
+    items: list[tuple[str, torch.Tensor]], kill: Callable[[], None] | None = None, kill_at: int = -1
+) -> Iterator[tuple[str, torch.Tensor]]:
     """The trainer's weights, one every 50 ms (a broadcast long enough to break in the middle);
     `kill()` runs before item `kill_at`."""
     for i, item in enumerate(items):
@@ -137,7 +143,9 @@ def test_explorer_that_never_joins_fails_trainer_prepare_naming_it(tmp_path):
     took = trainer.ended_at - t0
     print(f"explorer 1 never joins: trainer's prepare failed after {took:.2f} s (wait_timeout_s {WAIT_S})")
     assert isinstance(trainer.error, WaitTimeout), repr(trainer.error)
-    assert "explorer 1 to join the broadcast of version 1" in str(trainer.error) and "explorer 0" not in str(trainer.error)
+    assert "explorer 1 to join the broadcast of version 1" in str(trainer.error) and "explorer 0" not in str(
+        trainer.error
+    )
     assert WAIT_S <= took < WAIT_S + MARGIN_S
     # The explorer that did join is released by the trainer's abandon, not left waiting for a go.
     _joined(explorer0, MARGIN_S)
@@ -162,11 +170,15 @@ def test_group_that_never_forms_names_the_missing_explorer(tmp_path):
     t0 = time.monotonic()
     side = _joined(_Call(sender.connect, "trainer"), timeout_s + MARGIN_S + 10)
     took = side.ended_at - t0
-    print(f"group never forms: trainer's connect failed after {took:.2f} s (collective.timeout_s {timeout_s}): {side.error}")
+    print(
+        f"group never forms: trainer's connect failed after {took:.2f} s (collective.timeout_s {timeout_s}): {side.error}"
+    )
     assert isinstance(side.error, SyncError), repr(side.error)
     msg = str(side.error)
     assert "explorer 1 never came to join it" in msg and "explorer 0" not in msg and "collective.timeout_s = 3" in msg
-    assert "waited 3 s for explorer 1 to join the weight-sync group" in msg  # on the board, where a stop request is seen too
+    assert (
+        "waited 3 s for explorer 1 to join the weight-sync group" in msg
+    )  # on the board, where a stop request is seen too
     assert took < timeout_s + MARGIN_S
 
 
@@ -198,9 +210,14 @@ def test_explorer_process_killed_mid_broadcast_fails_send_naming_it(tmp_path, ti
     try:
         sender.connect()
         sender.prepare(1)
-        trainer = _joined(_Call(lambda: sender.send(_slowly(named_weights(load_hf(tiny_model_dir))), 1), "trainer"), BROKEN_BOUND_S + 10)
+        trainer = _joined(
+            _Call(lambda: sender.send(_slowly(named_weights(load_hf(tiny_model_dir))), 1), "trainer"),
+            BROKEN_BOUND_S + 10,
+        )
         took = trainer.ended_at - death["died"]
-        print(f"explorer process killed mid-broadcast: trainer's send failed {took:.2f} s after the death: {trainer.error}")
+        print(
+            f"explorer process killed mid-broadcast: trainer's send failed {took:.2f} s after the death: {trainer.error}"
+        )
         assert isinstance(trainer.error, SyncError), repr(trainer.error)
         assert "weight sync of version 1 failed: explorer 0 left the broadcast and said nothing" in str(trainer.error)
         assert took < BROKEN_BOUND_S
@@ -232,7 +249,10 @@ def test_trainer_killed_mid_broadcast_fails_receiving_explorer_naming_it(tmp_pat
         print(f"trainer killed mid-broadcast: explorer's receive failed {took:.2f} s after the death: {explorer.error}")
         assert isinstance(explorer.error, SyncError), repr(explorer.error)
         msg = str(explorer.error)
-        assert "explorer 0: the weight-sync broadcast of version 1 broke off and the trainer" in msg and "the trainer is gone" in msg
+        assert (
+            "explorer 0: the weight-sync broadcast of version 1 broke off and the trainer" in msg
+            and "the trainer is gone" in msg
+        )
         assert took < BROKEN_BOUND_S
         assert doomed_engine.version == 0  # nothing acknowledged as loaded
     finally:
@@ -263,8 +283,12 @@ def test_explorer_worker_killed_mid_broadcast_fails_send_naming_it(tmp_path, tin
         _joined(trainer, BROKEN_BOUND_S + 15)
         _joined(explorer, BROKEN_BOUND_S + 15)
         t_trainer, t_explorer = trainer.ended_at - killed["at"], explorer.ended_at - killed["at"]
-        print(f"worker pid {victim} killed mid-broadcast: trainer failed after {t_trainer:.2f} s, explorer after {t_explorer:.2f} s\n  {trainer.error}")
-        assert isinstance(explorer.error, EngineDiedError) and "explorer 0 died" in str(explorer.error), repr(explorer.error)
+        print(
+            f"worker pid {victim} killed mid-broadcast: trainer failed after {t_trainer:.2f} s, explorer after {t_explorer:.2f} s\n  {trainer.error}"
+        )
+        assert isinstance(explorer.error, EngineDiedError) and "explorer 0 died" in str(explorer.error), repr(
+            explorer.error
+        )
         assert isinstance(trainer.error, SyncError), repr(trainer.error)
         msg = str(trainer.error)
         assert "weight sync of version 1 failed: explorer 0 left the broadcast" in msg and f"pid {victim}" in msg
@@ -281,7 +305,9 @@ def restore_original(engine, tiny_model_dir, tmp_path):
     """Put the shared engine back to the original weights as version 0 after the test."""
     yield
     d = str(tmp_path / "restore")
-    CheckpointSender(d, None, tiny_model_dir, torch.float32, Board(d), 1, 30).send(named_weights(load_hf(tiny_model_dir)), version=0)
+    CheckpointSender(d, None, tiny_model_dir, torch.float32, Board(d), 1, 30).send(
+        named_weights(load_hf(tiny_model_dir)), version=0
+    )
     assert CheckpointReceiver(d, None, Board(d)).receive(engine, version=0) == 0
 
 
@@ -292,7 +318,9 @@ def _flip(path: Path, at: int) -> None:
 
 
 @pytest.mark.slow
-def test_deleted_or_corrupted_checkpoint_is_refused_and_weights_kept(engine, tiny_model_dir, tmp_path, restore_original):
+def test_deleted_or_corrupted_checkpoint_is_refused_and_weights_kept(
+    engine, tiny_model_dir, tmp_path, restore_original
+):
     run = tmp_path / "run"
     board = Board(str(run))
     sender = CheckpointSender(str(run), None, tiny_model_dir, torch.float32, board, 1, 30, shard_bytes=200_000)
@@ -343,7 +371,10 @@ def test_deleted_or_corrupted_checkpoint_is_refused_and_weights_kept(engine, tin
     for v in (6, 7):
         sender.send(named_weights(perturbed_hf(tiny_model_dir, seed=11 + v)), version=v)
         marker = json.loads((ckpt / f"version={v}" / COMMIT).read_text())
-        marker["files"] = {f: {"bytes": m["bytes"], "sha256": hashlib.sha256((ckpt / f"version={v}" / f).read_bytes()).hexdigest()} for f, m in marker["files"].items()}
+        marker["files"] = {
+            f: {"bytes": m["bytes"], "sha256": hashlib.sha256((ckpt / f"version={v}" / f).read_bytes()).hexdigest()}
+            for f, m in marker["files"].items()
+        }
         (ckpt / f"version={v}" / COMMIT).write_text(json.dumps(marker))
     _flip(ckpt / "version=6" / shards[-1], size - 50)
     with pytest.raises(SyncError, match=f"{shards[-1]} does not match the SHA-256 in its commit marker"):

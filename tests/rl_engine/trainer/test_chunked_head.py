@@ -24,7 +24,9 @@ def weights(trainer) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("zero_stage", [0, 3])
 def test_chunked_head_step_equals_full_logits_step(tiny_model_dir, zero_stage):
     algo, build = grpo_case()
-    cfg = make_cfg(tiny_model_dir, algorithm=algo, trainer={"zero_stage": zero_stage}, explorer={"sampling": {"temperature": 0.8}})
+    cfg = make_cfg(
+        tiny_model_dir, algorithm=algo, trainer={"zero_stage": zero_stage}, explorer={"sampling": {"temperature": 0.8}}
+    )
     results = []
     for chunk in (None, 5):  # None: the full-logits path; 5 positions: chunks cut across rows, short last one
         tr = build_trainer(trainer_settings(cfg))

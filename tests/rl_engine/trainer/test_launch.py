@@ -1,6 +1,6 @@
 """rl_engine.trainer.launch: torchrun's failure summary becomes one line naming the rank.
 
-    .venv/bin/python -m pytest tests/rl_engine/trainer/test_launch.py
+.venv/bin/python -m pytest tests/rl_engine/trainer/test_launch.py
 """
 
 from __future__ import annotations
@@ -34,16 +34,23 @@ Root Cause (first observed failure):
 
 
 def test_a_raising_rank_is_named_with_its_exception():
-    assert describe_failure(RAISED, 1) == "trainer rank 1 (pid 15569) failed: ValueError: batch of 5 rows does not split"
+    assert (
+        describe_failure(RAISED, 1) == "trainer rank 1 (pid 15569) failed: ValueError: batch of 5 rows does not split"
+    )
 
 
 def test_a_killed_rank_is_named_with_its_signal():
-    killed = RAISED.split("Root Cause")[0] + "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 77)\n  error_file: <N/A>\n  traceback : Signal 9 (SIGKILL) received by PID 77\n=====\n"
+    killed = (
+        RAISED.split("Root Cause")[0]
+        + "Root Cause (first observed failure):\n[0]:\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 77)\n  error_file: <N/A>\n  traceback : Signal 9 (SIGKILL) received by PID 77\n=====\n"
+    )
     assert describe_failure(killed, 1) == "trainer rank 1 (pid 77) failed: Signal 9 (SIGKILL) received by PID 77"
 
 
 def test_output_without_a_summary_still_says_what_happened():
-    assert describe_failure("Killed\n", 137) == "the trainer's ranks (torchrun) exited with code 137; see the output above"
+    assert (
+        describe_failure("Killed\n", 137) == "the trainer's ranks (torchrun) exited with code 137; see the output above"
+    )
 
 
 def test_trainer_node_without_a_run_says_to_start_the_run_first(tmp_path, capsys):
@@ -82,4 +89,7 @@ Root Cause (first observed failure):
 
 
 def test_a_killed_rank_is_named_even_when_its_peer_failed_first():
-    assert describe_failure(PEER_FAILED_FIRST, 1) == "trainer rank 1 (pid 16187) failed: Signal 9 (SIGKILL) received by PID 16187"
+    assert (
+        describe_failure(PEER_FAILED_FIRST, 1)
+        == "trainer rank 1 (pid 16187) failed: Signal 9 (SIGKILL) received by PID 16187"
+    )

@@ -88,7 +88,9 @@ def test_extensions_are_built_per_virtualenv_unless_the_user_chose_a_folder(tmp_
     monkeypatch.setattr(sys, "prefix", str(venv_a))
     assert extensions_root() == str(venv_a / "torch_extensions")
     monkeypatch.setattr(sys, "prefix", str(venv_b))
-    assert use_extensions_root() == str(venv_b / "torch_extensions") == os.environ["TORCH_EXTENSIONS_DIR"]  # what torch, and children, read
+    assert (
+        use_extensions_root() == str(venv_b / "torch_extensions") == os.environ["TORCH_EXTENSIONS_DIR"]
+    )  # what torch, and children, read
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "mine"))
     assert use_extensions_root() == str(tmp_path / "mine")  # the user's choice wins
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
@@ -106,7 +108,9 @@ def test_the_trainer_built_its_op_in_the_extensions_folder(shared_trainer):
     from rl_engine.trainer.dist import extensions_root
 
     root = extensions_root()  # <venv>/torch_extensions here, unless TORCH_EXTENSIONS_DIR was set
-    assert glob.glob(f"{root}/deepspeed_shm_comm/*.so") + glob.glob(f"{root}/*/deepspeed_shm_comm/*.so"), f"no built op under {root}"
+    assert glob.glob(f"{root}/deepspeed_shm_comm/*.so") + glob.glob(f"{root}/*/deepspeed_shm_comm/*.so"), (
+        f"no built op under {root}"
+    )
 
 
 def _load_op(python: str, path: str) -> os.stat_result:
@@ -138,7 +142,9 @@ def test_two_virtualenvs_in_turn_never_rebuild_the_op(tmp_path):
     if sys.prefix == sys.base_prefix:
         pytest.skip("the suite runs outside a virtualenv")
     other = tmp_path / "venv-b"
-    base = os.path.join(sys.base_prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")  # this venv's interpreter
+    base = os.path.join(
+        sys.base_prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}"
+    )  # this venv's interpreter
     subprocess.run([base, "-m", "venv", "--without-pip", str(other)], check=True, timeout=120)
     (purelib,) = glob.glob(str(other / "lib" / "python3*" / "site-packages"))
     Path(purelib, "this-checkout.pth").write_text("\n".join(site.getsitepackages()) + "\n")
@@ -151,4 +157,6 @@ def test_two_virtualenvs_in_turn_never_rebuild_the_op(tmp_path):
     assert first["a"].st_ino != first["b"].st_ino  # two folders, one build each
     for name, path in [("a", "activated"), ("b", "bare"), ("b", "activated"), ("a", "bare"), ("a", "activated")]:
         now = _load_op(venvs[name], paths[path])
-        assert (now.st_ino, now.st_mtime_ns) == (first[name].st_ino, first[name].st_mtime_ns), f"venv {name} rebuilt its op (PATH {path})"
+        assert (now.st_ino, now.st_mtime_ns) == (first[name].st_ino, first[name].st_mtime_ns), (
+            f"venv {name} rebuilt its op (PATH {path})"
+        )

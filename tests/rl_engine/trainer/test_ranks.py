@@ -24,10 +24,23 @@ SCRIPT = Path(__file__).with_name("ranks_script.py")
 def _train(model_dir: str, ranks: int, out: Path) -> dict[int, tuple[list[dict], dict[str, torch.Tensor]]]:
     """{ZeRO stage: (two steps' metrics, updated weights)} of ranks_script.py on `ranks` ranks."""
     env = launcher_env()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "--max-restarts=0", str(SCRIPT), model_dir, ",".join(map(str, STAGES)), str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={ranks}",
+        "--max-restarts=0",
+        str(SCRIPT),
+        model_dir,
+        ",".join(map(str, STAGES)),
+        str(out),
+    ]
     done = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
-    return {z: (json.loads((out / f"zero={z}" / "metrics.json").read_text()), _weights(out / f"zero={z}")) for z in STAGES}
+    return {
+        z: (json.loads((out / f"zero={z}" / "metrics.json").read_text()), _weights(out / f"zero={z}")) for z in STAGES
+    }
 
 
 def _weights(d: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -60,7 +73,10 @@ def test_two_ranks_make_the_same_update_as_one(tiny_model_dir, tmp_path):
 
 
 def test_a_ranks_share_keeps_groups_whole():
-    batch = {"input_ids": torch.arange(8)[:, None].repeat(1, 3), "group_index": torch.tensor([2, 0, 1, 3, 0, 2, 1, 3])}  # [8, 3]
+    batch = {
+        "input_ids": torch.arange(8)[:, None].repeat(1, 3),
+        "group_index": torch.tensor([2, 0, 1, 3, 0, 2, 1, 3]),
+    }  # [8, 3]
     parts = [share(batch, r, 2) for r in (0, 1)]
     assert parts[0]["group_index"].tolist() == [0, 0, 1, 1] and parts[1]["group_index"].tolist() == [2, 2, 3, 3]
     assert parts[0]["input_ids"][:, 0].tolist() == [1, 4, 2, 6]

@@ -105,7 +105,7 @@ def test_s3_object_appears_only_at_close(s3_bucket):
 
     url, opts = s3_bucket
     fs = s3fs.S3FileSystem(**opts, default_block_size=5 * 2**20)
-    path = f"{url[len('s3://'):]}/state/model.safetensors"
+    path = f"{url[len('s3://') :]}/state/model.safetensors"
     big = {f"t{i}": torch.full((2**20,), float(i)) for i in range(4)}  # 4 MiB each: parts go up mid-write
     seen = []
 
@@ -114,10 +114,14 @@ def test_s3_object_appears_only_at_close(s3_bucket):
         seen.append(fs.exists(path))
         return torch.ones(3)
 
-    write_tensors(fs, path, {**big, "zz_last": Lazy(torch.int64, (3,), lambda: (probe(), torch.ones(3, dtype=torch.int64))[1])})
+    write_tensors(
+        fs, path, {**big, "zz_last": Lazy(torch.int64, (3,), lambda: (probe(), torch.ones(3, dtype=torch.int64))[1])}
+    )
     assert seen == [False]
     got = load(fs.cat_file(path))
-    assert all(torch.equal(got[k], v) for k, v in big.items()) and torch.equal(got["zz_last"], torch.ones(3, dtype=torch.int64))
+    assert all(torch.equal(got[k], v) for k, v in big.items()) and torch.equal(
+        got["zz_last"], torch.ones(3, dtype=torch.int64)
+    )
 
     def broken():
         raise OSError("trainer died")
@@ -149,7 +153,14 @@ def test_save_state_peak_extra_memory_per_parameter(tmp_path_factory):
     bytes per parameter; streamed it is about one tensor (< 1 byte per parameter)."""
     tmp = tmp_path_factory.mktemp("streaming")
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, __file__, str(tmp / "model"), str(tmp / "out")], env=env, timeout=300, capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp / "model"), str(tmp / "out")],
+        env=env,
+        timeout=300,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["params"] > 20e6

@@ -1,6 +1,6 @@
 """Weights out of the trainer: HF directories (save_hf), named_weights, resumable state.
 
-    .venv/bin/python -m pytest tests/rl_engine/trainer/test_trainer_checkpoint.py -q
+.venv/bin/python -m pytest tests/rl_engine/trainer/test_trainer_checkpoint.py -q
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def test_save_hf_round_trip(shared_trainer, tmp_path):
     tr.train_step(make_batch(tr))  # weights differ from the initial ones on disk
     out = tmp_path / "hf"
     tr.save_hf(str(out))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()
+    }
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(out)
@@ -52,7 +54,9 @@ def test_save_hf_under_zero3_gathers_the_trained_weights(tiny_model_dir, tmp_pat
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
     expected = torch.log_softmax(logits[:, :-1], -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]  # [B, L-1]
     torch.testing.assert_close(tr.compute_logprobs(batch)[:, 1:], expected, rtol=0, atol=1e-5)
-    assert not torch.allclose(batch["behavior_logprobs"][:, 1:] * batch["loss_mask"][:, 1:], expected * batch["loss_mask"][:, 1:], atol=1e-5)
+    assert not torch.allclose(
+        batch["behavior_logprobs"][:, 1:] * batch["loss_mask"][:, 1:], expected * batch["loss_mask"][:, 1:], atol=1e-5
+    )
 
 
 def test_save_hf_through_fsspec(shared_trainer):
@@ -85,7 +89,10 @@ def test_resume_gives_the_identical_next_step(tiny_model_dir, tmp_path, zero_sta
     first = build_trainer(trainer_settings(cfg))
     first.train_step(batches[0])
     first.save_state(state_url, extra={"cursor": {"offset": 4}})
-    expected = [first.train_step(batches[1]), first.train_step(batches[2])]  # step 3: the LR scheduler's own state shows
+    expected = [
+        first.train_step(batches[1]),
+        first.train_step(batches[2]),
+    ]  # step 3: the LR scheduler's own state shows
     expected_weights = {k: v.clone() for k, v in first.named_weights()}
 
     second = build_trainer(trainer_settings(cfg))

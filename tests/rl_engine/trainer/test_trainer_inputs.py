@@ -1,6 +1,6 @@
 """Bad inputs to the trainer fail early with a clear UserError (no DeepSpeed start needed).
 
-    .venv/bin/python -m pytest tests/rl_engine/trainer/test_trainer_inputs.py -q
+.venv/bin/python -m pytest tests/rl_engine/trainer/test_trainer_inputs.py -q
 """
 
 from __future__ import annotations
@@ -35,12 +35,17 @@ def test_tokenizer_without_pad_token(tiny_model_dir, tmp_path):
 
 @pytest.mark.parametrize("micro,ranks", [(3, 1), (2, 4)])
 def test_batch_size_not_multiple_of_micro_batch_times_ranks(tiny_model_dir, micro, ranks):
-    with pytest.raises(ValidationError, match=rf"train_batch_size = 4 must be a multiple of trainer.micro_batch_size = {micro} x trainer.num_ranks = {ranks}"):
+    with pytest.raises(
+        ValidationError,
+        match=rf"train_batch_size = 4 must be a multiple of trainer.micro_batch_size = {micro} x trainer.num_ranks = {ranks}",
+    ):
         make_cfg(tiny_model_dir, trainer={"micro_batch_size": micro, "num_ranks": ranks})  # train_batch_size 4
     # A hand-started torchrun may give the trainer another world size than the config's: it checks again.
     cfg = make_cfg(tiny_model_dir, trainer={"micro_batch_size": 4})
     cfg.trainer.micro_batch_size = 3
-    with pytest.raises(UserError, match="train_batch_size = 4 must be a multiple of trainer.micro_batch_size = 3 x world size 1"):
+    with pytest.raises(
+        UserError, match="train_batch_size = 4 must be a multiple of trainer.micro_batch_size = 3 x world size 1"
+    ):
         build_trainer(trainer_settings(cfg))
 
 
@@ -64,7 +69,11 @@ def test_dist_env_inherited_from_a_parent_trainer_is_replaced(monkeypatch):
     monkeypatch.setenv(dist.OWNER, str(os.getpid() + 1))
     monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("MASTER_PORT", "31337")
     dist.ensure_dist_env()
-    assert (os.environ["MASTER_PORT"], os.environ[dist.OWNER], os.environ["WORLD_SIZE"]) == ("45678", str(os.getpid()), "1")
+    assert (os.environ["MASTER_PORT"], os.environ[dist.OWNER], os.environ["WORLD_SIZE"]) == (
+        "45678",
+        str(os.getpid()),
+        "1",
+    )
     # ... and then kept on later calls in this process.
     monkeypatch.setattr(dist, "free_port", lambda: 1)
     dist.ensure_dist_env()

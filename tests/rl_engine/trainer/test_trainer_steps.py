@@ -50,7 +50,9 @@ def test_entropy_metric_matches_the_model(shared_trainer):
     tr = shared_trainer
     batch = make_batch(tr, seed=3)
     with torch.no_grad():
-        logits = tr.engine.module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
+        logits = tr.engine.module(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+        ).logits  # [B, L, V]
     logp = torch.log_softmax(logits[:, :-1], -1)  # [B, L-1, V]
     ent = -(logp.exp() * logp).sum(-1)  # [B, L-1]
     mask = batch["loss_mask"][:, 1:]
@@ -76,7 +78,9 @@ def test_grad_accumulation_equals_one_big_micro_batch(tiny_model_dir, loss_agg):
     algo = {"aggregation": loss_agg, "kl": {"coef": 0.1, "estimator": "k3"}}
     results = []
     for micro in (2, 4):
-        tr = build_trainer(trainer_settings(make_cfg(tiny_model_dir, algorithm=algo, trainer={"micro_batch_size": micro})))
+        tr = build_trainer(
+            trainer_settings(make_cfg(tiny_model_dir, algorithm=algo, trainer={"micro_batch_size": micro}))
+        )
         batch = make_batch(tr, response_lens=(5, 3, 2, 1))
         noise = torch.randn(batch["loss_mask"].shape, generator=torch.Generator().manual_seed(5))
         batch["behavior_logprobs"] -= 0.3 * noise.abs() * batch["loss_mask"]  # ratios > 1, some clipped
@@ -122,7 +126,9 @@ def test_compute_logprobs_uses_sampling_temperature(tiny_model_dir):
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with torch.no_grad():
         logits = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, L, V]
-    expected = torch.log_softmax(logits[:, :-1] / 0.7, -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]  # [B, L-1]
+    expected = torch.log_softmax(logits[:, :-1] / 0.7, -1).gather(-1, batch["input_ids"][:, 1:, None])[
+        ..., 0
+    ]  # [B, L-1]
     got = tr.compute_logprobs(batch)
     assert got.shape == batch["input_ids"].shape and torch.all(got[:, 0] == 0)
     torch.testing.assert_close(got[:, 1:], expected, rtol=1e-5, atol=1e-5)
@@ -144,7 +150,11 @@ def test_decoupled_ppo_dynamic_sampling_and_correction_counts(tiny_model_dir):
     # row 0: -A (2 + 2 + 1 + 1 + 1) = -7A; row 1: +A (.5 + 1 + 1) = 2.5A -> (-7A + 2.5A) / 8.
     cfg = make_cfg(
         tiny_model_dir,
-        algorithm={"proximal": "recompute", "dynamic_sampling": True, "correction": {"level": "token", "action": "clamp", "low": 0.5, "high": 2.0}},
+        algorithm={
+            "proximal": "recompute",
+            "dynamic_sampling": True,
+            "correction": {"level": "token", "action": "clamp", "low": 0.5, "high": 2.0},
+        },
     )
     tr = build_trainer(trainer_settings(cfg))
     batch = make_batch(tr)

@@ -1,6 +1,6 @@
 """The warm start's SFT examples and evaluation set (fast; the full warm start runs in test_loop.py).
 
-    .venv/bin/python -m pytest tests/rl_engine/trainer/test_warmstart.py -q
+.venv/bin/python -m pytest tests/rl_engine/trainer/test_warmstart.py -q
 """
 
 from __future__ import annotations
@@ -54,10 +54,16 @@ def test_sft_settings_are_those_of_the_rl_config_warm_start_used_to_fake(tiny_mo
         }
     )
     new = sft_settings(tiny_model_dir, 64, 1e-3, 20, seed=3, threads=2)
-    assert new.model_dump(exclude={"algorithm", "max_response_tokens"}) == trainer_settings(old).model_dump(exclude={"algorithm", "max_response_tokens"})  # RL-only fields
+    assert new.model_dump(exclude={"algorithm", "max_response_tokens"}) == trainer_settings(old).model_dump(
+        exclude={"algorithm", "max_response_tokens"}
+    )  # RL-only fields
     assert new.algorithm.kl is None  # no reference model, as before
-    old_eval = RFTConfig.model_validate({"model": {"path": tiny_model_dir}, "taskset": {"path": "unused.jsonl"}, "trainer": {"micro_batch_size": 16}})
-    assert sft_settings(tiny_model_dir, 16, 1e-5, 0, seed=42).model_dump(exclude={"algorithm", "max_response_tokens"}) == trainer_settings(old_eval).model_dump(exclude={"algorithm", "max_response_tokens"})
+    old_eval = RFTConfig.model_validate(
+        {"model": {"path": tiny_model_dir}, "taskset": {"path": "unused.jsonl"}, "trainer": {"micro_batch_size": 16}}
+    )
+    assert sft_settings(tiny_model_dir, 16, 1e-5, 0, seed=42).model_dump(
+        exclude={"algorithm", "max_response_tokens"}
+    ) == trainer_settings(old_eval).model_dump(exclude={"algorithm", "max_response_tokens"})
 
 
 @pytest.mark.slow  # a DeepSpeed trainer on CPU: ~10 s on idle cores
@@ -74,7 +80,10 @@ def test_warm_start_runs_without_an_rl_config(tmp_path, monkeypatch):
     monkeypatch.setattr(RFTConfig, "model_validate", classmethod(no_rl_config))
     monkeypatch.setattr(RFTConfig, "__init__", no_rl_config)
     out = tmp_path / "sft"
-    assert main([str(out), "--steps", "3", "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "1", "--threads", "1"]) == 0
+    assert (
+        main([str(out), "--steps", "3", "--batch-size", "8", "--lr", "1e-3", "--warmup-steps", "1", "--threads", "1"])
+        == 0
+    )
     summary = json.loads((out / "warmstart.json").read_text())
     assert (summary["steps"], summary["batch_size"], summary["lr"], summary["warmup_steps"]) == (3, 8, 1e-3, 1)
     assert 0.0 < summary["final_loss"] < 10.0 and 0.0 <= summary["expected_exact_t1"] <= 1.0

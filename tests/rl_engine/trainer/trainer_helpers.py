@@ -23,7 +23,14 @@ def make_cfg(model_dir: str, **sections: dict[str, Any]):
     return RFTConfig.model_validate(data)
 
 
-def make_batch(trainer=None, seed: int = 0, rows: int = 4, prompt_len: int = 4, response_lens=(5, 3, 5, 3), vocab: tuple[int, int] = (3, 200)) -> dict[str, torch.Tensor]:
+def make_batch(
+    trainer=None,
+    seed: int = 0,
+    rows: int = 4,
+    prompt_len: int = 4,
+    response_lens=(5, 3, 5, 3),
+    vocab: tuple[int, int] = (3, 200),
+) -> dict[str, torch.Tensor]:
     """A right-padded batch in the `ExperienceBatch.to_tensors` layout; groups (0, 0, 1, 1).
 
     Behavior logprobs are the trainer's own (ratio 1 at the first step) when `trainer` is given,
