@@ -43,6 +43,7 @@ torch step's, against a step of 0.12 s).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import tempfile
 import time
@@ -124,7 +125,7 @@ def run_one(
         "engine_start_s": max(
             (s.duration for s in spans if s.kind == "engine_start" and s.component in explorers), default=0.0
         ),
-        "step_s_median": median(b.end - a.end for a, b in zip(train, train[1:]))
+        "step_s_median": median(b.end - a.end for a, b in itertools.pairwise(train))
         if len(train) > 1
         else train[-1].end - t0,
         "R_s": mean(s.duration for s in window if s.kind == "rollout")

@@ -57,7 +57,7 @@ RUN_TIMEOUT_S = 600.0
 
 
 def _ts(iso: str) -> float:
-    return dt.datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    return dt.datetime.fromisoformat(iso).timestamp()
 
 
 def _state_times(live: Any, run_id: str) -> dict[str, float]:

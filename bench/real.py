@@ -144,7 +144,6 @@ def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, floa
 
     trainer_s = median_s(lambda: trainer.train_step(dict(batch)), repeats)
     trainer.close()
-    del trainer
 
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
     opt = torch.optim.AdamW(

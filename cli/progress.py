@@ -28,7 +28,7 @@ from rl_engine.storage import is_local, join, open_storage, read_json
 
 
 def fmt_duration(s: float) -> str:
-    s = int(round(s))
+    s = round(s)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
@@ -71,10 +71,9 @@ class ProgressLine:
         """TTY: redraw in place. Otherwise: a line at the first step, every `every` steps and at the end."""
         if self.tty:
             self.out.write("\r" + self.text() + "\x1b[K" + ("\n" if final else ""))
-        elif self.step != self.printed and (
-            self.printed < 0 or self.step // self.every > self.printed // self.every or self.step >= self.total or final
-        ):
-            if self.first is not None:
+        elif self.first is not None and self.step != self.printed:
+            crossed = self.step // self.every > self.printed // self.every
+            if self.printed < 0 or crossed or self.step >= self.total or final:
                 self.out.write(self.text() + "\n")
                 self.printed = self.step
         self.out.flush()

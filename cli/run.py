@@ -124,7 +124,7 @@ def prefect_server_ahead() -> Iterator[None]:
         count_start("prefect_server")
         try:
             SubprocessASGIServer().start()
-        except Exception:  # reported by Prefect's own start when the flow begins
+        except Exception:  # noqa: BLE001 - reported by Prefect's own start when the flow begins
             pass
 
     thread = threading.Thread(target=start, name="rft-prefect-server-start")

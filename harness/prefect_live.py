@@ -93,7 +93,7 @@ def kill_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         import psutil
 
         descendants = psutil.Process(proc.pid).children(recursive=True)
-    except Exception:  # psutil missing or the process already gone
+    except Exception:  # noqa: BLE001 - psutil missing or the process already gone
         pass
 
     def group_alive() -> bool:
@@ -124,7 +124,7 @@ def kill_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
         try:
             if child.is_running():
                 child.kill()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: a child gone or not ours to kill
             pass
 
 

@@ -27,7 +27,7 @@ def _members(proto: type) -> tuple[dict[str, Any], set[str]]:
     for base in reversed(proto.__mro__):
         if base is object or not getattr(base, "_is_protocol", False) or base.__name__ in ("Protocol", "Generic"):
             continue
-        data |= set(base.__dict__.get("__annotations__", {}))
+        data |= set(inspect.get_annotations(base))
         calls |= {
             k: v for k, v in base.__dict__.items() if not k.startswith("_") and (callable(v) or isinstance(v, property))
         }

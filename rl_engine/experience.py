@@ -391,7 +391,7 @@ def _check_rows(table: pa.Table, source: str) -> None:
 def _check_segments(table: pa.Table, source: str) -> None:
     """Segments tile [0, len(response)) in order, their count is num_segments, and each one's
     tokens carry its version (what schedule checks read from stored data)."""
-    seg_len, seg = _lists(table.column("segments")) if len(table) else (np.zeros(0, np.int64), None)
+    seg_len, _seg = _lists(table.column("segments")) if len(table) else (np.zeros(0, np.int64), None)
     bad = np.flatnonzero(seg_len != table.column("num_segments").to_numpy())
     if len(bad):
         raise SchemaError(

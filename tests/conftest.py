@@ -157,7 +157,7 @@ def s3_bucket(s3_server, request):
 
     import s3fs
 
-    endpoint, options = s3_server
+    _, options = s3_server
     fs = s3fs.S3FileSystem(**options)
     name = f"t-{uuid.uuid4().hex[:12]}"
     fs.mkdir(name)

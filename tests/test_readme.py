@@ -36,10 +36,10 @@ EXERCISED: dict[str, list[str]] = {
     "make format": [
         "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"
     ],
-    **dict.fromkeys(
-        ("make setup-gpu", "make test-gpu", "make check-gpu-lock", "make lock-gpu"),
-        ["tests/test_locks.py::test_make_gpu_targets_run_the_commands_the_readme_says"],
-    ),  # dry-run: CI has no GPU
+    **{
+        cmd: ["tests/test_locks.py::test_make_gpu_targets_run_the_commands_the_readme_says"]
+        for cmd in ("make setup-gpu", "make test-gpu", "make check-gpu-lock", "make lock-gpu")
+    },  # dry-run: CI has no GPU
     "make demo-real": [
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",
         "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",

@@ -222,8 +222,10 @@ def _cursor_summary(run_url: str, storage_options: dict[str, Any] | None) -> dic
 def render(s: dict[str, Any], max_steps: int = 20) -> str:
     """Human-readable text of `collect`'s dict."""
     out = [
-        f"{s['run']}/buffer: {s['experiences']} experiences in {s['committed_files']} committed files"
-        f" ({len(s['corrupt_files'])} corrupt, {s['uncommitted_files']} written but not committed)"
+        (
+            f"{s['run']}/buffer: {s['experiences']} experiences in {s['committed_files']} committed files"
+            f" ({len(s['corrupt_files'])} corrupt, {s['uncommitted_files']} written but not committed)"
+        )
     ]
     out += [f"  corrupt: {c}" for c in s["corrupt_files"]]
     out.append("\nper explorer:\n  explorer  experiences  steps  first..last step")
@@ -233,7 +235,7 @@ def render(s: dict[str, Any], max_steps: int = 20) -> str:
     ]
     shown = s["per_step"][-max_steps:]
     out.append(
-        f"\nper step{' (last %d)' % max_steps if len(s['per_step']) > max_steps else ''}:\n  explorer  step  experiences"
+        f"\nper step{f' (last {max_steps})' if len(s['per_step']) > max_steps else ''}:\n  explorer  step  experiences"
     )
     out += [f"  {p['explorer']:>8}  {p['step']:>4}  {p['experiences']:>11}" for p in shown]
     out.append("\nper generating version (oldest token version):\n  version  experiences")

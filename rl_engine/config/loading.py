@@ -65,7 +65,7 @@ def _problem(e: Any, mode: Any) -> str:
         msg = "unknown key; remove it or check its spelling against `rft validate --schema`"
     if e["type"] == "finite_number":
         msg = "must be a finite number (not NaN or infinity); give a number within the field's bounds (`rft validate --schema`)"
-    if not loc or msg.startswith(f"{loc}.") or msg.startswith(f"{loc} "):
+    if not loc or msg.startswith((f"{loc}.", f"{loc} ")):
         return msg  # a section's own check names its fields (and the section's whole input says nothing more)
     return (
         f"{loc} = {redact(e.get('input'), parts[-1] if parts else None)!r}: {msg}"  # a refused credential is not echoed

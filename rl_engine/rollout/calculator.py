@@ -111,7 +111,7 @@ def ended_at(episode: Any, turn: Any, stop: str) -> bool:
 
 def call_expression(text: str) -> str | None:
     """The expression of a tool-call turn: its text after the last "<calc>" (None without one)."""
-    head, tag, expr = text.rpartition(CALL_START)
+    _, tag, expr = text.rpartition(CALL_START)
     return expr if tag else None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -242,7 +243,7 @@ def rounded(value: Any, digits: int = SIGNIFICANT_DIGITS) -> Any:
     digits, for what people read (artifacts, log lines): 0.5687500000000001 -> 0.5688, 1.234e-05
     stays 1.234e-05; ints, bools, strings, None, nan and inf unchanged. Stored data keeps full precision."""
     if isinstance(value, float):
-        return float(f"{value:.{digits}g}") if value == value and abs(value) != float("inf") else value
+        return float(f"{value:.{digits}g}") if math.isfinite(value) else value
     if isinstance(value, dict):
         return {k: rounded(v, digits) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -386,7 +386,7 @@ class DeltaCheckpointReceiver:
             raise
         except (Damaged, SyncError) as e:
             raise BrokenLink(version, str(e)) from None
-        except Exception as e:  # an unreadable file whose marker carries no checksum
+        except Exception as e:  # noqa: BLE001 - an unreadable file whose marker carries no checksum
             raise BrokenLink(version, f"{type(e).__name__}: {e}") from None
 
     # ---- installing

@@ -152,7 +152,7 @@ def test_readme_set_commands_change_exactly_that_field(
     assert "id" in created, res.stdout[-3000:]
     runs = {"cli": flow_run_id_from_cli(res.stdout), "rest": created["id"]}
     t0 = time.monotonic()
-    for how, run_id in runs.items():
+    for run_id in runs.values():
         wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=600, worker=rft_worker)
     print(
         f"CLI and REST runs with set, one after the other on the worker and the engine server: {time.monotonic() - t0:.0f} s to both Completed"

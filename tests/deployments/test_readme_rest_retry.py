@@ -19,6 +19,7 @@ import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -29,7 +30,7 @@ DEPLOYMENT_ID = "94e10527-35ce-4ca8-a7f9-bdbccd6f5eb6"
 
 
 class BusyOnceHandler(http.server.BaseHTTPRequestHandler):
-    seen: Counter = Counter()
+    seen: ClassVar[Counter] = Counter()
 
     def _answer(self, body: dict) -> None:
         self.seen[self.command, self.path] += 1

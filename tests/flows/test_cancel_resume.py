@@ -50,7 +50,7 @@ def run_and_cancel(cfg, run_dir: Path, name: str, min_version: int) -> tuple[obj
     canceller.start()
     try:
         result = run_config(cfg)
-    except BaseException as e:  # a cancelled flow run may surface as an exception
+    except BaseException as e:  # noqa: BLE001 - a cancelled flow run may surface as an exception
         result = e
     done.set()
     canceller.join(60)
@@ -80,7 +80,7 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
     started = time.monotonic()
     try:
         result = run_config(cfg)
-    except BaseException as e:  # a cancelled flow run may surface as an exception
+    except BaseException as e:  # noqa: BLE001 - a cancelled flow run may surface as an exception
         result = e
     done.set()
     canceller.join()

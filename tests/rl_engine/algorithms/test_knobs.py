@@ -272,7 +272,7 @@ def test_kimi_penalty_is_flat_at_pi_old():
 
 
 def test_masked_tokens_do_not_move_the_loss():
-    lp, old, ref, mask, adv = _batch()
+    lp, old, _ref, mask, adv = _batch()
     for loss in ({"type": "ppo_clip"}, {"type": "gspo"}, {"type": "cispo"}, {"type": "kimi"}):
         cfg = AlgorithmConfig(loss=loss, aggregation="seq-mean-token-mean")
         a = policy_loss(lp, old, adv, mask, cfg).loss

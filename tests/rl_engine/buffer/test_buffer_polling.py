@@ -191,6 +191,6 @@ def test_records_of_the_flat_layout_are_read(tmp_path):
     for key, path in _files.list_commits(reader.fs, reader.root)[:1]:
         os.replace(path, os.path.join(_files.commits_dir(reader.root), key.name + ".json"))
     w.write(3, make_batch(4, explorer_step=3))
-    assert [p.rsplit("/", 2)[-2] for _, p in _files.list_commits(reader.fs, reader.root)][0] == "_commits"
+    assert next(p.rsplit("/", 2)[-2] for _, p in _files.list_commits(reader.fs, reader.root)) == "_commits"
     assert [x.explorer_step for x in reader.read_batch(12, timeout_s=0).experiences()] == [1] * 4 + [2] * 4 + [3] * 4
     assert len(committed_files(run, {})) == 3

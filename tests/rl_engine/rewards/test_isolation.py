@@ -7,6 +7,7 @@ timeouts here are about a second, and the pool's own waits end at each call's de
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -142,7 +143,7 @@ def test_queued_calls_get_later_deadlines():
     pool = UserCodePool(workers=1, name="test", grace_s=1.0)
     try:
         calls = [pool.submit(user_rewards.by_response, "p", "slow:0", None, "stop", timeout_s=2.0) for _ in range(3)]
-        gaps = [b.deadline - a.deadline for a, b in zip(calls, calls[1:])]
+        gaps = [b.deadline - a.deadline for a, b in itertools.pairwise(calls)]
         assert gaps == pytest.approx([3.0, 3.0], abs=0.2)
         assert [pool.wait(c) for c in calls] == [0.0, 0.0, 0.0]
     finally:

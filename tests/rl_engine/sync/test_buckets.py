@@ -10,6 +10,7 @@ import torch
 
 from rl_engine.board import Board
 from rl_engine.config import CollectiveConfig
+from rl_engine.sync.base import SyncError
 from rl_engine.sync.buckets import ALIGN, broadcast_recv, destroy_group, group_device, init_group, pack_buckets
 from rl_engine.sync.collective import CollectiveSender, group_key
 from rl_engine.trainer.dist import free_port
@@ -129,7 +130,7 @@ def test_trainer_picks_and_publishes_a_free_port_or_names_a_taken_one(tmp_path):
     # The address receivers join: published on the run's board before the trainer waits in the group.
     board = Board(str(tmp_path))
     sender = CollectiveSender(CollectiveConfig(port=None, timeout_s=5), board, 1, 1, torch.float32, 5)
-    with pytest.raises(Exception):
+    with pytest.raises(SyncError, match="explorer 0"):
         sender.connect()  # nobody joins: the group times out after 5 s
     addr = board.get(ADDRESS_KEY)
     assert addr["host"] == "127.0.0.1" and addr["port"] > 0

@@ -63,8 +63,11 @@ def test_greedy_cut_and_resumed_equals_uninterrupted(engine, tmp_path):
 
 
 def test_after_a_sync_new_tokens_carry_the_new_version_and_the_trainers_logprobs(
-    engine, tiny_model_dir, tmp_path, restore_original
-):  # noqa: F811
+    engine,
+    tiny_model_dir,
+    tmp_path,
+    restore_original,  # noqa: F811 - the fixture imported above
+):
     sampling = SamplingConfig(temperature=1.0, max_tokens=24)
     cfg = _cfg(tiny_model_dir, str(tmp_path / "sync"))
     sender, receiver = build_weight_sender(cfg, _board(cfg)), build_weight_receiver(cfg, _board(cfg))
