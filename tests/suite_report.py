@@ -63,6 +63,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"RERUN {len(reruns)} test(s), each failed once and then passed (flaky: fix it, a rerun only hides it): "
             + ", ".join(reruns)
         )
+        for r in terminalreporter.stats.get("rerun", []):  # what the first try failed on: the flake to fix
+            crash = getattr(r.longrepr, "reprcrash", None)
+            why = crash.message.splitlines()[0][:300] if crash and crash.message else str(r.longrepr)[-300:]
+            write(f"  {r.nodeid} ({r.when}): {why}")
     else:
         write("reruns: none")
     # The budget is the whole suite's: a subset (paths, -k, -m) is reported, never called over it.
