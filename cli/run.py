@@ -165,8 +165,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         )
 
 
-def demo(root: str = "runs") -> int:
-    """Build the demo's model and tasks if missing, then run configs/demo.yaml under `root`."""
+def demo_inputs(root: str = "runs") -> tuple[Path, Path]:
+    """The demo's model (the tiny model warm-started by SFT) and task set under `root`, each built
+    if missing; a second call (the next `rft demo`, the test suite's shared copy) reuses them."""
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.warmstart import main as warmstart
 
@@ -176,6 +177,12 @@ def demo(root: str = "runs") -> int:
         warmstart([str(model)])
     if not tasks.exists():
         write_arithmetic_taskset(str(tasks), n=2000, seed=1)
+    return model, tasks
+
+
+def demo(root: str = "runs") -> int:
+    """Build the demo's model and tasks if missing, then run configs/demo.yaml under `root`."""
+    model, tasks = demo_inputs(root)
     cfg = load_config(
         str(REPO / "configs" / "demo.yaml"),
         [f"model.path={model}", f"taskset.path={tasks}", f"buffer.storage.url={root}"],

@@ -131,6 +131,25 @@ def smollm2_dir() -> str:
 
 
 @pytest.fixture(scope="session")
+def demo_model_dir() -> str:
+    """The demo's warm-started tiny model, built once per machine by `rft demo`'s own code
+    (cli.run.demo_inputs) into runs/models/tiny-arith-sft, where `make demo` keeps it too. The
+    test workers take turns through an flock: the first builds it (an SFT warm start, seconds to
+    minutes), the others find it."""
+    import fcntl
+    from pathlib import Path
+
+    from cli.run import demo_inputs
+
+    root = Path(__file__).resolve().parents[1] / "runs"
+    root.mkdir(exist_ok=True)
+    with open(root / ".demo-model.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        model, _ = demo_inputs(str(root))
+    return str(model)
+
+
+@pytest.fixture(scope="session")
 def s3_server():
     """moto's S3 server on loopback (real HTTP); yields (endpoint_url, storage options).
 

@@ -1,6 +1,7 @@
-"""`make demo`, the README's first command: `rft demo` builds the warm-started tiny model and the
-arithmetic tasks, trains 20 GRPO steps one-step off-policy, and prints the summary the README
-shows, ending with the held-out exact-answer rate before and after (about a minute here).
+"""`make demo`, the README's first command: `rft demo` finds the warm-started tiny model and the
+arithmetic tasks (the session's demo model, built once per machine by the same code, is linked
+in), trains 20 GRPO steps one-step off-policy, and prints the summary the README shows, ending
+with the held-out exact-answer rate before and after (about a minute here).
 
     .venv/bin/python -m pytest tests/flows/test_demo.py
 """
@@ -18,10 +19,15 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(600)
-def test_make_demo_builds_trains_and_prints_its_summary(tmp_path):
-    res = rft(["demo", "--root", str(tmp_path / "runs")], tmp_path, timeout=540)
+def test_make_demo_builds_trains_and_prints_its_summary(demo_model_dir, tmp_path):
+    root = tmp_path / "runs"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "tiny-arith-sft").symlink_to(demo_model_dir)  # built once per machine (demo_inputs)
+    res = rft(["demo", "--root", str(root)], tmp_path, timeout=540)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = res.stdout
+    assert "building the demo model" not in out  # found, not built again
+    assert (root / "data" / "arith-train.jsonl").stat().st_size > 0  # the tasks are the demo's own to write
     # The summary lines the README quotes, with the demo's numbers.
     run_dir = Path(re.search(r"^run:\s+(\S+)\s+\(mode one_step_off_policy\)$", out, re.MULTILINE).group(1))
     assert re.search(r"^trained:\s+20 steps -> version 20, 20 explorer steps$", out, re.MULTILINE), out

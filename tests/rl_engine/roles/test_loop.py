@@ -1,12 +1,15 @@
 """The synchronous GRPO loop on the demo task: from the warm-started tiny model, a few steps of
 GRPO raise the expected reward, with vLLM's behavior logprobs matching the trainer's.
 
-Slow (warm start ~15 s on idle cores, up to a few minutes on a busy machine; vLLM start ~20 s):
+Slow (the session's demo model: its warm start ~15 s on idle cores, once per machine; vLLM start ~10 s):
 
     .venv/bin/python -m pytest tests/rl_engine/roles/test_loop.py -m slow -q
 """
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -19,21 +22,11 @@ MIN_GAIN = 0.02
 
 
 @pytest.fixture(scope="module")
-def warm_model(tmp_path_factory):
-    from rl_engine.warmstart import DEFAULTS, warmstart
-
-    out = tmp_path_factory.mktemp("models") / "tiny-arith-sft"
-    summary = warmstart(
-        str(out),
-        DEFAULTS["steps"],
-        DEFAULTS["batch_size"],
-        DEFAULTS["lr"],
-        DEFAULTS["warmup_steps"],
-        seed=0,
-        max_operand=20,
-        threads=2,
-    )
-    return str(out), summary
+def warm_model(demo_model_dir):
+    """The demo's model (the tiny model after the SFT warm start, seed 0) and its warmstart.json."""
+    summary = json.loads((Path(demo_model_dir) / "warmstart.json").read_text())
+    assert summary["seed"] == 0 and summary["max_operand"] == 20, summary  # the defaults the figures below are from
+    return demo_model_dir, summary
 
 
 def test_warm_start_is_partly_right(warm_model):
