@@ -26,7 +26,11 @@ an arithmetic task set), timed from the command's start to its first rollout's s
 timeline): `rft_run_to_roles_s` until the roles begin (CLI, preflight, the ephemeral Prefect
 server, the flow), `rft_run_to_first_rollout_s` until the first rollout, and the same with the
 engine server (`served_rft_run_to_first_rollout_s`). Goal (issue 25): <= 15 s on a warm machine.
---smoke times the served run only (the local one is the same command and costs ~35 s more).
+--smoke times the served run only (the local one is the same command and costs ~35 s more), and
+runs it before the served starts: its rollouts are the server's first generate calls, the warm-up
+that a full run spends one uncounted served start on. `--engine-server URL` uses an engine server
+already up (the tiny model's, max_model_len >= 128; the smoke test passes the session's) instead of
+starting one.
 
 JSON keys: `engine_start_s`, `served_start_s`, `engine_start_saved_s`, one `<part>_s` per part
 above (medians) and `load_weights_s`, `init_engine_s`; `rft_run_to_roles_s`,
@@ -37,6 +41,7 @@ above (medians) and `load_weights_s`, `init_engine_s`; `rft_run_to_roles_s`,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -45,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from bench._report import emit_json, print_table
 
@@ -173,6 +179,12 @@ def main(argv: list[str] | None = None) -> int:
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="two starts of each kind instead of three")
     size.add_argument("--smoke", action="store_true", help="CI smoke test: one of each")
+    ap.add_argument(
+        "--engine-server",
+        metavar="URL",
+        default=None,
+        help="an `rft engine serve` of the tiny model already up (max_model_len >= 128): the served starts and runs use it",
+    )
     args = ap.parse_args(argv)
     n = 1 if args.smoke else 2 if args.quick else 3
     with tempfile.TemporaryDirectory(prefix="rft-bench-engine-start-") as tmp:
@@ -202,16 +214,27 @@ def main(argv: list[str] | None = None) -> int:
         )
         local = [_local_parts(*_run(_LOCAL, cfg, log=root / f"local-{i}.log")) for i in range(n)]
         cli = [] if args.smoke else [_rft_run(cfg, root / f"rft-run-{i}.log") for i in range(n)]
-        with engine_server(cfg, root / "logs") as srv:
+        up = (
+            contextlib.nullcontext(SimpleNamespace(url=args.engine_server))
+            if args.engine_server
+            else engine_server(cfg, root / "logs")
+        )
+        with up as srv:
+
+            def served_runs() -> list[dict[str, float]]:
+                return [
+                    _rft_run(cfg, root / f"rft-run-served-{i}.log", f'explorer.engine.servers=["{srv.url}"]')
+                    for i in range(n)
+                ]
+
+            served_cli = served_runs() if args.smoke else []  # its rollouts warm the server up
             served = []
-            for i in range(n + 1):  # the first pays the server's own first-generate warm-up: not counted
+            for i in range(n if args.smoke else n + 1):  # else the first pays the server's warm-up: not counted
                 m, _ = _run(_SERVED, cfg, srv.url, log=root / f"served-{i}.log")
                 served.append(m["ready"] - m["begin"])
-            served = served[1:]
-            served_cli = [
-                _rft_run(cfg, root / f"rft-run-served-{i}.log", f'explorer.engine.servers=["{srv.url}"]')
-                for i in range(n)
-            ]
+            if not args.smoke:
+                served = served[1:]
+                served_cli = served_runs()
     rows = [
         {"start": f"local {i + 1}", **{k.removesuffix("_s"): round(v, 3) for k, v in r.items()}}
         for i, r in enumerate(local)

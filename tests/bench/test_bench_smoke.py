@@ -386,8 +386,10 @@ def test_algorithms(tmp_path):
 # module's Prefect server, worker and `prefect deploy --all` instead of starting its own.
 
 
-def test_engine_start(tmp_path):
-    r = run_bench("engine_start", "--smoke", timeout_s=600, tmp_path=tmp_path)
+def test_engine_start(engine_server, tmp_path):
+    # The served starts and the served `rft run` use the session's engine server (tests/conftest.py)
+    # instead of one of their own; starting one is tests/rollout's (harness/engine_server.py).
+    r = run_bench("engine_start", "--smoke", "--engine-server", engine_server.url, timeout_s=600, tmp_path=tmp_path)
     parts = ("to_worker_s", "worker_s", "warm_up_s")
     has_keys(
         r,
