@@ -54,6 +54,12 @@ def on_live_server(live):
 def deployments_config(model: str, tasks: str, root: Path, **sync) -> dict:
     data = small_config(model, tasks, str(root), **sync)
     data["synchronizer"]["collective"].pop("port")  # the trainer picks a free one and publishes it
+    # Each role starts cold in a process of its own: the trainer's first read (and its first
+    # collective sync) waits for the explorers' vLLM engines to come up, which on a loaded 2-core
+    # machine took over small_config's 120 s (the trainer failed with a BufferTimeout). The
+    # product's defaults (600 s) then, not the in-process tests' tighter ones.
+    data["buffer"]["read_timeout_s"] = 600
+    data["synchronizer"]["wait_timeout_s"] = 600
     data["placement"] = {
         "type": "deployments",
         "heartbeat_s": 1.0,
