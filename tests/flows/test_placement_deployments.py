@@ -26,7 +26,6 @@ from harness.runs import small_config
 from rl_engine.config import validate_config
 from rl_engine.run.context import last_committed_steps, open_run
 from rl_engine.run.state import latest_state_step
-from rl_engine.schedule import rendezvous_version
 from tests.flows.test_modes import stored_experiences, versions_by_step
 
 pytestmark = pytest.mark.slow
@@ -69,10 +68,31 @@ def deployments_config(model: str, tasks: str, root: Path, **sync) -> dict:
     return data
 
 
-def role_markers(run_url: str) -> dict[str, dict]:
+def role_markers(run_url: str, options: dict | None = None) -> dict[str, dict]:
+    """{role: its liveness marker on the run's board}, on local disk or (with storage `options`) S3."""
+    if options is None:
+        return {
+            p.stem.removeprefix("role-"): json.loads(p.read_text())
+            for p in Path(run_url, "control").glob("role-*.json")
+        }
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
     return {
-        p.stem.removeprefix("role-"): json.loads(p.read_text()) for p in Path(run_url, "control").glob("role-*.json")
+        p.rsplit("/", 1)[1].removeprefix("role-").removesuffix(".json"): json.loads(fs.cat_file(p))
+        for p in fs.glob(f"{run_url}/control/role-*.json")
     }
+
+
+def _stored_experiences(run_url: str, options: dict) -> list[dict]:
+    """tests/flows/test_modes.stored_experiences on S3: every buffer row, read with plain pyarrow."""
+    import pyarrow.dataset as ds
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    path = f"{run_url.removeprefix('s3://')}/buffer"
+    table = ds.dataset(path, filesystem=fs, format="ipc", partitioning="hive", exclude_invalid_files=True).to_table()
+    return table.select(["experience_id", "explorer_id", "explorer_step", "versions", "group_id", "reward"]).to_pylist()
 
 
 def child_runs(live, run_name: str) -> dict[str, dict]:
@@ -91,10 +111,10 @@ def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 30.0) -> Non
     assert not alive, f"processes of the run left behind: {[(p.pid, p.name()) for p in alive]}"
 
 
-def assert_roles_ran_apart(live, run_url: str, num_explorers: int) -> None:
+def assert_roles_ran_apart(live, run_url: str, num_explorers: int, options: dict | None = None) -> None:
     """Every role ran to its end in an OS process of its own, none of them this (the test's)
     process, as a completed flow run of its deployment named after the run."""
-    markers = role_markers(run_url)
+    markers = role_markers(run_url, options)
     assert set(markers) == {"trainer"} | {f"explorer-{i}" for i in range(num_explorers)}
     pids = {m["pid"] for m in markers.values()}
     assert len(pids) == len(markers) and os.getpid() not in pids, markers
@@ -138,51 +158,106 @@ def test_readme_command_runs_every_role_on_the_worker(live, tiny_model_dir, task
     }  # synchronous: step e by v(e-1)
 
 
-# One-step off-policy across processes runs in test_killed_explorer_fails_the_run_then_resume_loses_nothing
-# (and synchronous in the README command's test): the suite's time goes to the modes nothing else covers here.
-@pytest.mark.parametrize("mode,method", [("fully_async", "collective"), ("multi_explorer", "checkpoint")])
-def test_every_role_in_its_own_process(mode, method, on_live_server, tiny_model_dir, task_file, tmp_path):
-    extra = {"one_step_off_policy": {"sync_offset": 1}, "multi_explorer": {"count": 2, "max_staleness": 3}}.get(
-        mode, {}
-    )
-    total, k = 4, 2 if mode in ("fully_async", "multi_explorer") else 1
-    cfg = validate_config(
-        deployments_config(
-            tiny_model_dir,
-            task_file,
-            tmp_path,
-            mode=mode,
-            sync_method=method,
-            sync_interval=k,
-            total_steps=total,
-            **extra,
-        )
-    )
-    summary = run_config(cfg)
-    assert summary["final_version"] == total
-    assert_roles_ran_apart(on_live_server, summary["run"], cfg.explorer.count)
+# One mode/sync pair per run here; the suite's time goes to what nothing else covers across processes:
+# - multi_explorer/checkpoint, on S3: test_every_role_in_its_own_process (below);
+# - one_step_off_policy/collective (small_config's default method): test_killed_explorer_fails_the_run_then_resume_loses_nothing;
+# - multi_explorer/collective: test_cancelling_the_mode_flow_cancels_every_role (it reaches version 2 by broadcasts);
+# - synchronous: test_readme_command_runs_every_role_on_the_worker.
+# fully_async/collective is no run of its own: fully_async and multi_explorer are one mode flow
+# (flows/decoupled.py: run_mode), multi_explorer with one explorer, and collective sync across
+# processes runs in the kill and cancel tests; fully_async in one process: tests/flows/test_modes.py.
+@pytest.mark.parametrize("mode,method", [("multi_explorer", "checkpoint")])
+def test_every_role_in_its_own_process(
+    mode, method, on_live_server, prefect_worker, tiny_model_dir, task_file, s3_bucket, tmp_path
+):
+    """Every role its own flow run and OS process on a worker, the schedule held across processes,
+    on S3 storage. The same run checks issue 28: credentials go to the workers' environment, never
+    the config; a run on S3 whose roles run on a worker holding them leaves them in none of the
+    run's objects (config.yaml, logs, report, checkpoints), the worker's terminal, the flow runs'
+    logs, parameters or artifacts."""
     from prefect.artifacts import Artifact
 
+    from rl_engine.config import ConfigError
+
+    live = on_live_server
+    url, options = s3_bucket
+    secret = f"rft-secret-{os.urandom(6).hex()}"  # moto takes any key; this one must show up nowhere
+    total, k, name = 4, 2, "s3-roles"
+    data = deployments_config(
+        tiny_model_dir,
+        task_file,
+        tmp_path,
+        name=name,
+        mode=mode,
+        sync_method=method,
+        sync_interval=k,
+        total_steps=total,
+        count=2,
+        max_staleness=3,
+    )
+    data["buffer"]["storage"] = {"url": url, "options": options}
+    with pytest.raises(
+        ConfigError, match="job_variables.trainer.env.AWS_SECRET_ACCESS_KEY: credentials must not be in the config"
+    ) as refused:
+        validate_config(
+            {
+                **data,
+                "placement": {
+                    **data["placement"],
+                    "job_variables": {"trainer": {"env": {"AWS_SECRET_ACCESS_KEY": secret}}},
+                },
+            }
+        )
+    assert secret not in str(refused.value)
+
+    # Roles on a pool of their own whose worker has the key in its environment, as the README says.
+    worker = prefect_worker(
+        "rft-s3", AWS_ACCESS_KEY_ID="rft-test-key", AWS_SECRET_ACCESS_KEY=secret
+    )  # creates the pool
+    for role in ("rft-trainer", "rft-explorer"):
+        _copy_deployment(live, f"{role}/default", name, "rft-s3")
+    data["placement"] |= {"trainer_deployment": f"rft-trainer/{name}", "explorer_deployment": f"rft-explorer/{name}"}
+    cfg = validate_config(data)
+    summary = run_config(cfg)
+    assert summary["final_version"] == total
+    assert summary["run"].rstrip("/").endswith(f"/{name}"), summary["run"]
+    assert_roles_ran_apart(live, summary["run"], cfg.explorer.count, options)
     progress = Artifact.get(
         f"{mode.replace('_', '-')}-progress"
     )  # the mode flow run's, moved by the trainer's flow run
-    assert (
-        progress.data == 100.0
-        and progress.description == f"Run {Path(summary['run']).name}: trainer step {total}/{total}"
-    )
+    assert progress.data == 100.0 and progress.description == f"Run {name}: trainer step {total}/{total}"
 
     # The schedule holds across processes, read from the stored versions alone.
-    by_step = versions_by_step(stored_experiences(summary["run"]))
-    if mode == "one_step_off_policy":
-        assert sorted(by_step) == [(0, e) for e in range(1, total + 1)]
-        for (_, e), versions in by_step.items():
-            assert versions == {rendezvous_version(e, k, 1)}, f"step {e}: {versions}"
-        assert summary["max_staleness_seen"] <= k
-    else:
-        used = {v for vs in by_step.values() for v in vs}
-        # Which explorers wrote is a race in separate processes: one whose engine starts late may
-        # find every admitted batch already made (each one's run to its end is asserted above).
-        assert used <= {0, 2, 4} and {i for i, _ in by_step} <= set(range(cfg.explorer.count)) and by_step
+    by_step = versions_by_step(_stored_experiences(summary["run"], options))
+    used = {v for vs in by_step.values() for v in vs}
+    # Which explorers wrote is a race in separate processes: one whose engine starts late may
+    # find every admitted batch already made (each one's run to its end is asserted above).
+    assert used <= {0, 2, 4} and {i for i, _ in by_step} <= set(range(cfg.explorer.count)) and by_step
+
+    # The secret shows up nowhere.
+    import s3fs
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    objects = fs.find(f"{url}/{name}")
+    logs_of_roles = {f"logs/engines-{r}.log" for r in ("trainer", "explorer-0", "explorer-1")}
+    assert {"config.yaml", "report/summary.json", *logs_of_roles} <= {o.split(f"/{name}/", 1)[1] for o in objects}
+    leaks = [o for o in objects if secret.encode() in fs.cat_file(o)]
+    runs = live.api("POST", "/flow_runs/filter", json={"flow_runs": {"name": {"like_": name}}, "limit": 50})
+    ids = [r["id"] for r in runs]
+    logs: list = []
+    while page := live.api(
+        "POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": ids}}, "limit": 200, "offset": len(logs)}
+    ):
+        logs += page
+    arts = live.api("POST", "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": ids}}})
+    shown = {
+        "worker terminal": worker.log_path.read_text(),
+        "flow runs": json.dumps(runs),
+        "flow run logs": json.dumps(logs),
+        "artifacts": json.dumps(arts),
+    }
+    leaks += [where for where, text in shown.items() if secret in text]
+    assert len(logs) > 10 and len(arts) >= 5 and not leaks, leaks
 
 
 def _run_in_thread(cfg, resume=None) -> tuple[threading.Thread, list]:
@@ -201,18 +276,22 @@ def _run_in_thread(cfg, resume=None) -> tuple[threading.Thread, list]:
     return t, out
 
 
-def _wait_trainer_version(run_dir: Path, version: int, timeout_s: float = 300) -> None:
+def _wait_trainer_version(run_dir: Path, version: int, out: list, timeout_s: float = 300) -> None:
+    """Until the trainer's marker shows `version`; fails at once if the run (`out` of
+    _run_in_thread) ended first, and at the deadline with what the board shows (roles, stop request)."""
     marker = run_dir / "control" / "trainer.json"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and not out:
         if marker.exists() and json.loads(marker.read_text())["version"] >= version:
             return
         time.sleep(0.1)
-    raise AssertionError(f"the trainer did not reach version {version} within {timeout_s:.0f} s")
+    board = {p.name: p.read_text() for p in sorted(run_dir.glob("control/*.json"))}
+    why = f"the run ended first: {out[0]!r}" if out else f"not within {timeout_s:.0f} s"
+    raise AssertionError(f"the trainer did not reach version {version}: {why}; the board: {board}")
 
 
 def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server, tiny_model_dir, task_file, tmp_path):
-    total = 30
+    total = 10  # the trainer cannot pass the dead explorer by more than a step or two (one step off policy)
     cfg = validate_config(
         deployments_config(
             tiny_model_dir,
@@ -226,7 +305,7 @@ def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server,
     )
     run_dir = tmp_path / "kill-me"
     thread, out = _run_in_thread(cfg)
-    _wait_trainer_version(run_dir, 3)
+    _wait_trainer_version(run_dir, 3, out)
     explorer = role_markers(str(run_dir))["explorer-0"]
     trainer = role_markers(str(run_dir))["trainer"]
     doomed = process_tree(explorer["pid"])  # the role's process, its vLLM engine core and worker
@@ -284,7 +363,7 @@ def test_cancelling_the_mode_flow_cancels_every_role(on_live_server, tiny_model_
     )  # outlasts the cancel by far
     run_dir = tmp_path / "cancel-roles"
     thread, out = _run_in_thread(cfg)
-    _wait_trainer_version(run_dir, 2)
+    _wait_trainer_version(run_dir, 2, out)
     procs = [p for m in role_markers(str(run_dir)).values() for p in process_tree(m["pid"])]
     parents = on_live_server.api(
         "POST", "/flow_runs/filter", json={"flows": {"name": {"any_": ["multi-explorer"]}}, "limit": 200}
@@ -332,73 +411,3 @@ def _copy_deployment(live, name: str, new_name: str, pool: str) -> None:
     live.api(
         "POST", "/deployments/", json={k: dep[k] for k in keep if k in dep} | {"name": new_name, "work_pool_name": pool}
     )
-
-
-def test_a_worker_run_on_s3_keeps_its_credentials_out_of_config_logs_and_artifacts(
-    live, prefect_worker, tiny_model_dir, task_file, s3_bucket, tmp_path
-):
-    """Issue 28: credentials go to the workers' environment, never the config; a run on S3 whose
-    roles run on a worker holding them leaves them in none of the run's objects (config.yaml, logs,
-    report), the worker's terminal, the flow runs' logs, parameters or artifacts."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    from rl_engine.config import ConfigError
-
-    url, options = s3_bucket
-    secret = f"rft-secret-{os.urandom(6).hex()}"  # moto takes any key; this one must show up nowhere
-    data = deployments_config(tiny_model_dir, task_file, tmp_path, mode="synchronous", total_steps=2)
-    data["buffer"]["storage"] = {"url": url, "options": options}
-    data["name"] = "s3-creds"
-    with pytest.raises(
-        ConfigError, match="job_variables.trainer.env.AWS_SECRET_ACCESS_KEY: credentials must not be in the config"
-    ) as refused:
-        validate_config(
-            {
-                **data,
-                "placement": {
-                    **data["placement"],
-                    "job_variables": {"trainer": {"env": {"AWS_SECRET_ACCESS_KEY": secret}}},
-                },
-            }
-        )
-    assert secret not in str(refused.value)
-
-    # Roles on a pool of their own whose worker has the key in its environment, as the README says.
-    worker = prefect_worker(
-        "rft-s3", AWS_ACCESS_KEY_ID="rft-test-key", AWS_SECRET_ACCESS_KEY=secret
-    )  # creates the pool
-    for role in ("rft-trainer", "rft-explorer"):
-        _copy_deployment(live, f"{role}/default", "s3-creds", "rft-s3")
-    data["placement"] |= {"trainer_deployment": "rft-trainer/s3-creds", "explorer_deployment": "rft-explorer/s3-creds"}
-    with temporary_settings({PREFECT_API_URL: live.api_url}):
-        summary = run_config(validate_config(data))
-    assert summary["final_version"] == 2
-    assert {r: c["state_type"] for r, c in child_runs(live, "s3-creds").items()} == {
-        "trainer": "COMPLETED",
-        "explorer-0": "COMPLETED",
-    }
-
-    import s3fs
-
-    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
-    objects = fs.find(f"{url}/s3-creds")
-    assert {"config.yaml", "logs/engines-trainer.log", "logs/engines-explorer-0.log", "report/summary.json"} <= {
-        o.split("/s3-creds/", 1)[1] for o in objects
-    }
-    leaks = [o for o in objects if secret.encode() in fs.cat_file(o)]
-    runs = live.api("POST", "/flow_runs/filter", json={"flow_runs": {"name": {"like_": "s3-creds"}}, "limit": 50})
-    ids = [r["id"] for r in runs]
-    logs: list = []
-    while page := live.api(
-        "POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": ids}}, "limit": 200, "offset": len(logs)}
-    ):
-        logs += page
-    arts = live.api("POST", "/artifacts/filter", json={"artifacts": {"flow_run_id": {"any_": ids}}})
-    shown = {
-        "worker terminal": worker.log_path.read_text(),
-        "flow runs": json.dumps(runs),
-        "flow run logs": json.dumps(logs),
-        "artifacts": json.dumps(arts),
-    }
-    leaks += [where for where, text in shown.items() if secret in text]
-    assert len(logs) > 10 and len(arts) >= 5 and not leaks, leaks
