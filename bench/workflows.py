@@ -45,18 +45,17 @@ SIZES = {
 }
 
 
-def eval_engine(model: str):
-    """(engine, cfg): a rollout engine on `model` with configs/calculator.yaml's settings."""
+def run_data(model: str, train: str, root: str, steps: int) -> dict:
+    """The run's config: configs/calculator.yaml on `model` and the task file `train`."""
     import yaml
 
-    from rl_engine.config import validate_config
-    from rl_engine.rollout.engine import build_rollout_engine
-
     data = yaml.safe_load(CONFIG.read_text())
-    data["model"]["path"] = model
+    data.update(name="bench-workflows")
+    data["model"]["path"], data["taskset"]["path"] = model, train
+    data["buffer"] = {"storage": {"url": root}}
     data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
-    cfg = validate_config(data)
-    return build_rollout_engine(cfg), cfg
+    data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
+    return data
 
 
 def heldout_success(engine, cfg, tasks: list, seed: int = 0) -> dict[str, float]:
@@ -135,14 +134,13 @@ def main() -> None:
     s = SIZES["smoke" if a.smoke else "quick" if a.quick else "full"]
     steps, n_heldout = a.steps or s["steps"], a.heldout or s["heldout"]
 
-    import yaml
-
     from bench.learning import shared_engines
     from cli.run import run_config
     from rl_engine.config import validate_config
     from rl_engine.rewards.tasks import Task
+    from rl_engine.roles.explorer import ENGINES
     from rl_engine.rollout.calculator import make_calculator_tasks, write_calculator_taskset
-    from rl_engine.run.context import open_run
+    from rl_engine.run.context import RunContext, open_run
     from rl_engine.run.report import load_metrics
     from rl_engine.warmstart import main as warmstart
 
@@ -157,24 +155,27 @@ def main() -> None:
         Task(r["id"], r["question"], r["answer"], r) for r in make_calculator_tasks(n_heldout, seed=0, split="heldout")
     ]
 
-    engine, eval_cfg = eval_engine(model)  # one engine for both evaluations: the trained weights are loaded into it
-    try:
-        before = heldout_success(engine, eval_cfg, heldout)
-        data = yaml.safe_load(CONFIG.read_text())
-        data.update(name="bench-workflows")
-        data["model"]["path"], data["taskset"]["path"] = model, train
-        data["buffer"] = {"storage": {"url": root}}
-        data["explorer"]["engine"].update(num_threads=1, kv_cache_space_gib=0.25)
-        data["trainer"].update(total_steps=steps, checkpoint_interval=steps, num_threads=1)
+    data = run_data(model, train, root, steps)
+    # One engine for both evaluations and the run: the explorer's warm engine pool (shared_engines)
+    # holds it between them, keyed by the run's engine settings (the same config, resolved as the run's).
+    eval_cfg = validate_config(data).resolved()
+    evals = RunContext(cfg=eval_cfg, url=f"{root}/heldout-eval")
+    with shared_engines():
+        engine = ENGINES.acquire(evals, 0)
+        try:
+            before = heldout_success(engine, eval_cfg, heldout)
+        finally:
+            ENGINES.release(evals, 0, engine)
         started = time.time()
-        with shared_engines():
-            summary = run_config(validate_config(data))
+        summary = run_config(validate_config(data))
         wall = time.time() - started
-        engine.rpc("rft_load_checkpoint", f"{summary['run']}/model", steps)
-        engine.mark_synced(steps)
-        after = heldout_success(engine, eval_cfg, heldout)
-    finally:
-        engine.close()
+        engine = ENGINES.acquire(evals, 0)  # the trained weights are loaded into it
+        try:
+            engine.rpc("rft_load_checkpoint", f"{summary['run']}/model", steps)
+            engine.mark_synced(steps)
+            after = heldout_success(engine, eval_cfg, heldout)
+        finally:
+            ENGINES.release(evals, 0, engine)
     trainer, explorer = load_metrics(open_run(summary["run"]))
     grad = masked_grad(summary["run"])
     rewards = [m["reward_mean"] for m in sorted(trainer, key=lambda m: m["step"])]
