@@ -3,7 +3,7 @@
     python -m bench.algorithms [--quick | --smoke] [--presets grpo,dapo] [--steps N] [--seeds 0,1,2] [--model DIR] [--png FILE]
 
 --quick: 2 seeds, presets grpo, dapo, gspo and decoupled_ppo, 12 trainer steps. --smoke (CI smoke
-test) is the same path at the smallest size: a warm start of 10 SFT steps, presets grpo and
+test) is the same path at the smallest size: a warm start of 2 SFT steps, presets grpo and
 decoupled_ppo, 2 trainer steps, seed 0; its figures say nothing about the presets.
 
 Workload: bench.learning's (the demo's arithmetic task and tiny warm-started model, real Prefect
@@ -172,7 +172,7 @@ def main() -> None:
     size.add_argument(
         "--smoke",
         action="store_true",
-        help=f"CI smoke test: 1 seed, presets {','.join(SMOKE_PRESETS)}, 2 trainer steps, a 10-step warm start",
+        help=f"CI smoke test: 1 seed, presets {','.join(SMOKE_PRESETS)}, 2 trainer steps, a 2-step warm start",
     )
     ap.add_argument("--presets", default=None, help=f"comma-separated presets (default all: {','.join(PRESETS)})")
     ap.add_argument(

@@ -2,7 +2,7 @@
 
     python -m bench.learning [--quick | --smoke] [--steps N] [--seeds 0,1,2] [--model DIR] [--png FILE]
 
---smoke (CI smoke test) is the same path at the smallest size: a warm start of 10 SFT steps, 3 trainer
+--smoke (CI smoke test) is the same path at the smallest size: a warm start of 2 SFT steps, 3 trainer
 steps per mode, seed 0; its figures say nothing about the modes.
 
 Workload: the demo's task and model. The arithmetic warm start (`rft warmstart`, built here unless
@@ -59,7 +59,7 @@ if __name__ == "__main__":
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 MODES = ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
-SMOKE_WARMSTART_STEPS = 10
+SMOKE_WARMSTART_STEPS = 2  # each step below 20 is evaluated: 2 steps, 3 evaluations (10 took 11)
 # Trainer metrics of the algorithm (per-step means in each row): PPO clip, and the decoupled correction's
 # clamped / masked importance weights (proximal policy vs the explorer's behavior logprobs).
 ALGORITHM_METRICS = ("clip_frac", "offpolicy_clamped_frac", "offpolicy_masked_frac")
@@ -236,7 +236,7 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
 
 def demo_workload(prefix: str, model: str | None, smoke: bool) -> tuple[str, str, str, dict]:
     """The demo task, set up once for many runs: (root, model, tasks, start). A fresh temporary
-    root; the arithmetic warm start built there unless `model` names one (10 SFT steps when
+    root; the arithmetic warm start built there unless `model` names one (2 SFT steps when
     `smoke`); the task file; the start model's held-out evaluation."""
     from rl_engine.rewards import write_arithmetic_taskset
     from rl_engine.warmstart import evaluate_dir
@@ -364,7 +364,7 @@ def main() -> None:
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="CI size: 2 seeds, 12 trainer steps")
     size.add_argument(
-        "--smoke", action="store_true", help="CI smoke test: 1 seed, 3 trainer steps, a 10-step warm start"
+        "--smoke", action="store_true", help="CI smoke test: 1 seed, 3 trainer steps, a 2-step warm start"
     )
     ap.add_argument(
         "--steps", type=int, default=None, help="trainer steps per run (default 60, 12 with --quick, 3 with --smoke)"
