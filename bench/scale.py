@@ -225,6 +225,7 @@ def explorer_run(n: int, steps: int, model: str, tasks: str, url: str, options: 
 def explorer_curve(counts: list[int], steps: int, root: Path) -> tuple[list[dict], str | None]:
     """The explorer runs on a real Prefect server and S3 (moto) process; (rows, why api calls are unknown or None)."""
     import s3fs
+    from prefect.logging.handlers import APILogWorker
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from bench import cost_model
@@ -265,6 +266,9 @@ def explorer_curve(counts: list[int], steps: int, root: Path) -> tuple[list[dict
                 r["api_calls/step"] = None
         return rows, why
     finally:
+        # The runs' log records still queued for the API go while the server is up: queued at exit,
+        # the log worker retried the stopped server for ~70 s before the process could end.
+        APILogWorker.drain_all(timeout=10)
         server.stop()
         moto.terminate()
         moto.wait(10)
