@@ -101,6 +101,15 @@ def real_model_turn() -> Iterator[None]:
     yield from _real_model_turn()
 
 
+@pytest.fixture
+def heavy_turn() -> Iterator[None]:
+    """The real-model turn, taken by a test whose run spreads over processes of their own (a
+    worker's role flow runs: two explorers' engines and a trainer, each importing torch and vLLM).
+    Beside a real-model run on the other test worker they exhausted the 24 GiB: the kernel
+    OOM-killed bench.real's process (5-6 GB) twice in one CI-path run of the suite."""
+    yield from _real_model_turn()
+
+
 @pytest.fixture(scope="module")
 def real_model_module_turn() -> Iterator[None]:
     """A module's turn (its module fixtures keep the real model's engine and trainer up)."""

@@ -28,7 +28,9 @@ from rl_engine.run.context import last_committed_steps, open_run
 from rl_engine.run.state import latest_state_step
 from tests.flows.test_modes import stored_experiences, versions_by_step
 
-pytestmark = pytest.mark.slow
+# Each run's roles are processes of their own (engines, a trainer): they take the real-model runs'
+# turn (heavy_turn), and the wait for it counts toward the deadline.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.usefixtures("heavy_turn")]
 
 HEARTBEAT_TIMEOUT_S = 10.0
 
