@@ -84,6 +84,11 @@ def _real_model_turn() -> Iterator[None]:
     lock.parent.mkdir(exist_ok=True)
     with open(lock, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
+        # This worker's idle warm engines (RFT_KEEP_ENGINES; ~1 GB each with their vLLM worker) are
+        # closed first: a real-model run beside them was OOM-killed; the next flow run starts its own.
+        from rl_engine.roles.explorer import ENGINES
+
+        ENGINES.close_all()
         try:
             yield
         finally:
