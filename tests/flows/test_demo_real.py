@@ -29,6 +29,7 @@ SHRINK = [
     "trainer.micro_batch_size=8",
     "explorer.sampling.max_tokens=12",
     "trainer.lr=1e-5",
+    "explorer.engine.kv_cache_space_gib=0.25",  # 8 sequences of <= 12 new tokens; 1 GiB was 0.75 GB of the OOM
 ]
 
 
