@@ -6,8 +6,10 @@ per session here and shared. Markers: `slow` (starts real engines/servers), `gpu
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,18 +74,26 @@ def engine_server(tiny_model_dir, tmp_path_factory):
         yield srv
 
 
+RUNS = Path(__file__).resolve().parents[1] / "runs"  # per checkout: models, caches, the locks below
+
+
+@contextlib.contextmanager
+def _machine_lock(name: str) -> Iterator[None]:
+    """An flock in runs/ shared by the test workers (and released if its holder dies)."""
+    import fcntl
+
+    RUNS.mkdir(exist_ok=True)
+    with open(RUNS / name, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def _real_model_turn() -> Iterator[None]:
     """Hold the machine's one turn for a real-model run: SmolLM2 runs take 6-10 GB each (engine and
     KV cache, trainer, reference), and two at once on the two test workers would leave vLLM no room
     for its KV cache on this 24 GiB machine (one found 0.49 GiB, run in a worker right after a
-    module that had held one). An flock beside the models (released if its holder dies)."""
-    import fcntl
-    from pathlib import Path
-
-    lock = Path(__file__).resolve().parents[1] / "runs" / ".real-model-turn.lock"
-    lock.parent.mkdir(exist_ok=True)
-    with open(lock, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    module that had held one)."""
+    with _machine_lock(".real-model-turn.lock"):
         # This worker's idle warm engines (RFT_KEEP_ENGINES; ~1 GB each with their vLLM worker) are
         # closed first: a real-model run beside them was OOM-killed; the next flow run starts its own.
         from rl_engine.roles.explorer import ENGINES
@@ -150,16 +160,10 @@ def demo_model_dir() -> str:
     (cli.run.demo_inputs) into runs/models/tiny-arith-sft, where `make demo` keeps it too. The
     test workers take turns through an flock: the first builds it (an SFT warm start, seconds to
     minutes), the others find it."""
-    import fcntl
-    from pathlib import Path
-
     from cli.run import demo_inputs
 
-    root = Path(__file__).resolve().parents[1] / "runs"
-    root.mkdir(exist_ok=True)
-    with open(root / ".demo-model.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        model, _ = demo_inputs(str(root))
+    with _machine_lock(".demo-model.lock"):
+        model, _ = demo_inputs(str(RUNS))
     return str(model)
 
 
