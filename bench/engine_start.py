@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         from rl_engine.tiny_model import make_tiny_model
 
         model = str(make_tiny_model(root / "model", seed=0))
-        from rl_engine.rewards import write_arithmetic_taskset
+        from rl_engine.demos.arithmetic import write_arithmetic_taskset
 
         tasks = str(root / "tasks.jsonl")
         write_arithmetic_taskset(tasks, n=64, seed=1)

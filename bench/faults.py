@@ -107,7 +107,7 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
         untrained,
     )
     from harness.runs import MODES
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
 
     if args.smoke:  # the same trial runs in CI as tests/flows/test_kill_resume.py

@@ -238,7 +238,7 @@ def demo_workload(prefix: str, model: str | None, smoke: bool) -> tuple[str, str
     """The demo task, set up once for many runs: (root, model, tasks, start). A fresh temporary
     root; the arithmetic warm start built there unless `model` names one (2 SFT steps when
     `smoke`); the task file; the start model's held-out evaluation."""
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.warmstart import evaluate_dir
     from rl_engine.warmstart import main as warmstart
 
@@ -259,7 +259,7 @@ def heldout_eval(root: str, every: int, tasks: int = HELDOUT["tasks"], n: int = 
     """The `eval` section of the runs: a held-out file of the demo task (its own seed; the task
     space is 441 problems, so train and held-out share problems: it measures the policy, not
     generalisation), scored every `every` versions, at the start and the end."""
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
 
     path = f"{root}/arith-heldout.jsonl"
     write_arithmetic_taskset(path, n=tasks, seed=99)

@@ -190,7 +190,7 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from bench._report import emit_json, print_table
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
 
     steps = 3 if a.smoke else 6 if a.quick else 12

@@ -155,7 +155,7 @@ def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
     is also written to `<root>/config.yaml` (the engine server's)."""
     from harness.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
     from harness.runs import small_config
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
 
     live = start_server(root / "server", ui=False)
@@ -210,7 +210,7 @@ def attach(
     deployment's config is PATCHed (put back at the end), around `model` and `tasks` if given."""
     from harness.prefect_live import LiveServer
     from harness.runs import small_config
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
 
     live = LiveServer(api_url=api_url, home=Path(), log_path=Path())

@@ -193,7 +193,7 @@ def main() -> None:
     from prefect.testing.utilities import prefect_test_harness
 
     from bench._report import emit_json, print_table
-    from rl_engine.rewards import write_countdown_taskset
+    from rl_engine.demos.countdown import write_countdown_taskset
     from rl_engine.roles.explorer import ENGINES
     from rl_engine.warmstart import COUNTDOWN, DEFAULTS, evaluate_dir, warmstart
 

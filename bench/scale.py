@@ -230,7 +230,7 @@ def explorer_curve(counts: list[int], steps: int, root: Path) -> tuple[list[dict
 
     from bench import cost_model
     from harness.prefect_live import start_server
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
 
     model = str(make_tiny_model(root / "model"))

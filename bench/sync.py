@@ -356,8 +356,8 @@ def _demo_batch(trainer, cfg, model: str) -> dict[str, torch.Tensor]:
     from transformers import AutoTokenizer
 
     from harness.real_model import experience_rows
+    from rl_engine.demos.arithmetic import make_arithmetic_tasks
     from rl_engine.rewards import Task, encode_task
-    from rl_engine.rewards.arithmetic import make_arithmetic_tasks
     from rl_engine.rollout.engine import Rollout
 
     tok = AutoTokenizer.from_pretrained(model)

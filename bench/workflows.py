@@ -2,7 +2,7 @@
 
     python -m bench.workflows [--quick | --smoke] [--steps N] [--model DIR] [--heldout N]
 
-Workload: the calculator task (`rl_engine.rollout.calculator`: "37*58=", the model may write
+Workload: the calculator task (`rl_engine.demos.calculator`: "37*58=", the model may write
 `<calc>37*58</calc>`, the environment appends "=2146\\n", the model answers). The tiny model is
 warm-started on it (`rft warmstart --task calculator`, built here unless --model names one) so
 that it sometimes calls the tool and sometimes answers from memory (mostly wrong); then
@@ -61,7 +61,7 @@ def run_data(model: str, train: str, root: str, steps: int) -> dict:
 def heldout_success(engine, cfg, tasks: list, seed: int = 0) -> dict[str, float]:
     """Success (exact answer) and tool use of one calculator episode per held-out task, at
     temperature 1, with the weights the engine holds."""
-    from rl_engine.rollout.calculator import calculator_workflow
+    from rl_engine.demos.calculator import calculator_workflow
     from rl_engine.rollout.workflow import EpisodeJob, run_episodes
 
     tok = engine.tokenizer
@@ -137,9 +137,9 @@ def main() -> None:
     from bench.learning import shared_engines
     from cli.run import run_config
     from rl_engine.config import validate_config
+    from rl_engine.demos.calculator import make_calculator_tasks, write_calculator_taskset
     from rl_engine.rewards.tasks import Task
     from rl_engine.roles.explorer import ENGINES
-    from rl_engine.rollout.calculator import make_calculator_tasks, write_calculator_taskset
     from rl_engine.run.context import RunContext, open_run
     from rl_engine.run.report import load_metrics
     from rl_engine.warmstart import main as warmstart

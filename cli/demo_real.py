@@ -24,9 +24,9 @@ TRAIN_TASKS = 4000
 
 def prepare_real(root: str) -> tuple[str, str, str]:
     """(model dir, train tasks, held-out tasks) under `root`, built where missing."""
+    from rl_engine.demos.word_arithmetic import make_word_arithmetic_tasks
     from rl_engine.fetch_model import fetch_model
     from rl_engine.rewards.tasks import write_taskset
-    from rl_engine.rewards.word_arithmetic import make_word_arithmetic_tasks
 
     model = fetch_model(
         "smollm2-135m", str(Path(root, "models", "smollm2-135m")), cache=str(Path(root, "cache", "wheels"))

@@ -168,7 +168,7 @@ def print_summary(summary: dict[str, Any]) -> None:
 def demo_inputs(root: str = "runs") -> tuple[Path, Path]:
     """The demo's model (the tiny model warm-started by SFT) and task set under `root`, each built
     if missing; a second call (the next `rft demo`, the test suite's shared copy) reuses them."""
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.warmstart import main as warmstart
 
     model, tasks = Path(root, "models", "tiny-arith-sft"), Path(root, "data", "arith-train.jsonl")

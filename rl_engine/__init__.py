@@ -6,11 +6,12 @@ Where things live:
     run/         a run's lifecycle on storage: context, lease, preflight, device plan, lineage, retention, report, timeline, experiment trackers
     board.py     the control board (JSON markers under <run>/control/) and its key schema
     buffer/      experiences as Arrow files: writer, reader, cursor, continuation store, stats
-    rollout/     the vLLM rollout engine (local, or a served one kept up between runs), multi-turn workflows (the episode handle, chat turns) and the built-in ones
+    rollout/     the vLLM rollout engine (local, or a served one kept up between runs), multi-turn workflows (the episode handle, chat turns)
     sync/        weight sync, trainer to explorers: collective broadcast and checkpoints (both sides, and their retention)
     trainer/     the DeepSpeed trainer, its checkpoints and ranks
     algorithms/  advantages and losses
     rewards/     task sets, reward functions, the user-code pool they run in
+    demos/       the built-in example tasks (arithmetic, countdown, word arithmetic, calculator, guess_number): their rewards, workflows and task makers
     config.py    one pydantic model per component; schedule.py the sync schedules; storage.py fsspec
     pruning.py   keep-last pruning of a run's numbered directories (trainer states, sync checkpoints)
     model_dir.py the one check that a path is a local Hugging Face model directory
@@ -21,12 +22,12 @@ Floors, bottom up: a module imports only from its own floor or below, and nothin
 circle (tests/test_layering.py reads this list and checks every import, lazy ones included; a
 name stands for a module or a whole package):
 
-    0  errors conformance schedule tiny_model fetch_model run.failpoints run.owner_watch run.reaper run.starts sync.delta_format
+    0  errors registry conformance schedule tiny_model fetch_model run.failpoints run.owner_watch run.reaper run.starts sync.delta_format
     1  config experience
     2  storage model_dir
     3  board pruning run.lease run.timeline run.devices run.logfile rewards algorithms
     4  buffer rollout
-    5  run.storage_checks run.context evaluate rewards.make_tasks
+    5  run.storage_checks run.context evaluate rewards.make_tasks demos
     6  trainer sync
     7  run.state run.retention run.lineage run.preflight run.report run.trackers warmstart
     8  roles run.driver

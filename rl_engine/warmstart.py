@@ -11,12 +11,12 @@ two idle cores (a few minutes on a busy machine). It saves a Hugging Face direct
 `warmstart.json` (settings and accuracy).
 
 `--task countdown` warm-starts on the long-tail countdown task of partial rollouts instead
-("13..1=" -> "13 12 ... 1", rl_engine/rewards/countdown.py), with its own defaults (COUNTDOWN:
+("13..1=" -> "13 12 ... 1", rl_engine/demos/countdown.py), with its own defaults (COUNTDOWN:
 120 steps of 64): expected exact-match over the task distribution at temperature 1 / greedy is
 60% / 94% for seed 0, 65% / 96% seed 1, 41% / 78% seed 2 (short answers mostly right, the
 long tail mostly wrong at temperature 1), in ~25 s on two idle cores.
 
-`--task calculator` warm-starts on calculator episodes (multi-turn, rl_engine/rollout/calculator.py):
+`--task calculator` warm-starts on calculator episodes (multi-turn, rl_engine/demos/calculator.py):
 SFT on whole episodes, 40% (TOOL_RATE) calling the tool, "37*58=<calc>37*58</calc>=2146\\n2146",
 the rest answering directly, "37*58=2146"; the loss mask leaves out the prompt and the tool's
 reply "=2146\\n", exactly as RL's. Defaults (CALCULATOR: 400 steps of 64, lr 1e-3), seed 0, on
@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rl_engine.demos.countdown import DEFAULT_ALPHA, DEFAULT_MAX_N
 from rl_engine.errors import UserError
-from rl_engine.rewards.countdown import DEFAULT_ALPHA, DEFAULT_MAX_N
 
 if TYPE_CHECKING:
     from rl_engine.trainer import TrainerSettings
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 DEFAULTS = {"steps": 360, "batch_size": 64, "lr": 1e-3, "warmup_steps": 20, "seed": 0, "max_operand": 20}
 # What differs for the countdown task (the rest is DEFAULTS); max_n / alpha as the task set's.
 COUNTDOWN = {"steps": 120}
-# The calculator task (multi-turn, rl_engine/rollout/calculator.py): TOOL_RATE of the SFT
+# The calculator task (multi-turn, rl_engine/demos/calculator.py): TOOL_RATE of the SFT
 # episodes call the tool, the rest answer directly.
 CALCULATOR = {"steps": 400}
 TOOL_RATE = 0.4
@@ -109,7 +109,7 @@ def task_problems(
     task: str, max_operand: int = DEFAULTS["max_operand"], max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA
 ) -> tuple[list[dict[str, str]], list[float] | None]:
     """Every problem of `task`'s range and how often its task set draws each (None: uniform)."""
-    from rl_engine.rewards.countdown import countdown_problem, countdown_weights
+    from rl_engine.demos.countdown import countdown_problem, countdown_weights
 
     if task == "arithmetic":
         return all_problems(max_operand), None
@@ -125,7 +125,8 @@ def task_rows(
     alpha: float = DEFAULT_ALPHA,
 ) -> list[dict[str, str]]:
     """`n` training examples of `task`, drawn as its task set draws them."""
-    from rl_engine.rewards import make_arithmetic_tasks, make_countdown_tasks
+    from rl_engine.demos.arithmetic import make_arithmetic_tasks
+    from rl_engine.demos.countdown import make_countdown_tasks
 
     if task == "arithmetic":
         return make_arithmetic_tasks(n, seed=seed, max_operand=max_operand)
@@ -179,7 +180,7 @@ def sft_settings(
 def calculator_examples(n: int, seed: int, tool_rate: float = TOOL_RATE) -> list[tuple[str, list[tuple[str, bool]]]]:
     """`n` SFT episodes of train calculator problems (drawn uniformly): a fraction `tool_rate`
     call the tool, the rest answer directly (`calculator_transcript`)."""
-    from rl_engine.rollout.calculator import calculator_problem, calculator_problems, calculator_transcript
+    from rl_engine.demos.calculator import calculator_problem, calculator_problems, calculator_transcript
 
     rng, pool = random.Random(seed), calculator_problems("train")
     out = []
@@ -197,7 +198,7 @@ def evaluate_calculator(trainer: Any, pairs: list[tuple[int, int]]) -> dict[str,
     success at temperature 1 (a lower bound: another right episode, "<calc>b*a</calc>" say,
     is not counted); success_with_tool / success_without_tool are the conditional rates.
     Greedy: the argmax path, teacher-forced through the tool's reply."""
-    from rl_engine.rollout.calculator import calculator_problem, calculator_transcript
+    from rl_engine.demos.calculator import calculator_problem, calculator_transcript
 
     examples = []
     for a, b in pairs:
@@ -231,7 +232,7 @@ def evaluate_dir(
     # Logprobs only, 16 rows per forward pass; the optimizer values are never used.
     trainer = build_trainer(sft_settings(model_dir, 16, 1e-5, 0, seed=42))
     if task == "calculator":
-        from rl_engine.rollout.calculator import calculator_problems
+        from rl_engine.demos.calculator import calculator_problems
 
         return evaluate_calculator(trainer, calculator_problems("heldout"))
     return evaluate(trainer, *task_problems(task, max_operand))
@@ -261,7 +262,7 @@ def warmstart(
         # One task seed per step: the first k steps are the same whatever the total (a longer
         # run continues a shorter one), and no step repeats another's sample.
         if task == "calculator":
-            from rl_engine.rollout.calculator import calculator_problems
+            from rl_engine.demos.calculator import calculator_problems
 
             heldout = calculator_problems("heldout")
 

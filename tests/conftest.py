@@ -48,7 +48,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def task_file(tmp_path_factory) -> str:
     """200 arithmetic tasks (seed 3), written once per session."""
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
 
     path = tmp_path_factory.mktemp("data") / "arith.jsonl"
     write_arithmetic_taskset(str(path), n=200, seed=3)

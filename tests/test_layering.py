@@ -31,6 +31,11 @@ ALLOWED = {
 }
 
 
+# The dispatchers that still name the demos (rl_engine.demos sits above them) until registries
+# replace them (issue 43): each (module, imported module) here may run back up. Empty it then.
+DEMO_DISPATCHERS = {"rl_engine.rewards.scoring", "rl_engine.rollout.workflow", "rl_engine.rewards.make_tasks"}
+
+
 def floors() -> dict[str, int]:
     """`{name: floor}` from the floor list of rl_engine/__init__.py's docstring."""
     out = {}
@@ -137,6 +142,7 @@ def test_no_engine_import_runs_back_up():
         for m, targets in sorted(engine_graph().items())
         for t in sorted(targets)
         if (floor_of(t, plan) or 0) > (floor_of(m, plan) or 0)
+        and not (m in DEMO_DISPATCHERS and t.startswith("rl_engine.demos."))
     ]
     assert not up, "imports running back up the floors of rl_engine/__init__.py:\n" + "\n".join(up)
 

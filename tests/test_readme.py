@@ -52,14 +52,14 @@ EXERCISED: dict[str, list[str]] = {
         "tests/rl_engine/test_fetch_model.py::test_rft_fetch_model_prints_the_directory"
     ],  # `make test` depends on it
     "rft warmstart": [
-        "tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_warmstart_countdown",
+        "tests/rl_engine/demos/test_countdown.py::test_cli_warmstart_countdown",
         "tests/flows/test_demo.py::test_make_demo_builds_trains_and_prints_its_summary",
-        "tests/rl_engine/rollout/test_calculator.py::test_warm_start_writes_a_model",  # --task calculator
+        "tests/rl_engine/demos/test_calculator.py::test_warm_start_writes_a_model",  # --task calculator
     ],
     "rft make-tasks": [
-        "tests/rl_engine/rewards/test_rewards_countdown.py::test_cli_make_tasks_picks_the_task",
-        "tests/rl_engine/rewards/test_rewards_arithmetic.py::test_cli_main_writes_the_file",
-        "tests/rl_engine/rollout/test_calculator.py::test_make_tasks_cli",  # --task calculator
+        "tests/rl_engine/demos/test_countdown.py::test_cli_make_tasks_picks_the_task",
+        "tests/rl_engine/demos/test_arithmetic.py::test_cli_main_writes_the_file",
+        "tests/rl_engine/demos/test_calculator.py::test_make_tasks_cli",  # --task calculator
     ],
     "rft make-tiny-model": ["tests/rl_engine/test_tiny_model.py::test_deterministic_per_seed"],
     "rft run": [

@@ -35,7 +35,7 @@ class CalculatorWorkflow(_Model):
 class GuessNumberWorkflow(_Model):
     """A game with feedback: the model guesses the task's number, the environment answers `+`
     (higher), `-` (lower) or `?` (not a number in range); reward 1 for a hit within `max_turns`
-    guesses, plus 0.1 when every guess was well formed (`rl_engine.rollout.guess_number`)."""
+    guesses, plus 0.1 when every guess was well formed (`rl_engine.demos.guess_number`)."""
 
     type: Literal["guess_number"] = Field(description="Workflow variant selector.")
     max_turns: int = Field(default=4, ge=1, le=32, description="Guesses an episode may make.")

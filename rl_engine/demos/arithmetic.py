@@ -11,7 +11,7 @@ partly and RL has room to improve the rest. A task row is JSON:
 digits and ended by a stop (finish_reason == "stop"), returned as named components.
 
     rft make-tasks runs/data/arithmetic.jsonl --n 2000 --seed 0
-    python -m rl_engine.rewards.arithmetic OUT.jsonl --n 2000 --seed 0 [--max-operand 20]
+    python -m rl_engine.demos.arithmetic OUT.jsonl --n 2000 --seed 0 [--max-operand 20]
 """
 
 from __future__ import annotations

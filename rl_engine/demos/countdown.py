@@ -24,7 +24,7 @@ response: it credits progress, penalizes overshoot, and gives GRPO signal when n
 group is exact). Both depend only on (response, answer, finish_reason): deterministic.
 
     rft make-tasks runs/data/countdown-train.jsonl --task countdown --n 2000 --seed 0
-    python -m rl_engine.rewards.countdown OUT.jsonl --n 2000 --seed 0 [--max-n 40] [--alpha 1.0]
+    python -m rl_engine.demos.countdown OUT.jsonl --n 2000 --seed 0 [--max-n 40] [--alpha 1.0]
 """
 
 from __future__ import annotations

@@ -31,8 +31,8 @@ import random
 import re
 from typing import Any
 
+from rl_engine.demos.calculator import ended_at
 from rl_engine.errors import UserError
-from rl_engine.rollout.calculator import ended_at
 
 DEFAULT_HIGH = 15
 HIGHER, LOWER, INVALID = "+\n", "-\n", "?\n"

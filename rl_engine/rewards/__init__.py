@@ -1,9 +1,6 @@
-"""Task sets and reward functions (see tasks.py, scoring.py, arithmetic.py for the demo task,
-countdown.py for the long-tail task of partial rollouts, and isolation.py for the worker
-processes that run user code)."""
+"""Task sets and reward functions (see tasks.py, scoring.py, and isolation.py for the worker
+processes that run user code); the demo tasks and their rewards live in rl_engine/demos/."""
 
-from rl_engine.rewards.arithmetic import ArithmeticRewardFn, make_arithmetic_tasks, write_arithmetic_taskset
-from rl_engine.rewards.countdown import CountdownRewardFn, make_countdown_tasks, write_countdown_taskset
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodePool, UserCodeTimeout
 from rl_engine.rewards.scoring import (
     PythonRewardFn,
@@ -17,8 +14,6 @@ from rl_engine.rewards.scoring import (
 from rl_engine.rewards.tasks import Task, TaskIterator, encode_task, format_prompt, load_taskset, write_taskset
 
 __all__ = [
-    "ArithmeticRewardFn",
-    "CountdownRewardFn",
     "PythonRewardFn",
     "RewardError",
     "RewardFn",
@@ -33,10 +28,6 @@ __all__ = [
     "encode_task",
     "format_prompt",
     "load_taskset",
-    "make_arithmetic_tasks",
-    "make_countdown_tasks",
     "score_rollouts",
-    "write_arithmetic_taskset",
-    "write_countdown_taskset",
     "write_taskset",
 ]

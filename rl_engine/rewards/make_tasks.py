@@ -23,15 +23,15 @@ TASKS = ("arithmetic", "countdown", "word-arithmetic", "calculator", "guess_numb
 def task_module(task: str) -> ModuleType:
     """The module whose `main` writes `task`'s task set (imported only when chosen)."""
     if task == "arithmetic":
-        from rl_engine.rewards import arithmetic as m
+        from rl_engine.demos import arithmetic as m
     elif task == "countdown":
-        from rl_engine.rewards import countdown as m
+        from rl_engine.demos import countdown as m
     elif task == "word-arithmetic":
-        from rl_engine.rewards import word_arithmetic as m
+        from rl_engine.demos import word_arithmetic as m
     elif task == "calculator":
-        from rl_engine.rollout import calculator as m
+        from rl_engine.demos import calculator as m
     else:
-        from rl_engine.rollout import guess_number as m
+        from rl_engine.demos import guess_number as m
     return m
 
 

@@ -40,12 +40,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from rl_engine.demos.arithmetic import ArithmeticRewardFn
+from rl_engine.demos.countdown import CountdownRewardFn
+from rl_engine.demos.word_arithmetic import FinalAnswerRewardFn
 from rl_engine.errors import UserError
-from rl_engine.rewards.arithmetic import ArithmeticRewardFn
-from rl_engine.rewards.countdown import CountdownRewardFn
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodePool, UserCodeTimeout
 from rl_engine.rewards.tasks import Task
-from rl_engine.rewards.word_arithmetic import FinalAnswerRewardFn
 
 log = logging.getLogger(__name__)
 MAX_ERROR_MESSAGES = 5

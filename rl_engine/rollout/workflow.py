@@ -381,11 +381,11 @@ def build_workflow(cfg: Any) -> Callable[..., Any] | None:
     if cfg.type == "single_turn":
         return None
     if cfg.type == "calculator":
-        from rl_engine.rollout.calculator import calculator_workflow
+        from rl_engine.demos.calculator import calculator_workflow
 
         return functools.partial(calculator_workflow, max_calls=cfg.max_calls)
     if cfg.type == "guess_number":
-        from rl_engine.rollout.guess_number import guess_number_workflow
+        from rl_engine.demos.guess_number import guess_number_workflow
 
         return functools.partial(guess_number_workflow, max_turns=cfg.max_turns)
     if cfg.type == "python":

@@ -192,7 +192,7 @@ def test_rft_eval_a_model_directory(tiny_model_dir, tmp_path, capsys):
     from pathlib import Path
 
     from cli.main import main as rft
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
 
     tasks = write_arithmetic_taskset(str(tmp_path / "heldout.jsonl"), n=6, seed=5)
     config = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"

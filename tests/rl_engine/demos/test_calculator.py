@@ -1,7 +1,7 @@
-"""The calculator workflow (rl_engine/rollout/calculator.py): the tool, the episode a scripted
+"""The calculator workflow (rl_engine/demos/calculator.py): the tool, the episode a scripted
 model plays through it, the task sets, make-tasks and the warm start. No engine.
 
-    .venv/bin/python -m pytest tests/rl_engine/rollout/test_calculator.py -q
+    .venv/bin/python -m pytest tests/rl_engine/demos/test_calculator.py -q
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from rl_engine.rewards import ArithmeticRewardFn, Task
-from rl_engine.rollout.calculator import (
+from rl_engine.demos.arithmetic import ArithmeticRewardFn
+from rl_engine.demos.calculator import (
     ERROR,
     MAX_OPERAND,
     MIN_OPERAND,
@@ -22,6 +22,7 @@ from rl_engine.rollout.calculator import (
     is_heldout,
     make_calculator_tasks,
 )
+from rl_engine.rewards import Task
 from tests.rl_engine.rollout.fake_episode import EOS_MARK, FakeEpisode, FakeTask
 
 # ---------------------------------------------------------------- the tool

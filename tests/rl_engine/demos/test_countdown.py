@@ -1,7 +1,7 @@
 """The long-tail countdown task: its length distribution, generator, CLI, reward, the repetition
 detector's view of correct answers, and the warm start's countdown data (fast: no engine, no SFT).
 
-    .venv/bin/python -m pytest tests/rl_engine/rewards/test_rewards_countdown.py -q
+    .venv/bin/python -m pytest tests/rl_engine/demos/test_countdown.py -q
 """
 
 from __future__ import annotations
@@ -15,16 +15,15 @@ import yaml
 
 from cli.main import main as rft
 from rl_engine.config import CountdownReward, TasksetConfig, load_config
-from rl_engine.errors import UserError
-from rl_engine.rewards import (
+from rl_engine.demos.countdown import (
     CountdownRewardFn,
-    Task,
-    build_reward,
-    load_taskset,
+    countdown_answer,
+    countdown_weights,
     make_countdown_tasks,
     write_countdown_taskset,
 )
-from rl_engine.rewards.countdown import countdown_answer, countdown_weights
+from rl_engine.errors import UserError
+from rl_engine.rewards import Task, build_reward, load_taskset
 
 REPO = Path(__file__).parents[3]
 

@@ -1,7 +1,7 @@
-"""The guessing game (rl_engine/rollout/guess_number.py) played by a scripted model, its task set
+"""The guessing game (rl_engine/demos/guess_number.py) played by a scripted model, its task set
 and make-tasks. No engine.
 
-    .venv/bin/python -m pytest tests/rl_engine/rollout/test_guess_number.py -q
+    .venv/bin/python -m pytest tests/rl_engine/demos/test_guess_number.py -q
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from rl_engine.rollout.guess_number import (
+from rl_engine.demos.guess_number import (
     feedback,
     guess_number_workflow,
     make_guess_number_tasks,

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from rl_engine.config import FinalAnswerReward
+from rl_engine.demos.word_arithmetic import final_number, make_word_arithmetic_tasks
 from rl_engine.errors import UserError
 from rl_engine.rewards import Task, build_reward
 from rl_engine.rewards.make_tasks import main as make_tasks
-from rl_engine.rewards.word_arithmetic import final_number, make_word_arithmetic_tasks
 
 
 def test_tasks_are_seeded_and_the_held_out_split_is_disjoint_from_train():

@@ -7,9 +7,9 @@ import textwrap
 import pytest
 
 from rl_engine.config import PythonReward
+from rl_engine.demos.arithmetic import ArithmeticRewardFn
 from rl_engine.errors import UserError
 from rl_engine.rewards import PythonRewardFn, RewardError, RolloutSample, Task, build_reward, score_rollouts
-from rl_engine.rewards.arithmetic import ArithmeticRewardFn
 
 
 def _sample(response, answer="19", finish="stop", tid="t"):

@@ -38,7 +38,7 @@ def test_warm_start_is_partly_right(warm_model):
 
 def test_grpo_steps_raise_the_expected_reward(warm_model, tmp_path):
     from rl_engine.config import RFTConfig
-    from rl_engine.rewards import write_arithmetic_taskset
+    from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.roles.loop import run_loop
 
     model_dir, _ = warm_model

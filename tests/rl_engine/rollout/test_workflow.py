@@ -137,7 +137,7 @@ def test_an_engine_failure_fails_the_step():
 def calc_like(task, episode):
     """A tool-using shape on an untrained model: a turn, the tool's answer (computed in the
     user-code pool), a last turn."""
-    from rl_engine.rollout.calculator import calc
+    from rl_engine.demos.calculator import calc
 
     episode.generate(max_tokens=6, stop=["7"])
     episode.append_text("=" + episode.call(calc, "3*4") + "\n")
@@ -168,8 +168,8 @@ def test_token_in_token_out_on_vllm(example, engine, tiny_model_dir):
     of the sampled tokens equal vLLM's (the sync tests' tolerance)."""
     from transformers import AutoModelForCausalLM
 
+    from rl_engine.demos.guess_number import guess_number_workflow
     from rl_engine.rewards.isolation import UserCodePool
-    from rl_engine.rollout.guess_number import guess_number_workflow
 
     tok = engine.tokenizer
     appended: dict = {}
