@@ -120,9 +120,8 @@ def install(rollout_s: float, train_s: float, sync_s: float) -> None:
     cost model no longer implements the protocols the roles call)."""
     import rl_engine.roles.explorer
     import rl_engine.roles.trainer
+    from rl_engine.api import RolloutEngine, Trainer
     from rl_engine.conformance import mismatches
-    from rl_engine.rollout.engine import RolloutEngine
-    from rl_engine.trainer import Trainer
 
     if problems := mismatches(CostModelEngine, RolloutEngine) + mismatches(CostModelTrainer, Trainer):
         raise TypeError("bench.cost_model is behind the protocols: " + "; ".join(problems))

@@ -251,7 +251,7 @@ def clipped_objective(
 
 
 def ppo_clip_token_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float, clip_eps_high: float
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps_low: float, clip_eps_high: float
 ) -> tuple[Tensor, Tensor]:
     """Token-level PPO-clip: `clipped_objective` of r = exp(logprobs - old_logprobs) [B, L]."""
     return clipped_objective(torch.exp(logprobs - old_logprobs), advantages, clip_eps_low, clip_eps_high)
@@ -274,7 +274,12 @@ def gspo_token_loss(
 
 
 def cispo_token_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_eps_low: float | None, clip_eps_high: float
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps_low: float | None,
+    clip_eps_high: float,
 ) -> tuple[Tensor, Tensor]:
     """CISPO: loss = -sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * log pi per token [B, L], and
     where the weight was clipped [B, L] bool. Unlike PPO-clip, no token loses its gradient: the
@@ -285,7 +290,7 @@ def cispo_token_loss(
     return -w * adv * logprobs, w != r
 
 
-def kimi_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, tau: float) -> Tensor:
+def kimi_token_loss(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, tau: float) -> Tensor:
     """Kimi k1.5's objective per token [B, L]: -A * log pi + tau / 2 * (log pi - log pi_old)^2.
 
     The first term is the policy gradient with the mean-reward baseline (use dr_grpo advantages);

@@ -2,7 +2,7 @@
 
     loss = aggregate(w * token_loss(pi, pi_proximal, A), mask) + kl.coef * aggregate(keep * KL, mask)
 
-token_loss: ppo_clip | gspo | cispo | kimi against the proximal policy (vLLM's behavior logprobs,
+token_loss: the registered loss `cfg.loss` names (ppo_clip | gspo | cispo | kimi | a plugin's) against the proximal policy (vLLM's behavior logprobs,
 or the trainer's own recomputed before the update); w and keep: the off-policy correction of
 proximal vs behavior (1 without one). The caller has already removed from `mask` what is not
 trained at all (stale versions, dynamic sampling's filtered groups, truncated responses), and
@@ -17,16 +17,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rl_engine.algorithms.losses import (
-    aggregate,
-    cispo_token_loss,
-    gspo_token_loss,
-    kimi_token_loss,
-    kl_token,
-    offpolicy_weights,
-    ppo_clip_token_loss,
-)
+from rl_engine.algorithms.losses import aggregate, kl_token, offpolicy_weights
 from rl_engine.config import AlgorithmConfig
+from rl_engine.registry import LOSSES
 
 
 @dataclass
@@ -105,15 +98,13 @@ def policy_loss(
 def _token_loss(
     logprobs: Tensor, proximal: Tensor, advantages: Tensor, mask: Tensor, cfg: AlgorithmConfig
 ) -> tuple[Tensor, Tensor]:
-    """(per-token loss [B, L], clipped [B, L] bool) of the configured policy loss."""
-    lc = cfg.loss
-    if lc.type == "ppo_clip":
-        return ppo_clip_token_loss(logprobs, proximal, advantages, lc.clip_eps_low, lc.clip_eps_high)
-    if lc.type == "gspo":
-        return gspo_token_loss(logprobs, proximal, advantages, mask, lc.clip_eps_low, lc.clip_eps_high)
-    if lc.type == "cispo":
-        return cispo_token_loss(logprobs, proximal, advantages, lc.clip_eps_low, lc.clip_eps_high)
-    if lc.type == "kimi":
-        loss = kimi_token_loss(logprobs, proximal, advantages, lc.tau)
-        return loss, torch.zeros_like(loss, dtype=torch.bool)
-    raise ValueError(f"unknown policy loss {lc.type!r}")
+    """(per-token loss [B, L], clipped [B, L] bool) of the configured policy loss; a loss that
+    returns only the loss clipped nothing."""
+    out = LOSSES.build(cfg.loss)(logprobs, proximal, advantages, mask)
+    loss, clipped = out if isinstance(out, tuple) else (out, torch.zeros_like(out, dtype=torch.bool))
+    if loss.shape != logprobs.shape:
+        raise ValueError(
+            f"algorithm.loss {cfg.loss.type!r} returned a loss of shape {tuple(loss.shape)}; "
+            f"a policy loss returns one value per token, shape {tuple(logprobs.shape)} (rl_engine.api.PolicyLoss)"
+        )
+    return loss, clipped

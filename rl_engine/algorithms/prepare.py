@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from rl_engine.algorithms.advantages import group_advantages, informative_rows, overlong_penalty
+from rl_engine.algorithms.advantages import informative_rows, overlong_penalty
 from rl_engine.config import AlgorithmConfig
+from rl_engine.registry import ESTIMATORS
 
 
 @dataclass
@@ -58,7 +59,13 @@ def prepare_rows(
     keep = informative_rows(shaped, g) if cfg.dynamic_sampling else torch.ones_like(r, dtype=torch.bool)  # [B]
     adv = torch.zeros_like(r)
     if keep.any():
-        adv[keep] = group_advantages(shaped[keep], g[keep], cfg.advantage.type, cfg.advantage.std)
+        got = ESTIMATORS.build(cfg.advantage)(shaped[keep], g[keep])  # [K]
+        if not isinstance(got, torch.Tensor) or got.shape != shaped[keep].shape:
+            raise ValueError(
+                f"algorithm.advantage {cfg.advantage.type!r} returned {getattr(got, 'shape', type(got).__name__)}; "
+                f"an estimator returns one advantage per experience, a tensor of shape {tuple(shaped[keep].shape)}"
+            )
+        adv[keep] = got.to(adv.dtype)
     trained = keep.clone()
     if cfg.overlong.mask_truncated:
         trained &= ~truncated.cpu().bool()

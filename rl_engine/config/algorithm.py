@@ -12,11 +12,12 @@ in rl_engine/algorithms.
 from __future__ import annotations
 
 import copy
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rl_engine.config.base import _Model
+from rl_engine.config.base import _Model, check_registered, variants
+from rl_engine.registry import ESTIMATORS, IMPORT_PATH, LOSSES
 
 StdLevel = Literal["group", "batch", "none"]
 
@@ -77,9 +78,30 @@ class ReinforcePPAdvantage(_Model):
     )
 
 
-AdvantageConfig = Annotated[
-    GRPOAdvantage | DrGRPOAdvantage | RLOOAdvantage | ReinforcePPAdvantage, Field(discriminator="type")
-]
+class PythonAdvantage(_Model):
+    """A user estimator `package.module:function(rewards [B], group_index [B], **kwargs) -> advantages [B]`
+    (`rl_engine.api.AdvantageEstimator`), not registered."""
+
+    type: Literal["python"] = Field(description="A user function named by import path.")
+    function: str = Field(description="Import path `package.module:function` of the estimator.", pattern=IMPORT_PATH)
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed on every call.")
+
+
+class RegisteredAdvantage(_Model):
+    """An estimator a plugin registered (`@register_estimator(name)` in a module of `plugins:`)."""
+
+    type: str = Field(description="The registered name.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed on every call.")
+
+    @field_validator("type")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return check_registered(ESTIMATORS, v)
+
+
+AdvantageConfig = variants(
+    GRPOAdvantage, DrGRPOAdvantage, RLOOAdvantage, ReinforcePPAdvantage, PythonAdvantage, registered=RegisteredAdvantage
+)
 
 # ---- policy losses (the ratio's denominator is `proximal`; the corrections below weight them)
 
@@ -129,7 +151,28 @@ class KimiLoss(_Model):
     tau: float = Field(default=0.1, gt=0.0, description="Weight tau of the squared log-ratio penalty.")
 
 
-LossConfig = Annotated[PPOClipLoss | GSPOLoss | CISPOLoss | KimiLoss, Field(discriminator="type")]
+class PythonLoss(_Model):
+    """A user policy loss `package.module:function(logprobs, proximal, advantages, mask, **kwargs)` ->
+    per-token loss [B, L] or (loss, clipped) (`rl_engine.api.PolicyLoss`), not registered."""
+
+    type: Literal["python"] = Field(description="A user function named by import path.")
+    function: str = Field(description="Import path `package.module:function` of the loss.", pattern=IMPORT_PATH)
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed on every call.")
+
+
+class RegisteredLoss(_Model):
+    """A policy loss a plugin registered (`@register_loss(name)` in a module of `plugins:`)."""
+
+    type: str = Field(description="The registered name.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed on every call.")
+
+    @field_validator("type")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return check_registered(LOSSES, v)
+
+
+LossConfig = variants(PPOClipLoss, GSPOLoss, CISPOLoss, KimiLoss, PythonLoss, registered=RegisteredLoss)
 
 
 class CorrectionConfig(_Model):
@@ -217,10 +260,11 @@ class AlgorithmConfig(_Model):
     repeat_times: int = Field(default=4, ge=1, le=1024, description="Rollouts per task (the group size).")
     advantage: AdvantageConfig = Field(
         default_factory=lambda: GRPOAdvantage(type="grpo"),
-        description="Advantage estimator: grpo | dr_grpo | rloo | reinforce_pp.",
+        description="Advantage estimator: grpo | dr_grpo | rloo | reinforce_pp, python (a function by import path) or a plugin's registered name.",
     )
     loss: LossConfig = Field(
-        default_factory=lambda: PPOClipLoss(type="ppo_clip"), description="Policy loss: ppo_clip | gspo | cispo | kimi."
+        default_factory=lambda: PPOClipLoss(type="ppo_clip"),
+        description="Policy loss: ppo_clip | gspo | cispo | kimi, python (a function by import path) or a plugin's registered name.",
     )
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = Field(
         default="token-mean",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Union
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Discriminator, Tag
 
 from rl_engine.errors import UserError
 
@@ -69,3 +69,23 @@ def find_secret(options: Any, prefix: str = "") -> str | None:
             if found:
                 return found
     return None
+
+
+def variants(*models: type[_Model], registered: type[_Model]) -> Any:
+    """A union on `type` of `models` (the built-ins and `type: python`, each by its `type` literal)
+    and `registered`, which takes every other name (a plugin's, checked against its registry)."""
+    tags = {m.model_fields["type"].annotation.__args__[0]: m for m in models}
+
+    def tag(v: Any) -> str:
+        t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+        return t if t in tags else "registered"
+
+    members = tuple(Annotated[m, Tag(t)] for t, m in tags.items()) + (Annotated[registered, Tag("registered")],)
+    return Annotated[Union[members], Discriminator(tag)]  # noqa: UP007 - a Union of a tuple built at runtime
+
+
+def check_registered(registry: Any, name: str) -> str:
+    """`name` when a plugin registered it in `registry`; else the error listing what is registered."""
+    if name not in registry:
+        raise ValueError(registry.unknown(name))
+    return name

@@ -25,6 +25,7 @@ from rl_engine.config.synchronizer import (
     RendezvousSync,
     misplaced,
 )
+from rl_engine.registry import ESTIMATORS, LOSSES
 
 
 def _format_errors(source: str, err: ValidationError, data: Any) -> str:
@@ -72,7 +73,12 @@ def _problem(e: Any, mode: Any) -> str:
     )
 
 
-_UNION_TAGS = {("reward", tag) for tag in _REWARD_TAGS} | {("synchronizer", tag) for tag in SYNC_TAGS}
+_UNION_TAGS = (
+    {("reward", tag) for tag in _REWARD_TAGS}
+    | {("synchronizer", tag) for tag in SYNC_TAGS}
+    | {(section, tag) for section, reg in (("loss", LOSSES), ("advantage", ESTIMATORS)) for tag in reg.names()}
+    | {(section, tag) for section in ("loss", "advantage", "reward", "workflow") for tag in ("python", "registered")}
+)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

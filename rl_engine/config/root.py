@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import os
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -133,6 +134,20 @@ class LineageConfig(_Model):
 MAX_SEED = 2**32 - 1024
 
 
+def import_plugins(plugins: Any) -> None:
+    """Import each module of a config's `plugins:` list (their registrations run at import)."""
+    if not isinstance(plugins, list):
+        return  # not a list: the field's own validation names it
+    for i, name in enumerate(plugins):
+        if isinstance(name, str):
+            try:
+                importlib.import_module(name)
+            except Exception as e:  # noqa: BLE001 - ImportError, or the module failing at import
+                raise ValueError(
+                    f"plugins[{i}] = {name!r}: cannot import it ({type(e).__name__}: {e}); is it installed or on PYTHONPATH?"
+                ) from None
+
+
 class RFTConfig(_Model):
     """A whole RFT run."""
 
@@ -146,6 +161,10 @@ class RFTConfig(_Model):
         ge=0,
         le=MAX_SEED,
         description=f"Seed of sampling, task order and trainer; 0..{MAX_SEED} (explorer i's vLLM engine gets seed + i, which numpy takes only below 2**32).",
+    )
+    plugins: list[Annotated[str, Field(pattern=r"^[\w.]+$")]] = Field(
+        default_factory=list,
+        description="Modules imported before the rest of the config is checked (in every process of the run), so that the losses, estimators, rewards and workflows they register with rl_engine.api can be named by `type`.",
     )
     model: ModelConfig = Field(description="The policy model.")
     taskset: TasksetConfig = Field(description="Tasks and reward.")
@@ -176,7 +195,11 @@ class RFTConfig(_Model):
         # The one rewrite before checking, and why: Prefect validates a deployment's stored `cfg`
         # parameter with this model itself (not through validate_config), so a deployment or
         # schedule registered before a shape change would fail every run until redeployed.
-        return migrate(data)[0] if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            return data
+        data = migrate(data)[0]
+        import_plugins(data.get("plugins"))
+        return data
 
     @field_validator("seed", mode="before")
     @classmethod

@@ -12,11 +12,11 @@ from collections.abc import Callable
 
 import torch
 
+from rl_engine.api import WeightReceiver, WeightSender
 from rl_engine.board import Board
 from rl_engine.config import RFTConfig
 from rl_engine.pruning import delete, list_dirs
 from rl_engine.storage import open_storage
-from rl_engine.sync.base import WeightReceiver, WeightSender
 from rl_engine.sync.checkpoint import CHECKPOINTS, CheckpointReceiver, CheckpointSender
 from rl_engine.sync.collective import CollectiveReceiver, CollectiveSender
 from rl_engine.sync.delta import DELTAS, DeltaCheckpointReceiver, DeltaCheckpointSender

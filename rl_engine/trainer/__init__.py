@@ -1,4 +1,4 @@
-"""The trainer side: the `Trainer` protocol, its settings and its factory (DeepSpeed is the one implementation).
+"""The trainer side: the `Trainer` protocol (rl_engine.api), its settings and its factory (DeepSpeed is the one implementation).
 
 from rl_engine.trainer import build_trainer, trainer_settings
 trainer = build_trainer(trainer_settings(cfg))   # cfg: a run's RFTConfig (train_batch_size resolved or derivable)
@@ -8,7 +8,7 @@ trainer.close()                                  # with several ranks: the other
 
 from __future__ import annotations
 
-from rl_engine.trainer.protocol import Trainer
+from rl_engine.api import Trainer
 from rl_engine.trainer.settings import TrainerSettings, trainer_settings
 
 

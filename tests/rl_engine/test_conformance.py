@@ -12,12 +12,11 @@ from typing import Any, Protocol
 import pytest
 
 from bench.cost_model import CostModelEngine, CostModelTrainer
+from rl_engine.api import RolloutEngine, Trainer, WeightReceiver, WeightSender
 from rl_engine.conformance import mismatches
-from rl_engine.rollout.engine import RolloutEngine, VLLMRolloutEngine
-from rl_engine.sync.base import WeightReceiver, WeightSender
+from rl_engine.rollout.engine import VLLMRolloutEngine
 from rl_engine.sync.checkpoint import CheckpointReceiver, CheckpointSender
 from rl_engine.sync.collective import CollectiveReceiver, CollectiveSender
-from rl_engine.trainer import Trainer
 from rl_engine.trainer.deepspeed_trainer import DeepSpeedTrainer
 from rl_engine.trainer.ranks import LeaderTrainer
 

@@ -122,7 +122,7 @@ def test_ppo_clip_token_loss_cases():
     old = torch.zeros(2, 3)
     new = torch.tensor([[0.5, LN(0.5), LN(1.25)]] * 2)
     adv = torch.tensor([1.0, -1.0])
-    loss, clipped = ppo_clip_token_loss(new, old, adv, 0.2, 0.28)
+    loss, clipped = ppo_clip_token_loss(new, old, adv, torch.ones_like(new), 0.2, 0.28)
     # A = +1: max(-1.6487, -1.28) = -1.28 (clipped); max(-.5, -.8) = -.5; max(-1.25, -1.25) = -1.25
     # A = -1: max(1.6487, 1.28) = 1.6487; max(.5, .8) = .8 (clipped); max(1.25, 1.25) = 1.25
     close(loss, [[-1.28, -0.5, -1.25], [math.exp(0.5), 0.8, 1.25]])
@@ -131,7 +131,7 @@ def test_ppo_clip_token_loss_cases():
 
 def test_ppo_clip_gradient_is_zero_where_clipped():
     new = torch.tensor([[0.5, LN(0.5)]], requires_grad=True)
-    loss, _ = ppo_clip_token_loss(new, torch.zeros(1, 2), torch.tensor([1.0]), 0.2, 0.2)
+    loss, _ = ppo_clip_token_loss(new, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2), 0.2, 0.2)
     loss.sum().backward()
     # d(-A r)/d logp = -A r: clipped token 0 -> 0, token 1 -> -.5
     close(new.grad, [[0.0, -0.5]])

@@ -231,7 +231,7 @@ def test_gspo_clips_whole_sequences():
     close(lp.grad, torch.zeros(2, 2))
     # a single-token response: s is its own ratio, GSPO is token-level PPO-clip
     g, gc = gspo_token_loss(lp[:, :1], old[:, :1], torch.tensor([1.0, -1.0]), torch.ones(2, 1), 0.2, 0.2)
-    p, pc = ppo_clip_token_loss(lp[:, :1], old[:, :1], torch.tensor([1.0, -1.0]), 0.2, 0.2)
+    p, pc = ppo_clip_token_loss(lp[:, :1], old[:, :1], torch.tensor([1.0, -1.0]), torch.ones(2, 1), 0.2, 0.2)
     close(g, p)
     assert gc.tolist() == pc.tolist()
 
@@ -241,17 +241,17 @@ def test_cispo_keeps_the_gradient_of_clipped_tokens():
     # loss = -w A log pi = -2 ln .6 = 1.02165, -.5 ln .1 = 1.15129; d/d log pi = -w A = -2, -.5
     old = torch.full((1, 2), LN(0.2))
     lp = torch.tensor([[LN(0.6), LN(0.1)]], requires_grad=True)
-    loss, clipped = cispo_token_loss(lp, old, torch.tensor([1.0]), None, 1.0)
+    loss, clipped = cispo_token_loss(lp, old, torch.tensor([1.0]), torch.ones_like(lp), None, 1.0)
     close(loss, [[-2 * LN(0.6), -0.5 * LN(0.1)]])
     assert clipped.tolist() == [[True, False]]
     loss.sum().backward()
     close(lp.grad, [[-2.0, -0.5]])
     # PPO-clip with the same bound drops the clipped token's gradient: ratio 3 > 2 with A > 0 -> 0; r = .5 -> -A r = -.5
     lp2 = lp.detach().clone().requires_grad_()
-    ppo_clip_token_loss(lp2, old, torch.tensor([1.0]), 0.9, 1.0)[0].sum().backward()
+    ppo_clip_token_loss(lp2, old, torch.tensor([1.0]), torch.ones_like(old), 0.9, 1.0)[0].sum().backward()
     close(lp2.grad, [[0.0, -0.5]])
     # a lower bound 1 - .2 = .8 clips r = .5 up to .8: loss -.8 ln .1
-    loss, clipped = cispo_token_loss(lp, old, torch.tensor([1.0]), 0.2, 1.0)
+    loss, clipped = cispo_token_loss(lp, old, torch.tensor([1.0]), torch.ones_like(lp), 0.2, 1.0)
     close(loss[0, 1], -0.8 * LN(0.1))
     assert clipped.tolist() == [[True, True]]
 
@@ -262,12 +262,12 @@ def test_kimi_penalty_is_flat_at_pi_old():
     old = torch.full((1, 2), LN(0.5))
     lp = torch.tensor([[LN(0.5), LN(0.5)]], requires_grad=True)
     shifted_old = old - torch.tensor([[0.0, 0.4]])
-    loss = kimi_token_loss(lp, shifted_old, torch.tensor([2.0]), 0.5)
+    loss = kimi_token_loss(lp, shifted_old, torch.tensor([2.0]), torch.ones_like(lp), 0.5)
     close(loss, [[-2 * LN(0.5), -2 * LN(0.5) + 0.04]])
     loss.sum().backward()
     close(lp.grad, [[-2.0, -1.8]])
     lp.grad = None
-    kimi_token_loss(lp, old, torch.zeros(1), 0.5).sum().backward()  # the penalty alone, at pi = pi_old
+    kimi_token_loss(lp, old, torch.zeros(1), torch.ones_like(lp), 0.5).sum().backward()  # the penalty alone, at pi = pi_old
     close(lp.grad, [[0.0, 0.0]])
 
 
