@@ -31,7 +31,7 @@ JSON keys: `api_to_first_rollout_s` (their sum) and one `<component>_s` per row 
 the same with a `server_` prefix for the engine-server runs (goal: `server_api_to_first_rollout_s`
 <= 10 s), and `engine_server_start_s`, what starting the server took once;
 `worker_terminal_lines_per_run`, the most lines the worker's terminal got for one run (the
-engines' output goes to the run's log files, rl_engine/run/logfile.py); `op_rebuilt_during_runs`,
+engines' output goes to the run's log files, rl_engine/run/logs.py); `op_rebuilt_during_runs`,
 1 if DeepSpeed's CPU op was (re)built while the measured runs went (it is built per virtualenv,
 once: rl_engine/trainer/dist.py), so the start-up figures never count a rebuild.
 """

@@ -102,14 +102,14 @@ def print_warnings(warnings: list[str]) -> None:
 
 def cmd_run(a: argparse.Namespace) -> int:
     from cli.run import run_from_cli
-    from rl_engine.run.reaper import start_reaper
+    from rl_engine.proc.reaper import start_reaper
 
     start_reaper()  # a killed `rft run` leaves nothing running (its ephemeral Prefect server above all)
     return run_from_cli(a.config, a.overrides, resume=a.resume)
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from rl_engine.run.reaper import start_reaper
+    from rl_engine.proc.reaper import start_reaper
 
     start_reaper()
     if a.model == "smollm2":

@@ -8,7 +8,7 @@ on a worker. On a TTY the line is redrawn in place; elsewhere (a pipe, CI) a pla
 every `monitor.log_every` trainer steps.
 
 For the run, this process's stdout and stderr descriptors point at the log file (every child
-inherits them; rl_engine/run/logfile.py says why), and the terminal keeps a duplicate for the
+inherits them; rl_engine/proc/logfile.py says why), and the terminal keeps a duplicate for the
 progress line; both are restored before the run's error or summary is printed.
 
     with run_log(url, opts) as log, terminal_to(log) as term, follow(url, opts, total, 1, term):

@@ -17,7 +17,7 @@ from typing import Any
 from rl_engine.config import RFTConfig, load_config, validate_config
 from rl_engine.errors import UserError, hide_user_error_tracebacks
 from rl_engine.model_dir import is_model_dir
-from rl_engine.run.starts import count_start
+from rl_engine.proc.starts import count_start
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,8 @@ def run_watched(cfg: RFTConfig, resume: str | None = None) -> Any:
     import logging
 
     from cli.progress import follow
-    from rl_engine.run.logfile import run_log, terminal_to
+    from rl_engine.proc.logfile import terminal_to
+    from rl_engine.run.logs import run_log
 
     if resume is None and cfg.name is None:
         # Named here (as the flow would name it) so the terminal knows where the run's files appear.

@@ -26,10 +26,11 @@ from pydantic import Field
 from rl_engine.board import STOP_KEY, Board, request_stop
 from rl_engine.config import RFTConfig, apply_overrides, validate_config
 from rl_engine.errors import UserError, hide_user_error_tracebacks
+from rl_engine.proc.logfile import terminal_to
 from rl_engine.roles.entry import roles_share_process
 from rl_engine.run.context import RunContext
 from rl_engine.run.driver import RunDriver
-from rl_engine.run.logfile import run_log, terminal_to
+from rl_engine.run.logs import run_log
 from tasks.evaluation import start_evaluation
 from tasks.report import follow_trackers, publish_report, publish_resume, report_key_prefix, start_progress
 from tasks.roles import explorer_task, trainer_task
@@ -176,7 +177,7 @@ def output_to_run_log(
 ) -> Iterator[None]:
     """In a flow run's own process (a worker's): its stdout and stderr, and every child's (vLLM's
     engine processes, DeepSpeed's op builds), go to `<run>/logs/<name>` until the block ends, as
-    `rft run` does with its own (rl_engine/run/logfile.py); the worker's terminal gets one line
+    `rft run` does with its own (rl_engine/proc/logfile.py); the worker's terminal gets one line
     saying where. Elsewhere `rft run` or the caller owns the terminal: nothing changes."""
     if not in_own_process():
         yield

@@ -18,7 +18,7 @@ from rl_engine.config import EvalTasksetConfig
 from rl_engine.errors import UserError
 from rl_engine.roles.evaluate_run import evaluate_versions, saved_versions
 from rl_engine.run.context import open_run
-from rl_engine.run.logfile import role_log_name
+from rl_engine.run.logs import role_log_name
 from rl_engine.run.report import eval_table, heldout_curve_png
 from tasks.evaluation import artifact_prefix, png_markdown
 

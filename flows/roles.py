@@ -17,7 +17,7 @@ from prefect import flow
 from flows.common import end_cancelled, output_to_run_log
 from rl_engine.board import role_name
 from rl_engine.roles import entry as roles
-from rl_engine.run.logfile import role_log_name
+from rl_engine.run.logs import role_log_name
 from tasks.continuations import explorer_step_done
 from tasks.evaluation import evaluation_done
 from tasks.report import off_the_loop, trainer_step_done

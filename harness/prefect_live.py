@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from rl_engine.run.starts import count_start
+from rl_engine.proc.starts import count_start
 from rl_engine.trainer.dist import free_port
 
 REPO = Path(__file__).resolve().parents[1]

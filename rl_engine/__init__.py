@@ -22,10 +22,10 @@ Floors, bottom up: a module imports only from its own floor or below, and nothin
 circle (tests/test_layering.py reads this list and checks every import, lazy ones included; a
 name stands for a module or a whole package):
 
-    0  errors registry conformance schedule tiny_model fetch_model run.failpoints run.owner_watch run.reaper run.starts sync.delta_format
+    0  errors registry conformance schedule tiny_model fetch_model proc sync.delta_format
     1  config experience
     2  storage model_dir
-    3  board pruning run.lease run.timeline run.devices run.logfile rewards algorithms
+    3  board pruning run.lease run.timeline run.devices run.logs rewards algorithms
     4  buffer rollout
     5  run.storage_checks run.context evaluate rewards.make_tasks demos
     6  trainer sync

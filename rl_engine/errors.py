@@ -1,5 +1,4 @@
-"""Errors a user can fix (bad config, missing file, malformed row), and how a child process
-ended, for the messages that report one (`describe_exit`).
+"""Errors a user can fix (bad config, missing file, malformed row).
 
 The CLI prints a `UserError` as its message alone, one clear line (or a few), and exits 2;
 anything else is a bug and keeps its traceback. A UserError raised inside a flow or task is
@@ -8,20 +7,6 @@ also logged by Prefect on its way out, traceback and all: `rft run` calls
 """
 
 import logging
-import signal
-
-
-def describe_exit(code: int | None) -> str:
-    """A child process's exit code as words: "exit code 3", "killed by SIGKILL" (a negative code
-    is the signal, as multiprocessing and psutil report it), "exited" when it is not known."""
-    if code is None:
-        return "exited"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 class UserError(Exception):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from rl_engine.run.failpoints import failpoint
+from rl_engine.proc.failpoints import failpoint
 from rl_engine.storage import join
 
 FAILPOINT = "retention.after_marker"  # RFT_FAILPOINT=retention.after_marker@<n>: killed between marker and rest

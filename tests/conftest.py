@@ -20,7 +20,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from harness.prefect_live import start_server, start_worker  # noqa: E402 - after the environment above
-from rl_engine.run.starts import count_start  # noqa: E402
+from rl_engine.proc.starts import count_start  # noqa: E402
 from rl_engine.trainer.dist import free_port  # noqa: E402
 
 pytest_plugins = ["tests.suite_report"]  # the suite's time, starts and reruns, printed at the end of a run

@@ -4,7 +4,7 @@ runs/test-report.json: wall time against the budget, each test's duration, the e
 
 Loaded by tests/conftest.py (`pytest_plugins`). Under pytest-xdist the controller writes the
 report: the workers' reports reach it with their durations, and every process of the run (test
-workers, the runs they start) appends its starts to one tally file (rl_engine/run/starts.py).
+workers, the runs they start) appends its starts to one tally file (rl_engine/proc/starts.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_engine.run.starts import ENV as STARTS_ENV
-from rl_engine.run.starts import read_counts
+from rl_engine.proc.starts import ENV as STARTS_ENV
+from rl_engine.proc.starts import read_counts
 
 # `make test` on the 2-core machine CI runs on; README "Development" says how it is kept.
 BUDGET_MIN = 30.0

@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from rl_engine.buffer import _files
 from rl_engine.experience import ExperienceBatch
-from rl_engine.run.failpoints import failpoint
+from rl_engine.proc.failpoints import failpoint
 from rl_engine.storage import join, open_storage
 
 

@@ -4,7 +4,7 @@ A SIGKILL of the `rft run` process alone (not its process group) re-parents what
 started and leaves it running: above all Prefect's ephemeral server (`uvicorn ... prefect.server`,
 started by Prefect, which gives us no hook into its start). vLLM's engine processes watch their
 owner themselves (rl_engine/sync/worker_ext.py); this covers everything else. `start_reaper()`
-starts `python -m rl_engine.run.reaper PID`, which notes the descendants of PID every `interval_s`
+starts `python -m rl_engine.proc.reaper PID`, which notes the descendants of PID every `interval_s`
 and, once PID is gone (its own parent changes: the kernel re-parents it at once), stops those it
 saw that still run (SIGTERM, then SIGKILL after `grace_s`) and exits. A process group killed as a whole
 takes the reaper along.
@@ -12,7 +12,7 @@ takes the reaper along.
 Processes started in the last `interval_s` before the death are not seen; they are children of
 ones that are (or, like vLLM's, watch for themselves).
 
-    .venv/bin/python -m pytest tests/rl_engine/run/test_reaper.py
+    .venv/bin/python -m pytest tests/rl_engine/proc/test_reaper.py
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def start_reaper(interval_s: float = 0.5, grace_s: float = 5.0, ready_timeout_s:
     at our children is taken), so whatever this process starts from then on is covered."""
     global _reaper
     if _reaper is None or _reaper.poll() is not None:
-        cmd = [sys.executable, "-m", "rl_engine.run.reaper", str(os.getpid()), str(interval_s), str(grace_s)]
+        cmd = [sys.executable, "-m", "rl_engine.proc.reaper", str(os.getpid()), str(interval_s), str(grace_s)]
         _reaper = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, close_fds=True)
         ready, _, _ = select.select([_reaper.stdout], [], [], ready_timeout_s)
         line = _reaper.stdout.readline() if ready else b""
@@ -43,7 +43,7 @@ def start_reaper(interval_s: float = 0.5, grace_s: float = 5.0, ready_timeout_s:
         if line.strip() != b"watching":
             _reaper.kill()
             raise RuntimeError(
-                f"rl_engine.run.reaper did not start watching within {ready_timeout_s} s (exit code {_reaper.poll()})"
+                f"rl_engine.proc.reaper did not start watching within {ready_timeout_s} s (exit code {_reaper.poll()})"
             )
     return _reaper
 

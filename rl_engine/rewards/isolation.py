@@ -46,7 +46,7 @@ from typing import Any
 
 import pebble
 
-from rl_engine.errors import describe_exit
+from rl_engine.proc.exits import describe_exit
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 from rl_engine.board import TRAINER_KEY, Board, StopSignal, role_name
 from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.experience import ExperienceBatch
+from rl_engine.proc.failpoints import failpoint
 from rl_engine.rewards import TaskIterator, build_reward, encode_task, load_taskset
 from rl_engine.roles.episodes import explore_episodes
 from rl_engine.roles.groups import Group, group_id, one_step_generation, score_groups
@@ -43,7 +44,6 @@ from rl_engine.rollout.engine import build_rollout_engine
 from rl_engine.rollout.workflow import build_workflow
 from rl_engine.run.context import RunContext
 from rl_engine.run.devices import device_plan
-from rl_engine.run.failpoints import failpoint
 from rl_engine.run.lease import Fence
 from rl_engine.run.timeline import STARTUP, TimelineRecorder
 from rl_engine.schedule import admission_wait, batch_number, batches_needed

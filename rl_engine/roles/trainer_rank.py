@@ -18,8 +18,8 @@ from rl_engine.storage import add_storage_options_arg, parse_storage_options
 
 @record  # a rank's exception reaches torchrun's failure summary (and so the role's error)
 def main(argv: list[str] | None = None) -> None:
+    from rl_engine.proc.owner_watch import start_owner_watch
     from rl_engine.run.context import open_run
-    from rl_engine.run.owner_watch import start_owner_watch
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_url", help="the run's directory or URL")

@@ -10,7 +10,7 @@ import contextlib
 import time
 from typing import Any
 
-from rl_engine.errors import describe_exit
+from rl_engine.proc.exits import describe_exit
 
 
 class EngineProcesses:

@@ -66,8 +66,8 @@ import torch
 
 from rl_engine import storage
 from rl_engine.board import StopSignal
+from rl_engine.proc.failpoints import failpoint
 from rl_engine.pruning import Kind, committed, delete, list_dirs, to_delete
-from rl_engine.run.failpoints import failpoint
 from rl_engine.sync.base import SyncError
 from rl_engine.sync.checkpoint import (
     CHECKPOINTS,

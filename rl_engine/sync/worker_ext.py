@@ -13,7 +13,7 @@ Owner watch: vLLM's EngineCore and worker processes outlive a frontend that is S
 are re-parented and keep their memory). The engine's owner passes its PID in
 `RFT_ENGINE_OWNER_PID` while it starts the engine (`rl_engine.rollout.engine`); vLLM imports
 this module in every worker process, and importing it there starts a daemon thread
-(`rl_engine.run.owner_watch`) that, once the owner is gone, kills the processes between this worker
+(`rl_engine.proc.owner_watch`) that, once the owner is gone, kills the processes between this worker
 and the owner (the EngineCore) and then exits the worker.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.run.owner_watch import start_owner_watch
+from rl_engine.proc.owner_watch import start_owner_watch
 
 
 def _refresh_tied_lm_heads(model: torch.nn.Module) -> None:

@@ -35,7 +35,7 @@ from torch import Tensor
 from rl_engine.algorithms import policy_loss, prepare_batch_rows, row_metrics, sft_loss, token_sum_divisor, version_mask
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
-from rl_engine.run.starts import count_start
+from rl_engine.proc.starts import count_start
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
 from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS, head_logprobs, plain_lm_head

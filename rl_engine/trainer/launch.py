@@ -6,7 +6,7 @@
 torchrun (`python -m torch.distributed.run --standalone`, fail-fast: no restarts) starts
 `rl_engine.roles.trainer_rank` once per rank and sets RANK / WORLD_SIZE / LOCAL_RANK and the
 rendezvous; when one rank dies it stops the others and prints which rank failed first. The ranks
-watch this process (`rl_engine.run.owner_watch`): if it is killed, they and torchrun's agent exit.
+watch this process (`rl_engine.proc.owner_watch`): if it is killed, they and torchrun's agent exit.
 `run_ranks` raises `RanksFailed` naming the first rank that failed and how.
 """
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import psutil
 
-from rl_engine.run.owner_watch import OWNER_PID_ENV
-from rl_engine.run.starts import count_start
+from rl_engine.proc.owner_watch import OWNER_PID_ENV
+from rl_engine.proc.starts import count_start
 from rl_engine.trainer.dist import OWNER
 
 RANK_MAIN = "rl_engine.roles.trainer_rank"

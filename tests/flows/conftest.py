@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from rl_engine.run.starts import count_start
+from rl_engine.proc.starts import count_start
 
 
 @pytest.fixture(scope="session")

@@ -149,7 +149,7 @@ def test_rft_demo_smollm2_runs_demo_real_with_its_arguments(monkeypatch, tmp_pat
 
     calls = []
     monkeypatch.setattr(cli.demo_real, "demo_real", lambda *a, **k: calls.append((a, k)) or 0)
-    monkeypatch.setattr("rl_engine.run.reaper.start_reaper", lambda: None)
+    monkeypatch.setattr("rl_engine.proc.reaper.start_reaper", lambda: None)
     assert (
         main(
             [

@@ -1,5 +1,5 @@
 """A SIGKILL injected between a partial step's continuation save and its buffer commit, or between
-the buffer commit and retiring the staged copy (rl_engine/run/failpoints.py), then `rft run --resume`:
+the buffer commit and retiring the staged copy (rl_engine/proc/failpoints.py), then `rft run --resume`:
 every group is written and trained exactly once, and the continuations go on.
 
     .venv/bin/python -m pytest tests/flows/test_partial_crash.py
@@ -22,8 +22,8 @@ from harness.runs import partial_config, stored_rows, write_config
 from rl_engine.buffer import ContinuationStore, _files
 from rl_engine.buffer.sweep import uncommitted_files
 from rl_engine.buffer.synthetic import make_batch
+from rl_engine.proc.failpoints import ENV
 from rl_engine.run.context import last_committed_steps, open_run
-from rl_engine.run.failpoints import ENV
 
 pytestmark = pytest.mark.slow
 

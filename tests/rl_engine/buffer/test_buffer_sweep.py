@@ -17,7 +17,7 @@ from rl_engine.buffer import BufferReader, BufferWriter
 from rl_engine.buffer.sweep import remove_uncommitted, uncommitted_files
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
-from rl_engine.run.failpoints import ENV
+from rl_engine.proc.failpoints import ENV
 
 WRITE_STEPS = """
 import sys

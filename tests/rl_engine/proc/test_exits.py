@@ -2,7 +2,7 @@
 
 import pytest
 
-from rl_engine.errors import describe_exit
+from rl_engine.proc.exits import describe_exit
 
 
 @pytest.mark.parametrize(

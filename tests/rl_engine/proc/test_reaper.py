@@ -1,7 +1,7 @@
-"""rl_engine.run.reaper: a SIGKILLed main process leaves nothing it started running; a main process
+"""rl_engine.proc.reaper: a SIGKILLed main process leaves nothing it started running; a main process
 that exits without stopping its children gets them stopped too.
 
-    .venv/bin/python -m pytest tests/rl_engine/run/test_reaper.py
+    .venv/bin/python -m pytest tests/rl_engine/proc/test_reaper.py
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import psutil
 MAIN = """
 import subprocess, sys, time
 import psutil
-from rl_engine.run.reaper import start_reaper
+from rl_engine.proc.reaper import start_reaper
 reaper = start_reaper(interval_s=0.05, grace_s=2.0)  # returns once it watches
 server = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; subprocess.Popen(['sleep', '120']); time.sleep(120)"])
 deadline = time.monotonic() + 60

@@ -238,7 +238,7 @@ def test_an_engine_start_hands_the_starting_process_its_environment_back(engine)
     trainer may use torch.compile, gets its environment back, and sampled logprobs still come."""
     import os
 
-    from rl_engine.run.owner_watch import OWNER_PID_ENV
+    from rl_engine.proc.owner_watch import OWNER_PID_ENV
 
     assert "TORCHDYNAMO_DISABLE" not in os.environ and OWNER_PID_ENV not in os.environ
     out = engine.generate([engine.tokenizer.encode("12+7=")], 2, _sampling(engine), seed=3)
