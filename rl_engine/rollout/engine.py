@@ -45,8 +45,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from rl_engine.api import RolloutEngine
 from rl_engine.config import EngineConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
@@ -86,36 +87,6 @@ class Rollout:
     finish_reason: Literal["stop", "length", "repeat"]
     version: int  # weight version of the engine that sampled it
     text: str = field(repr=False, default="")
-
-
-class RolloutEngine(Protocol):
-    """What explorers and weight syncs need from an inference engine."""
-
-    @property
-    def version(self) -> int: ...
-
-    @property
-    def tokenizer(self) -> Any: ...
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        sampling: SamplingConfig,
-        seed: int,
-        max_tokens: Sequence[int] | None = None,
-        repeat: tuple[int, int] | None = None,
-    ) -> list[list[Rollout]]: ...
-
-    def rpc(self, method: str, *args: Any, timeout: float | None = None) -> list[Any]:
-        """Call `method` of the worker extension on every inference worker; one result per worker."""
-        ...
-
-    def mark_synced(self, version: int) -> None:
-        """Record that the workers now hold weights of `version` (called by rl_engine.sync)."""
-        ...
-
-    def close(self) -> None: ...
 
 
 def request_seeds(seed: int, num_prompts: int, n: int) -> list[int]:
