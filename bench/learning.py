@@ -21,7 +21,7 @@ time between two trainer steps' ends, is what a step costs once running), traine
 fractions over that window, the experiences generated / trained / dropped as stale / left untrained
 (`wasted_fraction` = generated but never trained), and the final reward on a held-out evaluation: the
 trained policy's expected exact-answer rate at temperature 1 over all 441 problems (exact, no sampling
-noise: `rl_engine.warmstart.evaluate_dir`, as `make demo` prints); the rows also carry the
+noise: `rl_engine.demos.warmstart.evaluate_dir`, as `make demo` prints); the rows also carry the
 algorithm's per-step trainer metrics that bench.algorithms compares presets by. Over seeds: mean and spread
 (max - min). `speedup_vs_sync` = synchronous wall / mode wall at equal steps; `reward_within_spread`
 says whether the mode's mean final reward lies within synchronous' seed range widened by the mode's
@@ -29,7 +29,7 @@ own spread (the "same quality" check). The PNG draws each mode's batch reward ag
 seconds (seed 0), the figure a user picks a mode by; it is written to --png (default
 `runs/bench-learning.png`; the README shows a copy in docs/).
 
-The synchronous step against its floor (`step_floor`, after the runs, on the synchronous run of the
+The synchronous step against its floor (bench.step_floor's `step_floor`, after the runs, on the synchronous run of the
 first seed): `step_floor_s` = `floor_generate_s` (vLLM's own generate of the run's first step on its
 warm engine) + `floor_train_s` (the faster of a plain torch step, `reference_step_s`, and the
 DeepSpeed trainer's step, `trainer_step_s`, on the run's first batch at its trainer threads)
@@ -87,10 +87,10 @@ def run_one(
     from bench.modes import busy_fraction
     from cli.run import run_config
     from rl_engine.config import validate_config
+    from rl_engine.demos.warmstart import evaluate_dir
     from rl_engine.run.context import open_run
     from rl_engine.run.report import load_metrics
     from rl_engine.run.timeline import load_spans, startup_end
-    from rl_engine.warmstart import evaluate_dir
 
     data = yaml.safe_load((CONFIGS / f"{mode}.yaml").read_text())
     data.update(seed=seed, name=f"bench-learning-{mode}-s{seed}")
@@ -169,78 +169,13 @@ def _evaluation_figures(run, spans: list, t0: float, t1: float) -> dict:
     }
 
 
-def step_floor(run_url: str, repeats: int) -> dict[str, float]:
-    """The least a synchronous step of `run_url`'s config costs on this machine: the three parts a
-    synchronous step runs one after another, each measured at its floor in this process, after
-    the runs (median of `repeats` after a warm-up).
-
-    - `floor_generate_s`: vLLM's own `LLM.generate` of the run's first step (its prompts, n and
-      sampling) on the run's warm engine, nothing around it (bench.rollout's raw side);
-    - `floor_train_s`: the faster of a plain torch/transformers step (AdamW, the same GRPO
-      loss and micro-batches: bench.real's reference step, `reference_step_s`) and the
-      DeepSpeed trainer's (`trainer_step_s`) on the run's own first batch, at the run's trainer
-      threads;
-    - `floor_reload_s`: the engine's in-place reload of the weights from memory, which every
-      weight sync ends with; the transfer itself (1.2 MB for the demo) is left out.
-
-    `step_floor_s` is their sum: no synchronous step on this machine, with vLLM generating and the
-    model training, can be shorter. The buffer hand-off, the sync handshake and the explorer's
-    rows sit above it.
-    """
-    import pyarrow.dataset as ds
-    import torch
-    from vllm.inputs import TokensPrompt
-
-    from bench.real import median_s, reference_step_ratio
-    from rl_engine.roles.explorer import ENGINES
-    from rl_engine.run.context import open_run
-
-    run = open_run(run_url)
-    cfg = run.cfg
-    rows = ds.dataset(
-        f"{run_url}/buffer", format="ipc", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]
-    ).to_table(columns=["explorer_step", "group_id", "prompt_ids"])
-    first: dict[str, list[int]] = {}
-    for step, group, prompt in zip(*(rows.column(c).to_pylist() for c in ("explorer_step", "group_id", "prompt_ids"))):
-        if step == 1:
-            first.setdefault(group, prompt)
-    prompts = list(first.values())  # [tasks per step] prompt ids
-    engine = ENGINES.acquire(run, 0)
-    try:
-        params = engine.sampling_params(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=0)
-        inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
-        generate = median_s(lambda: engine.llm.generate(inputs, params, use_tqdm=False), repeats)
-        reload = median(
-            engine.rpc("rft_profile_reload", cfg.model.path, timeout=120)[0]["reload"] for _ in range(repeats)
-        )
-    finally:
-        ENGINES.release(run, 0, engine)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(cfg.trainer.num_threads or threads)
-    try:
-        train = reference_step_ratio(cfg, run_url, repeats)
-    finally:
-        torch.set_num_threads(threads)
-    train_s = min(
-        train["reference_step_s"], train["trainer_step_s"]
-    )  # where the DeepSpeed trainer is the faster, it is the floor
-    return {
-        "step_floor_s": generate + train_s + reload,
-        "floor_generate_s": generate,
-        "floor_train_s": train_s,
-        "floor_reload_s": reload,
-        "trainer_step_s": train["trainer_step_s"],
-        "reference_step_s": train["reference_step_s"],
-    }
-
-
 def demo_workload(prefix: str, model: str | None, smoke: bool) -> tuple[str, str, str, dict]:
     """The demo task, set up once for many runs: (root, model, tasks, start). A fresh temporary
     root; the arithmetic warm start built there unless `model` names one (2 SFT steps when
     `smoke`); the task file; the start model's held-out evaluation."""
     from rl_engine.demos.arithmetic import write_arithmetic_taskset
-    from rl_engine.warmstart import evaluate_dir
-    from rl_engine.warmstart import main as warmstart
+    from rl_engine.demos.warmstart import evaluate_dir
+    from rl_engine.demos.warmstart import main as warmstart
 
     root = tempfile.mkdtemp(prefix=prefix)
     if model is None:
@@ -393,6 +328,7 @@ def main() -> None:
     seeds = [int(s) for s in (a.seeds or ("0" if a.smoke else "0,1" if a.quick else "0,1,2")).split(",")]
 
     from bench._report import emit_json, print_table
+    from bench.step_floor import step_floor
 
     root, model, tasks, start = demo_workload("bench-learning-", a.model, a.smoke)
     evaluation = heldout_eval(root, a.eval_every, a.eval_tasks, a.eval_n) if a.eval_every else None

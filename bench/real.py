@@ -20,7 +20,7 @@ the `overrides`). Reported:
   both in that dtype (harness.real_model.logprob_gap);
 - `peak_rss_gb`: the largest resident memory of this process and all its children together
   (engines, trainer), sampled every 0.5 s over the whole benchmark;
-- the step against its floor on this machine (bench.learning's `step_floor`, after the run, on its
+- the step against its floor on this machine (bench.step_floor's `step_floor`, after the run, on its
   kept engine): `floor_generate_s` (vLLM's own generate of the run's first step),
   `floor_train_s` (the faster of the DeepSpeed trainer's step, `trainer_step_s`, and a plain
   torch/transformers step, `reference_step_s`: AdamW, the same GRPO loss, the same
@@ -106,78 +106,6 @@ def _median_sync(spans: list, side: str) -> float | None:
     return statistics.median(d) if d else None  # a 1-step run syncs nothing
 
 
-def run_batch(run_url: str, rows: int, pad_id: int) -> dict[str, Any]:
-    """The first `rows` stored experiences of a run as trainer tensors."""
-    import json
-    from pathlib import Path
-
-    import pyarrow.dataset as ds
-
-    from rl_engine.experience import ExperienceBatch
-
-    records = sorted(json.loads(p.read_text())["path"] for p in Path(run_url, "buffer", "_commits").glob("*/*.json"))
-    table = ds.dataset([str(Path(run_url, "buffer", r)) for r in records], format="ipc").to_table().slice(0, rows)
-    return ExperienceBatch.from_table(table).to_tensors(pad_id)
-
-
-def median_s(fn: Any, repeats: int) -> float:
-    """Median seconds of `repeats` calls of `fn`, after one more call that warms up."""
-    times = []
-    for _ in range(repeats + 1):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times[1:])
-
-
-def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, float]:
-    """Median step time of the DeepSpeed trainer and of a plain torch step on the same batch."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rl_engine.algorithms import group_advantages, policy_loss, token_logprobs
-    from rl_engine.trainer import build_trainer
-    from rl_engine.trainer.settings import trainer_settings
-
-    trainer = build_trainer(trainer_settings(cfg))
-    batch = run_batch(run_url, trainer.local_batch_size, trainer.pad_token_id)
-
-    trainer_s = median_s(lambda: trainer.train_step(dict(batch)), repeats)
-    trainer.close()
-
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.trainer.lr, betas=cfg.trainer.betas, weight_decay=cfg.trainer.weight_decay
-    )
-    adv = group_advantages(
-        batch["rewards"], batch["group_index"], cfg.algorithm.advantage.type, cfg.algorithm.advantage.std
-    )  # [B]
-    mask = batch["loss_mask"]  # [B, L]
-    tokens, micro = float(mask.sum()), cfg.trainer.micro_batch_size
-
-    def reference() -> None:
-        model.train()
-        for i in range(0, mask.shape[0], micro):
-            sl = slice(i, i + micro)
-            logits = model(
-                input_ids=batch["input_ids"][sl], attention_mask=batch["attention_mask"][sl]
-            ).logits  # [b, L, V]
-            logp = token_logprobs(logits, batch["input_ids"][sl], cfg.explorer.sampling.temperature)  # [b, L]
-            policy_loss(
-                logp, batch["behavior_logprobs"][sl], adv[sl], mask[sl], cfg.algorithm, num_tokens=tokens
-            ).loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.grad_clip)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    reference_s = median_s(reference, repeats)
-    return {
-        "trainer_step_s": trainer_s,
-        "reference_step_s": reference_s,
-        "train_step_over_reference": trainer_s / reference_s,
-    }
-
-
 class RealBench:
     """What bench.real measures around `rft demo --model smollm2`'s run (cli.demo_real.demo_real's `bench`)."""
 
@@ -190,7 +118,7 @@ class RealBench:
         return shared_engines()  # the run's engine is kept for its floor, then closed
 
     def run_done(self, summary: dict[str, Any]) -> None:
-        from bench.learning import step_floor
+        from bench.step_floor import step_floor
 
         self.summary, self.figures, self.floor = summary, run_figures(summary), step_floor(summary["run"], self.repeats)
 

@@ -15,6 +15,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from cli.config_warnings import migration_warnings, print_warnings
 from rl_engine.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -75,13 +76,6 @@ def cmd_validate(a: argparse.Namespace) -> int:
     return 0
 
 
-def migration_warnings(path: str, notes: list[str]) -> list[str]:
-    """What `rft config migrate` would change in an older version's config file, as warnings (the file loads either way)."""
-    return (
-        [f"{path} is in an older shape ({'; '.join(notes)}); `rft config migrate {path}` rewrites it"] if notes else []
-    )
-
-
 def cmd_config_migrate(a: argparse.Namespace) -> int:
     from rl_engine.config import migrate_file
 
@@ -92,12 +86,6 @@ def cmd_config_migrate(a: argparse.Namespace) -> int:
         else f"{a.file}: already in the current shape, unchanged"
     )
     return 0
-
-
-def print_warnings(warnings: list[str]) -> None:
-    """A config's warnings (rl_engine.config.config_warnings) on stderr, one `warning:` line each."""
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
 
 
 def cmd_run(a: argparse.Namespace) -> int:
@@ -253,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         (
             "warmstart",
-            "rl_engine.warmstart",
+            "rl_engine.demos.warmstart",
             "build the demo's base model: tiny model + SFT on the demo task (--task arithmetic, countdown or calculator)",
         ),
         ("timeline", "rl_engine.run.timeline", "render a run's Gantt chart and utilization summary"),
@@ -264,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         (
             "trainer-node",
-            "rl_engine.trainer.launch",
+            "rl_engine.roles.trainer_node",
             "run this machine's trainer ranks of a run whose trainer spans machines (trainer.nodes > 1)",
         ),
     ):

@@ -75,7 +75,7 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
     The ephemeral Prefect server (if the run uses one) comes up beside preflight's model checks.
     A UserError raised later, inside the flow, reaches the user as its message, without the
     traceback Prefect would log for it."""
-    from cli.main import migration_warnings, print_warnings
+    from cli.config_warnings import migration_warnings, print_warnings
     from rl_engine.config import config_warnings, migrate, read_yaml
 
     source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
@@ -170,7 +170,7 @@ def demo_inputs(root: str = "runs") -> tuple[Path, Path]:
     """The demo's model (the tiny model warm-started by SFT) and task set under `root`, each built
     if missing; a second call (the next `rft demo`, the test suite's shared copy) reuses them."""
     from rl_engine.demos.arithmetic import write_arithmetic_taskset
-    from rl_engine.warmstart import main as warmstart
+    from rl_engine.demos.warmstart import main as warmstart
 
     model, tasks = Path(root, "models", "tiny-arith-sft"), Path(root, "data", "arith-train.jsonl")
     if not is_model_dir(model):
@@ -198,7 +198,7 @@ def demo(root: str = "runs") -> int:
     print_summary(summary)
     from transformers.utils import logging as hf_logging
 
-    from rl_engine.warmstart import evaluate_dir
+    from rl_engine.demos.warmstart import evaluate_dir
 
     hf_logging.disable_progress_bar()  # its "Loading weights" bars would follow the summary
     before, after = evaluate_dir(str(model)), evaluate_dir(f"{summary['run']}/model")
