@@ -16,7 +16,7 @@ seeds and number of trainer steps for all.
 
 Per run: wall time of the training itself (after engine start-up, as bench.learning), final
 held-out reward (`final_reward`: expected exact-answer rate at temperature 1 over all 441 problems,
-`rl_engine.warmstart.evaluate_dir`), reward gained per wall-clock second ((final - start model's) /
+`rl_engine.demos.warmstart.evaluate_dir`), reward gained per wall-clock second ((final - start model's) /
 wall_s), the per-step means of the trainer's clip fraction (`clip_frac`) and of the off-policy
 correction's clamped / masked token fractions (decoupled_ppo only; 0 where a preset has none), dapo's
 experiences filtered out (zero-variance groups, summed over steps) and the largest staleness any

@@ -22,7 +22,7 @@ the window the trainer spent waiting), generated tokens per rollout-second, gene
 step, mean response length, the trained tokens' mean version gap (trainer version minus the
 version that generated a token: 1 without partial rollouts in this mode); at the end the trained batches' mean reward (last quarter of trainer
 steps) and the final policy's expected exact-match at temperature 1 over the task distribution
-(`rl_engine.warmstart.evaluate_dir`: exact, no sampling noise). The batch reward is not
+(`rl_engine.demos.warmstart.evaluate_dir`: exact, no sampling noise). The batch reward is not
 comparable between off and on (short groups finish first, and only partial rollouts stop
 repeats, with a penalty), so `reward_off` / `reward_on` are the final policy's expected
 exact-match (the expected `correct` reward), averaged over seeds, and `reward_spread` is
@@ -79,10 +79,10 @@ def run_one(model: str, tasks: str, root: str, steps: int, seed: int, partial: b
     from bench.modes import busy_fraction, steady_state
     from cli.run import run_config
     from rl_engine.config import validate_config
+    from rl_engine.demos.warmstart import evaluate_dir
     from rl_engine.run.context import open_run
     from rl_engine.run.report import load_metrics
     from rl_engine.run.timeline import load_spans, startup_end
-    from rl_engine.warmstart import evaluate_dir
 
     data = load_config(smoke)
     data.update(seed=seed, name=f"bench-partial-{'on' if partial else 'off'}-s{seed}")
@@ -194,8 +194,8 @@ def main() -> None:
 
     from bench._report import emit_json, print_table
     from rl_engine.demos.countdown import write_countdown_taskset
+    from rl_engine.demos.warmstart import COUNTDOWN, DEFAULTS, evaluate_dir, warmstart
     from rl_engine.roles.explorer import ENGINES
-    from rl_engine.warmstart import COUNTDOWN, DEFAULTS, evaluate_dir, warmstart
 
     root = tempfile.mkdtemp(prefix="bench-partial-")
     model = a.model

@@ -381,10 +381,10 @@ def demo_delta(work: str, model: str | None, smoke: bool) -> dict[str, float]:
     config) and with model.dtype bfloat16 (trainer and engine in bfloat16)."""
     from rl_engine.board import Board
     from rl_engine.config import load_config
+    from rl_engine.demos.warmstart import main as warmstart
     from rl_engine.sync import build_weight_sender
     from rl_engine.tiny_model import make_tiny_model
     from rl_engine.trainer import build_trainer, trainer_settings
-    from rl_engine.warmstart import main as warmstart
 
     if model is None and smoke:  # a smoke run checks the path, not the figure: the demo's model before its warm start
         model = str(make_tiny_model(os.path.join(work, "tiny-demo"), seed=0))

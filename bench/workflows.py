@@ -138,11 +138,11 @@ def main() -> None:
     from cli.run import run_config
     from rl_engine.config import validate_config
     from rl_engine.demos.calculator import make_calculator_tasks, write_calculator_taskset
+    from rl_engine.demos.warmstart import main as warmstart
     from rl_engine.rewards.tasks import Task
     from rl_engine.roles.explorer import ENGINES
     from rl_engine.run.context import RunContext, open_run
     from rl_engine.run.report import load_metrics
-    from rl_engine.warmstart import main as warmstart
 
     root = tempfile.mkdtemp(prefix="bench-workflows-")
     model = a.model

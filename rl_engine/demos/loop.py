@@ -7,11 +7,11 @@ loads version t into the engine (`synchronizer.sync_method`: collective broadcas
 checkpoint). It is the reference the Prefect flows are checked against, and a quick way to
 see GRPO learn on the demo task:
 
-    python -m rl_engine.roles.loop configs/demo.yaml --steps 10 [--set trainer.lr=1e-4 ...]
+    python -m rl_engine.demos.loop configs/demo.yaml --steps 10 [--set trainer.lr=1e-4 ...]
 
 Besides each step's metrics it reports `eval_exact_t1`: the expected exact-match rate of
 temperature-1 sampling over every problem of the demo task's range, computed from the
-trainer's logprobs (no sampling noise; see rl_engine.warmstart.evaluate).
+trainer's logprobs (no sampling noise; see rl_engine.demos.warmstart.evaluate).
 """
 
 from __future__ import annotations
@@ -51,12 +51,12 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     The first entry (step 0) holds the evaluation of the initial policy.
     """
     from rl_engine.board import Board
+    from rl_engine.demos.warmstart import all_problems, evaluate
     from rl_engine.rewards import TaskIterator, build_reward, load_taskset
     from rl_engine.rollout.engine import build_rollout_engine
     from rl_engine.run.devices import check_plan, device_plan
     from rl_engine.sync import build_weight_receiver, build_weight_sender
     from rl_engine.trainer import build_trainer, trainer_settings
-    from rl_engine.warmstart import all_problems, evaluate
 
     cfg = cfg.resolved()
     steps = steps or cfg.trainer.total_steps
@@ -115,7 +115,7 @@ def _max_operand(tasks: list[Any]) -> int:
         return max(int(x) for t in tasks for x in t.prompt.rstrip("=").split("+"))
     except ValueError:
         raise UserError(
-            "rl_engine.roles.loop evaluates on the demo arithmetic task (prompts 'a+b='); this task set is not it"
+            "rl_engine.demos.loop evaluates on the demo arithmetic task (prompts 'a+b='); this task set is not it"
         ) from None
 
 
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_engine.config import load_config
 
     ap = argparse.ArgumentParser(
-        prog="python -m rl_engine.roles.loop", description="Synchronous GRPO loop in one process (no Prefect)."
+        prog="python -m rl_engine.demos.loop", description="Synchronous GRPO loop in one process (no Prefect)."
     )
     ap.add_argument("config", help="YAML config, e.g. configs/demo.yaml")
     ap.add_argument("--steps", type=int, default=None, help="trainer steps (default trainer.total_steps)")

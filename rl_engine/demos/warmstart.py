@@ -35,7 +35,7 @@ Greedy accuracy (argmax at every token equals the target) is reported beside it.
     rft warmstart runs/models/tiny-arith-sft
     rft warmstart runs/models/tiny-countdown-sft --task countdown
     rft warmstart runs/models/tiny-calc-sft --task calculator
-    python -m rl_engine.warmstart OUT_DIR [--task arithmetic] [--steps 360] [--seed 0] [--threads 2]
+    python -m rl_engine.demos.warmstart OUT_DIR [--task arithmetic] [--steps 360] [--seed 0] [--threads 2]
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Start the trainer's ranks with torchrun and watch them until they exit.
 
     run_ranks(ranks_command(run_url, storage_options, num_ranks=2), poll=forward_steps)
-    python -m rl_engine.trainer.launch RUN --node-rank 1     # `rft trainer-node`: node 1 of trainer.nodes
 
 torchrun (`python -m torch.distributed.run --standalone`, fail-fast: no restarts) starts
 `rl_engine.roles.trainer_rank` once per rank and sets RANK / WORLD_SIZE / LOCAL_RANK and the
 rendezvous; when one rank dies it stops the others and prints which rank failed first. The ranks
 watch this process (`rl_engine.proc.owner_watch`): if it is killed, they and torchrun's agent exit.
-`run_ranks` raises `RanksFailed` naming the first rank that failed and how.
+`run_ranks` raises `RanksFailed` naming the first rank that failed and how. `rft trainer-node`
+(node i of trainer.nodes, on another machine) is rl_engine/roles/trainer_node.py.
 """
 
 from __future__ import annotations
@@ -155,55 +155,3 @@ def _stop(proc: subprocess.Popen, grace_s: float) -> None:
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`rft trainer-node RUN --node-rank i`: node i's trainer ranks of a run whose trainer spans
-    machines (trainer.nodes > 1), started on that machine once the run exists."""
-    import argparse
-
-    from rl_engine.board import poll_until
-    from rl_engine.errors import UserError
-    from rl_engine.run.context import CONFIG_FILE, open_run
-    from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options
-
-    p = argparse.ArgumentParser(prog="rft trainer-node", description=main.__doc__.splitlines()[0])
-    p.add_argument("run_url", help="the run's directory or URL (as the trainer role has it)")
-    p.add_argument(
-        "--node-rank",
-        type=int,
-        required=True,
-        help="this machine's node, 1 .. trainer.nodes - 1 (node 0 is the trainer role's)",
-    )
-    add_storage_options_arg(p)
-    p.add_argument(
-        "--wait-s", type=float, default=600.0, help="how long to wait for the run to start (its config.yaml)"
-    )
-    a = p.parse_args(argv)
-    options = parse_storage_options(a.storage_options)
-    fs, root = open_storage(a.run_url, options)
-
-    def no_run() -> UserError:
-        return UserError(
-            f"{a.run_url}: no run there after {a.wait_s:.0f} s (no config.yaml); start the run first (`rft run`), then its trainer nodes"
-        )
-
-    poll_until(
-        lambda: fs.exists(join(root, CONFIG_FILE)),
-        what="the run's config.yaml",
-        timeout_s=a.wait_s,
-        interval_s=1.0,
-        timeout_error=no_run,
-        between=fs.invalidate_cache,
-    )
-    t = open_run(a.run_url, options).cfg.trainer
-    if not 0 < a.node_rank < t.nodes:
-        raise UserError(
-            f"--node-rank {a.node_rank}: the run's trainer spans trainer.nodes = {t.nodes} machines; give 1 .. {t.nodes - 1} (node 0 is the trainer role's)"
-        )
-    run_ranks(ranks_command(a.run_url, options, t.num_ranks, t.nodes, a.node_rank, t.rendezvous))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -228,8 +228,8 @@ def test_make_tasks_refuses_bad_arguments():
 
 
 def test_warm_start_examples_mask_the_environments_tokens():
+    from rl_engine.demos.warmstart import calculator_examples, encode_segments
     from rl_engine.tiny_model import build_tokenizer
-    from rl_engine.warmstart import calculator_examples, encode_segments
 
     tok = build_tokenizer()
     examples = calculator_examples(200, seed=0)
@@ -247,7 +247,7 @@ def test_warm_start_examples_mask_the_environments_tokens():
 def test_warm_start_writes_a_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from rl_engine.warmstart import main
+    from rl_engine.demos.warmstart import main
 
     out = tmp_path / "calc-sft"
     assert (

@@ -155,8 +155,8 @@ def test_correct_answers_never_trip_the_repetition_detector():
 
 
 def test_warmstart_countdown_data_fits_the_shipped_config():
+    from rl_engine.demos.warmstart import encode_examples, task_problems, task_rows
     from rl_engine.tiny_model import build_tokenizer
-    from rl_engine.warmstart import encode_examples, task_problems, task_rows
 
     problems, weights = task_problems("countdown")
     assert [p["question"] for p in problems] == [f"{n}..1=" for n in range(1, 41)] and weights == pytest.approx(
@@ -178,7 +178,7 @@ def test_warmstart_countdown_data_fits_the_shipped_config():
 
 
 def test_warmstart_bad_task():
-    from rl_engine.warmstart import main
+    from rl_engine.demos.warmstart import main
 
     with pytest.raises(SystemExit):
         main(["/tmp/unused", "--task", "nope"])
@@ -187,7 +187,7 @@ def test_warmstart_bad_task():
 @pytest.mark.slow  # a DeepSpeed trainer: ~10 s on idle cores
 def test_cli_warmstart_countdown(tmp_path):
     """`rft warmstart DIR --task countdown` (README): the saved model is the one its figures describe."""
-    from rl_engine.warmstart import evaluate_dir
+    from rl_engine.demos.warmstart import evaluate_dir
 
     out = tmp_path / "m"
     assert (

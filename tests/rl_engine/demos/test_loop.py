@@ -3,7 +3,7 @@ GRPO raise the expected reward, with vLLM's behavior logprobs matching the train
 
 Slow (the session's demo model: its warm start ~15 s on idle cores, once per machine; vLLM start ~10 s):
 
-    .venv/bin/python -m pytest tests/rl_engine/roles/test_loop.py -m slow -q
+    .venv/bin/python -m pytest tests/rl_engine/demos/test_loop.py -m slow -q
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def test_warm_start_is_partly_right(warm_model):
 def test_grpo_steps_raise_the_expected_reward(warm_model, tmp_path):
     from rl_engine.config import RFTConfig
     from rl_engine.demos.arithmetic import write_arithmetic_taskset
-    from rl_engine.roles.loop import run_loop
+    from rl_engine.demos.loop import run_loop
 
     model_dir, _ = warm_model
     tasks = write_arithmetic_taskset(str(tmp_path / "tasks.jsonl"), 2000, seed=0)

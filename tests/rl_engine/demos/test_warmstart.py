@@ -1,6 +1,6 @@
 """The warm start's SFT examples and evaluation set (fast; the full warm start runs in test_loop.py).
 
-.venv/bin/python -m pytest tests/rl_engine/trainer/test_warmstart.py -q
+.venv/bin/python -m pytest tests/rl_engine/demos/test_warmstart.py -q
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rl_engine.demos.warmstart import all_problems, encode_examples, main
 from rl_engine.tiny_model import build_tokenizer
-from rl_engine.warmstart import all_problems, encode_examples, main
 
 
 def test_encode_examples_layout():
@@ -40,8 +40,8 @@ def test_sft_settings_are_those_of_the_rl_config_warm_start_used_to_fake(tiny_mo
     """Warm start builds its settings from its arguments; they are the values the trainer got
     from the RL config it faked before (so the warm start's figures hold)."""
     from rl_engine.config import RFTConfig
+    from rl_engine.demos.warmstart import sft_settings
     from rl_engine.trainer import trainer_settings
-    from rl_engine.warmstart import sft_settings
 
     old = RFTConfig.model_validate(
         {

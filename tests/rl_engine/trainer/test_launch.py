@@ -53,14 +53,6 @@ def test_output_without_a_summary_still_says_what_happened():
     )
 
 
-def test_trainer_node_without_a_run_says_to_start_the_run_first(tmp_path, capsys):
-    from cli.main import main as rft
-
-    assert rft(["trainer-node", str(tmp_path / "no-run"), "--node-rank", "1", "--wait-s", "0"]) == 2
-    err = capsys.readouterr().err
-    assert "no run there after 0 s" in err and "start the run first" in err and "Traceback" not in err
-
-
 # torchrun 2.13's summary (CI) when rank 1 was SIGKILLed in the middle of an all-reduce: rank 0's gloo
 # call failed at once, so torchrun's first observed failure is rank 0's exception (then its SIGTERM);
 # the kill is what the run must be told about.
