@@ -918,7 +918,7 @@ CASES: list[Case] = [
         "workflow name not in its module",
         "workflow",
         _build_workflow("MOD:play", "def other(task, episode):\n    return 0.0\n"),
-        r"has no function or class 'play'",
+        r"has no attribute 'play'",
         r"",
     ),
     Case(

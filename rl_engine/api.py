@@ -82,8 +82,8 @@ def register_loss(name: str) -> Callable[[T], T]:
 
 
 def register_reward(name: str) -> Callable[[T], T]:
-    """Register a `Reward` or `BatchReward` (a function, or a class built with the config's
-    kwargs) as `taskset.reward.type: <name>`."""
+    """Register a `Reward` or `BatchReward` function as `taskset.reward.type: <name>` (with
+    `batch: true` for a BatchReward)."""
     return REWARDS.register(name)
 
 

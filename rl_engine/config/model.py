@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from rl_engine.config.base import _Model
+from rl_engine.config.base import _Model, check_registered, variants
 from rl_engine.config.workflow import SingleTurnWorkflow, UserCodeConfig, WorkflowConfig
+from rl_engine.registry import IMPORT_PATH, REWARDS
 
 
 class ModelConfig(_Model):
@@ -64,24 +65,44 @@ class FinalAnswerReward(_Model):
 
 
 class PythonReward(_Model):
-    """A user reward function `module:function(prompt, response, task) -> float | dict[str, float]`."""
+    """A user reward `module:function(prompt, response, task[, finish_reason], **kwargs) -> float | dict[str, float]`
+    (`rl_engine.api.Reward`), or with `batch: true` `function(samples, **kwargs) -> list` (`rl_engine.api.BatchReward`)."""
 
     type: Literal["python"] = Field(description="Reward variant selector.")
     function: str = Field(
-        description="Import path `package.module:function` of the reward callable.", pattern=r"^[\w.]+:\w+$"
+        description="Import path `package.module:function` of the reward callable.", pattern=IMPORT_PATH
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+    batch: bool = Field(
+        default=False,
+        description="The function scores a whole step's samples in one call (a list of (prompt, response, task, finish_reason)) and returns one reward or None per sample.",
+    )
     timeout_s: float = Field(
         default=60.0,
         gt=0.0,
-        description="Longest one call may take; its worker process is then killed and replaced, and the sample scored as `taskset.user_code.failed_reward` says.",
+        description="Longest one call may take; its worker process is then killed and replaced, and the sample (with batch: every sample of the call) scored as `taskset.user_code.failed_reward` says.",
     )
 
 
-RewardConfig = Annotated[
-    ArithmeticReward | CountdownReward | FinalAnswerReward | PythonReward, Field(discriminator="type")
-]
-_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "python")
+class RegisteredReward(_Model):
+    """A reward a plugin registered (`@register_reward(name)` in a module of `plugins:`); it runs
+    in the user-code pool like a `python` reward."""
+
+    type: str = Field(description="The registered name.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+    batch: bool = Field(
+        default=False, description="As for `type: python`: the function scores a whole step's samples at once."
+    )
+    timeout_s: float = Field(default=60.0, gt=0.0, description="As for `type: python`: the longest one call may take.")
+
+    @field_validator("type")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return check_registered(REWARDS, v)
+
+
+RewardConfig = variants(ArithmeticReward, CountdownReward, FinalAnswerReward, PythonReward, registered=RegisteredReward)
+_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "python", "registered")
 
 
 class TasksetConfig(_Model):
@@ -100,7 +121,7 @@ class TasksetConfig(_Model):
     )
     workflow: WorkflowConfig = Field(
         default_factory=lambda: SingleTurnWorkflow(type="single_turn"),
-        description="What one episode of a task is: single_turn (prompt -> response), calculator, guess_number or a python workflow.",
+        description="What one episode of a task is: single_turn (prompt -> response), calculator, guess_number, python (a workflow by import path) or a plugin's registered name.",
     )
     user_code: UserCodeConfig = Field(
         default_factory=UserCodeConfig,

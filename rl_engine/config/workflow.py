@@ -9,11 +9,12 @@ processes with a per-call timeout and a hard kill (`rl_engine.rewards.isolation`
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from rl_engine.config.base import _Model
+from rl_engine.config.base import _Model, check_registered, variants
+from rl_engine.registry import IMPORT_PATH, WORKFLOWS
 
 
 class SingleTurnWorkflow(_Model):
@@ -44,20 +45,34 @@ class GuessNumberWorkflow(_Model):
 class PythonWorkflow(_Model):
     """A user workflow `package.module:function(task, episode, **kwargs) -> reward | None`, or a
     class built with the kwargs whose `run(task, episode)` (or `__call__`) runs one episode
-    (see `rl_engine.rollout.workflow`)."""
+    (`rl_engine.api.Workflow`; see `rl_engine.rollout.workflow`)."""
 
     type: Literal["python"] = Field(description="Workflow variant selector.")
     function: str = Field(
-        description="Import path `package.module:name` of the workflow function or class.", pattern=r"^[\w.]+:\w+$"
+        description="Import path `package.module:name` of the workflow function or class.", pattern=IMPORT_PATH
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Extra keyword arguments passed to the function (or the class)."
     )
 
 
-WorkflowConfig = Annotated[
-    SingleTurnWorkflow | CalculatorWorkflow | GuessNumberWorkflow | PythonWorkflow, Field(discriminator="type")
-]
+class RegisteredWorkflow(_Model):
+    """A workflow a plugin registered (`@register_workflow(name)` in a module of `plugins:`)."""
+
+    type: str = Field(description="The registered name.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra keyword arguments passed to the function (or the class)."
+    )
+
+    @field_validator("type")
+    @classmethod
+    def _registered(cls, v: str) -> str:
+        return check_registered(WORKFLOWS, v)
+
+
+WorkflowConfig = variants(
+    SingleTurnWorkflow, CalculatorWorkflow, GuessNumberWorkflow, PythonWorkflow, registered=RegisteredWorkflow
+)
 
 
 class UserCodeConfig(_Model):

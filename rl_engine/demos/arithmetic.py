@@ -16,7 +16,6 @@ digits and ended by a stop (finish_reason == "stop"), returned as named componen
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 from typing import TYPE_CHECKING, Any
@@ -75,30 +74,3 @@ class ArithmeticRewardFn:
             "correct": self.correct_weight if correct else 0.0,
             "format": self.format_weight if well_formed else 0.0,
         }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: write the demo task set; `rft make-tasks OUT --n N --seed S`."""
-    ap = argparse.ArgumentParser(
-        prog="rft make-tasks",
-        description="Write the demo arithmetic task set (JSONL: id, question, answer); --task countdown writes the long-tail task instead.",
-    )
-    ap.add_argument("out", help="output file: a local path or fsspec URL (s3://...), e.g. runs/data/arithmetic.jsonl")
-    ap.add_argument("--n", type=int, default=2000, help="number of tasks (default 2000)")
-    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument(
-        "--max-operand",
-        type=int,
-        default=DEFAULT_MAX_OPERAND,
-        help=f"operands are drawn from 0..MAX (default {DEFAULT_MAX_OPERAND})",
-    )
-    a = ap.parse_args(argv)
-    write_arithmetic_taskset(a.out, a.n, a.seed, a.max_operand)
-    print(f"wrote {a.n} arithmetic tasks (operands 0..{a.max_operand}, seed {a.seed}) to {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    from rl_engine.errors import run_main
-
-    run_main(main)

@@ -38,7 +38,6 @@ evaluated as Python); anything else, or a result beyond 10^12, gives "error". It
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import random
@@ -167,7 +166,11 @@ def calculator_problems(
 
 
 def make_calculator_tasks(
-    n: int | None, seed: int = 0, split: str = "train", min_operand: int = MIN_OPERAND, max_operand: int = MAX_OPERAND
+    n: int | None = None,
+    seed: int = 0,
+    split: str = "train",
+    min_operand: int = MIN_OPERAND,
+    max_operand: int = MAX_OPERAND,
 ) -> list[dict[str, str]]:
     """Rows {id, question, answer}: `n` train problems drawn uniformly with replacement (seeded),
     or with `split="heldout"` the held-out problems, each once, in a seeded order (`n` caps how
@@ -200,39 +203,3 @@ def write_calculator_taskset(
     rows = make_calculator_tasks(n, seed, split, min_operand, max_operand)
     write_taskset(path_or_url, rows, storage_options)
     return len(rows)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: `rft make-tasks OUT --task calculator [--split heldout] [--n N] [--seed S]`."""
-    ap = argparse.ArgumentParser(
-        prog="rft make-tasks --task calculator",
-        description="Write the calculator task set (JSONL: id, question 'a*b=', answer).",
-    )
-    ap.add_argument("out", help="output file: a local path or fsspec URL, e.g. runs/data/calc-train.jsonl")
-    ap.add_argument(
-        "--n",
-        type=int,
-        default=None,
-        help="number of tasks (train default 4000; heldout default: all held-out problems)",
-    )
-    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument(
-        "--split",
-        choices=("train", "heldout"),
-        default="train",
-        help="train problems, or the held-out tenth no train task asks",
-    )
-    ap.add_argument("--min-operand", type=int, default=MIN_OPERAND, help=f"smallest operand (default {MIN_OPERAND})")
-    ap.add_argument("--max-operand", type=int, default=MAX_OPERAND, help=f"largest operand (default {MAX_OPERAND})")
-    a = ap.parse_args(argv)
-    count = write_calculator_taskset(a.out, a.n, a.seed, a.split, a.min_operand, a.max_operand)
-    print(
-        f"wrote {count} {a.split} calculator tasks (operands {a.min_operand}..{a.max_operand}, seed {a.seed}) to {a.out}"
-    )
-    return 0
-
-
-if __name__ == "__main__":
-    from rl_engine.errors import run_main
-
-    run_main(main)

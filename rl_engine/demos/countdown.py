@@ -29,7 +29,6 @@ group is exact). Both depend only on (response, answer, finish_reason): determin
 
 from __future__ import annotations
 
-import argparse
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -107,30 +106,3 @@ class CountdownRewardFn:
             "correct": self.correct_weight if finish_reason == "stop" and response == task.answer else 0.0,
             "close": self.close_weight * right / max(len(want), len(got)),
         }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: write the countdown task set; `rft make-tasks OUT --task countdown --n N --seed S`."""
-    ap = argparse.ArgumentParser(
-        prog="rft make-tasks --task countdown",
-        description="Write the long-tail countdown task set (JSONL: id, question, answer).",
-    )
-    ap.add_argument(
-        "out", help="output file: a local path or fsspec URL (s3://...), e.g. runs/data/countdown-train.jsonl"
-    )
-    ap.add_argument("--n", type=int, default=2000, help="number of tasks (default 2000)")
-    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help=f"largest start value (default {DEFAULT_MAX_N})")
-    ap.add_argument(
-        "--alpha", type=float, default=DEFAULT_ALPHA, help=f"P(n) ~ n^-alpha (default {DEFAULT_ALPHA}; 0 is uniform)"
-    )
-    a = ap.parse_args(argv)
-    write_countdown_taskset(a.out, a.n, a.seed, a.max_n, a.alpha)
-    print(f"wrote {a.n} countdown tasks (n in 1..{a.max_n}, P(n) ~ n^-{a.alpha}, seed {a.seed}) to {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    from rl_engine.errors import run_main
-
-    run_main(main)

@@ -26,7 +26,6 @@ last allowed turn. The workflow returns the reward itself, two named components:
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 from typing import Any
@@ -100,27 +99,3 @@ def write_guess_number_taskset(
     from rl_engine.rewards.tasks import write_taskset
 
     return write_taskset(path_or_url, make_guess_number_tasks(n, seed, high), storage_options)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: `rft make-tasks OUT --task guess_number [--n N] [--seed S] [--high H]`."""
-    ap = argparse.ArgumentParser(
-        prog="rft make-tasks --task guess_number",
-        description="Write the guessing-game task set (JSONL: id, question, answer = the secret, high).",
-    )
-    ap.add_argument("out", help="output file: a local path or fsspec URL, e.g. runs/data/guess-train.jsonl")
-    ap.add_argument("--n", type=int, default=2000, help="number of tasks (default 2000)")
-    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument(
-        "--high", type=int, default=DEFAULT_HIGH, help=f"secrets are drawn from 1..HIGH (default {DEFAULT_HIGH})"
-    )
-    a = ap.parse_args(argv)
-    write_guess_number_taskset(a.out, a.n, a.seed, a.high)
-    print(f"wrote {a.n} guess_number tasks (secrets 1..{a.high}, seed {a.seed}) to {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    from rl_engine.errors import run_main
-
-    run_main(main)

@@ -19,7 +19,6 @@ problems (all of them, in a seeded order) and no train task ever asks one of the
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 from typing import TYPE_CHECKING
@@ -45,7 +44,7 @@ def _problems(max_operand: int, split: str) -> list[tuple[int, int]]:
 
 
 def make_word_arithmetic_tasks(
-    n: int | None, seed: int = 0, max_operand: int = DEFAULT_MAX_OPERAND, split: str = "train"
+    n: int | None = None, seed: int = 0, max_operand: int = DEFAULT_MAX_OPERAND, split: str = "train"
 ) -> list[dict[str, str]]:
     """Rows {id, question, answer}: `n` train problems drawn with replacement (seeded), or with
     `split="heldout"` the held-out problems, each once, in a seeded order (`n` caps how many)."""
@@ -88,44 +87,3 @@ class FinalAnswerRewardFn:
             "final_answer": self.correct_weight if final is not None and final == task.answer.strip() else 0.0,
             "format": self.format_weight if final is not None else 0.0,
         }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI: `rft make-tasks OUT --task word-arithmetic [--split heldout]`."""
-    ap = argparse.ArgumentParser(
-        prog="rft make-tasks --task word-arithmetic",
-        description="Write additions asked in words (JSONL: id, question, answer) for a chat model.",
-    )
-    ap.add_argument("out", help="output file: a local path or fsspec URL, e.g. runs/data/words-train.jsonl")
-    ap.add_argument(
-        "--n",
-        type=int,
-        default=None,
-        help="number of tasks (train default: one per train problem; heldout default: all held-out problems)",
-    )
-    ap.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    ap.add_argument(
-        "--max-operand",
-        type=int,
-        default=DEFAULT_MAX_OPERAND,
-        help=f"operands are drawn from 1..MAX (default {DEFAULT_MAX_OPERAND})",
-    )
-    ap.add_argument(
-        "--split",
-        choices=("train", "heldout"),
-        default="train",
-        help="train problems, or the held-out fifth no train task asks",
-    )
-    a = ap.parse_args(argv)
-    from rl_engine.rewards.tasks import write_taskset
-
-    rows = make_word_arithmetic_tasks(a.n, a.seed, a.max_operand, a.split)
-    write_taskset(a.out, rows)
-    print(f"wrote {len(rows)} {a.split} word-arithmetic tasks (operands 1..{a.max_operand}, seed {a.seed}) to {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    from rl_engine.errors import run_main
-
-    run_main(main)

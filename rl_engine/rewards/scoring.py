@@ -30,7 +30,6 @@ they never fail the step.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import logging
 import math
@@ -40,10 +39,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from rl_engine.demos.arithmetic import ArithmeticRewardFn
-from rl_engine.demos.countdown import CountdownRewardFn
-from rl_engine.demos.word_arithmetic import FinalAnswerRewardFn
 from rl_engine.errors import UserError
+from rl_engine.registry import REWARDS, load_object
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodePool, UserCodeTimeout
 from rl_engine.rewards.tasks import Task
 
@@ -83,20 +80,34 @@ class PythonRewardFn:
     worker processes instead, where a stuck call is killed (`call_in_worker`).
     """
 
-    def __init__(self, spec: str, fn: Callable[..., Any], kwargs: dict[str, Any], timeout_s: float | None = None):
-        self.spec, self.fn, self.kwargs, self.timeout_s = spec, fn, dict(kwargs), timeout_s
-        self.pass_finish_reason = _check_signature(spec, fn, self.kwargs)
+    def __init__(
+        self,
+        spec: str,
+        fn: Callable[..., Any],
+        kwargs: dict[str, Any],
+        timeout_s: float | None = None,
+        batch: bool = False,
+    ):
+        self.spec, self.fn, self.kwargs, self.timeout_s, self.batch = spec, fn, dict(kwargs), timeout_s, batch
+        self.pass_finish_reason = False if batch else _check_signature(spec, fn, self.kwargs)
 
     def __call__(self, prompt: str, response: str, task: Task, finish_reason: str) -> float | dict[str, float]:
         kwargs = _call_kwargs(self.kwargs, self.pass_finish_reason, finish_reason)
+        return self._bounded(lambda: self.fn(prompt, response, task, **kwargs))
+
+    def score_batch(self, samples: list[RolloutSample]) -> list[tuple[float, dict[str, float]] | str]:
+        """A batch reward's (reward, components), or the error message, of each sample, in order."""
+        return self._bounded(lambda: _batch_outcomes(self.spec, self.fn(samples, **self.kwargs), len(samples)))
+
+    def _bounded(self, fn: Callable[[], Any]) -> Any:
         if self.timeout_s is None:
-            return self.fn(prompt, response, task, **kwargs)
+            return fn()
         box: dict[str, Any] = {}
         done = threading.Event()
 
         def call() -> None:
             try:
-                box["value"] = self.fn(prompt, response, task, **kwargs)
+                box["value"] = fn()
             except BaseException as e:  # noqa: BLE001 - handed to the caller's thread below
                 box["error"] = e
             finally:
@@ -139,6 +150,37 @@ def call_in_worker(
     return _as_reward(fn(prompt, response, task, **_call_kwargs(kwargs, pass_finish_reason, finish_reason)))
 
 
+def call_batch_in_worker(
+    spec: str, kwargs: dict[str, Any], samples: list[RolloutSample]
+) -> list[tuple[float, dict[str, float]] | str]:
+    """Runs in a UserCodePool worker: a batch reward's outcome per sample (see `_batch_outcomes`)."""
+    fn = _WORKER_FUNCTIONS.get(spec)
+    if fn is None:
+        fn = _WORKER_FUNCTIONS[spec] = _import_function(spec)
+    return _batch_outcomes(spec, fn(samples, **kwargs), len(samples))
+
+
+def _batch_outcomes(spec: str, values: Any, n: int) -> list[tuple[float, dict[str, float]] | str]:
+    """(reward, components) per sample of a batch reward's return value, or the message of why a
+    sample has none (None for it, or a value that is not a reward); all fail when the list is not
+    one value per sample."""
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+        raise ValueError(
+            f"the batch reward {spec!r} returned {got} for {n} samples; return one value (or None) per sample, in order"
+        )
+    out: list[tuple[float, dict[str, float]] | str] = []
+    for v in values:
+        if v is None:
+            out.append("ValueError: the batch reward returned None for this sample (left out)")
+            continue
+        try:
+            out.append(_as_reward(v))
+        except ValueError as e:
+            out.append(f"ValueError: {e}")
+    return out
+
+
 def _check_signature(spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
     """True if `fn` takes finish_reason; UserError if it takes neither call form.
 
@@ -164,33 +206,20 @@ def _check_signature(spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]) 
 
 
 def _import_function(spec: str) -> Callable[..., Any]:
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - ImportError, or the module itself failing at import
-        raise UserError(
-            f"taskset.reward.function = {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
-            "is it installed or on PYTHONPATH?"
-        ) from None
-    fn = getattr(module, attr, None)
-    if fn is None:
-        raise UserError(f"taskset.reward.function = {spec!r}: module {module_name!r} has no attribute {attr!r}")
+    fn = load_object(spec, "taskset.reward.function")
     if not callable(fn):
-        raise UserError(f"taskset.reward.function = {spec!r}: {attr!r} is a {type(fn).__name__}, not a function")
+        raise UserError(f"taskset.reward.function = {spec!r}: it is a {type(fn).__name__}, not a function")
     return fn
 
 
 def build_reward(cfg: Any) -> RewardFn:
-    """The reward callable of a RewardConfig (ArithmeticReward | CountdownReward | FinalAnswerReward | PythonReward)."""
-    if cfg.type == "arithmetic":
-        return ArithmeticRewardFn(correct_weight=cfg.correct_weight, format_weight=cfg.format_weight)
-    if cfg.type == "countdown":
-        return CountdownRewardFn(correct_weight=cfg.correct_weight, close_weight=cfg.close_weight)
-    if cfg.type == "final_answer":
-        return FinalAnswerRewardFn(correct_weight=cfg.correct_weight, format_weight=cfg.format_weight)
-    if cfg.type == "python":
-        return PythonRewardFn(cfg.function, _import_function(cfg.function), cfg.kwargs, cfg.timeout_s)
-    raise ValueError(f"unknown reward type {cfg.type!r}")
+    """The reward callable of a RewardConfig: a built-in's (a registered class, built with its
+    variant's fields; trusted, run in the caller's thread) or a user's (`type: python` or a
+    plugin's registered name: a PythonRewardFn, run in the user-code pool when there is one)."""
+    if REWARDS.builtin(cfg.type):
+        return REWARDS.get(cfg.type)(**cfg.model_dump(exclude={"type"}))
+    spec = cfg.function if cfg.type == "python" else REWARDS.path(cfg.type)
+    return PythonRewardFn(spec, _import_function(spec), cfg.kwargs, cfg.timeout_s, cfg.batch)
 
 
 # --------------------------------------------------------------------------- scoring
@@ -257,7 +286,9 @@ def score_rollouts(
     given = list(given) if given is not None else [None] * len(samples)
     ask = [i for i, g in enumerate(given) if g is None]
     outcomes: list[Any] = [None if g is None else _outcome(lambda g=g: _as_reward(g)) for g in given]
-    if pool is not None and isinstance(reward_fn, PythonRewardFn):
+    if getattr(reward_fn, "batch", False) and ask:
+        asked = _batch_in(reward_fn, [RolloutSample(*samples[i]) for i in ask], pool)
+    elif pool is not None and isinstance(reward_fn, PythonRewardFn):
         asked = _outcomes_in_pool(reward_fn, [samples[i] for i in ask], pool)
     else:
         asked = [_outcome(lambda s=samples[i]: _as_reward(reward_fn(*s))) for i in ask]
@@ -284,6 +315,23 @@ def _outcomes_in_pool(reward_fn: PythonRewardFn, samples: list[tuple], pool: Use
     label = f"taskset.reward.function = {reward_fn.spec!r}"
     calls = [pool.submit(call_in_worker, *args, *s, timeout_s=timeout_s, label=label) for s in samples]
     return [_outcome(lambda c=c: pool.wait(c)) for c in calls]
+
+
+def _batch_in(reward_fn: PythonRewardFn, samples: list[RolloutSample], pool: UserCodePool | None) -> list[Any]:
+    """A batch reward's outcome per sample: one call (in `pool` when given); a call that fails
+    (raises, times out, crashes) fails every sample of it the same way."""
+    if pool is not None:
+        timeout_s = reward_fn.timeout_s or DEFAULT_TIMEOUT_S
+        label = f"taskset.reward.function = {reward_fn.spec!r}"
+        call = pool.submit(
+            call_batch_in_worker, reward_fn.spec, reward_fn.kwargs, samples, timeout_s=timeout_s, label=label
+        )
+        result = _outcome(lambda: pool.wait(call))
+    else:
+        result = _outcome(lambda: reward_fn.score_batch(samples))
+    if isinstance(result, Exception):
+        return [result] * len(samples)
+    return [ValueError(r.removeprefix("ValueError: ")) if isinstance(r, str) else r for r in result]
 
 
 @dataclass

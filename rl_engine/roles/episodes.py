@@ -153,4 +153,4 @@ def score_episodes(
 
 
 def _describe(wf: Any) -> str:
-    return f"python {wf.function!r}" if wf.type == "python" else wf.type
+    return f"python {wf.function!r}" if wf.type == "python" else wf.type  # a registered name says itself

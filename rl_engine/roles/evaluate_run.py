@@ -56,8 +56,8 @@ def evaluate_versions(
     weights; a record per version, as evaluation during training writes them."""
     import time
 
-    from rl_engine.rewards.isolation import UserCodePool
     from rl_engine.roles.evaluation import eval_tasks, score_set
+    from rl_engine.roles.explorer import build_user_code_pool
     from rl_engine.rollout.engine import build_rollout_engine
     from rl_engine.rollout.workflow import build_workflow
 
@@ -72,11 +72,7 @@ def evaluate_versions(
         )
     )
     workflow = build_workflow(cfg.taskset.workflow)
-    pool = (
-        UserCodePool(cfg.taskset.user_code.workers, "eval")
-        if workflow is not None or cfg.taskset.reward.type == "python"
-        else None
-    )
+    pool = build_user_code_pool(cfg.taskset, "eval")
     data = {s.name: eval_tasks(cfg, s, storage_options) for s in sets}
     out = []
     try:

@@ -148,9 +148,10 @@ ENGINES = EnginePool()
 def build_user_code_pool(taskset: Any, name: str) -> Any:
     """The explorer's pool of worker processes for user code (python rewards, workflows' tool
     calls); None when the task set runs none (built-in rewards run in the explorer's thread)."""
+    from rl_engine.registry import REWARDS
     from rl_engine.rewards.isolation import UserCodePool
 
-    if taskset.reward.type != "python" and taskset.workflow.type == "single_turn":
+    if REWARDS.builtin(taskset.reward.type) and taskset.workflow.type == "single_turn":
         return None
     return UserCodePool(taskset.user_code.workers, name)
 

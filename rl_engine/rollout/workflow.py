@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_engine.errors import UserError
+from rl_engine.registry import WORKFLOWS, load_object
 
 _WAIT_S = 1.0  # how often a waiting episode thread wakes to see whether the step gave up on it
 
@@ -339,20 +339,13 @@ def run_episodes(
 
 
 def import_workflow(spec: str, kwargs: dict[str, Any]) -> Callable[..., Any]:
-    """The workflow `package.module:name` of taskset.workflow.function as `fn(task, episode)`: a
-    function (called with `kwargs` too), or a class, built once with `kwargs`, whose instances
-    run an episode with `run(task, episode)` or `__call__(task, episode)`."""
+    """The workflow `package.module:name` as `fn(task, episode)`: a function (called with `kwargs`
+    too), or a class, built once with `kwargs`, whose instances run an episode with
+    `run(task, episode)` or `__call__(task, episode)`."""
     import functools
     import inspect
 
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - ImportError, or the module failing at import
-        raise UserError(
-            f"taskset.workflow.function = {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e}); is it installed or on PYTHONPATH?"
-        ) from None
-    obj = getattr(module, attr, None)
+    obj = load_object(spec, "taskset.workflow.function")
     if inspect.isclass(obj):
         try:
             instance = obj(**kwargs)
@@ -367,27 +360,16 @@ def import_workflow(spec: str, kwargs: dict[str, Any]) -> Callable[..., Any]:
             )
         return run
     if not callable(obj):
-        raise UserError(
-            f"taskset.workflow.function = {spec!r}: module {module_name!r} has no function or class {attr!r}"
-        )
+        raise UserError(f"taskset.workflow.function = {spec!r}: {spec.partition(':')[2]!r} is not a function or class")
     return functools.partial(obj, **kwargs)
 
 
 def build_workflow(cfg: Any) -> Callable[..., Any] | None:
     """The workflow of a WorkflowConfig as `fn(task, episode)`; None for single_turn (the explorer's
-    plain batched path)."""
-    import functools
-
+    plain batched path). A built-in's parameters are its variant's fields; a user's (`type: python`,
+    or a plugin's registered name) its `kwargs`."""
     if cfg.type == "single_turn":
         return None
-    if cfg.type == "calculator":
-        from rl_engine.demos.calculator import calculator_workflow
-
-        return functools.partial(calculator_workflow, max_calls=cfg.max_calls)
-    if cfg.type == "guess_number":
-        from rl_engine.demos.guess_number import guess_number_workflow
-
-        return functools.partial(guess_number_workflow, max_turns=cfg.max_turns)
-    if cfg.type == "python":
-        return import_workflow(cfg.function, cfg.kwargs)
-    raise ValueError(f"unknown workflow type {cfg.type!r}")
+    if WORKFLOWS.builtin(cfg.type):
+        return import_workflow(WORKFLOWS.path(cfg.type), cfg.model_dump(exclude={"type"}))
+    return import_workflow(cfg.function if cfg.type == "python" else WORKFLOWS.path(cfg.type), cfg.kwargs)

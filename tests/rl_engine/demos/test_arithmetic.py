@@ -7,9 +7,10 @@ import json
 import pytest
 
 from rl_engine.config import ArithmeticReward, TasksetConfig
-from rl_engine.demos.arithmetic import ArithmeticRewardFn, main, make_arithmetic_tasks, write_arithmetic_taskset
+from rl_engine.demos.arithmetic import ArithmeticRewardFn, make_arithmetic_tasks, write_arithmetic_taskset
 from rl_engine.errors import UserError
 from rl_engine.rewards import Task, build_reward, load_taskset
+from rl_engine.rewards.make_tasks import main
 
 
 def test_generator_is_deterministic_and_correct():

@@ -79,6 +79,9 @@ def test_write_and_load_roundtrip(tmp_path):
 
 
 def test_cli_make_tasks_picks_the_task(tmp_path, capsys):
+    from rl_engine.errors import UserError
+    from rl_engine.rewards.make_tasks import main as make_tasks_main
+
     # Options before the output path reach the task's own parser (`rft make-tasks --task countdown OUT`).
     out = tmp_path / "cd.jsonl"
     assert rft(["make-tasks", "--task", "countdown", str(out), "--n", "7", "--seed", "5", "--max-n", "9"]) == 0
@@ -87,9 +90,10 @@ def test_cli_make_tasks_picks_the_task(tmp_path, capsys):
     arith = tmp_path / "arith.jsonl"
     assert rft(["make-tasks", str(arith), "--n", "3"]) == 0  # the default task is still arithmetic
     assert json.loads(arith.read_text().splitlines()[0])["id"].startswith("add-")
-    with pytest.raises(SystemExit):
-        rft(["make-tasks", str(out), "--task", "nope"])
-    assert "invalid choice: 'nope'" in capsys.readouterr().err
+    with pytest.raises(
+        UserError, match=r"--task = 'nope': no task of that name; registered: arithmetic, calculator, countdown"
+    ):
+        make_tasks_main([str(out), "--task", "nope"])
 
 
 def _task(n=3):
