@@ -39,14 +39,11 @@ ALLOWED = {
     "bench": {"rl_engine", "tasks", "flows", "deployments", "cli", "harness"},
 }
 
-# The only modules of rl_engine outside rl_engine/demos that may import rl_engine.demos (an
-# import running back up the floors): the dispatchers that still name the built-in demos until
-# the registries replace them (issue 43). Empty this set then; nothing else may join it.
-DEMO_DISPATCHERS: set[str] = {
-    "rl_engine.rewards.scoring",  # build_reward
-    "rl_engine.rollout.workflow",  # build_workflow
-    "rl_engine.rewards.make_tasks",  # `rft make-tasks --task NAME`
-}
+# The modules of rl_engine outside rl_engine/demos that may import rl_engine.demos (an import
+# running back up the floors). Empty since the registries replaced the dispatchers that named the
+# demos (build_reward, build_workflow, `rft make-tasks`; issue 43): rl_engine/registry.py lists the
+# built-ins by import path, imported on first use. Nothing may join it.
+DEMO_DISPATCHERS: set[str] = set()
 
 
 def floors() -> dict[str, int]:
