@@ -267,7 +267,9 @@ def test_kimi_penalty_is_flat_at_pi_old():
     loss.sum().backward()
     close(lp.grad, [[-2.0, -1.8]])
     lp.grad = None
-    kimi_token_loss(lp, old, torch.zeros(1), torch.ones_like(lp), 0.5).sum().backward()  # the penalty alone, at pi = pi_old
+    kimi_token_loss(
+        lp, old, torch.zeros(1), torch.ones_like(lp), 0.5
+    ).sum().backward()  # the penalty alone, at pi = pi_old
     close(lp.grad, [[0.0, 0.0]])
 
 
