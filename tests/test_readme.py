@@ -57,6 +57,7 @@ EXERCISED: dict[str, list[str]] = {
         "tests/rl_engine/demos/test_calculator.py::test_warm_start_writes_a_model",  # --task calculator
     ],
     "rft make-tasks": [
+        "tests/rl_engine/test_api.py::test_a_task_maker_by_name_or_import_path",  # --task package.module:function
         "tests/rl_engine/demos/test_countdown.py::test_cli_make_tasks_picks_the_task",
         "tests/rl_engine/demos/test_arithmetic.py::test_cli_main_writes_the_file",
         "tests/rl_engine/demos/test_calculator.py::test_make_tasks_cli",  # --task calculator

@@ -292,15 +292,16 @@ class Wandb:
             _upload(self.run, self.dir, self.upload_to)
 
 
+_TRACKERS: dict[str, Callable[[Any, RunContext], Tracker]] = {
+    "tensorboard": lambda _, run: TensorBoard(run),
+    "mlflow": lambda settings, run: MLflow(run, settings),
+    "wandb": lambda settings, run: Wandb(run, settings),
+}
+
+
 def make_tracker(settings: TrackerConfig, run: RunContext) -> Tracker:
     """The tracker `settings` names, started (its run created or continued)."""
-    if settings.type == "tensorboard":
-        return TensorBoard(run)
-    if settings.type == "mlflow":
-        return MLflow(run, settings)
-    if settings.type == "wandb":
-        return Wandb(run, settings)
-    raise ValueError(f"unknown tracker type {settings.type!r}")
+    return _TRACKERS[settings.type](settings, run)
 
 
 class Guarded:

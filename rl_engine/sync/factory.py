@@ -35,51 +35,56 @@ def build_weight_sender(
     checkpoint needs a resolved cfg (run URL). `pinned` returns the model URL a lineage points at
     (`rl_engine.run.retention.lineage_model`): a version it names is never pruned. `device`: the
     trainer's ('cuda:1'), where a collective sync's buckets are packed."""
-    s = cfg.synchronizer
-    if s.sync_method == "collective":
-        return CollectiveSender(
-            s.collective,
-            board,
-            cfg.explorer.count,
-            cfg.explorer.engine.tensor_parallel_size,
-            wire_dtype(cfg),
-            s.wait_timeout_s,
-            device,
-        )
-    if s.sync_method == "checkpoint":
-        full = CheckpointSender(
-            cfg.run_url,
-            cfg.buffer.storage.fs_options(),
-            cfg.model.path,
-            wire_dtype(cfg),
-            board,
-            cfg.explorer.count,
-            s.wait_timeout_s,
-            keep_last=s.keep_last_checkpoints,
-            pinned=pinned,
-        )
-        return DeltaCheckpointSender(full, s.delta.full_every) if s.delta.enabled else full
-    raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
+    return _SENDERS[cfg.synchronizer.sync_method](cfg, board, pinned, device)
 
 
 def build_weight_receiver(cfg: RFTConfig, board: Board, explorer_id: int = 0) -> WeightReceiver:
     """Explorer-side sync of `cfg.synchronizer.sync_method` for explorer `explorer_id`, on the run's `board`."""
+    return _RECEIVERS[cfg.synchronizer.sync_method](cfg, board, explorer_id)
+
+
+def _collective_sender(
+    cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None, device: str | None
+) -> WeightSender:
     s = cfg.synchronizer
-    if s.sync_method == "collective":
-        return CollectiveReceiver(
-            s.collective,
-            board,
-            explorer_id,
-            cfg.explorer.count,
-            cfg.explorer.engine.tensor_parallel_size,
-            s.wait_timeout_s,
-        )
-    if s.sync_method == "checkpoint":
-        full_receiver = CheckpointReceiver(
-            cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s
-        )
-        return DeltaCheckpointReceiver(full_receiver) if s.delta.enabled else full_receiver
-    raise ValueError(f"unknown synchronizer.sync_method {s.sync_method!r}")
+    count, tp = cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size
+    return CollectiveSender(s.collective, board, count, tp, wire_dtype(cfg), s.wait_timeout_s, device)
+
+
+def _checkpoint_sender(
+    cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None, device: str | None
+) -> WeightSender:
+    s = cfg.synchronizer
+    full = CheckpointSender(
+        cfg.run_url,
+        cfg.buffer.storage.fs_options(),
+        cfg.model.path,
+        wire_dtype(cfg),
+        board,
+        cfg.explorer.count,
+        s.wait_timeout_s,
+        keep_last=s.keep_last_checkpoints,
+        pinned=pinned,
+    )
+    return DeltaCheckpointSender(full, s.delta.full_every) if s.delta.enabled else full
+
+
+def _collective_receiver(cfg: RFTConfig, board: Board, explorer_id: int) -> WeightReceiver:
+    s = cfg.synchronizer
+    count, tp = cfg.explorer.count, cfg.explorer.engine.tensor_parallel_size
+    return CollectiveReceiver(s.collective, board, explorer_id, count, tp, s.wait_timeout_s)
+
+
+def _checkpoint_receiver(cfg: RFTConfig, board: Board, explorer_id: int) -> WeightReceiver:
+    s = cfg.synchronizer
+    full = CheckpointReceiver(
+        cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s
+    )
+    return DeltaCheckpointReceiver(full) if s.delta.enabled else full
+
+
+_SENDERS = {"collective": _collective_sender, "checkpoint": _checkpoint_sender}
+_RECEIVERS = {"collective": _collective_receiver, "checkpoint": _checkpoint_receiver}
 
 
 def drop_versions_from(cfg: RFTConfig, version: int) -> list[int]:
