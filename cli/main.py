@@ -71,6 +71,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
         file=out,
     )
     print(step_volume(cfg), file=out)
+    print(cfg.algorithm.describe(), file=out)
     print(plan.describe(), file=out)
     print_warnings(config_warnings(cfg) + migration_warnings(a.config, migrate(read_yaml(a.config))[1]))
     return 0

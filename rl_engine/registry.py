@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -125,6 +126,26 @@ class Registry:
             f"Register one with @register_{self.kind.replace(' ', '_')}({name!r}) in a module the config's `plugins:` lists, "
             f"or use type: python with function: package.module:name"
         )
+
+
+def bound(registry: Registry, cfg: Any, args: tuple[str, ...]) -> Callable[..., Any]:
+    """`registry.build(cfg)`, checked to take the positional `args` (their names are what the
+    contract passes) with the config's parameters; a UserError naming the field otherwise."""
+    fn = registry.build(cfg)
+    field = f"{registry.field}.{'function' if cfg.type == 'python' else 'type'}"
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    if not callable(target):
+        raise UserError(f"{field}: {target!r} is not callable")
+    try:
+        inspect.signature(target).bind(*args, **fn.keywords)
+    except TypeError as e:
+        raise UserError(
+            f"{field} ({cfg.type!r}): {getattr(target, '__qualname__', target)!r} cannot be called as "
+            f"({', '.join(args)}, **{sorted(fn.keywords)}) ({e}); see rl_engine.api for the {registry.kind}'s contract"
+        ) from None
+    except ValueError:
+        pass  # no signature to read (a builtin written in C): called as it is
+    return fn
 
 
 ESTIMATORS = Registry(

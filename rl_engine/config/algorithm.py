@@ -291,6 +291,10 @@ class AlgorithmConfig(_Model):
     kl: KLConfig | None = Field(
         default=None, description="KL penalty to the initial policy; null disables it (and the reference model)."
     )
+    strict_preset: bool = Field(
+        default=False,
+        description="Refuse a config that overrides its preset's advantage type, loss type or aggregation (without it: a warning), so that asking for a preset never silently gives a hybrid.",
+    )
     max_version_gap: int | None = Field(
         default=None,
         ge=0,
@@ -319,12 +323,52 @@ class AlgorithmConfig(_Model):
             )
         if isinstance(self.token_sum_divisor, int) and self.token_sum_divisor < 1:
             raise ValueError(f"algorithm.token_sum_divisor = {self.token_sum_divisor} must be >= 1 (or `max_tokens`)")
+        if self.strict_preset and (hybrid := self.hybrid()):
+            raise ValueError(
+                f"algorithm.strict_preset: the config overrides preset {self.preset!r}'s {', '.join(hybrid)}; "
+                "remove those fields to run the preset, or set strict_preset: false to run the hybrid"
+            )
         if self.correction is not None and self.proximal != "recompute":
             raise ValueError(
                 "algorithm.correction needs algorithm.proximal: recompute: with proximal = behavior the weight it corrects is pi_behavior / pi_behavior = 1; "
                 "set proximal: recompute (decoupled PPO), or remove the correction"
             )
         return self
+
+    def overrides(self) -> list[tuple[str, Any, Any]]:
+        """(field, the preset's value, this config's) for every knob that differs from what
+        `preset` alone expands to (repeat_times aside: presets do not set it)."""
+        base = AlgorithmConfig(preset=self.preset, repeat_times=self.repeat_times).model_dump()
+        return [d for d in _diff(base, self.model_dump(), "algorithm.") if d[0] != "algorithm.strict_preset"]
+
+    def hybrid(self) -> list[str]:
+        """The overrides that change what the preset is (its advantage type, loss type or
+        aggregation), as `field = value (preset: value)`; empty when preset was not given."""
+        if "preset" not in self.model_fields_set:
+            return []
+        kinds = ("algorithm.advantage.type", "algorithm.loss.type", "algorithm.aggregation")
+        return [f"{k} = {v!r} (preset: {p!r})" for k, p, v in self.overrides() if k in kinds]
+
+    def describe(self) -> str:
+        """One line: the effective algorithm, the preset it started from and the fields that override it."""
+        over = self.overrides()
+        changed = (
+            "; overrides: " + ", ".join(f"{k.removeprefix('algorithm.')}={v!r}" for k, _, v in over) if over else ""
+        )
+        return (
+            f"algorithm: preset {self.preset} -> advantage {self.advantage.type}, loss {self.loss.type}, "
+            f"aggregation {self.aggregation}, proximal {self.proximal}{changed}"
+        )
+
+
+def _diff(a: Any, b: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """(dotted field, a's value, b's) where two dumped sections differ; a changed `type` is one
+    difference (the variants' other fields are not comparable)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.get("type") != b.get("type"):
+            return [(f"{prefix}type", a.get("type"), b.get("type"))]
+        return [d for k in sorted(set(a) | set(b)) for d in _diff(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [(prefix.rstrip("."), a, b)]
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

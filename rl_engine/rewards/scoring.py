@@ -89,7 +89,9 @@ class PythonRewardFn:
         batch: bool = False,
     ):
         self.spec, self.fn, self.kwargs, self.timeout_s, self.batch = spec, fn, dict(kwargs), timeout_s, batch
-        self.pass_finish_reason = False if batch else _check_signature(spec, fn, self.kwargs)
+        self.pass_finish_reason = (
+            _check_batch_signature(spec, fn, self.kwargs) if batch else _check_signature(spec, fn, self.kwargs)
+        )
 
     def __call__(self, prompt: str, response: str, task: Task, finish_reason: str) -> float | dict[str, float]:
         kwargs = _call_kwargs(self.kwargs, self.pass_finish_reason, finish_reason)
@@ -179,6 +181,21 @@ def _batch_outcomes(spec: str, values: Any, n: int) -> list[tuple[float, dict[st
         except ValueError as e:
             out.append(f"ValueError: {e}")
     return out
+
+
+def _check_batch_signature(spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:
+    """False (a batch reward gets no finish_reason: each sample carries its own); UserError if
+    `fn` cannot be called as fn(samples, **kwargs)."""
+    try:
+        inspect.signature(fn).bind([], **kwargs)
+    except TypeError as e:
+        raise UserError(
+            f"taskset.reward.function = {spec!r} (batch: true): signature {inspect.signature(fn)} cannot be called as "
+            f"(samples, **kwargs) with kwargs {sorted(kwargs)} ({e}); a batch reward takes the step's list of samples"
+        ) from None
+    except ValueError:
+        pass  # no signature to read: called as it is
+    return False
 
 
 def _check_signature(spec: str, fn: Callable[..., Any], kwargs: dict[str, Any]) -> bool:

@@ -37,7 +37,7 @@ class Task:
 # --------------------------------------------------------------------------- loading
 
 
-def _file_format(path: str) -> str:
+def _file_format(path: str, field: str = "taskset.path") -> str:
     name = path.lower()
     for c in _COMPRESSIONS:
         name = name.removesuffix(c)
@@ -45,14 +45,14 @@ def _file_format(path: str) -> str:
         return "jsonl"
     if name.endswith(_PARQUET_SUFFIXES):
         return "parquet"
-    raise UserError(f"taskset.path = {path!r}: unknown file type; use .jsonl (one JSON object per line) or .parquet")
+    raise UserError(f"{field} = {path!r}: unknown file type; use .jsonl (one JSON object per line) or .parquet")
 
 
-def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[int, Any]]:
+def _read_rows(path: str, storage_options: dict[str, Any] | None, field: str = "taskset.path") -> list[tuple[int, Any]]:
     """(row number, raw row) pairs; row numbers are 1-based lines (JSONL) or rows (Parquet)."""
     from rl_engine.storage import open_storage
 
-    fmt = _file_format(path)
+    fmt = _file_format(path, field)
     try:
         fs, file = open_storage(path, storage_options)  # the run's storage options, outage retries included
         if fmt == "parquet":
@@ -67,12 +67,12 @@ def _read_rows(path: str, storage_options: dict[str, Any] | None) -> list[tuple[
             lines = f.read().split("\n")
     except FileNotFoundError:
         raise UserError(
-            f"taskset.path = {path!r}: file not found; fix taskset.path (a relative path starts at the working directory) or write the demo's tasks with `rft make-tasks {path}`"
+            f"{field} = {path!r}: file not found; fix {field} (a relative path starts at the working directory) or write the demo's tasks with `rft make-tasks {path}`"
         ) from None
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - any reader failure is a bad file to the user
-        raise UserError(f"taskset.path = {path!r}: cannot read it as {fmt} ({type(e).__name__}: {e})") from None
+        raise UserError(f"{field} = {path!r}: cannot read it as {fmt} ({type(e).__name__}: {e})") from None
     rows = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -112,7 +112,7 @@ def _is_task_file(path: str) -> bool:
     return name.endswith(_JSONL_SUFFIXES + _PARQUET_SUFFIXES)
 
 
-def taskset_files(path: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+def taskset_files(path: str, storage_options: dict[str, Any] | None = None, field: str = "taskset.path") -> list[str]:
     """The files of a task set, sorted by name: `path` itself if it is a file, else the task files
     (.jsonl, .parquet, ...) in the directory `path`, else those whose path starts with `path` (a
     prefix such as `s3://bucket/tasks/day-`), so a folder where new task files arrive is one task set."""
@@ -132,26 +132,30 @@ def taskset_files(path: str, storage_options: dict[str, Any] | None = None) -> l
         return [path]  # meant as one file: _read_rows names what is wrong with it
     if not files:
         raise UserError(
-            f"taskset.path = {path!r}: no task files (.jsonl or .parquet) there; point taskset.path at a task file, a folder of them or a prefix of their paths"
+            f"{field} = {path!r}: no task files (.jsonl or .parquet) there; point {field} at a task file, a folder of them or a prefix of their paths"
         )
     return [fs.unstrip_protocol(p) if "://" in path else p for p in files]
 
 
 def load_taskset(
-    cfg: Any, storage_options: dict[str, Any] | None = None, answer_needed_by: str | None = None
+    cfg: Any,
+    storage_options: dict[str, Any] | None = None,
+    answer_needed_by: str | None = None,
+    field: str = "taskset.path",
 ) -> list[Task]:
     """All tasks of `cfg.path` (a TasksetConfig: a file, a folder of task files or a prefix, see
     `taskset_files`), in file order; UserError names file and row of a bad row. With
     `answer_needed_by` (the reward that scores against the answer, as the message names it), a
     row without a `cfg.answer_key` value is one too, reported after every row's prompt checked out.
+    `field` names the config field that gave the path (an eval set's: `eval.tasksets[0].path`).
 
     Task ids come from an `id` column when present, else `<file name>#<row number>`, so they
     stay the same when the file moves, and rows of several files never share one.
     """
     tasks, seen, no_answer = [], {}, []
-    files = taskset_files(cfg.path, storage_options)
+    files = taskset_files(cfg.path, storage_options, field)
     for path in files:
-        raw_rows = _read_rows(path, storage_options)
+        raw_rows = _read_rows(path, storage_options, field)
         where_word = "row" if _file_format(path) == "parquet" else "line"
         name = path.rstrip("/").rsplit("/", 1)[-1]
         for num, raw in raw_rows:
@@ -175,7 +179,7 @@ def load_taskset(
         )
     if not tasks:
         raise UserError(
-            f"taskset.path = {cfg.path!r}: the task set is empty (no rows); add rows, one JSON object per line with a {cfg.prompt_key!r} key, or point taskset.path at another file"
+            f"{field} = {cfg.path!r}: the task set is empty (no rows); add rows, one JSON object per line with a {cfg.prompt_key!r} key, or point {field} at another file"
         )
     return tasks
 

@@ -273,6 +273,7 @@ def _decoupled_explorer(run: RunContext, explorer: Explorer, role: Role, evaluat
 def _rendezvous_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> None:
     cfg, at, stop = run.cfg, role.at, role.stop
     sends = set(_plan(run, at).values())
+    save_due_weights(run, trainer, at.trainer_version)  # resumed: the restart version, if due and not evaluated
     if at.resumed and at.first_steps[0] <= cfg.trainer.total_steps:
         sends.add(_catch_up(run, at))  # the resumed explorer waits for it before its first step
         if trainer.version in sends:
@@ -290,6 +291,7 @@ def _rendezvous_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> No
 
 def _decoupled_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> None:
     cfg, at, stop = run.cfg, role.at, role.stop
+    save_due_weights(run, trainer, at.trainer_version)  # resumed: the restart version, if due and not evaluated
     if trainer.version > 0:  # explorers restart from the base model: offer them the restored weights
         # (never version 0: that is the base model, which no explorer takes as newer than its own,
         # so a send of it waits forever for them and holds back every later publish)

@@ -61,6 +61,8 @@ def evaluate_versions(
     from rl_engine.rollout.engine import build_rollout_engine
     from rl_engine.rollout.workflow import build_workflow
 
+    data = {s.name: eval_tasks(cfg, s, storage_options) for s in sets}  # a bad set fails before any engine starts
+    workflow = build_workflow(cfg.taskset.workflow)
     first = versions[0][1]
     engine = build_rollout_engine(
         cfg.model_copy(
@@ -71,9 +73,7 @@ def evaluate_versions(
             }
         )
     )
-    workflow = build_workflow(cfg.taskset.workflow)
     pool = build_user_code_pool(cfg.taskset, "eval")
-    data = {s.name: eval_tasks(cfg, s, storage_options) for s in sets}
     out = []
     try:
         for i, (v, url) in enumerate(versions):
@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--png", default=None, help="write the held-out curve (pass@1 by version) to this PNG")
     a = ap.parse_args(argv)
     if is_model_dir(a.target):
+        from rl_engine.run.preflight import check_model_dir
+
+        check_model_dir(a.target, "rft eval's model directory")  # vLLM's own refusal is a traceback, seconds later
         if a.config is None:
             raise UserError(
                 f"rft eval {a.target}: a model directory needs --config (the run config whose explorer settings, template and reward to use)"

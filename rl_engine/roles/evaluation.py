@@ -71,16 +71,19 @@ def weights_url(run_url: str, version: int) -> str:
 
 
 def save_due_weights(run: RunContext, trainer: Any, start: int) -> str | None:
-    """Trainer side (the trainer role), after a step: the weights of a due version (not the
-    start's), for the evaluation to load. Returns where they went, or None when it is not due."""
+    """Trainer side (the trainer role), after a step and when a resumed trainer starts: the weights
+    of a due version not evaluated yet, for the evaluation to load (version 0's are model.path,
+    never copied). Returns where they went, or None when there is nothing to save."""
     cfg = run.cfg
     v = trainer.version
-    if not cfg.eval.enabled or v == start or v not in due_versions(cfg.eval, cfg.trainer.total_steps, start):
+    if not cfg.eval.enabled or v == 0 or v not in due_versions(cfg.eval, cfg.trainer.total_steps, start):
         return None
+    fs, root = run.fs()
+    if fs.exists(join(root, METRICS_DIR, f"role={EVAL_ROLE}", f"step={v:08d}.json")):
+        return None  # a resumed run's start version that the stopped attempt evaluated already
     url = weights_url(run.url, v)
     with trainer.timeline.span("write", step=v, version=v):
         trainer.trainer.save_hf(f"{url}/model", run.storage_options)
-    fs, root = run.fs()
     write_json(fs, join(root, EVAL_DIR, f"version={v}", COMMITTED), {"version": v, "time": time.time()})
     return url
 
@@ -90,7 +93,10 @@ class Evaluator:
 
     def __init__(self, run: RunContext, explorer: Any, start: int, on_eval: OnEval | None = None):
         self.run, self.cfg, self.explorer, self.on_eval = run, run.cfg, explorer, on_eval
-        self.due = due_versions(run.cfg.eval, run.cfg.trainer.total_steps, start)
+        total = run.cfg.trainer.total_steps
+        # A resumed run: the stopped attempt's due versions too (a kill between a version's saved
+        # weights and its evaluation leaves it pending), and the version it restarts at.
+        self.due = sorted(set(due_versions(run.cfg.eval, total, 0)) | set(due_versions(run.cfg.eval, total, start)))
         self.start = start
         self.done = self._recorded()
         self._sets: dict[str, tuple[list[Task], Any]] = {}
@@ -105,6 +111,10 @@ class Evaluator:
 
     def pending(self) -> list[int]:
         return [v for v in self.due if v not in self.done]
+
+    def _available(self, v: int) -> bool:
+        """Weights of `v` to load: model.path for version 0, else the trainer's saved ones."""
+        return v == 0 or self._committed(v)
 
     def _committed(self, v: int) -> bool:
         fs, root = self.run.fs()
@@ -125,7 +135,7 @@ class Evaluator:
         if self.cfg.synchronizer.sync_method != "checkpoint":
             return
         for v in self.pending():
-            if v < self.explorer.version and v != self.start and self._committed(v):
+            if v < self.explorer.version and self._available(v):
                 self._load(v)
                 self.evaluate(v)
 
@@ -137,8 +147,12 @@ class Evaluator:
             if v == self.explorer.version:
                 self.evaluate(v)
                 continue
-            if v == self.start:  # a resumed run's start version the engine never held: no saved weights of it
-                log.warning("evaluation of version %d (where the run resumed) skipped: the explorer never held it", v)
+            if v < self.start:  # the stopped attempt's: its weights were saved, or never will be
+                if self._available(v):
+                    self._load(v)
+                    self.evaluate(v)
+                else:
+                    log.warning("evaluation of version %d skipped: the stopped attempt saved no weights of it", v)
                 continue
             deadline = time.monotonic() + timeout_s
             while not self._committed(v):
@@ -157,7 +171,8 @@ class Evaluator:
         from rl_engine.storage import local_dir
 
         engine = self.explorer.engine
-        with local_dir(f"{weights_url(self.run.url, v)}/model", self.run.storage_options) as path:
+        url = self.cfg.model.path if v == 0 else f"{weights_url(self.run.url, v)}/model"
+        with local_dir(url, self.run.storage_options) as path:
             engine.rpc("rft_load_checkpoint", path, v)
         engine.mark_synced(v)
 
@@ -184,7 +199,7 @@ class Evaluator:
         self.done.add(version)
         if self.cfg.eval.keep_best is not None:
             record["best"] = self._keep_best(version, record)
-        elif version != self.start:
+        elif version != 0:
             self._drop_weights(version)
         if self.on_eval is not None:
             self.on_eval(record)
@@ -215,10 +230,10 @@ class Evaluator:
         if not better:
             self._drop_weights(version)
             return best
-        model = self.cfg.model.path if version == self.start else f"{weights_url(self.run.url, version)}/model"
+        model = self.cfg.model.path if version == 0 else f"{weights_url(self.run.url, version)}/model"
         new = {"version": version, "metric": kb.metric, "value": value, "model": model}
         write_json(fs, path, new)
-        if best is not None and best["version"] != self.start:
+        if best is not None and best["version"] != 0:
             self._drop_weights(best["version"])
         return new
 

@@ -100,6 +100,7 @@ class RunDriver:
         self.attempt = post_start(Board(run.url, run.storage_options), at, self.lease.generation)
         plan = device_plan(run.cfg)
         record_plan(*run.fs(), plan, self.attempt)  # <run>/devices.json: where this attempt's roles run
+        self.log(run.cfg.algorithm.describe())
         self.log(plan.describe())
         if self.lineage and (carried := self.lineage.adopt(run)):
             self.log(

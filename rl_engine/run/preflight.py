@@ -91,10 +91,44 @@ def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the c
     tasks = load_taskset(
         cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None
     )
+    check_algorithm(cfg)
+    check_eval_sets(cfg, opts)
     check_model_paths(cfg.model)
     config, weights = check_model_dir(cfg.model.path)
     check_context_length(cfg.model.max_model_len, config, cfg.model.path)
     return Inputs(cfg, tasks, config, weights)
+
+
+def check_algorithm(cfg: RFTConfig) -> None:
+    """The loss and the estimator a config names (a built-in, a plugin's or a `python` function)
+    load and take the trainer's call with their kwargs: a mistake shows here, naming the field,
+    not as a TypeError in the trainer's first step."""
+    from rl_engine.registry import ESTIMATORS, LOSSES, bound
+
+    a = cfg.algorithm
+    bound(LOSSES, a.loss, ("logprobs", "proximal", "advantages", "mask"))
+    bound(ESTIMATORS, a.advantage, ("rewards", "group_index"))
+
+
+def check_eval_sets(cfg: RFTConfig, opts: dict[str, Any] | None) -> None:
+    """Every held-out set of eval.tasksets reads as a task set (it exists, parses, is not empty, its
+    rows have the keys the set's reward needs) and its reward builds: checked before any engine
+    starts, so a bad set fails the run at once, naming `eval.tasksets[i]`, not at its first evaluation."""
+    from rl_engine.rewards import build_reward, load_taskset
+
+    for i, s in enumerate(cfg.eval.tasksets):
+        reward = s.reward or cfg.taskset.reward
+        if s.reward is not None:
+            try:
+                build_reward(s.reward)
+            except UserError as e:
+                raise UserError(f"eval.tasksets[{i}].reward ({s.name!r}): {e}") from None
+        load_taskset(
+            cfg.taskset.model_copy(update={"path": s.path}),
+            opts,
+            answer_needed_by=f"the {reward.type} reward" if reward.type in REWARDS_NEEDING_ANSWER else None,
+            field=f"eval.tasksets[{i}].path",
+        )
 
 
 def check_model(inputs: Inputs, resume: str | None = None) -> None:

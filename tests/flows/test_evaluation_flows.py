@@ -156,3 +156,41 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(
             )
         )
     assert saved
+
+
+@pytest.mark.parametrize("mode", ["fully_async", "one_step_off_policy"])
+def test_a_resumed_run_evaluates_every_due_version_its_restart_included(
+    mode, prefect_server, tiny_model_dir, task_file, tmp_path
+):
+    """Stopped at version 3 and resumed: every version the schedule made due is evaluated once,
+    version 3 (where the run restarts, due by eval.at_start) included, each with the weights it
+    names (issue 45: the restart version was never evaluated)."""
+    from harness.cancel import run_and_cancel
+
+    data = small_config(
+        tiny_model_dir,
+        task_file,
+        str(tmp_path),
+        name=f"eval-resume-{mode}",
+        total_steps=8,
+        checkpoint_interval=1,
+        **MODES[mode],
+    )
+    data["eval"] = {"tasksets": [{"name": "heldout", "path": task_file, "n": 2, "max_tasks": 4}], "every_versions": 4}
+    data["trainer"]["keep_last_states"] = None  # every version's state stays: the probe check reads each
+    cfg = validate_config(data)
+    result, cancelled = run_and_cancel(cfg, at_version=3, post_stop=True)
+    assert cancelled and not isinstance(result, dict), result
+    run = open_run(cfg.run_url)
+    restart = max(int(p.parent.name.split("=")[1]) for p in Path(run.url, "trainer_state").glob("step=*/COMMITTED"))
+    assert restart >= 3
+    summary = run_config(run.cfg, resume=run.url)
+    assert summary["final_version"] == 8
+    records = load_evaluations(open_run(run.url))
+    want = sorted({0, 4, 8, restart})
+    assert [r["version"] for r in records] == want, (restart, [r["version"] for r in records])
+    for r in records:
+        state = None if r["version"] == 0 else state_weights(run.url, r["version"])
+        hf = hf_probe_logprobs(tiny_model_dir, state, r["probe"]["ids"])
+        assert (hf - torch.tensor(r["probe"]["logprobs"])).abs().max().item() < 1e-3, r["version"]
+    assert not list(Path(run.url, "eval").glob("version=*"))  # every saved copy deleted once evaluated
