@@ -385,7 +385,7 @@ def checkpoint_sync(
     from rl_engine.sync import build_weight_receiver, build_weight_sender
 
     cfg = _ckpt_config(model, run_root, delta, dtype)
-    board = Board(cfg.run_url)
+    board = Board.at(cfg.run_url)
     sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
     engine = CostModelEngine(cfg, 0, 0.0, 0.0)  # the in-place load is a no-op: write, commit, check, no engine
     out = []

@@ -171,7 +171,7 @@ def bench_delta(model_dir: str, run_root: str, weights: dict[str, torch.Tensor],
             ("delta_demo_lr", True, DEMO_FIRST_LR),
         ):
             cfg = _config(model_dir, os.path.join(run_root, label), "checkpoint", 29517, delta=delta, dtype="bfloat16")
-            board = Board(cfg.run_url)
+            board = Board.at(cfg.run_url)
             sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
             stepped = adam_first_step(weights, lr)
             sender.send(weights.items(), 0)  # the version the explorer holds (not timed)
@@ -237,7 +237,7 @@ def _round(
         out["coll"] = _timed(lambda: sender.send(weights.items(), version), lambda: receiver.receive(engine))
         assert engine.version == version
         out["raw"] = _timed(lambda: sender.send_raw(sizes), lambda: receiver.receive_raw(engine, sizes))
-    board = Board(ckpt_cfg.run_url)
+    board = Board.at(ckpt_cfg.run_url)
     ck_sender, ck_receiver = build_weight_sender(ckpt_cfg, board), build_weight_receiver(ckpt_cfg, board)
     t0 = time.perf_counter()
     ck_sender.send(weights.items(), version + 1)
@@ -283,7 +283,7 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str, dev
     engine = build_rollout_engine(cfg, cuda_visible=cuda_visible([1 if gpus >= 2 else 0]) if gpus else None)
     if gpus:
         weights = {k: v.to("cuda:0") for k, v in weights.items()}  # the trainer's weights, on its GPU
-    board = Board(cfg.run_url)
+    board = Board.at(cfg.run_url)
     sender, receiver = (
         (build_weight_sender(cfg, board), build_weight_receiver(cfg, board)) if collective else (None, None)
     )
@@ -404,7 +404,7 @@ def demo_delta(work: str, model: str | None, smoke: bool) -> dict[str, float]:
         cfg = load_config(DEMO_CONFIG, sets)
         trainer = build_trainer(trainer_settings(cfg))
         try:
-            sender = build_weight_sender(cfg, Board(cfg.run_url))
+            sender = build_weight_sender(cfg, Board.at(cfg.run_url))
             sender.send(trainer.named_weights(), 0)
             before = sender.base
             trainer.train_step(_demo_batch(trainer, cfg, model))

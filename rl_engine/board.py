@@ -6,7 +6,7 @@ shared memory. The trainer posts its version, explorers post their step/version 
 acknowledgements of loaded weights; a waiter polls with a timeout and a stop event (a marker
 posted by its own process wakes it at once), and its timeout message says what it was waiting for.
 
-    board = Board(run.url, run.storage_options)
+    board = run.board                          # the run's board (RunContext opens it); or Board.at(run_url, options)
     board.post(TRAINER_KEY, {"version": 3})
     board.wait(TRAINER_KEY, lambda v: v["version"] >= 3, what="trainer version 3", timeout_s=60)
 
@@ -161,11 +161,21 @@ class Board:
     done. On local disk a marker is a symbolic link to its latest file (`rl_engine.storage.write_marker`).
     """
 
-    def __init__(self, run_url: str, storage_options: dict[str, Any] | None = None, poll_s: float | None = None):
-        self.fs, root = open_storage(run_url, storage_options)
-        self.root = join(root, "control")
+    def __init__(self, fs: Any, run_root: Any = None, poll_s: float | None = None):
+        """The board of the run at `run_root` of `fs` (its markers under `<run_root>/control/`);
+        `poll_s`: buffer.poll_interval_s (None: the storage's default)."""
+        if isinstance(fs, str):  # Board(run_url, storage_options): flows/ until they take run.board (issue 43 item 5)
+            fs, run_root = open_storage(fs, run_root)  # type: ignore[arg-type]
+        self.fs, self.run_root = fs, run_root
+        self.root = join(run_root, "control")
         self.poll_s = poll_interval(self.fs, poll_s)
         self._shared = is_remote(self.fs)  # reads there cost a request each
+
+    @classmethod
+    def at(cls, run_url: str, storage_options: dict[str, Any] | None = None, poll_s: float | None = None) -> Board:
+        """The board of the run at `run_url`, for a tool or test that has only the URL (a role or
+        driver uses its RunContext's: `run.board`)."""
+        return cls(*open_storage(run_url, storage_options), poll_s)
 
     def _path(self, key: str) -> str:
         return join(self.root, f"{key}.json")

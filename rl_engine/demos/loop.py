@@ -69,7 +69,7 @@ def run_loop(cfg: RFTConfig, steps: int | None = None, log: Callable[[str], None
     check_plan(plan, cfg.synchronizer.sync_method)
     trainer = build_trainer(trainer_settings(cfg, plan.trainer_device() or 0))
     engine = build_rollout_engine(cfg, cuda_visible=plan.engine_visible(0))
-    board = Board(cfg.run_url, storage)
+    board = Board.at(cfg.run_url, storage)
     sender, receiver = build_weight_sender(cfg, board, device=trainer.device), build_weight_receiver(cfg, board)
     problems = all_problems(_max_operand(tasks.tasks))
     history = [{"step": 0, "version": 0, **{f"eval_{k}": v for k, v in evaluate(trainer, problems).items()}}]

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rl_engine.board import STOP_KEY, Board, RoleSignals, Stopped, restate_failure, role_name
+from rl_engine.board import STOP_KEY, RoleSignals, Stopped, restate_failure, role_name
 from rl_engine.config import RendezvousSync
 from rl_engine.roles.evaluation import Evaluator, OnEval, save_due_weights
 from rl_engine.roles.explorer import Explorer
@@ -89,7 +89,7 @@ class Role:
     def __init__(self, run: RunContext, name: str, on_step: OnStep | None):
         cfg = run.cfg
         self.run, self.name, self.on_step = run, name, on_step
-        self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
+        self.board = run.board
         self.attempt, self.at, generation = read_start(self.board, cfg.synchronizer.wait_timeout_s)
         self.fence = Fence(run.url, run.storage_options, generation)  # checked before every commit of this role
         peers = watched_peers(name, cfg.explorer.count)
@@ -188,7 +188,7 @@ def trainer_role(
 def _trainer_ranks(run: RunContext, on_step: OnStep | None, env: dict[str, str]) -> RoleResult:
     """Start the trainer's ranks (rank 0 runs `trainer_loop`) with `env` (their devices), pass
     their recorded steps to `on_step` as they come, and turn a rank's failure into the run's stop request."""
-    board = Board(run.url, run.storage_options, run.cfg.buffer.poll_interval_s)
+    board = run.board
     steps = StepFeed(run, role_name(), on_step)
     try:
         t = run.cfg.trainer

@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from rl_engine.board import TRAINER_KEY, Board, StopSignal, role_name
+from rl_engine.board import TRAINER_KEY, StopSignal, role_name
 from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.experience import ExperienceBatch
 from rl_engine.proc.failpoints import failpoint
@@ -220,7 +220,7 @@ class Explorer:
         self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
         self.name = role_name(explorer_id)
         self.timeline = TimelineRecorder(run.url, run.storage_options, self.name, enabled=cfg.monitor.timeline)
-        self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
+        self.board = run.board
         with self.timeline.span(STARTUP, version=0):  # engine start-up and warm-up: before step 1, not in it
             self.engine = ENGINES.acquire(run, explorer_id)
         self.receiver = build_weight_receiver(cfg, self.board, explorer_id)

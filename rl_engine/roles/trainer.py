@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
-from rl_engine.board import TRAINER, TRAINER_KEY, Board, Stopped, StopSignal
+from rl_engine.board import TRAINER, TRAINER_KEY, Stopped, StopSignal
 from rl_engine.buffer import BufferReader
 from rl_engine.config import DecoupledSync
 from rl_engine.run import retention
@@ -74,7 +74,7 @@ class TrainerRole:
         self.run, self.cfg = run, cfg
         self.fence = fence or Fence(run.url, run.storage_options, None)  # checked before each update and state written
         self.timeline = TimelineRecorder(run.url, run.storage_options, TRAINER)
-        self.board = Board(run.url, run.storage_options, cfg.buffer.poll_interval_s)
+        self.board = run.board
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
             self.trainer = build_trainer(
                 trainer_settings(cfg, local_device)

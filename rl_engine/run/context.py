@@ -2,8 +2,18 @@
 
 `start_run(cfg)` resolves the config, creates `<storage>/<name>/` and writes `config.yaml`
 (without credentials: they never enter the config). `open_run(url)` reads it back for
-`rft run --resume`. Every worker (explorer, trainer, reporter) gets a `RunContext`.
-`rl_engine.run.lease.RunLease` keeps two drivers (say, two `rft run --resume` of one run) from running it at once.
+`rft run --resume`. `rl_engine.run.lease.RunLease` keeps two drivers (say, two `rft run --resume`
+of one run) from running it at once.
+
+The run handle: a `RunContext` opens the run's filesystem and its control board once, when it is
+made, and is passed down inside its process. Across a process (or Prefect task) boundary a role
+gets handles only, the run's URL and storage options, and opens its own RunContext at its entry
+(`open_run`); what it builds takes the context, or from it the pieces a lower floor needs:
+
+    run = open_run(run_url, storage_options)   # once, at a role's (or the driver's) entry
+    fs, root = run.fs()                        # the run's filesystem and its directory in it
+    run.board                                  # its control board (rl_engine.board)
+    BufferWriter(fs, root, explorer_id)        # components below `run` get the pieces
 """
 
 from __future__ import annotations
@@ -25,23 +35,42 @@ CONFIG_FILE = "config.yaml"
 
 @dataclasses.dataclass(frozen=True)
 class RunContext:
-    """Where a run lives and how it is configured (resolved); cheap to pass to every task."""
+    """Where a run lives and how it is configured (resolved), with its filesystem and control
+    board, opened once when the context is made; pass it down inside a process (across processes
+    and Prefect tasks: its URL and `storage_options`)."""
 
     cfg: RFTConfig
     url: str  # <storage.url>/<name>
 
+    def __post_init__(self) -> None:
+        fs, root = open_storage(self.url, self.storage_options)
+        # Not dataclass fields: derived from cfg and url (equality, repr and dataclasses.replace see those two only).
+        object.__setattr__(self, "_fs", fs)
+        object.__setattr__(self, "_root", root)
+        object.__setattr__(self, "_board", Board(fs, root, self.cfg.buffer.poll_interval_s))
+
     @property
     def storage_options(self) -> dict[str, Any]:
-        # fsspec's options plus buffer.storage.outage_timeout_s: the one handle every role and component opens storage with
+        # fsspec's options plus buffer.storage.outage_timeout_s: what another process opens the run with
         return self.cfg.buffer.storage.fs_options()
 
     def fs(self) -> tuple[fsspec.AbstractFileSystem, str]:
-        """(filesystem, path of the run directory inside it)."""
-        return open_storage(self.url, self.storage_options)
+        """(filesystem, path of the run directory inside it): the pieces a component below `run` takes."""
+        return self._fs, self._root
+
+    @property
+    def root(self) -> str:
+        """Path of the run directory inside its filesystem."""
+        return self._root
+
+    @property
+    def board(self) -> Board:
+        """The run's control board (buffer.poll_interval_s), shared by everything of this context."""
+        return self._board
 
     def path(self, *parts: str) -> str:
         """Path of a file of the run inside its filesystem."""
-        return join(self.fs()[1], *parts)
+        return join(self._root, *parts)
 
 
 def start_run(cfg: RFTConfig) -> RunContext:

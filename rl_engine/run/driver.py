@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from rl_engine.board import Board
 from rl_engine.buffer.sweep import remove_uncommitted
 from rl_engine.config import RFTConfig
 from rl_engine.errors import UserError
@@ -90,14 +89,14 @@ class RunDriver:
             at = ResumePoint(0, {i: 1 for i in range(run.cfg.explorer.count)})
         else:
             run = stored  # opened by check(), with the same storage options
-            Board(run.url, run.storage_options).clear()  # the crashed attempt's markers must not be seen
+            run.board.clear()  # the crashed attempt's markers must not be seen
             at = resume_point(run, latest_state_step(run) or 0)
             self.log(
                 f"resuming {run.url}: trainer from version {at.trainer_version}, explorers from steps {at.first_steps}"
             )
         self.lease = self.lease or RunLease(run.url, run.storage_options).acquire()
         self.run = run
-        self.attempt = post_start(Board(run.url, run.storage_options), at, self.lease.generation)
+        self.attempt = post_start(run.board, at, self.lease.generation)
         plan = device_plan(run.cfg)
         record_plan(*run.fs(), plan, self.attempt)  # <run>/devices.json: where this attempt's roles run
         self.log(run.cfg.algorithm.describe())

@@ -36,7 +36,7 @@ def test_a_write_of_this_process_ends_the_pause_at_once(tmp_path):
 
     from rl_engine.board import Board
 
-    board = Board(str(tmp_path), poll_s=30.0)
+    board = Board.at(str(tmp_path), poll_s=30.0)
     threading.Timer(0.2, lambda: board.post("other", {"x": 1})).start()  # news elsewhere: keeps waiting
     threading.Timer(0.4, lambda: board.post("k", {"v": 2})).start()
     t0 = time.monotonic()
@@ -70,7 +70,7 @@ def test_board_markers_are_links_to_their_latest_file_and_old_files_go(tmp_path)
 
     from rl_engine.board import Board
 
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     control = tmp_path / "control"
     control.mkdir()
     (control / "k.json").write_text(json.dumps({"v": 0}))  # a run's marker from before markers were links

@@ -80,7 +80,7 @@ def test_roles_of_one_process_share_their_board_reads(counted, s3_bucket):
 
     fs, root, sent = counted
     url, options = s3_bucket
-    boards = [Board(url, options, poll_s=2.0) for _ in range(8)]  # 8 roles of one process; a read serves 1 s
+    boards = [Board.at(url, options, poll_s=2.0) for _ in range(8)]  # 8 roles of one process; a read serves 1 s
     boards[0].post("trainer", {"version": 1})
     sent.clear()
     seen: list = []

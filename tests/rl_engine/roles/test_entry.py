@@ -30,7 +30,7 @@ def signals(board: Board, role: str, peers: list[str], attempt: str = "a1", time
 
 
 def test_stop_request_reaches_every_role_and_the_first_reason_wins(tmp_path):
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     a, b = signals(board, "trainer", ["explorer-0"]), signals(board, "explorer-0", ["trainer"])
     try:
         assert not a.is_set() and not b.is_set()
@@ -48,7 +48,7 @@ def test_a_role_restates_its_own_failure_but_never_another_roles_request(tmp_pat
     """The trainer's launcher names the killed rank in place of rank 0's "connection reset" (the
     trainer's own failure report); any other request stays the run's reason: another role's
     failure, a silent peer the trainer reported, a cancel."""
-    boards = {d: Board(str(tmp_path / d)) for d in ("own", "none", "other", "silent", "cancel")}
+    boards = {d: Board.at(str(tmp_path / d)) for d in ("own", "none", "other", "silent", "cancel")}
     own = signals(boards["own"], "trainer", [])
     own.report_failure("RuntimeError: Connection reset by peer")  # what Role.running posts
     own.close("failed")
@@ -77,7 +77,7 @@ def test_a_role_restates_its_own_failure_but_never_another_roles_request(tmp_pat
 
 
 def test_heartbeats_refresh_the_role_marker(tmp_path):
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     s = signals(board, "explorer-0", [])
     try:
         first = board.get(role_key("explorer-0"))
@@ -88,7 +88,7 @@ def test_heartbeats_refresh_the_role_marker(tmp_path):
 
 
 def test_a_silent_peer_of_this_attempt_stops_the_run_naming_it(tmp_path):
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     # A crashed attempt's explorer, silent for long, must not count; this attempt's one must.
     board.post(role_key("explorer-1"), {"pid": 1, "host": "h", "state": "running", "attempt": "old"})
     board.post(role_key("explorer-0"), {"pid": 4242, "host": "h", "state": "running", "attempt": "a1"})
@@ -111,7 +111,7 @@ def test_the_trainer_watches_every_explorer_and_each_explorer_the_trainer():
 
 
 def test_a_peer_that_finished_is_not_silent(tmp_path):
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     board.post(role_key("explorer-0"), {"pid": 1, "host": "h", "state": "done", "attempt": "a1"})
     trainer = signals(board, "trainer", ["explorer-0"], timeout_s=0.2)
     try:
@@ -130,12 +130,12 @@ def run(tiny_model_dir, tmp_path):
         placement={"type": "local", "heartbeat_s": 0.1},
     )
     run = start_run(cfg)
-    post_start(Board(run.url), ResumePoint(3, {0: 5}))
+    post_start(Board.at(run.url), ResumePoint(3, {0: 5}))
     return run
 
 
 def test_start_marker_tells_every_role_where_the_attempt_starts(run):
-    attempt, at, generation = read_start(Board(run.url), timeout_s=5)
+    attempt, at, generation = read_start(Board.at(run.url), timeout_s=5)
     assert len(attempt) == 12 and at == ResumePoint(3, {0: 5}) and at.resumed and generation is None
 
 
@@ -143,7 +143,7 @@ def test_a_failing_role_stops_the_others_with_its_error(run):
     role = Role(run, "explorer-0", on_step=None)
     with pytest.raises(ValueError, match="boom"), role.running():
         raise ValueError("boom")
-    board = Board(run.url)
+    board = Board.at(run.url)
     assert board.get(STOP_KEY)["reason"] == "explorer-0 failed: ValueError: boom"
     marker = board.get(role_key("explorer-0"))
     assert marker["state"] == "failed" and marker["error"] == "ValueError: boom"
@@ -216,14 +216,14 @@ def test_a_role_whose_driver_lost_the_lease_posts_nothing_on_the_board(run):
     old = RunLease(run.url, ttl_s=0.5).acquire()
     old._done.set()  # the driver paused past its ttl
     old._thread.join(5)
-    post_start(Board(run.url), ResumePoint(0, {0: 1}), old.generation)
+    post_start(Board.at(run.url), ResumePoint(0, {0: 1}), old.generation)
     role = Role(run, "trainer", on_step=None)
     time.sleep(0.6)
     new = RunLease(run.url, ttl_s=60).acquire()  # a second driver took the run over
     try:
         with pytest.raises(LeaseLost, match="generation 1, which generation 2"), role.running():
             role.fence.check()  # what every commit of the role does first
-        assert Board(run.url).get(STOP_KEY) is None  # the new driver's run is not stopped
-        assert Board(run.url).get(role_key("trainer"))["state"] == "running"  # its last word was its heartbeat
+        assert Board.at(run.url).get(STOP_KEY) is None  # the new driver's run is not stopped
+        assert Board.at(run.url).get(role_key("trainer"))["state"] == "running"  # its last word was its heartbeat
     finally:
         new.release()

@@ -44,7 +44,7 @@ def test_pack_buckets_groups_and_sends_large_parameters_without_copy():
 
 def _joining(tmp_path, port: int, explorers: int) -> Board:
     """A board on which `explorers` receivers said they join the group on `port` (as CollectiveReceiver.connect does)."""
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     for i in range(explorers):
         board.post(group_key(i), {"host": "127.0.0.1", "port": port})
     return board
@@ -128,7 +128,7 @@ def test_trainer_picks_and_publishes_a_free_port_or_names_a_taken_one(tmp_path):
     finally:
         sock.close()
     # The address receivers join: published on the run's board before the trainer waits in the group.
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     sender = CollectiveSender(CollectiveConfig(port=None, timeout_s=5), board, 1, 1, torch.float32, 5)
     with pytest.raises(SyncError, match="explorer 0"):
         sender.connect()  # nobody joins: the group times out after 5 s

@@ -22,7 +22,7 @@ CHANGED = 1e-2
 
 
 def _board(cfg) -> Board:
-    return Board(cfg.run_url, cfg.buffer.storage.options)
+    return Board.at(cfg.run_url, cfg.buffer.storage.options)
 
 
 def _cfg(model_dir: str, url: str, options: dict | None = None):
@@ -44,7 +44,7 @@ def test_sharded_checkpoint_is_an_hf_model_dir(tiny_model_dir, tmp_path):
         None,
         tiny_model_dir,
         torch.float32,
-        Board(str(tmp_path / "run")),
+        Board.at(str(tmp_path / "run")),
         1,
         30,
         shard_bytes=200_000,
@@ -62,7 +62,7 @@ def test_sharded_checkpoint_is_an_hf_model_dir(tiny_model_dir, tmp_path):
 
 
 def test_writer_that_dies_commits_nothing(tiny_model_dir, tmp_path):
-    board = Board(str(tmp_path / "run"))
+    board = Board.at(str(tmp_path / "run"))
     sender = CheckpointSender(str(tmp_path / "run"), None, tiny_model_dir, torch.float32, board, 1, 30)
     receiver = CheckpointReceiver(str(tmp_path / "run"), None, board)
 

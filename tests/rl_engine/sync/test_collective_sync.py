@@ -38,7 +38,7 @@ def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2, tmp_p
         assert e.version == 0
         assert max_logprob_diff(original, rollouts(e), 1.0) < LOGPROB_TOL
 
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     sender = build_weight_sender(cfg, board)
     receivers = [build_weight_receiver(cfg, board, explorer_id=x) for x in (0, 1)]
     # Group formation: trainer and both explorers join concurrently from their own threads.

@@ -94,7 +94,7 @@ def bits_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 def sides(
     run: Path, model_dir: str, full_every: int = 10, keep_last: int | None = None, dtype: torch.dtype = torch.float32
 ):
-    board = Board(str(run))
+    board = Board.at(str(run))
     sender = DeltaCheckpointSender(
         CheckpointSender(str(run), None, model_dir, dtype, board, 1, 30, keep_last=keep_last), full_every
     )
@@ -143,7 +143,7 @@ def test_deltas_v1_to_v5_give_the_trainers_v5_bit_for_bit(tiny_model_dir, tmp_pa
 def test_a_chain_through_object_storage(tiny_model_dir):
     """Off one machine (here memory://): every link is copied next to the explorer and checked there."""
     url = f"memory://delta-{os.getpid()}/run"
-    board = Board(url)
+    board = Board.at(url)
     sender = DeltaCheckpointSender(
         CheckpointSender(url, None, tiny_model_dir, torch.float32, board, 1, 30), full_every=10
     )
@@ -317,7 +317,7 @@ from rl_engine.sync.checkpoint import CheckpointSender
 from rl_engine.sync.delta import DeltaCheckpointSender
 from tests.rl_engine.sync.test_delta import trainer_versions
 run, model_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-sender = DeltaCheckpointSender(CheckpointSender(run, None, model_dir, torch.float32, Board(run), 1, 30, keep_last=None), full_every=10)
+sender = DeltaCheckpointSender(CheckpointSender(run, None, model_dir, torch.float32, Board.at(run), 1, 30, keep_last=None), full_every=10)
 for v, w in enumerate(trainer_versions(n)):
     sender.send(w.items(), v)
 """
@@ -332,7 +332,7 @@ def test_kill_between_a_delta_and_its_commit_then_resume(tiny_model_dir, tmp_pat
     assert p.returncode == -9  # SIGKILLed at the failpoint: delta 5's file written, not its marker
     ckpt = run / "checkpoints"
     assert (ckpt / "delta=5" / DELTA_FILE).exists() and not (ckpt / "delta=5" / COMMIT).exists()
-    board = Board(str(run))
+    board = Board.at(str(run))
     r, eng = receiver(run, board), Loaded()
     assert r.latest_committed() == 4 and r.receive(eng) == 4  # the uncommitted delta is never read
     dead = trainer_versions(5)
@@ -372,8 +372,8 @@ def restore_original(engine, tiny_model_dir, tmp_path):
         buffer={"storage": {"url": str(tmp_path / "restore")}},
         synchronizer={"sync_method": "checkpoint"},
     )
-    build_weight_sender(cfg, Board(cfg.run_url)).send(named_weights(load_hf(tiny_model_dir)), version=0)
-    assert build_weight_receiver(cfg, Board(cfg.run_url)).receive(engine, version=0) == 0
+    build_weight_sender(cfg, Board.at(cfg.run_url)).send(named_weights(load_hf(tiny_model_dir)), version=0)
+    assert build_weight_receiver(cfg, Board.at(cfg.run_url)).receive(engine, version=0) == 0
 
 
 @pytest.mark.slow
@@ -384,7 +384,7 @@ def test_vllm_logprobs_match_after_delta_syncs(engine, tiny_model_dir, tmp_path,
         buffer={"storage": {"url": str(tmp_path)}},
         synchronizer={"sync_method": "checkpoint", "delta": {"enabled": True, "full_every": 10}},
     )
-    board = Board(cfg.run_url)
+    board = Board.at(cfg.run_url)
     sender, r = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
     assert isinstance(sender, DeltaCheckpointSender) and isinstance(r, DeltaCheckpointReceiver)
     hf = load_hf(tiny_model_dir)

@@ -200,7 +200,7 @@ def test_collective_sync_of_a_trainer_update(real_engine, real_trainer, smollm2_
     )
     train_one_step(real_engine, real_trainer)
     v = real_trainer.version
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     sender, receiver = build_weight_sender(cfg, board), build_weight_receiver(cfg, board)
     run_concurrently(sender.connect, lambda: receiver.connect(real_engine), timeout=240)
     try:
@@ -227,7 +227,7 @@ def test_checkpoint_sync_of_a_trainer_update(real_engine, real_trainer, smollm2_
     )
     train_one_step(real_engine, real_trainer)
     v = real_trainer.version
-    board = Board(cfg.run_url)
+    board = Board.at(cfg.run_url)
     build_weight_sender(cfg, board).send(real_trainer.named_weights(), v)
     assert build_weight_receiver(cfg, board).receive(real_engine, v) == v == real_engine.version
     check_synced(real_engine, real_trainer, before, before_rows)

@@ -66,7 +66,7 @@ from rl_engine.config import CollectiveConfig
 from rl_engine.board import Board
 from rl_engine.sync.collective import ADDRESS_KEY, CollectiveReceiver, CollectiveSender, group_key
 role, run_url, c_json, model_dir, kill_at = sys.argv[1:6]
-board, c, kill_at = Board(run_url), CollectiveConfig.model_validate_json(c_json), int(kill_at)
+board, c, kill_at = Board.at(run_url), CollectiveConfig.model_validate_json(c_json), int(kill_at)
 if role == "trainer":
     s = CollectiveSender(c, board, 1, 1, torch.float32, 30)
     s.connect()
@@ -134,7 +134,7 @@ def _reap(p: subprocess.Popen) -> None:
 
 
 def test_explorer_that_never_joins_fails_trainer_prepare_naming_it(tmp_path):
-    board = Board(str(tmp_path))
+    board = Board.at(str(tmp_path))
     sender = CollectiveSender(_collective(), board, 2, 1, torch.float32, WAIT_S)
     joined = CollectiveReceiver(_collective(), board, 0, 2, 1, 30)  # explorer 0 comes; explorer 1 never does
     explorer0 = _Call(lambda: joined.prepare(1), "explorer-0")
@@ -153,7 +153,7 @@ def test_explorer_that_never_joins_fails_trainer_prepare_naming_it(tmp_path):
 
 
 def test_trainer_that_never_says_go_fails_waiting_explorer_naming_it(tmp_path):
-    receiver = CollectiveReceiver(_collective(), Board(str(tmp_path)), 0, 1, 1, WAIT_S)
+    receiver = CollectiveReceiver(_collective(), Board.at(str(tmp_path)), 0, 1, 1, WAIT_S)
     t0 = time.monotonic()
     side = _joined(_Call(lambda: receiver.prepare(3), "explorer-0"), WAIT_S + MARGIN_S + 5)
     print(f"no trainer: explorer's prepare failed after {side.ended_at - t0:.2f} s")
@@ -162,7 +162,7 @@ def test_trainer_that_never_says_go_fails_waiting_explorer_naming_it(tmp_path):
 
 
 def test_group_that_never_forms_names_the_missing_explorer(tmp_path):
-    board, port, timeout_s = Board(str(tmp_path)), free_port(), 3.0
+    board, port, timeout_s = Board.at(str(tmp_path)), free_port(), 3.0
     board.post(group_key(0), {"host": "127.0.0.1", "port": port})  # explorer 0 came to join; explorer 1 never did
     sender = CollectiveSender(_collective(port=port, timeout_s=timeout_s), board, 2, 1, torch.float32, 30)
     import vllm.distributed.utils  # noqa: F401 - imported before the clock starts (seconds on a loaded machine)
@@ -185,7 +185,7 @@ def test_group_that_never_forms_names_the_missing_explorer(tmp_path):
 def test_a_stop_request_ends_the_wait_for_a_group_that_cannot_form(tmp_path):
     """An explorer that failed at start-up (say, vLLM refused its config) never joins; its stop
     request must end the trainer's wait at once, not after collective.timeout_s (issue 27)."""
-    board, stop = Board(str(tmp_path)), threading.Event()
+    board, stop = Board.at(str(tmp_path)), threading.Event()
     sender = CollectiveSender(_collective(port=free_port(), timeout_s=120), board, 1, 1, torch.float32, 30)
     side = _Call(lambda: sender.connect(stop), "trainer")
     time.sleep(0.5)
@@ -204,7 +204,7 @@ def test_a_stop_request_ends_the_wait_for_a_group_that_cannot_form(tmp_path):
 @pytest.mark.slow
 def test_explorer_process_killed_mid_broadcast_fails_send_naming_it(tmp_path, tiny_model_dir):
     """An explorer process SIGKILLed while receiving says nothing: the trainer names it as the silent one."""
-    board, c = Board(str(tmp_path)), _collective()
+    board, c = Board.at(str(tmp_path)), _collective()
     sender = CollectiveSender(c, board, 1, 1, torch.float32, 30)
     p, death = _peer("explorer", str(tmp_path), c, tiny_model_dir, kill_at=2)
     try:
@@ -238,7 +238,7 @@ def doomed_engine(tiny_model_dir):
 
 @pytest.mark.slow
 def test_trainer_killed_mid_broadcast_fails_receiving_explorer_naming_it(tmp_path, tiny_model_dir, doomed_engine):
-    board, c = Board(str(tmp_path)), _collective()
+    board, c = Board.at(str(tmp_path)), _collective()
     receiver = CollectiveReceiver(c, board, 0, 1, 1, 30)
     p, death = _peer("trainer", str(tmp_path), c, tiny_model_dir, kill_at=6)
     try:
@@ -262,7 +262,7 @@ def test_trainer_killed_mid_broadcast_fails_receiving_explorer_naming_it(tmp_pat
 @pytest.mark.slow
 def test_explorer_worker_killed_mid_broadcast_fails_send_naming_it(tmp_path, tiny_model_dir, doomed_engine):
     """Last in the module: it kills the dedicated engine's worker."""
-    board, c = Board(str(tmp_path)), _collective()
+    board, c = Board.at(str(tmp_path)), _collective()
     sender, receiver = CollectiveSender(c, board, 1, 1, torch.float32, 30), CollectiveReceiver(c, board, 0, 1, 1, 30)
     connecting = _Call(lambda: receiver.connect(doomed_engine), "explorer-0-connect")
     sender.connect()
@@ -305,10 +305,10 @@ def restore_original(engine, tiny_model_dir, tmp_path):
     """Put the shared engine back to the original weights as version 0 after the test."""
     yield
     d = str(tmp_path / "restore")
-    CheckpointSender(d, None, tiny_model_dir, torch.float32, Board(d), 1, 30).send(
+    CheckpointSender(d, None, tiny_model_dir, torch.float32, Board.at(d), 1, 30).send(
         named_weights(load_hf(tiny_model_dir)), version=0
     )
-    assert CheckpointReceiver(d, None, Board(d)).receive(engine, version=0) == 0
+    assert CheckpointReceiver(d, None, Board.at(d)).receive(engine, version=0) == 0
 
 
 def _flip(path: Path, at: int) -> None:
@@ -322,7 +322,7 @@ def test_deleted_or_corrupted_checkpoint_is_refused_and_weights_kept(
     engine, tiny_model_dir, tmp_path, restore_original
 ):
     run = tmp_path / "run"
-    board = Board(str(run))
+    board = Board.at(str(run))
     sender = CheckpointSender(str(run), None, tiny_model_dir, torch.float32, board, 1, 30, shard_bytes=200_000)
     receiver = CheckpointReceiver(str(run), None, board)
     trained = perturbed_hf(tiny_model_dir, seed=11)
