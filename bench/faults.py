@@ -58,10 +58,11 @@ Section = Callable[[argparse.Namespace], tuple[list[dict[str, Any]], dict[str, A
 
 def bad_inputs(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every row of the bad-input table (`--quick`: those that start no engine)."""
-    from harness.bad_input import CASES, Env, run_case
+    from harness.bad_input import Env, run_case
+    from harness.bad_input_features import TABLE
     from rl_engine.tiny_model import make_tiny_model
 
-    cases = [c for c in CASES if not ((args.quick or args.smoke) and c.needs == "engine")]
+    cases = [c for c in TABLE if not ((args.quick or args.smoke) and c.needs == "engine")]
     if args.smoke:  # one row per area
         cases = list({c.area: c for c in reversed(cases)}.values())[::-1]
     rows: list[dict[str, Any]] = []
@@ -372,7 +373,7 @@ def late_repeats(run: Any) -> tuple[int, int]:
     p = run.cfg.explorer.partial
     fs, _ = run.fs()
     found = late = 0
-    for path in committed_files(run.url, run.storage_options):
+    for path in committed_files(*run.fs()):
         table = ipc.open_file(fs.cat_file(path)).read_all()
         for ids in table.column("response_ids").to_pylist():
             if (k := repeat_cut(ids, 0, p.repeat_ngram, p.repeat_threshold)) is not None:

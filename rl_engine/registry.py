@@ -42,7 +42,9 @@ def load_object(spec: str, field: str) -> Any:
         ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise UserError(f"{field} = {spec!r}: module {module_name!r} has no attribute {attr!r}")
+            raise UserError(
+                f"{field} = {spec!r}: module {module_name!r} has no attribute {attr!r}; check the name after the colon"
+            )
         obj = getattr(obj, part)
     return obj
 
@@ -113,6 +115,9 @@ class Registry:
         else:
             fn = self.get(cfg.type)
             params = cfg.model_dump(exclude={"type"}) if self.builtin(cfg.type) else cfg.kwargs
+        if not callable(fn):
+            field = f"{self.field}.{'function' if cfg.type == 'python' else 'type'}"
+            raise UserError(f"{field} ({cfg.type!r}): {fn!r} is not callable; name a function")
         return functools.partial(fn, **params)
 
     def _check(self, name: str) -> None:
@@ -133,9 +138,7 @@ def bound(registry: Registry, cfg: Any, args: tuple[str, ...]) -> Callable[..., 
     contract passes) with the config's parameters; a UserError naming the field otherwise."""
     fn = registry.build(cfg)
     field = f"{registry.field}.{'function' if cfg.type == 'python' else 'type'}"
-    target = fn.func if isinstance(fn, functools.partial) else fn
-    if not callable(target):
-        raise UserError(f"{field}: {target!r} is not callable")
+    target = fn.func
     try:
         inspect.signature(target).bind(*args, **fn.keywords)
     except TypeError as e:

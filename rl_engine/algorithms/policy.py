@@ -19,6 +19,7 @@ from torch import Tensor
 
 from rl_engine.algorithms.losses import aggregate, kl_token, offpolicy_weights
 from rl_engine.config import AlgorithmConfig
+from rl_engine.errors import UserError
 from rl_engine.registry import LOSSES
 
 
@@ -102,9 +103,9 @@ def _token_loss(
     returns only the loss clipped nothing."""
     out = LOSSES.build(cfg.loss)(logprobs, proximal, advantages, mask)
     loss, clipped = out if isinstance(out, tuple) else (out, torch.zeros_like(out, dtype=torch.bool))
-    if loss.shape != logprobs.shape:
-        raise ValueError(
-            f"algorithm.loss {cfg.loss.type!r} returned a loss of shape {tuple(loss.shape)}; "
+    if not isinstance(loss, torch.Tensor) or loss.shape != logprobs.shape:
+        raise UserError(
+            f"algorithm.loss {cfg.loss.type!r} returned {getattr(loss, 'shape', type(loss).__name__)}; "
             f"a policy loss returns one value per token, shape {tuple(logprobs.shape)} (rl_engine.api.PolicyLoss)"
         )
     return loss, clipped

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from rl_engine.algorithms.advantages import informative_rows, overlong_penalty
 from rl_engine.config import AlgorithmConfig
+from rl_engine.errors import UserError
 from rl_engine.registry import ESTIMATORS
 
 
@@ -61,7 +62,7 @@ def prepare_rows(
     if keep.any():
         got = ESTIMATORS.build(cfg.advantage)(shaped[keep], g[keep])  # [K]
         if not isinstance(got, torch.Tensor) or got.shape != shaped[keep].shape:
-            raise ValueError(
+            raise UserError(
                 f"algorithm.advantage {cfg.advantage.type!r} returned {getattr(got, 'shape', type(got).__name__)}; "
                 f"an estimator returns one advantage per experience, a tensor of shape {tuple(shaped[keep].shape)}"
             )

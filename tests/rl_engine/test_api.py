@@ -88,7 +88,7 @@ def test_a_loss_of_the_wrong_shape_is_refused_naming_the_contract(plugin, tmp_pa
     )
     cfg = AlgorithmConfig(loss={"type": "python", "function": "bad_loss:scalar"})
     lp = torch.zeros(2, 3)
-    with pytest.raises(ValueError, match=r"one value per token, shape \(2, 3\).*PolicyLoss"):
+    with pytest.raises(UserError, match=r"one value per token, shape \(2, 3\).*PolicyLoss"):
         policy_loss(lp, lp, torch.zeros(2), torch.ones(2, 3), cfg)
 
 
