@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from typing import Any
 from rl_engine.errors import UserError
 from rl_engine.registry import WORKFLOWS, load_object
 
+log = logging.getLogger(__name__)
 _WAIT_S = 1.0  # how often a waiting episode thread wakes to see whether the step gave up on it
 
 
@@ -85,8 +87,10 @@ class EpisodeResult:
 class _Batcher:
     """Collects the episodes' model calls and makes one engine call when every running episode waits."""
 
-    def __init__(self, engine: Any, keys: Sequence[int], timeout_s: float):
-        self.engine, self.timeout_s = engine, timeout_s
+    def __init__(
+        self, engine: Any, keys: Sequence[int], timeout_s: float, on_timeout: Callable[[int], None] | None = None
+    ):
+        self.engine, self.timeout_s, self.on_timeout = engine, timeout_s, on_timeout
         self._cv = threading.Condition()
         self._running: dict[int, float] = {k: time.monotonic() for k in keys}  # key -> when its own code got control
         self._pending: dict[int, tuple[list[int], Any, int]] = {}
@@ -123,6 +127,8 @@ class _Batcher:
                     for k in late:  # its own code ran too long: stop waiting for it
                         self._running.pop(k)
                         self.timed_out.add(k)
+                        if self.on_timeout is not None:
+                            self.on_timeout(k)
                     if not late:
                         self._cv.wait(min(_WAIT_S, max(0.01, min(busy.values()) + self.timeout_s - now)))
                 if not self._running:
@@ -300,7 +306,17 @@ def run_episodes(
     A failed episode has `error` set (the workflow raised, or its own code ran past
     `episode_timeout_s` between model calls); an engine failure raises."""
     results = [EpisodeResult(i, list(j.prompt_ids)) for i, j in enumerate(jobs)]
-    batcher = _Batcher(engine, range(len(jobs)), episode_timeout_s)
+
+    def abandoned(i: int) -> None:  # said as it happens: the step may still wait on the others
+        log.warning(
+            "episode %d (task %s) abandoned: its workflow's own code ran past taskset.user_code.episode_timeout_s = %g s "
+            "since the model last answered",
+            i,
+            jobs[i].task.task_id,
+            episode_timeout_s,
+        )
+
+    batcher = _Batcher(engine, range(len(jobs)), episode_timeout_s, abandoned)
 
     def play(i: int) -> None:
         r, job = results[i], jobs[i]
@@ -333,8 +349,9 @@ def run_episodes(
         results[
             i
         ].error = f"TimeoutError: the workflow's own code ran longer than taskset.user_code.episode_timeout_s = {episode_timeout_s:g} s between model calls"
+    deadline = time.monotonic() + _WAIT_S  # one wait for them all: 64 stuck episodes must not cost 64 waits
     for t in threads:
-        t.join(_WAIT_S)  # they have ended or been abandoned; a stuck one is left behind (daemon)
+        t.join(max(0.0, deadline - time.monotonic()))  # ended or abandoned; a stuck one is left behind (daemon)
     return results
 
 

@@ -109,6 +109,69 @@ def test_a_hanging_episode_times_out_without_holding_the_others():
     assert [r.turns for r in res[1:]] == [2, 2] and res[1].error is None
 
 
+def _stuck_sleep(stop):
+    time.sleep(30)
+
+
+def _stuck_busy(stop):
+    while not stop.is_set():  # pure Python: holds the GIL between switches
+        pass
+
+
+def _stuck_io(stop):
+    import socket
+
+    a, b = socket.socketpair()
+    with a, b:
+        a.settimeout(30)
+        try:
+            a.recv(1)  # nobody ever writes
+        except OSError:
+            pass
+
+
+def _stuck_thread(stop):
+    t = threading.Thread(target=stop.wait, args=(30,), daemon=True)
+    t.start()
+    t.join()  # waits on a thread of its own
+
+
+def _stuck_subprocess(stop):
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(30)"], timeout=30)
+
+
+@pytest.mark.parametrize(
+    "stuck", [_stuck_sleep, _stuck_busy, _stuck_io, _stuck_thread, _stuck_subprocess], ids=lambda f: f.__name__[7:]
+)
+def test_the_episode_timeout_bounds_whatever_the_workflow_does(stuck, caplog):
+    """Issue 45: 16 episodes whose code never gives control back (before their first model call
+    or after it) all end as timed out within about the timeout, each logged as it is abandoned;
+    the 16 stuck threads used to cost a second's wait each after the step."""
+    stop = threading.Event()
+
+    def workflow(task, episode):
+        if int(task.task_id[1:]) % 2:
+            episode.generate()  # half of them after a turn, half before their first
+        stuck(stop)
+        return 1.0
+
+    started = time.monotonic()
+    try:
+        with caplog.at_level("WARNING", logger="rl_engine.rollout.workflow"):
+            res = run_episodes(ScriptedEngine(), workflow, jobs(16), SAMPLING, 64, episode_timeout_s=0.5)
+    finally:
+        stop.set()
+    took = time.monotonic() - started
+    assert all("episode_timeout_s = 0.5" in r.error for r in res), [r.error for r in res]
+    assert [r.turns for r in res] == [i % 2 for i in range(16)]
+    abandoned = [m for m in caplog.messages if "abandoned" in m]
+    assert len(abandoned) == 16 and "task t0" in abandoned[0]
+    assert took < 12, f"{took:.1f} s for 16 episodes stuck past a 0.5 s timeout (a wait of 1 s each: 16 s)"
+
+
 def test_context_full_ends_the_episode_as_truncated():
     def chatty(task, episode):
         while True:
