@@ -149,9 +149,12 @@ def _measure(base_url: str, options: dict, tables: list[pa.Table], repeat: int, 
     for r in range(repeat):
         url = f"{base_url}/{uuid.uuid4().hex[:8]}"
         fs, root = open_storage(url, options)
-        writer, fsync_writer = BufferWriter(url, options, 0), BufferWriter(f"{url}/fsync", options, 0, fsync=True)
+        writer, fsync_writer = (
+            BufferWriter(*open_storage(url, options), 0),
+            BufferWriter(*open_storage(f"{url}/fsync", options), 0, fsync=True),
+        )
         readers = {
-            k: BufferReader(url, options, BufferConfig(verify_checksums=k == "buffer_read"))
+            k: BufferReader(*open_storage(url, options), BufferConfig(verify_checksums=k == "buffer_read"))
             for k in ("buffer_read", "buffer_read_unverified")
         }
         raw_paths = {
@@ -214,7 +217,7 @@ def _consumed_run(url: str, options: dict, n: int) -> dict:
     """A run of `n` commits one second apart, the newest two minutes old; returns the cursor of a
     trainer that consumed them all. One real commit, its record copied under n keys (same data file)."""
     fs, root = open_storage(url, options)
-    writer = BufferWriter(url, options, 0)
+    writer = BufferWriter(*open_storage(url, options), 0)
     writer.write(1, make_batch(1))
     [(key, path)] = _files.list_commits(fs, root)
     record = fs.cat_file(path)
@@ -238,13 +241,13 @@ def _poll_cost(base_url: str, options: dict, commits: int, tables: list[pa.Table
     for n in (10, commits):
         url = f"{base_url}/poll-{n}-{uuid.uuid4().hex[:8]}"
         state = _consumed_run(url, options, n)
-        reader = BufferReader(url, options, BufferConfig())
+        reader = BufferReader(*open_storage(url, options), BufferConfig())
         reader.load_state_dict(state)
         t0 = time.perf_counter()
         reader.poll()  # the full listing of a reader's start
         runs[n] = {
             "reader": reader,
-            "writer": BufferWriter(url, options, 0),
+            "writer": BufferWriter(*open_storage(url, options), 0),
             "full listing": [time.perf_counter() - t0],
         }
     for i in range(polls):

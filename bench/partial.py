@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from statistics import mean
 
+from rl_engine.storage import open_storage
+
 if __name__ == "__main__":
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -150,7 +152,9 @@ def isolated_step_s(run_url: str, steps: int, skip: int) -> float:
         reward_fn = build_reward(cfg.taskset.reward)
         partial = None
         if cfg.explorer.partial.enabled:
-            store = ContinuationStore(tempfile.mkdtemp(prefix="bench-partial-isolated-"), {}, 0, fsync=False)
+            store = ContinuationStore(
+                *open_storage(tempfile.mkdtemp(prefix="bench-partial-isolated-"), {}), 0, fsync=False
+            )
             partial = PartialRollouts(engine, store, tasks, reward_fn, partial_settings(cfg, 0), first_step=1)
         times = []
         for e in range(1, steps + 1):

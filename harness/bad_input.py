@@ -261,7 +261,7 @@ def started_run(env: Env, *overrides: str) -> tuple[Any, str]:
 
     run = start_run(env.cfg("name=r1", *overrides))
     for e in (1, 2):
-        BufferWriter(run.url, {}, 0).write(e, make_batch(8, explorer_step=e))
+        BufferWriter(*run.fs(), 0).write(e, make_batch(8, explorer_step=e))
     state = Path(run.url) / "trainer_state" / "step=2"
     state.mkdir(parents=True)
     save_file(load_file(f"{env.model}/model.safetensors"), str(state / "model.safetensors"))
@@ -325,7 +325,9 @@ def _corrupt_buffer(damage: str) -> Callable[[Env], Callable[[], Any]]:
             record.write_text('{"format": 1, "path": ')
         else:  # a record of another format version
             record.write_text(json.dumps({**json.loads(record.read_text()), "format": 99}))
-        return lambda: BufferReader(run_url, {}, BufferConfig(on_corrupt="fail")).read_batch(8, timeout_s=0)
+        return lambda: BufferReader(*open_storage(run_url, {}), BufferConfig(on_corrupt="fail")).read_batch(
+            8, timeout_s=0
+        )
 
     return build
 

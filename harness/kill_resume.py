@@ -265,7 +265,7 @@ def kill_trial(
         "still_pending": still,
         "continuations_lost": held - {r["group_id"] for r in rows} - still,
         "lineage": trainer_lineage(run.url) if res.returncode == 0 else [],
-        "uncommitted": uncommitted_files(run.url),
+        "uncommitted": uncommitted_files(*run.fs()),
     }
 
 

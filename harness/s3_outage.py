@@ -24,6 +24,8 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
+from rl_engine.storage import open_storage
+
 _TICK = 0.1  # every blocking call here wakes at least this often to see state changes
 
 
@@ -212,8 +214,8 @@ def buffer_outage_trial(
     with OutageProxy(endpoint) as proxy:
         options = {"client_kwargs": {"endpoint_url": proxy.endpoint}, "outage_timeout_s": limit_s}
         writer, reader = (
-            BufferWriter(run_url, options, explorer_id=0),
-            BufferReader(run_url, options, BufferConfig(poll_interval_s=0.2)),
+            BufferWriter(*open_storage(run_url, options), explorer_id=0),
+            BufferReader(*open_storage(run_url, options), BufferConfig(poll_interval_s=0.2)),
         )
 
         def write(step: int) -> None:

@@ -117,6 +117,11 @@ def file_exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
     return probe(path) if probe is not None else fs.exists(path)
 
 
+def shown(fs: fsspec.AbstractFileSystem, path: str) -> str:
+    """How a message names `path` of `fs`: the local path itself, or its URL (s3://bucket/...)."""
+    return path if is_local(fs) else fs.unstrip_protocol(path)
+
+
 def is_remote(fs: fsspec.AbstractFileSystem) -> bool:
     """True for an object store (S3), where every look at storage is a request; not local disk or memory."""
     return not (is_local(fs) or "memory" in str(fs.protocol))

@@ -14,7 +14,7 @@ owner's state (its task-stream position), which `state()` reads back.
 One store per explorer, used by one process at a time (the explorer that owns it); it is
 thread-safe within that process.
 
-    store = ContinuationStore(run_url, opts, explorer_id=0)
+    store = ContinuationStore(*run.fs(), explorer_id=0)   # the run's (filesystem, directory)
     cid = store.save(unfinished, explorer_step=3)
     batch = store.load([e.id for e in store.list()])
     store.save(still_unfinished, explorer_step=4, retire=[cid])
@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from rl_engine.buffer import _files
 from rl_engine.errors import UserError
 from rl_engine.experience import ExperienceBatch
-from rl_engine.storage import join, open_storage
+from rl_engine.storage import join
 
 MANIFEST_FORMAT = 1
 MANIFEST_NAME = "_manifest.json"  # leading underscore: Arrow dataset discovery skips it
@@ -65,9 +65,8 @@ class ContinuationEntry:
         return dataclasses.asdict(self)
 
 
-def store_explorer_ids(run_url: str, storage_options: dict[str, Any] | None) -> list[int]:
-    """Ids of the explorers that have a continuation store in the run (none without partial rollouts); reads only."""
-    fs, root = open_storage(run_url, storage_options)
+def store_explorer_ids(fs: Any, root: str) -> list[int]:
+    """Ids of the explorers that have a continuation store in the run at `root` (none without partial rollouts); reads only."""
     try:
         names = [p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(join(root, STORE_DIR), detail=False)]
     except FileNotFoundError:
@@ -78,8 +77,9 @@ def store_explorer_ids(run_url: str, storage_options: dict[str, Any] | None) -> 
 class ContinuationStore:
     """Save / list / load / retire sets of partial rollouts of one explorer."""
 
-    def __init__(self, run_url: str, storage_options: dict[str, Any] | None, explorer_id: int, *, fsync: bool = True):
-        self.fs, root = open_storage(run_url, storage_options)
+    def __init__(self, fs: Any, root: str, explorer_id: int, *, fsync: bool = True):
+        """Explorer `explorer_id`'s store in the run at `root` of filesystem `fs`."""
+        self.fs = fs
         self.explorer_id = int(explorer_id)
         self.dir = join(root, STORE_DIR, f"explorer={self.explorer_id}")
         self.fsync = fsync

@@ -9,8 +9,8 @@ again. The state does not grow with the run's length, only with the number of wr
 
 Saved beside each trainer checkpoint with `save_cursor` and restored with `load_cursor`:
 
-    save_cursor(run_url, opts, trainer_step=t, state=reader.state_dict())
-    reader.load_state_dict(load_cursor(run_url, opts, trainer_step=t))
+    save_cursor(fs, root, trainer_step=t, state=reader.state_dict())     # fs, root = run.fs()
+    reader.load_state_dict(load_cursor(fs, root, trainer_step=t))
 
 Tests: `.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_cursor.py`.
 """
@@ -25,7 +25,7 @@ import numpy as np
 
 from rl_engine.buffer import _files
 from rl_engine.errors import UserError
-from rl_engine.storage import join, open_storage
+from rl_engine.storage import join
 
 CURSOR_FORMAT = 1
 CURSOR_DIR = "cursor"
@@ -108,28 +108,23 @@ def _cursor_dir(root: str) -> str:
     return join(_files.buffer_root(root), CURSOR_DIR)
 
 
-def save_cursor(run_url: str, storage_options: dict[str, Any] | None, trainer_step: int, state: dict[str, Any]) -> str:
-    """Atomically write the cursor of trainer step `trainer_step`; returns its URI."""
-    fs, root = open_storage(run_url, storage_options)
+def save_cursor(fs: Any, root: str, trainer_step: int, state: dict[str, Any]) -> str:
+    """Atomically write the cursor of trainer step `trainer_step` of the run at `root`; returns its URI."""
     path = join(_cursor_dir(root), f"step={int(trainer_step):09d}.json")
     _files.put_json(fs, path, {"format": CURSOR_FORMAT, "trainer_step": int(trainer_step), "state": state})
     return fs.unstrip_protocol(path)
 
 
-def list_cursor_steps(run_url: str, storage_options: dict[str, Any] | None) -> list[int]:
+def list_cursor_steps(fs: Any, root: str) -> list[int]:
     """Trainer steps with a saved cursor, ascending."""
-    fs, root = open_storage(run_url, storage_options)
     names = _files.list_names(fs, _cursor_dir(root))
     return sorted(int(m.group(1)) for m in map(_STEP_RE.match, names) if m)
 
 
-def load_cursor(
-    run_url: str, storage_options: dict[str, Any] | None, trainer_step: int | None = None
-) -> dict[str, Any] | None:
+def load_cursor(fs: Any, root: str, trainer_step: int | None = None) -> dict[str, Any] | None:
     """The state saved at `trainer_step` (None: the latest; returns None if there is none)."""
-    fs, root = open_storage(run_url, storage_options)
     if trainer_step is None:
-        steps = list_cursor_steps(run_url, storage_options)
+        steps = list_cursor_steps(fs, root)
         if not steps:
             return None
         trainer_step = steps[-1]

@@ -45,7 +45,7 @@ whose checksum matches its record holds the bytes of a batch validated when it w
 rows are not checked again (`_files.read_data`); `verify_checksums: false` drops the checksum,
 and then the rows are checked (size, Arrow structure and schema are checked either way).
 
-    reader = BufferReader(run_url, opts, cfg.buffer)
+    reader = BufferReader(*run.fs(), cfg.buffer)    # the run's (filesystem, directory): rl_engine.run.context
     batch = reader.read_batch(256, trainer_version=t, max_staleness=2)
 
 Tests: `.venv/bin/python -m pytest tests/rl_engine/buffer/` (polling cost: test_buffer_polling.py).
@@ -69,7 +69,7 @@ from rl_engine.buffer.cursor import ConsumedSet
 from rl_engine.config import BufferConfig
 from rl_engine.experience import ExperienceBatch
 from rl_engine.schedule import batch_number
-from rl_engine.storage import join, open_storage, poll_interval
+from rl_engine.storage import join, poll_interval, shown
 
 log = logging.getLogger("rl_engine.buffer")
 STATE_FORMAT = 1
@@ -121,14 +121,14 @@ class BufferReader:
 
     def __init__(
         self,
-        run_url: str,
-        storage_options: dict[str, Any] | None,
+        fs: Any,
+        root: str,
         cfg: BufferConfig | None = None,
         explorers: int | None = None,
     ):
+        """A reader of the buffer of the run at `root` of filesystem `fs`."""
         self.cfg = cfg or BufferConfig()
-        self.run_url = run_url
-        self.fs, self.root = open_storage(run_url, storage_options)
+        self.fs, self.root = fs, root
         self.poll_s = poll_interval(self.fs, self.cfg.poll_interval_s)
         self.explorers = explorers  # None: commit order; N: batch order over N explorers (module docstring)
         self._reset(ConsumedSet(), {}, {"next": 1, "finished": []} if explorers else None)
@@ -386,7 +386,7 @@ class BufferReader:
             how.append(f"trainer version {version}, max_staleness {max_staleness}")
         c = self._counters
         return (
-            f"{self.run_url}/buffer: waited {timeout:g} s for {n} experiences"
+            f"{shown(self.fs, _files.buffer_root(self.root))}: waited {timeout:g} s for {n} experiences"
             + (f" ({'; '.join(how)})" if how else "")
             + (
                 f"; waiting for batch {self._next_batch} (rl_engine.schedule.batch_number) before later ones"

@@ -14,7 +14,7 @@ buffer already holds its commit.
     python -m rl_engine.buffer.stats runs/my-run --json
 
 The files are plain Arrow IPC; other tools read them directly, e.g.
-    pyarrow.dataset.dataset(committed_files(run, {}), format="arrow")               # committed only
+    pyarrow.dataset.dataset(committed_files(*open_storage(run)), format="arrow")    # committed only
     pyarrow.dataset.dataset(f"{run}/buffer", format="arrow", partitioning="hive",
                             ignore_prefixes=[".", "_", "cursor"])                   # every complete file
 """
@@ -37,9 +37,8 @@ from rl_engine.errors import UserError
 from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options
 
 
-def committed_files(run_url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-    """Paths (inside the run's filesystem) of all committed data files, in commit order."""
-    fs, root = open_storage(run_url, storage_options)
+def committed_files(fs: Any, root: str) -> list[str]:
+    """Paths (inside the run's filesystem) of all committed data files of the run at `root`, in commit order."""
     records = commit_records(fs, root)
     return [join(_files.buffer_root(root), r["path"]) for _, r in records]
 
@@ -107,8 +106,8 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
         "response_tokens": _summary(cols["response_len"]),
         "finish_reasons": dict(sorted(finish.items())),
         "num_segments": {str(n): int(c) for n, c in sorted(Counter(cols["segments"].tolist()).items())},
-        "continuations": continuations(run_url, storage_options, last_committed(records)),
-        "trainer_cursor": _cursor_summary(run_url, storage_options),
+        "continuations": continuations(fs, root, last_committed(records)),
+        "trainer_cursor": _cursor_summary(fs, root),
     }
 
 
@@ -120,9 +119,7 @@ def last_committed(records: list[tuple[_files.CommitKey, dict[str, Any]]]) -> di
     return last
 
 
-def continuations(
-    run_url: str, storage_options: dict[str, Any] | None, last_steps: dict[int, int]
-) -> list[dict[str, Any]]:
+def continuations(fs: Any, root: str, last_steps: dict[int, int]) -> list[dict[str, Any]]:
     """Per explorer with a continuation store (none without partial rollouts): what it holds.
 
     `last_steps` is `last_committed(records)`. An outbox is `committed` at or below that step
@@ -130,8 +127,8 @@ def continuations(
     (a resume refuses: buffer and store disagree), as rl_engine/roles/partial.py resumes.
     """
     out = []
-    for i in store_explorer_ids(run_url, storage_options):
-        store = ContinuationStore(run_url, storage_options, i)
+    for i in store_explorer_ids(fs, root):
+        store = ContinuationStore(fs, root, i)
         try:
             entries = store.list()
             t = store.load([e.id for e in entries if e.kind == "pending"]).to_table()  # no ids: an empty table
@@ -208,11 +205,11 @@ def _summary(x: np.ndarray) -> dict[str, float] | None:
     }
 
 
-def _cursor_summary(run_url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
-    steps = list_cursor_steps(run_url, storage_options)
+def _cursor_summary(fs: Any, root: str) -> dict[str, Any] | None:
+    steps = list_cursor_steps(fs, root)
     if not steps:
         return None
-    counters = (load_cursor(run_url, storage_options, steps[-1]) or {}).get("counters", {})
+    counters = (load_cursor(fs, root, steps[-1]) or {}).get("counters", {})
     return {
         "trainer_step": steps[-1],
         **{k: counters.get(k, 0) for k in ("consumed", "dropped_stale", "skipped_corrupt")},

@@ -8,7 +8,7 @@ count the orphan's rows next to those of the step's rewritten file. The mode's f
 when an attempt of the run has ended: it holds the run's lease and every role has stopped, so a
 file no record names can no longer get one.
 
-    python -c "from rl_engine.buffer.sweep import uncommitted_files; print(uncommitted_files('runs/r1'))"
+    python -c "from rl_engine.buffer.sweep import uncommitted_files; from rl_engine.storage import open_storage; print(uncommitted_files(*open_storage('runs/r1')))"
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from typing import Any
 
 from rl_engine.buffer import _files
 from rl_engine.buffer.stats import commit_records
-from rl_engine.storage import join, open_storage
+from rl_engine.storage import join
 
 
-def _orphans(fs, root: str) -> list[str]:
+def _orphans(fs: Any, root: str) -> list[str]:
     base = _files.buffer_root(root)
     fs.invalidate_cache(base)
     if not fs.isdir(base):
@@ -30,17 +30,15 @@ def _orphans(fs, root: str) -> list[str]:
     return sorted(p for p in found if p not in named)
 
 
-def uncommitted_files(run_url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-    """URIs of the files under buffer/explorer=*/ that no commit record names (orphans, temp files)."""
-    fs, root = open_storage(run_url, storage_options)
+def uncommitted_files(fs: Any, root: str) -> list[str]:
+    """URIs of the files under buffer/explorer=*/ of the run at `root` that no commit record names (orphans, temp files)."""
     return [fs.unstrip_protocol(p) for p in _orphans(fs, root)]
 
 
-def remove_uncommitted(run_url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+def remove_uncommitted(fs: Any, root: str) -> list[str]:
     """Delete what `uncommitted_files` lists; returns the URIs removed. Only while no writer of
     the run can be running (its lease held, its roles stopped): a live writer's data file has no
     record for the moment between its two writes."""
-    fs, root = open_storage(run_url, storage_options)
     orphans = _orphans(fs, root)
     if orphans:
         fs.rm(orphans)

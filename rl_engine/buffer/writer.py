@@ -18,7 +18,7 @@ the reader detects by size/checksum and reports per `buffer.on_corrupt`, never a
 `fsync=True` flushes data and record to disk before `write` returns (survives power loss;
 costs about one disk flush per step on local disk; object stores ignore it).
 
-    w = BufferWriter("s3://bucket/runs/r1", {"client_kwargs": {...}}, explorer_id=0)
+    w = BufferWriter(*run.fs(), explorer_id=0)     # the run's (filesystem, directory): rl_engine.run.context
     uri = w.write(1, batch)
 
 Tests: `.venv/bin/python -m pytest tests/rl_engine/buffer/test_buffer_io.py`.
@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from rl_engine.buffer import _files
 from rl_engine.experience import ExperienceBatch
 from rl_engine.proc.failpoints import failpoint
-from rl_engine.storage import join, open_storage
+from rl_engine.storage import join
 
 
 class BufferWriter:
@@ -45,14 +45,15 @@ class BufferWriter:
 
     def __init__(
         self,
-        run_url: str,
-        storage_options: dict[str, Any] | None,
+        fs: Any,
+        root: str,
         explorer_id: int,
         *,
         fsync: bool = False,
         before_commit: Callable[[], None] | None = None,
     ):
-        self.fs, self.root = open_storage(run_url, storage_options)
+        """A writer into the buffer of the run at `root` of filesystem `fs`."""
+        self.fs, self.root = fs, root
         self.before_commit = before_commit  # raises to refuse the commit (rl_engine.run.lease.Fence.check: a writer whose driver lost the run's lease)
         self.explorer_id = int(explorer_id)
         self.fsync = fsync

@@ -235,10 +235,10 @@ class Explorer:
         self.workflow = build_workflow(cfg.taskset.workflow)  # None: single-turn rollouts
         self.pool = build_user_code_pool(cfg.taskset, self.name)
         self.fence = fence or Fence(run.url, run.storage_options, None)
-        self.writer = BufferWriter(run.url, run.storage_options, explorer_id, before_commit=self.fence.check)
+        self.writer = BufferWriter(*run.fs(), explorer_id, before_commit=self.fence.check)
         self.partial: PartialRollouts | None = None
         if cfg.explorer.partial.enabled:  # it restores the task stream's position with its continuations
-            store = ContinuationStore(run.url, run.storage_options, explorer_id)
+            store = ContinuationStore(*run.fs(), explorer_id)
             self.partial = PartialRollouts(
                 self.engine,
                 store,

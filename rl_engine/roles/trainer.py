@@ -81,8 +81,7 @@ class TrainerRole:
             )  # alone in its process: on the plan's device
         # Decoupled modes: batches in the order admission control numbered them (rl_engine.schedule.batch_number).
         self.reader = BufferReader(
-            run.url,
-            run.storage_options,
+            *run.fs(),
             cfg.buffer,
             explorers=cfg.explorer.count if isinstance(cfg.synchronizer, DecoupledSync) else None,
         )

@@ -112,7 +112,7 @@ class RunDriver:
         writer's), unless this driver lost the run's lease (then nothing is touched)."""
         run, lease = self._started()
         lease.check()
-        return remove_uncommitted(run.url, run.storage_options)
+        return remove_uncommitted(*run.fs())
 
     def record(self, status: str) -> dict[str, Any] | None:
         """The run's entry in its lineage's runs.jsonl (`completed` also moves latest.json to it);

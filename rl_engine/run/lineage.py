@@ -128,17 +128,17 @@ def freeze_tasks(
     return f"{url}/{TASKS_DIR}/{run_name}.jsonl"
 
 
-def consumed_task_ids(run_url: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+def consumed_task_ids(run: RunContext) -> list[str]:
     """Task ids a run drew: those in its committed buffer and in its continuation stores."""
     from rl_engine.buffer.continuations import ContinuationStore, store_explorer_ids
     from rl_engine.buffer.stats import committed_files
 
-    fs, _ = open_storage(run_url, storage_options)
+    fs, root = run.fs()
     ids: set[str] = set()
-    for path in committed_files(run_url, storage_options):
+    for path in committed_files(fs, root):
         ids.update(pa.ipc.open_file(pa.py_buffer(fs.cat_file(path))).read_all().column("task_id").to_pylist())
-    for i in store_explorer_ids(run_url, storage_options):
-        store = ContinuationStore(run_url, storage_options, i)
+    for i in store_explorer_ids(fs, root):
+        store = ContinuationStore(fs, root, i)
         ids.update(str(t) for t in store.load().column("task_id"))
     return sorted(ids)
 
@@ -197,7 +197,7 @@ def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str
     from rl_engine.run.context import last_committed_steps
     from rl_engine.run.state import latest_state_step
 
-    sources = store_explorer_ids(prev.url, prev.storage_options)
+    sources = store_explorer_ids(*prev.fs())
     if not sources or not run.cfg.explorer.partial.enabled:
         return {}
     final_version, last_steps = latest_state_step(prev) or 0, last_committed_steps(prev)
@@ -207,7 +207,7 @@ def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str
     for j in range(count):
         batches, tasks = [], {}
         for i in (i for i in sources if i % count == j):
-            src = ContinuationStore(prev.url, prev.storage_options, i)
+            src = ContinuationStore(*prev.fs(), i)
             pending = src.load([e.id for e in src.list() if e.kind == "pending"])
             if not len(pending):
                 continue
@@ -226,7 +226,7 @@ def carry_continuations(prev: RunContext, run: RunContext) -> dict[int, list[str
             batches.append(renumber(pending, final_version, last_steps.get(i, 0)))
         if batches:
             batch = ExperienceBatch.concat(batches)
-            ContinuationStore(run.url, run.storage_options, j).commit([(batch, "pending")], tasks=tasks)
+            ContinuationStore(*run.fs(), j).commit([(batch, "pending")], tasks=tasks)
             out[j] = [str(x) for x in batch.column("experience_id")]
     return out
 
@@ -277,7 +277,7 @@ class LineageRun:
             "base_model": run.cfg.model.path,
             "model": f"{run.url}/model",
             **({"best": best} if best is not None else {}),
-            "tasks": consumed_task_ids(run.url, self.storage_options),
+            "tasks": consumed_task_ids(run),
             "status": status,
             "time": time.time(),
         }

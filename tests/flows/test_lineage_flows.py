@@ -24,6 +24,7 @@ from rl_engine.errors import UserError
 from rl_engine.rewards import load_taskset
 from rl_engine.run import lineage
 from rl_engine.run.context import open_run
+from rl_engine.storage import open_storage
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,7 @@ def lineage_config(model_dir: str, task_file: str, storage: str, **extra) -> dic
 
 
 def pending_rows(run_url: str) -> dict[str, dict]:
-    store = ContinuationStore(run_url, {}, 0)
+    store = ContinuationStore(*open_storage(run_url, {}), 0)
     t = store.load([e.id for e in store.list() if e.kind == "pending"])
     return {r["experience_id"]: r for r in t.to_table().select(["experience_id", "task_id", "segments"]).to_pylist()}
 

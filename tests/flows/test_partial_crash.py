@@ -78,7 +78,7 @@ def test_killed_between_continuation_save_and_buffer_commit(point, tiny_model_di
         f"the failpoint did not kill the run (exit {killed.returncode}):\n{killed.stdout[-3000:]}{killed.stderr[-3000:]}"
     )
     run = open_run(str(tmp_path / "crash"))
-    store = ContinuationStore(run.url, {}, 0)
+    store = ContinuationStore(*run.fs(), 0)
     staged = [e for e in store.list() if e.kind == "outbox"]
     assert [e.explorer_step for e in staged] == [CRASH_STEP]  # the kill left step 3's batch staged
     committed = last_committed_steps(run)[0]
@@ -94,7 +94,7 @@ def test_killed_between_continuation_save_and_buffer_commit(point, tiny_model_di
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     # Once the resumed attempt ended, the buffer directory holds only committed files: plain Arrow
     # tools (the README's recipe) read each experience once.
-    assert not os.path.exists(orphan) and uncommitted_files(run.url) == []
+    assert not os.path.exists(orphan) and uncommitted_files(*run.fs()) == []
     plain = ds.dataset(
         f"{run.url}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]
     ).to_table()
@@ -107,7 +107,7 @@ def test_killed_between_continuation_save_and_buffer_commit(point, tiny_model_di
     assert set(groups.values()) == {2}  # every group whole, once
     # The staged batch went into the buffer once, as step 3, whichever side of the commit the kill fell.
     assert {r["group_id"] for r in rows if r["explorer_step"] == CRASH_STEP} == staged_groups
-    assert not [e for e in ContinuationStore(run.url, {}, 0).list() if e.kind == "outbox"]
+    assert not [e for e in ContinuationStore(*run.fs(), 0).list() if e.kind == "outbox"]
     # The final model was trained on each explorer step once.
     metrics = [json.loads(line) for line in Path(run.url, "report", "metrics.jsonl").read_text().splitlines()]
     by_step = {

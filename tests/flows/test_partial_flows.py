@@ -21,6 +21,7 @@ from rl_engine.config import validate_config
 from rl_engine.run.context import open_run
 from rl_engine.run.timeline import load_spans
 from rl_engine.schedule import rendezvous_version
+from rl_engine.storage import open_storage
 from tasks.continuations import continuations_key
 from tests.flows.test_cancel_resume import run_and_cancel
 
@@ -75,14 +76,14 @@ def test_every_mode_with_partial_rollouts(mode, prefect_server, tiny_model_dir, 
 
     name = Path(run).name
     for i in range(explorers):
-        manifest = ContinuationStore(run, {}, i).manifest()
+        manifest = ContinuationStore(*open_storage(run, {}), i).manifest()
         art = Artifact.get(continuations_key(name, i))
         assert art is not None and art.type == "table" and manifest["uri"] in art.description
         pending = {
             g
             for e in manifest["entries"]
             if e["kind"] == "pending"
-            for g in _group_ids(ContinuationStore(run, {}, i), e["id"])
+            for g in _group_ids(ContinuationStore(*open_storage(run, {}), i), e["id"])
         }
         assert {row["group"] for row in json.loads(art.data) if row["group"]} == pending
         assert not [
@@ -109,7 +110,7 @@ def test_cancel_and_resume_with_continuations_pending(prefect_server, tiny_model
     result, cancelled = run_and_cancel(validate_config(data), tmp_path / "partial-cancel", "partial-cancel", 3)
     assert not isinstance(result, dict) and cancelled, f"the run was not cancelled: {result}"
     run = open_run(str(tmp_path / "partial-cancel"))
-    store = ContinuationStore(run.url, {}, 0)
+    store = ContinuationStore(*open_storage(run.url, {}), 0)
     held_before = {g for e in store.list() if e.kind == "pending" for g in _group_ids(store, e.id)}
     before = {r["experience_id"] for r in stored_rows(run.url)}
     assert held_before, "no continuation was pending at the cancel"

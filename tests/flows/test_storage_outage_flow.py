@@ -19,6 +19,7 @@ from harness.runs import small_config
 from harness.s3_outage import OutageProxy
 from rl_engine.buffer.reader import BufferReader
 from rl_engine.config import BufferConfig, validate_config
+from rl_engine.storage import open_storage
 
 pytestmark = pytest.mark.slow
 STALL_S = 20.0
@@ -65,7 +66,7 @@ def test_run_on_s3_survives_a_20s_stall(prefect_server, tiny_model_dir, task_fil
 
     assert stalled_at and ended - stalled_at[0] >= STALL_S - 1  # the stall happened mid-run, and the run outlived it
     assert summary["final_version"] == total
-    reader = BufferReader(f"{url}/{name}", direct_options, BufferConfig(poll_interval_s=0.2))
+    reader = BufferReader(*open_storage(f"{url}/{name}", direct_options), BufferConfig(poll_interval_s=0.2))
     rows = reader.read_batch(total * 4, timeout_s=30).to_table().select(["experience_id", "explorer_step"]).to_pylist()
     assert Counter(r["explorer_step"] for r in rows) == {e: 4 for e in range(1, total + 1)}
     assert len({r["experience_id"] for r in rows}) == len(rows) and reader.poll() == 0

@@ -118,7 +118,7 @@ def tiny_disk(tmp_path):
 
 def test_disk_full_names_the_path_and_keeps_committed_data(tiny_disk):
     run = str(tiny_disk / "run")
-    writer = BufferWriter(run, {}, explorer_id=0)
+    writer = BufferWriter(*open_storage(run, {}), explorer_id=0)
     committed = 0
     with pytest.raises(StorageFullError) as err:
         for step in range(1, 1000):  # ~45 KiB a batch: the disk is full long before
@@ -129,6 +129,8 @@ def test_disk_full_names_the_path_and_keeps_committed_data(tiny_disk):
     assert f"cannot write {run}/buffer/" in msg and os.strerror(28) in msg and "buffer.storage.url" in msg
     leftovers = [os.path.join(d, f) for d, _, fs in os.walk(run) for f in fs if f.startswith(".tmp-")]
     assert leftovers == []
-    got = BufferReader(run, {}, BufferConfig(poll_interval_s=0.01)).read_batch(32 * committed, timeout_s=10)
+    got = BufferReader(*open_storage(run, {}), BufferConfig(poll_interval_s=0.01)).read_batch(
+        32 * committed, timeout_s=10
+    )
     ids = Counter(got.to_table().column("experience_id").to_pylist())
     assert ids == Counter(f"e0-s{s}-{i}" for s in range(1, committed + 1) for i in range(32))

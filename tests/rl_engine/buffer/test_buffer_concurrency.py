@@ -20,6 +20,7 @@ import pytest
 from rl_engine.buffer import BufferReader, BufferTimeout, BufferWriter
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
+from rl_engine.storage import open_storage
 
 REPO = Path(__file__).resolve().parents[3]
 WRITERS, STEPS, ROWS = 4, 20, 100  # 4 writers x 2,000 experiences
@@ -28,22 +29,23 @@ WRITER_CHILD = r"""
 import json, sys
 from rl_engine.buffer import BufferWriter
 from rl_engine.buffer.synthetic import make_batch
+from rl_engine.storage import open_storage
 run, opts, explorer, steps, rows = sys.argv[1], json.loads(sys.argv[2]), *map(int, sys.argv[3:6])
-w = BufferWriter(run, opts, explorer)
+w = BufferWriter(*open_storage(run, opts), explorer)
 for s in range(1, steps + 1):
     w.write(s, make_batch(rows, explorer_id=explorer, explorer_step=s, prompt_len=8, response_len=8))
 """
 
 
 def _write_all(run: str, options: dict, explorer: int) -> None:
-    w = BufferWriter(run, options, explorer)
+    w = BufferWriter(*open_storage(run, options), explorer)
     for s in range(1, STEPS + 1):
         w.write(s, make_batch(ROWS, explorer_id=explorer, explorer_step=s, prompt_len=8, response_len=8))
 
 
 def _read_all(run: str, options: dict, writers_alive) -> list[str]:
     """Consume batches while the writers run; returns every experience id handed out."""
-    reader = BufferReader(run, options, BufferConfig(whole_groups=True, poll_interval_s=0.01))
+    reader = BufferReader(*open_storage(run, options), BufferConfig(whole_groups=True, poll_interval_s=0.01))
     ids: list[str] = []
     while len(ids) < WRITERS * STEPS * ROWS:
         if not writers_alive():
@@ -80,13 +82,13 @@ def test_four_thread_writers_memory():
 
 
 def test_one_writer_shared_by_threads(tmp_path):
-    w = BufferWriter(str(tmp_path), {}, 0)
+    w = BufferWriter(*open_storage(str(tmp_path), {}), 0)
     threads = [threading.Thread(target=w.write, args=(s, make_batch(10, explorer_step=s))) for s in range(1, 9)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    reader = BufferReader(str(tmp_path), {})
+    reader = BufferReader(*open_storage(str(tmp_path), {}))
     assert len({str(x) for x in reader.read_batch(80, timeout_s=0).column("experience_id")}) == 80
     assert reader.state_dict()["consumed"][w._writer] == {"upto": 8, "done": [], "partial": {}}
 
@@ -123,6 +125,7 @@ KILLED_CHILD = r"""
 import builtins, sys
 from rl_engine.buffer import BufferWriter, _files
 from rl_engine.buffer.synthetic import make_batch
+from rl_engine.storage import open_storage
 
 def wait_for_kill(*args, **kwargs):
     print("ready", flush=True)
@@ -146,7 +149,7 @@ if sys.argv[2] == "mid-file":
     rl_engine.storage.open = HalfThenBlock
 else:  # "before-commit": data file complete and renamed, commit record not yet written
     _files.put_json = wait_for_kill
-BufferWriter(sys.argv[1], {}, 0).write(1, make_batch(64, explorer_step=1))
+BufferWriter(*open_storage(sys.argv[1], {}), 0).write(1, make_batch(64, explorer_step=1))
 """
 
 
@@ -172,7 +175,7 @@ def test_writer_killed_leaves_nothing_visible(tmp_path, phase, leftover):
     assert child.returncode == -signal.SIGKILL
     step_dir = tmp_path / "buffer/explorer=0/step=1"
     assert len(list(step_dir.glob(leftover))) == 1  # the kill really happened at that point
-    reader = BufferReader(run, {}, BufferConfig(on_corrupt="fail"))
+    reader = BufferReader(*open_storage(run, {}), BufferConfig(on_corrupt="fail"))
     with pytest.raises(BufferTimeout, match="only 0 usable in 0 committed file"):
         reader.read_batch(1, timeout_s=0)
     if phase == "mid-file":  # Arrow tools skip the dot-file too
@@ -182,5 +185,5 @@ def test_writer_killed_leaves_nothing_visible(tmp_path, phase, leftover):
             ).count_rows()
             == 0
         )
-    BufferWriter(run, {}, 0).write(2, make_batch(4, explorer_step=2))
+    BufferWriter(*open_storage(run, {}), 0).write(2, make_batch(4, explorer_step=2))
     assert {x.explorer_step for x in reader.read_batch(4, timeout_s=0).experiences()} == {2}

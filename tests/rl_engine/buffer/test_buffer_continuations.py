@@ -13,10 +13,11 @@ import pytest
 from rl_engine.buffer import ContinuationStore, CorruptFileError
 from rl_engine.buffer.synthetic import make_batch, make_experiences
 from rl_engine.experience import ExperienceBatch, SchemaError
+from rl_engine.storage import open_storage
 
 
 def _life_cycle(run: str, options: dict) -> None:
-    store = ContinuationStore(run, options, explorer_id=3)
+    store = ContinuationStore(*open_storage(run, options), explorer_id=3)
     assert store.list() == []
     rows = make_experiences(6, explorer_id=3, explorer_step=1)
     a = store.save(ExperienceBatch.from_experiences(rows), explorer_step=1)
@@ -37,7 +38,7 @@ def _life_cycle(run: str, options: dict) -> None:
     with pytest.raises(KeyError, match="cannot retire unknown"):
         store.retire(["nope"])
     # Other explorers have their own store.
-    assert ContinuationStore(run, options, explorer_id=4).list() == []
+    assert ContinuationStore(*open_storage(run, options), explorer_id=4).list() == []
     m = store.manifest()
     assert m["num_rows"] == 2 and m["entries"][0]["uri"].endswith(f"continuations/explorer=3/part-{c}.arrow")
     assert json.loads(json.dumps(m)) == m
@@ -63,7 +64,7 @@ def test_life_cycle_s3(s3_bucket):
 def test_failed_manifest_write_changes_nothing(tmp_path, monkeypatch):
     from rl_engine.buffer import _files
 
-    store = ContinuationStore(str(tmp_path), {}, 0)
+    store = ContinuationStore(*open_storage(str(tmp_path), {}), 0)
     a = store.save(make_batch(2))
     monkeypatch.setattr(_files, "put_json", lambda *a, **k: (_ for _ in ()).throw(OSError("no space")))
     with pytest.raises(OSError):
@@ -73,7 +74,7 @@ def test_failed_manifest_write_changes_nothing(tmp_path, monkeypatch):
 
 
 def test_invalid_and_corrupt(tmp_path):
-    store = ContinuationStore(str(tmp_path), {}, 0)
+    store = ContinuationStore(*open_storage(str(tmp_path), {}), 0)
     with pytest.raises(SchemaError, match="ContinuationStore.save: column 'logprobs': missing"):
         store.save(make_batch(2).to_table().drop_columns(["logprobs"]))
     a = store.save(make_batch(2))

@@ -17,11 +17,12 @@ from rl_engine.buffer.cursor import ConsumedSet
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
 from rl_engine.errors import UserError
+from rl_engine.storage import open_storage
 
 
 def _fill(run: str, options: dict, steps: int = 6) -> None:
     # Two explorers, files of 12 rows, batches of 8: batches straddle files and explorers.
-    writers = [BufferWriter(run, options, e) for e in (0, 1)]
+    writers = [BufferWriter(*open_storage(run, options), e) for e in (0, 1)]
     for s in range(1, steps + 1):
         for e, w in enumerate(writers):
             w.write(s, make_batch(12, explorer_id=e, explorer_step=s, group_size=4))
@@ -34,14 +35,14 @@ def _consume(reader: BufferReader, batches: int) -> list[list[str]]:
 def _crash_and_restore(run: str, options: dict, whole_groups: bool) -> None:
     _fill(run, options)
     cfg = BufferConfig(whole_groups=whole_groups)
-    trainer = BufferReader(run, options, cfg)
+    trainer = BufferReader(*open_storage(run, options), cfg)
     before = _consume(trainer, 3)  # trainer steps 1..3
-    save_cursor(run, options, 3, trainer.state_dict())  # checkpoint at step 3
+    save_cursor(*open_storage(run, options), 3, trainer.state_dict())  # checkpoint at step 3
     after = _consume(trainer, 5)  # steps 4..8, then the trainer "crashes"
     del trainer
 
-    resumed = BufferReader(run, options, cfg)
-    resumed.load_state_dict(load_cursor(run, options, trainer_step=3))
+    resumed = BufferReader(*open_storage(run, options), cfg)
+    resumed.load_state_dict(load_cursor(*open_storage(run, options), trainer_step=3))
     replay = _consume(resumed, 5)
     assert replay == after
     seen_before = {i for b in before for i in b}
@@ -68,14 +69,14 @@ def test_crash_and_restore_s3(s3_bucket):
 
 def test_cursor_files(tmp_path):
     run = str(tmp_path)
-    assert load_cursor(run, {}) is None
+    assert load_cursor(*open_storage(run, {})) is None
     for t in (2, 10, 4):
-        save_cursor(run, {}, t, {"format": 1, "t": t})
-    assert list_cursor_steps(run, {}) == [2, 4, 10]
-    assert load_cursor(run, {})["t"] == 10 and load_cursor(run, {}, 4)["t"] == 4
+        save_cursor(*open_storage(run, {}), t, {"format": 1, "t": t})
+    assert list_cursor_steps(*open_storage(run, {})) == [2, 4, 10]
+    assert load_cursor(*open_storage(run, {}))["t"] == 10 and load_cursor(*open_storage(run, {}), 4)["t"] == 4
     assert json.loads((tmp_path / "buffer/cursor/step=000000004.json").read_text())["trainer_step"] == 4
     with pytest.raises(UserError, match="no buffer cursor saved for trainer step 5"):
-        load_cursor(run, {}, 5)
+        load_cursor(*open_storage(run, {}), 5)
 
 
 def test_consumed_set_stays_compact():
@@ -95,10 +96,10 @@ def test_consumed_set_stays_compact():
 
 def test_state_dict_is_json_and_rejects_unknown_format(tmp_path):
     _fill(str(tmp_path), {}, steps=1)
-    reader = BufferReader(str(tmp_path), {})
+    reader = BufferReader(*open_storage(str(tmp_path), {}))
     reader.read_batch(8, timeout_s=0)
     state = json.loads(json.dumps(reader.state_dict()))
-    other = BufferReader(str(tmp_path), {})
+    other = BufferReader(*open_storage(str(tmp_path), {}))
     other.load_state_dict(state)
     assert other.state_dict() == reader.state_dict()
     with pytest.raises(ValueError, match="cursor format 99"):

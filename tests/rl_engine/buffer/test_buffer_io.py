@@ -23,13 +23,13 @@ from rl_engine.storage import open_storage
 def _round_trip(run_url: str, options: dict) -> None:
     written = {}
     for explorer in (0, 1):
-        w = BufferWriter(run_url, options, explorer_id=explorer)
+        w = BufferWriter(*open_storage(run_url, options), explorer_id=explorer)
         for step in (1, 2):
             exps = make_experiences(10, explorer_id=explorer, explorer_step=step, seed=explorer * 10 + step)
             uri = w.write(step, ExperienceBatch.from_experiences(exps))
             assert f"explorer={explorer}/step={step}/part-" in uri and uri.endswith(".arrow")
             written.update({x.experience_id: x for x in exps})
-    reader = BufferReader(run_url, options, BufferConfig(whole_groups=False))
+    reader = BufferReader(*open_storage(run_url, options), BufferConfig(whole_groups=False))
     got = reader.read_batch(40, timeout_s=0).experiences()
     assert {x.experience_id: x for x in got} == written  # every column, every row, once
     assert len(got) == 40
@@ -53,17 +53,17 @@ def test_round_trip_s3(s3_bucket):
 
 def test_fifo_across_writers(tmp_path):
     run = str(tmp_path)
-    w0, w1 = BufferWriter(run, {}, 0), BufferWriter(run, {}, 1)
+    w0, w1 = BufferWriter(*open_storage(run, {}), 0), BufferWriter(*open_storage(run, {}), 1)
     order = [(w0, 0, 1), (w1, 1, 1), (w0, 0, 2), (w1, 1, 2)]
     for w, e, s in order:
         w.write(s, make_batch(4, explorer_id=e, explorer_step=s))
-    reader = BufferReader(run, {}, BufferConfig())
+    reader = BufferReader(*open_storage(run, {}), BufferConfig())
     steps = [(x.explorer_id, x.explorer_step) for x in reader.read_batch(16, timeout_s=0).experiences()]
     assert steps == [(e, s) for _, e, s in order for _ in range(4)]
 
 
 def test_writer_checks_ids(tmp_path):
-    w = BufferWriter(str(tmp_path), {}, explorer_id=1)
+    w = BufferWriter(*open_storage(str(tmp_path), {}), explorer_id=1)
     with pytest.raises(ValueError, match=r"explorer_id \[0\].*must match"):
         w.write(1, make_batch(2, explorer_id=0, explorer_step=1))
     with pytest.raises(ValueError, match=r"explorer_step \[1\]"):
@@ -76,16 +76,16 @@ def test_uncommitted_files_are_invisible(tmp_path):
     # A complete data file with no commit record (writer died before committing) and a temp file.
     _files.write_data(fs, f"{root}/buffer/explorer=0/step=1/part-orphan.arrow", make_batch(4).to_table())
     (tmp_path / "buffer/explorer=0/step=1/.tmp-dead").write_bytes(b"ARROW1 half")
-    reader = BufferReader(run, {}, BufferConfig())
+    reader = BufferReader(*open_storage(run, {}), BufferConfig())
     with pytest.raises(BufferTimeout):
         reader.read_batch(1, timeout_s=0)
-    BufferWriter(run, {}, 0).write(2, make_batch(4, explorer_step=2))
+    BufferWriter(*open_storage(run, {}), 0).write(2, make_batch(4, explorer_step=2))
     assert {x.explorer_step for x in reader.read_batch(4, timeout_s=0).experiences()} == {2}
 
 
 def test_failed_commit_rotates_writer_and_loses_nothing(tmp_path, monkeypatch):
     run = str(tmp_path)
-    w = BufferWriter(run, {}, 0)
+    w = BufferWriter(*open_storage(run, {}), 0)
     w.write(1, make_batch(4, explorer_step=1))
     first_id = w._writer
     real = _files.put_json
@@ -95,7 +95,7 @@ def test_failed_commit_rotates_writer_and_loses_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(_files, "put_json", real)
     w.write(3, make_batch(4, explorer_step=3))
     assert w._writer != first_id  # the failed seq's gap belongs to a retired writer id
-    reader = BufferReader(run, {}, BufferConfig())
+    reader = BufferReader(*open_storage(run, {}), BufferConfig())
     assert [x.explorer_step for x in reader.read_batch(8, timeout_s=0).experiences()] == [1] * 4 + [3] * 4
     assert all(s["upto"] == 1 and not s["done"] for s in reader.state_dict()["consumed"].values())
 
@@ -104,12 +104,12 @@ def test_files_are_plain_arrow(tmp_path):
     """Arrow tools read the buffer without this project: pyarrow.dataset with hive partitions."""
     run = str(tmp_path)
     for e in (0, 1):
-        w = BufferWriter(run, {}, e)
+        w = BufferWriter(*open_storage(run, {}), e)
         for s in (1, 2):
             w.write(s, make_batch(3, explorer_id=e, explorer_step=s))
     from rl_engine.buffer import save_cursor
 
-    save_cursor(run, {}, 1, {"x": 1})  # JSON under buffer/cursor must not confuse the recipe
+    save_cursor(*open_storage(run, {}), 1, {"x": 1})  # JSON under buffer/cursor must not confuse the recipe
     dataset = ds.dataset(f"{run}/buffer", format="arrow", partitioning="hive", ignore_prefixes=[".", "_", "cursor"])
     table = dataset.to_table()
     assert table.num_rows == 12

@@ -25,6 +25,7 @@ from rl_engine.buffer import BufferReader, BufferTimeout, BufferWriter, _files
 from rl_engine.buffer.stats import committed_files
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
+from rl_engine.storage import open_storage
 
 S = 10**9
 
@@ -40,8 +41,8 @@ def _stamped(monkeypatch, writer: BufferWriter, stamps_ns: list[int], explorer_i
 def _old_run(monkeypatch, url: str, options: dict, n: int) -> BufferReader:
     """A run with `n` commits one second apart, the newest two minutes old, all consumed."""
     now = time.time_ns()
-    _stamped(monkeypatch, BufferWriter(url, options, 0), [now - (120 + n - i) * S for i in range(n)])
-    reader = BufferReader(url, options, BufferConfig())
+    _stamped(monkeypatch, BufferWriter(*open_storage(url, options), 0), [now - (120 + n - i) * S for i in range(n)])
+    reader = BufferReader(*open_storage(url, options), BufferConfig())
     assert len(reader.read_batch(n, timeout_s=0)) == n  # the first poll lists everything
     return reader
 
@@ -66,7 +67,7 @@ def test_poll_lists_the_window_not_the_run(tmp_path, monkeypatch, protocol):
     for n in (10, 300):
         url = str(tmp_path / f"run{n}") if protocol == "local" else f"memory://poll-{uuid.uuid4().hex[:8]}"
         reader = _old_run(monkeypatch, url, {}, n)
-        fresh = BufferWriter(url, {}, 1)
+        fresh = BufferWriter(*open_storage(url, {}), 1)
         counts = _count_local_listing(monkeypatch)
         for step in (1, 2, 3):
             fresh.write(step, make_batch(4, explorer_id=1, explorer_step=step))
@@ -82,8 +83,8 @@ def test_poll_lists_the_window_not_the_run(tmp_path, monkeypatch, protocol):
 
 def test_window_poll_parses_only_new_names_and_a_rewind_sees_them_again(tmp_path, monkeypatch):
     run = str(tmp_path)
-    writer = BufferWriter(run, {}, 0)
-    reader = BufferReader(run, {}, BufferConfig())
+    writer = BufferWriter(*open_storage(run, {}), 0)
+    reader = BufferReader(*open_storage(run, {}), BufferConfig())
     reader.poll()  # the full listing at start
     writer.write(1, make_batch(4, explorer_step=1))
     before = reader.state_dict()
@@ -129,13 +130,13 @@ def test_s3_poll_lists_the_window_not_the_run(s3_bucket, monkeypatch):
     for n in (10, 150):
         run = f"{url}/run{n}"
         reader = _old_run(monkeypatch, run, options, n)
-        fresh = BufferWriter(run, options, 1)
+        fresh = BufferWriter(*open_storage(run, options), 1)
         read_new = lambda: (fresh.write(1, make_batch(4, explorer_id=1)), reader.read_batch(4, timeout_s=0))  # noqa: E731
         listed[n] = _count_s3_listing(reader, [reader.poll, read_new, reader.poll])
         assert all(1 <= len(requests) <= 2 for requests in listed[n])  # one listing, two at a prefix boundary
     assert [sum(r) for r in listed[10]] == [sum(r) for r in listed[150]] == [0, 1, 1]  # keys: the window's only
     # what every poll cost before: a listing of everything, growing with the run
-    fresh_reader = BufferReader(f"{url}/run150", options, BufferConfig())
+    fresh_reader = BufferReader(*open_storage(f"{url}/run150", options), BufferConfig())
     assert [sum(r) for r in _count_s3_listing(fresh_reader, [fresh_reader.poll])] == [151]
 
 
@@ -144,11 +145,11 @@ def test_record_outside_the_window_is_found_by_the_full_listing(tmp_path, monkey
     clock = [0.0]  # the reader's monotonic clock, moved by hand
     monkeypatch.setattr(reader_mod, "time", types.SimpleNamespace(monotonic=lambda: clock[0], sleep=time.sleep))
     run = str(tmp_path)
-    reader = BufferReader(run, {}, BufferConfig(full_listing_interval_s=600))
+    reader = BufferReader(*open_storage(run, {}), BufferConfig(full_listing_interval_s=600))
     reader.poll()  # the full listing at start
-    odd = BufferWriter(run, {}, 1)
+    odd = BufferWriter(*open_storage(run, {}), 1)
     _stamped(monkeypatch, odd, [time.time_ns() + offset_s * S], explorer_id=1)
-    BufferWriter(run, {}, 0).write(1, make_batch(4))
+    BufferWriter(*open_storage(run, {}), 0).write(1, make_batch(4))
     before = reader.state_dict()
     assert {x.explorer_id for x in reader.read_batch(4, timeout_s=0).experiences()} == {0}
     with pytest.raises(BufferTimeout):  # outside commit_window_s: not seen by a window's poll
@@ -163,7 +164,7 @@ def test_record_outside_the_window_is_found_by_the_full_listing(tmp_path, monkey
     with pytest.raises(BufferTimeout):  # exactly once, also after the next full listing
         reader.read_batch(1, timeout_s=0)
     # a reader restored from before lists everything at start: both records, in stamp order
-    restored = BufferReader(run, {}, BufferConfig())
+    restored = BufferReader(*open_storage(run, {}), BufferConfig())
     restored.load_state_dict(before)
     order = [x.explorer_id for x in restored.read_batch(5, timeout_s=0).experiences()]
     assert order == ([1] + [0] * 4 if offset_s < 0 else [0] * 4 + [1])
@@ -171,11 +172,11 @@ def test_record_outside_the_window_is_found_by_the_full_listing(tmp_path, monkey
 
 def test_fifo_across_buckets(tmp_path, monkeypatch):
     run = str(tmp_path)
-    reader = BufferReader(run, {}, BufferConfig())
+    reader = BufferReader(*open_storage(run, {}), BufferConfig())
     reader.poll()
     now = time.time_ns()
     stamps = [now - 35 * S, now - 50 * S, now - 5 * S, now + 20 * S]  # four 10-second buckets, out of order
-    _stamped(monkeypatch, BufferWriter(run, {}, 0), stamps)
+    _stamped(monkeypatch, BufferWriter(*open_storage(run, {}), 0), stamps)
     assert len({_files.bucket_of(t) for t in stamps}) == 4
     steps = [x.explorer_step for x in reader.read_batch(4, timeout_s=0).experiences()]
     assert steps == [2, 1, 3, 4]
@@ -184,13 +185,13 @@ def test_fifo_across_buckets(tmp_path, monkeypatch):
 def test_records_of_the_flat_layout_are_read(tmp_path):
     """A run written before buckets (records directly in _commits/) reads and counts as before."""
     run = str(tmp_path)
-    w = BufferWriter(run, {}, 0)
+    w = BufferWriter(*open_storage(run, {}), 0)
     for step in (1, 2):
         w.write(step, make_batch(4, explorer_step=step))
-    reader = BufferReader(run, {}, BufferConfig())
+    reader = BufferReader(*open_storage(run, {}), BufferConfig())
     for key, path in _files.list_commits(reader.fs, reader.root)[:1]:
         os.replace(path, os.path.join(_files.commits_dir(reader.root), key.name + ".json"))
     w.write(3, make_batch(4, explorer_step=3))
     assert next(p.rsplit("/", 2)[-2] for _, p in _files.list_commits(reader.fs, reader.root)) == "_commits"
     assert [x.explorer_step for x in reader.read_batch(12, timeout_s=0).experiences()] == [1] * 4 + [2] * 4 + [3] * 4
-    assert len(committed_files(run, {})) == 3
+    assert len(committed_files(*open_storage(run, {}))) == 3

@@ -25,16 +25,16 @@ from rl_engine.storage import open_storage
 def _run(tmp_path: Path) -> str:
     run = str(tmp_path / "run")
     for e in (0, 1):
-        w = BufferWriter(run, {}, e)
+        w = BufferWriter(*open_storage(run, {}), e)
         for s in (1, 2, 3):
             w.write(s, make_batch(4 * (e + 1), explorer_id=e, explorer_step=s, version=s - 1, response_len=10 + e))
     fs, root = open_storage(run)
     _files.write_data(
         fs, f"{root}/buffer/explorer=0/step=4/part-orphan.arrow", make_batch(2, explorer_step=4).to_table()
     )
-    reader = BufferReader(run, {})
+    reader = BufferReader(*open_storage(run, {}))
     reader.read_batch(8, timeout_s=0)
-    save_cursor(run, {}, 1, reader.state_dict())
+    save_cursor(*open_storage(run, {}), 1, reader.state_dict())
     return run
 
 
@@ -57,7 +57,7 @@ def test_stats_json(tmp_path, capsys):
 
 def test_stats_text_and_corrupt(tmp_path, capsys):
     run = _run(tmp_path)
-    victim = Path(committed_files(run)[0])
+    victim = Path(committed_files(*open_storage(run))[0])
     victim.write_bytes(victim.read_bytes()[:-1])
     assert main([run]) == 0
     out = capsys.readouterr().out
@@ -77,7 +77,7 @@ def test_stats_errors(tmp_path, capsys):
 
 def test_committed_files_open_with_pyarrow_dataset(tmp_path):
     run = _run(tmp_path)
-    files = committed_files(run)
+    files = committed_files(*open_storage(run))
     assert len(files) == 6 and not any("orphan" in f for f in files)
     assert ds.dataset(files, format="arrow").count_rows() == 36
     # The whole-directory recipe sees every complete file, the uncommitted orphan included.
@@ -124,7 +124,7 @@ def _exp(
 def _partial_run(tmp_path: Path) -> str:
     """Explorer 0 crashed between stage and commit of step 3; explorer 1 between commit and retire of step 2."""
     run = str(tmp_path / "run")
-    w0 = BufferWriter(run, {}, 0)
+    w0 = BufferWriter(*open_storage(run, {}), 0)
     w0.write(1, ExperienceBatch.from_experiences([_exp("a", "stop", [1]), _exp("a", "stop", [1])]))
     w0.write(
         2,
@@ -135,7 +135,7 @@ def _partial_run(tmp_path: Path) -> str:
     # A file written before partial rollouts (schema 1, no segments): two version runs -> 2 segments on read.
     old = ExperienceBatch.from_experiences([_exp("c", "stop", [2, 3], step=2)]).to_table().drop_columns(["segments"])
     w0.write(2, ExperienceBatch(old.replace_schema_metadata({SCHEMA_VERSION_KEY: b"1"})))
-    store0 = ContinuationStore(run, {}, 0, fsync=False)
+    store0 = ContinuationStore(*open_storage(run, {}), 0, fsync=False)
     store0.save(
         ExperienceBatch.from_experiences([_exp("old", "length", [1])]), explorer_step=1
     )  # retired by the stage below
@@ -148,12 +148,12 @@ def _partial_run(tmp_path: Path) -> str:
         ]
     )
     store0.commit([(outbox, "outbox"), (pending, "pending")], explorer_step=3, retire=[store0.list()[0].id])
-    w1 = BufferWriter(run, {}, 1)
+    w1 = BufferWriter(*open_storage(run, {}), 1)
     for e in (1, 2):
         batch = ExperienceBatch.from_experiences([_exp(f"x{e}", "stop", [e], explorer_id=1)])
-        ContinuationStore(run, {}, 1, fsync=False).commit([(batch, "outbox")], explorer_step=e)
+        ContinuationStore(*open_storage(run, {}), 1, fsync=False).commit([(batch, "outbox")], explorer_step=e)
         w1.write(e, batch)
-    store1 = ContinuationStore(run, {}, 1, fsync=False)
+    store1 = ContinuationStore(*open_storage(run, {}), 1, fsync=False)
     store1.retire([store1.list()[0].id])  # step 1's outbox retired; step 2's stays
     return run
 
@@ -219,7 +219,7 @@ def test_stats_names_an_unreadable_continuation_manifest(tmp_path, capsys):
 def test_stats_outbox_ahead_of_the_buffer(tmp_path, capsys):
     # A staged step 2 with no step 1 committed: the store and the buffer disagree, as a resume would say.
     run = str(tmp_path / "run")
-    ContinuationStore(run, {}, 3, fsync=False).commit(
+    ContinuationStore(*open_storage(run, {}), 3, fsync=False).commit(
         [(ExperienceBatch.from_experiences([_exp("z", "stop", [2], explorer_id=3)]), "outbox")], explorer_step=2
     )
     assert main([run]) == 0
@@ -235,8 +235,8 @@ def test_stats_outbox_ahead_of_the_buffer(tmp_path, capsys):
 def test_stats_module_entry_point_on_s3(s3_bucket):
     url, options = s3_bucket
     run = f"{url}/r"
-    BufferWriter(run, options, 0).write(1, make_batch(4))
-    ContinuationStore(run, options, 2).save(
+    BufferWriter(*open_storage(run, options), 0).write(1, make_batch(4))
+    ContinuationStore(*open_storage(run, options), 2).save(
         ExperienceBatch.from_experiences([_exp("p", "length", [1, 2])]), explorer_step=2
     )
     repo = Path(__file__).resolve().parents[3]

@@ -18,12 +18,14 @@ from rl_engine.buffer.sweep import remove_uncommitted, uncommitted_files
 from rl_engine.buffer.synthetic import make_batch
 from rl_engine.config import BufferConfig
 from rl_engine.proc.failpoints import ENV
+from rl_engine.storage import open_storage
 
 WRITE_STEPS = """
 import sys
 from rl_engine.buffer import BufferWriter
 from rl_engine.buffer.synthetic import make_batch
-w = BufferWriter(sys.argv[1], {}, 0)
+from rl_engine.storage import open_storage
+w = BufferWriter(*open_storage(sys.argv[1], {}), 0)
 for step in (1, 2, 3):
     w.write(step, make_batch(4, explorer_step=step, seed=step))
 """
@@ -51,34 +53,33 @@ def test_killed_writer_leaves_an_orphan_that_the_sweep_removes(tmp_path):
     (tmp_path / "run/buffer/explorer=0/step=1/.tmp-0123").write_bytes(
         b"ARROW1 half a file"
     )  # a write killed midway (local disk)
-    orphans = uncommitted_files(run)
+    orphans = uncommitted_files(*open_storage(run))
     assert [u.rsplit("/", 2)[-2] for u in orphans] == ["step=1", "step=3"]
     assert {s for s, _ in plain_arrow_rows(run)} == {1, 2, 3}  # the orphan's rows look like data
 
     # The resumed writer writes step 3 again; the orphan is still there until the sweep.
-    BufferWriter(run, {}, 0).write(3, make_batch(4, explorer_step=3, seed=3))
+    BufferWriter(*open_storage(run, {}), 0).write(3, make_batch(4, explorer_step=3, seed=3))
     assert len(plain_arrow_rows(run)) == 16
-    assert remove_uncommitted(run) == orphans
+    assert remove_uncommitted(*open_storage(run)) == orphans
     rows = plain_arrow_rows(run)
     assert [s for s, _ in rows] == [1] * 4 + [2] * 4 + [3] * 4 and len({i for _, i in rows}) == 12
-    assert uncommitted_files(run) == [] and remove_uncommitted(run) == []
-    reader = BufferReader(run, {}, BufferConfig())
+    assert uncommitted_files(*open_storage(run)) == [] and remove_uncommitted(*open_storage(run)) == []
+    reader = BufferReader(*open_storage(run, {}), BufferConfig())
     assert [x.explorer_step for x in reader.read_batch(12, timeout_s=0).experiences()] == [1] * 4 + [2] * 4 + [3] * 4
 
 
 def test_a_run_without_buffer_files_has_nothing_to_remove(tmp_path):
-    assert uncommitted_files(str(tmp_path / "new-run")) == []
-    assert remove_uncommitted(str(tmp_path / "new-run")) == []
+    assert uncommitted_files(*open_storage(str(tmp_path / "new-run"))) == []
+    assert remove_uncommitted(*open_storage(str(tmp_path / "new-run"))) == []
 
 
 @pytest.mark.slow
 def test_sweep_on_s3(s3_bucket):
     from rl_engine.buffer import _files
-    from rl_engine.storage import open_storage
 
     url, options = s3_bucket
     run = f"{url}/runs/r1"
-    w = BufferWriter(run, options, 1)
+    w = BufferWriter(*open_storage(run, options), 1)
     w.write(1, make_batch(4, explorer_id=1, explorer_step=1))
     fs, root = open_storage(run, options)
     _files.write_data(
@@ -86,7 +87,7 @@ def test_sweep_on_s3(s3_bucket):
         f"{root}/buffer/explorer=1/step=2/part-orphan.arrow",
         make_batch(4, explorer_id=1, explorer_step=2).to_table(),
     )
-    assert uncommitted_files(run, options) == [f"s3://{root}/buffer/explorer=1/step=2/part-orphan.arrow"]
-    assert len(remove_uncommitted(run, options)) == 1
-    assert uncommitted_files(run, options) == []
-    assert len(BufferReader(run, options, BufferConfig()).read_batch(4, timeout_s=0)) == 4
+    assert uncommitted_files(*open_storage(run, options)) == [f"s3://{root}/buffer/explorer=1/step=2/part-orphan.arrow"]
+    assert len(remove_uncommitted(*open_storage(run, options))) == 1
+    assert uncommitted_files(*open_storage(run, options)) == []
+    assert len(BufferReader(*open_storage(run, options), BufferConfig()).read_batch(4, timeout_s=0)) == 4

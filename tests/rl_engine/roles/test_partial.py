@@ -122,7 +122,7 @@ def make(tmp_path, answers: dict[str, str], first_step=1, **kw) -> tuple[Partial
     tasks = TaskIterator(
         [Task(t, t + ":", a if isinstance(a, str) else a[0]) for t, a in answers.items()], 1, seed=0, shuffle=False
     )
-    store = ContinuationStore(str(tmp_path), {}, 0, fsync=False)
+    store = ContinuationStore(*open_storage(str(tmp_path), {}), 0, fsync=False)
     return PartialRollouts(engine, store, tasks, reward, settings(**kw), first_step), engine
 
 
@@ -186,7 +186,7 @@ def test_cut_generations_continue_with_the_new_version_and_keep_their_provenance
     p, engine = make(
         tmp_path, {"a": "12", "b": "1234567", "c": "34"}, batch_size=1, repeat_times=1, segment=4, in_flight=2
     )
-    writer = BufferWriter(str(tmp_path), {}, 0)
+    writer = BufferWriter(*open_storage(str(tmp_path), {}), 0)
     b1, m1 = run_step(p, writer, 1)  # starts a and b (2 in flight): a fits one segment, b is cut after 4 tokens
     engine.version = 3  # a sync between steps
     b2, m2 = run_step(p, writer, 2)  # b continues with version 3; c is started to keep 2 in flight
@@ -208,7 +208,7 @@ def test_cut_generations_continue_with_the_new_version_and_keep_their_provenance
 
 def test_truncated_at_max_response_tokens_and_at_the_context(tmp_path):
     p, _ = make(tmp_path, {"a": LONG}, batch_size=1, repeat_times=1, segment=4, max_response=10)
-    writer = BufferWriter(str(tmp_path), {}, 0)
+    writer = BufferWriter(*open_storage(str(tmp_path), {}), 0)
     batch, m = run_step(p, writer, 1)  # the batch is short: extra rounds in the same step finish it
     (x,) = batch.experiences()
     assert x.finish_reason == "truncated" and len(x.response_ids) == 10 and m["extra_rounds"] == 2
@@ -216,7 +216,7 @@ def test_truncated_at_max_response_tokens_and_at_the_context(tmp_path):
     p2, engine2 = make(
         tmp_path / "ctx", {"a": LONG}, batch_size=1, repeat_times=1, segment=4, max_response=30, max_model_len=9
     )
-    x = run_step(p2, BufferWriter(str(tmp_path / "ctx"), {}, 0), 1)[0].experiences()[0]
+    x = run_step(p2, BufferWriter(*open_storage(str(tmp_path / "ctx"), {}), 0), 1)[0].experiences()[0]
     assert x.finish_reason == "truncated" and len(x.prompt_ids) + len(x.response_ids) == 9
     # Prompt "a:" is 2 tokens: both held groups get a segment of 4 in one call; then only the
     # oldest goes on, with the 3 tokens that still fit. The second waits for the next step.
@@ -239,7 +239,7 @@ def loop_row(tmp_path, answer: str, segment: int):
         repeat_threshold=3,
         repeat_penalty=-0.5,
     )
-    (x,) = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)[
+    (x,) = run_step(p, BufferWriter(*open_storage(str(tmp_path), {}), 0), 1)[
         0
     ].experiences()  # extra rounds of step 1 run every segment
     assert len(x.logprobs) == len(x.versions) == len(x.response_ids) == x.segments[-1]["end"]
@@ -280,7 +280,7 @@ def test_a_loop_is_cut_where_it_first_completes_in_the_whole_response(
 def test_a_stop_string_across_a_boundary_ends_the_response_before_the_engines_eos(tmp_path):
     # "##" spans the boundary of "ab#" + "#c": vLLM, with "ab#" as prompt, ran on to EOS.
     p, engine = make(tmp_path, {"a": "ab##c"}, batch_size=1, repeat_times=1, segment=3, max_response=30, stop=["##"])
-    (x,) = run_step(p, BufferWriter(str(tmp_path), {}, 0), 1)[0].experiences()
+    (x,) = run_step(p, BufferWriter(*open_storage(str(tmp_path), {}), 0), 1)[0].experiences()
     assert engine.calls[-1]["finish_reasons"] == ["stop"] and x.finish_reason == "stop"
     assert (
         x.response_ids == ids("ab##")
@@ -303,7 +303,7 @@ def test_without_a_loop_the_engines_stop_stands(tmp_path):
 def test_a_group_enters_the_buffer_only_when_every_member_finished(tmp_path):
     # Group a: one member answers at once, the other needs 3 segments; b and c finish at once.
     p, _ = make(tmp_path, {"a": ["1", "0123456789"], "b": "2", "c": "3"}, batch_size=1, repeat_times=2, segment=4)
-    writer = BufferWriter(str(tmp_path), {}, 0)
+    writer = BufferWriter(*open_storage(str(tmp_path), {}), 0)
     written = [sorted({x.task_id for x in run_step(p, writer, e)[0].experiences()}) for e in (1, 2, 3)]
     assert written == [["b"], ["c"], ["a"]]  # a waited (its finished member in the store) and came whole
     rows = {TOK.decode(x.response_ids, skip_special_tokens=True): x for x in _all_rows(tmp_path) if x.task_id == "a"}
@@ -319,7 +319,7 @@ def test_every_group_written_once_and_nothing_lost_over_a_crash_at_each_point(tm
 
     def steps(run, crash_at: str | None, e_crash: int):
         p, _ = make(run, answers, batch_size=2, repeat_times=2, segment=3, max_response=20)
-        writer = BufferWriter(str(run), {}, 0)
+        writer = BufferWriter(*open_storage(str(run), {}), 0)
         for e in range(1, 7):
             batch, _ = p.generate(e)
             if crash_at == "before_stage" and e == e_crash:
@@ -341,7 +341,7 @@ def test_every_group_written_once_and_nothing_lost_over_a_crash_at_each_point(tm
         steps(run, point, 4)
         first = _last_committed(run) + 1  # what a resume starts at
         p, _ = make(run, answers, first_step=first, batch_size=2, repeat_times=2, segment=3, max_response=20)
-        writer = BufferWriter(str(run), {}, 0)
+        writer = BufferWriter(*open_storage(str(run), {}), 0)
         for e in range(first, 7):
             run_step(p, writer, e)
         assert _group_ids(run) == want, point  # the same groups as without a crash, each written once

@@ -98,13 +98,13 @@ def _a_holder_that_lost_its_lease_commits_nothing(url: str, opts: dict) -> None:
         ):
             old.check()
         # A role of the old driver got its generation in the start marker: its buffer commits are refused.
-        writer = BufferWriter(url, opts, 0, before_commit=Fence(url, opts, old.generation).check)
+        writer = BufferWriter(*open_storage(url, opts), 0, before_commit=Fence(url, opts, old.generation).check)
         with pytest.raises(LeaseLost):
             writer.write(1, make_batch(8, explorer_id=0, explorer_step=1))
-        fresh = BufferWriter(url, opts, 0, before_commit=new.fence().check)
+        fresh = BufferWriter(*open_storage(url, opts), 0, before_commit=new.fence().check)
         fresh.write(1, make_batch(8, explorer_id=0, explorer_step=1))
         assert [r["num_rows"] for _, r in commit_records(*open_storage(url, opts))] == [8]
-        assert len(BufferReader(url, opts).read_batch(8, timeout_s=0)) == 8
+        assert len(BufferReader(*open_storage(url, opts)).read_batch(8, timeout_s=0)) == 8
         old.release()  # marks nothing: the lease is the new holder's
         assert read_lease(url, opts)["holder"] == new.me["holder"] and not read_lease(url, opts).get("released")
     finally:

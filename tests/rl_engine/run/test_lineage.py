@@ -239,10 +239,10 @@ def test_consumed_tasks_and_carried_continuations(tmp_path):
         "explorer": {"partial": {"enabled": True, "segment_max_tokens": 4, "max_response_tokens": 100}},
     }
     prev = start_run(validate_config(data))
-    BufferWriter(prev.url, {}, 0).write(1, make_batch(4, id_prefix="b", group_size=2, response_len=4))
+    BufferWriter(*open_storage(prev.url, {}), 0).write(1, make_batch(4, id_prefix="b", group_size=2, response_len=4))
     pending = make_batch(2, id_prefix="p", group_size=2, response_len=4, explorer_step=1, version=2)
-    ContinuationStore(prev.url, {}, 0).save(pending, explorer_step=1)
-    assert lineage.consumed_task_ids(prev.url) == ["b-g0", "b-g1", "p-g0"]  # committed and still pending
+    ContinuationStore(*open_storage(prev.url, {}), 0).save(pending, explorer_step=1)
+    assert lineage.consumed_task_ids(prev) == ["b-g0", "b-g1", "p-g0"]  # committed and still pending
     from rl_engine.trainer.checkpoint import COMMIT_MARKER
 
     (Path(prev.url) / "trainer_state" / "step=3").mkdir(parents=True)
@@ -253,7 +253,7 @@ def test_consumed_tasks_and_carried_continuations(tmp_path):
     write_taskset(str(tmp_path / "other.jsonl"), [{"id": "x-g0", "question": "q", "answer": "1"}])
     run = start_run(validate_config({**data, "name": "r2", "taskset": {"path": str(tmp_path / "other.jsonl")}}))
     assert lineage.carry_continuations(prev, run) == {0: ["p-0", "p-1"]}
-    store = ContinuationStore(run.url, {}, 0)
+    store = ContinuationStore(*run.fs(), 0)
     (entry,) = store.list()
     got = store.load().to_table()
     assert entry.kind == "pending" and got.drop(["versions", "segments", "explorer_step"]).equals(
@@ -274,7 +274,7 @@ def test_consumed_tasks_and_carried_continuations(tmp_path):
     # a run after that one carries them on, with their tasks, from the store that holds them now
     third = start_run(validate_config({**data, "name": "r3", "taskset": {"path": str(tmp_path / "other.jsonl")}}))
     assert lineage.carry_continuations(run, third) == {0: ["p-0", "p-1"]}
-    assert set(ContinuationStore(third.url, {}, 0).carried_tasks()) == {"p-g0"}
+    assert set(ContinuationStore(*open_storage(third.url, {}), 0).carried_tasks()) == {"p-g0"}
 
 
 @pytest.mark.slow  # moto's S3 server

@@ -15,6 +15,7 @@ from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.config import PartialRolloutConfig, SamplingConfig
 from rl_engine.rewards import Task, TaskIterator
 from rl_engine.roles.partial import PartialRollouts, PartialSettings
+from rl_engine.storage import open_storage
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from tests.rl_engine.roles.test_partial import run_step
 from tests.rl_engine.rollout.engines import MAX_MODEL_LEN, load_hf
@@ -37,7 +38,12 @@ def _partial(engine, tmp_path, segment: int, max_response: int, sampling: Sampli
     )
     tasks = TaskIterator([Task("t", "12+30=", "42")], 1, shuffle=False)
     return PartialRollouts(
-        engine, ContinuationStore(str(tmp_path), {}, 0, fsync=False), tasks, lambda *a: 0.0, settings, first_step=1
+        engine,
+        ContinuationStore(*open_storage(str(tmp_path), {}), 0, fsync=False),
+        tasks,
+        lambda *a: 0.0,
+        settings,
+        first_step=1,
     )
 
 
@@ -47,7 +53,7 @@ def test_greedy_cut_and_resumed_equals_uninterrupted(engine, tmp_path):
     (whole,) = engine.generate([prompt], 1, greedy, seed=1)[0]
     p = _partial(engine, tmp_path, segment=5, max_response=24, sampling=greedy)
     batch, m = run_step(
-        p, BufferWriter(str(tmp_path), {}, 0), 1
+        p, BufferWriter(*open_storage(str(tmp_path), {}), 0), 1
     )  # one group: its segments run as extra rounds of step 1
     rows = batch.experiences()
     assert len(rows) == 2 and m["rounds"] >= 2
@@ -72,7 +78,7 @@ def test_after_a_sync_new_tokens_carry_the_new_version_and_the_trainers_logprobs
     cfg = _cfg(tiny_model_dir, str(tmp_path / "sync"))
     sender, receiver = build_weight_sender(cfg, _board(cfg)), build_weight_receiver(cfg, _board(cfg))
     p = _partial(engine, tmp_path, segment=6, max_response=30, sampling=sampling)
-    writer = BufferWriter(str(tmp_path), {}, 0)
+    writer = BufferWriter(*open_storage(str(tmp_path), {}), 0)
     # Step 1 with version 0. The random tiny model rarely samples EOS: the first group runs to
     # its 30 tokens in extra rounds, the second (held from the start, 2 in flight) is left cut after its one segment.
     run_step(p, writer, 1)
