@@ -91,7 +91,7 @@ class Role:
         self.run, self.name, self.on_step = run, name, on_step
         self.board = run.board
         self.attempt, self.at, generation = read_start(self.board, cfg.synchronizer.wait_timeout_s)
-        self.fence = Fence(run.url, run.storage_options, generation)  # checked before every commit of this role
+        self.fence = Fence(*run.fs(), generation)  # checked before every commit of this role
         peers = watched_peers(name, cfg.explorer.count)
         p = cfg.placement
         self.stop = RoleSignals(self.board, name, peers, self.attempt, p.heartbeat_s, p.heartbeat_timeout_s)

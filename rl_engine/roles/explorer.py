@@ -219,7 +219,7 @@ class Explorer:
         cfg = run.cfg
         self.run, self.cfg, self.explorer_id = run, cfg, explorer_id
         self.name = role_name(explorer_id)
-        self.timeline = TimelineRecorder(run.url, run.storage_options, self.name, enabled=cfg.monitor.timeline)
+        self.timeline = TimelineRecorder(*run.fs(), self.name, enabled=cfg.monitor.timeline)
         self.board = run.board
         with self.timeline.span(STARTUP, version=0):  # engine start-up and warm-up: before step 1, not in it
             self.engine = ENGINES.acquire(run, explorer_id)
@@ -234,7 +234,7 @@ class Explorer:
         self.reward_fn = build_reward(cfg.taskset.reward)
         self.workflow = build_workflow(cfg.taskset.workflow)  # None: single-turn rollouts
         self.pool = build_user_code_pool(cfg.taskset, self.name)
-        self.fence = fence or Fence(run.url, run.storage_options, None)
+        self.fence = fence or Fence(*run.fs(), None)
         self.writer = BufferWriter(*run.fs(), explorer_id, before_commit=self.fence.check)
         self.partial: PartialRollouts | None = None
         if cfg.explorer.partial.enabled:  # it restores the task stream's position with its continuations

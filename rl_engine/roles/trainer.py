@@ -72,8 +72,8 @@ class TrainerRole:
     ):
         cfg = run.cfg
         self.run, self.cfg = run, cfg
-        self.fence = fence or Fence(run.url, run.storage_options, None)  # checked before each update and state written
-        self.timeline = TimelineRecorder(run.url, run.storage_options, TRAINER)
+        self.fence = fence or Fence(*run.fs(), None)  # checked before each update and state written
+        self.timeline = TimelineRecorder(*run.fs(), TRAINER)
         self.board = run.board
         with self.timeline.span(STARTUP, version=0):  # the DeepSpeed engine: start-up, before step 1
             self.trainer = build_trainer(

@@ -10,13 +10,13 @@ The holder renews its own generation's file every `ttl_s / 3` from a background 
 acquirer looks at the newest generation: held (renewed within its ttl, holder alive), it is
 refused with the holder named; free (released, expired, or its holder provably dead on this
 machine: same host and boot, process gone), it creates the next generation. A holder whose
-generation is no longer the newest has lost the lease; `Fence(url, options, generation).check()`
+generation is no longer the newest has lost the lease; `Fence(fs, root, generation).check()`
 raises `LeaseLost` then, and whoever commits on a holder's behalf (buffer commits, trainer
 states, the end-of-attempt sweep, the lineage's latest.json) checks it first, so a driver that
 lost its lease (paused past its ttl, partitioned) cannot commit over the new holder's run.
 
     lease = RunLease(run_url, storage_options).acquire()     # UserError naming the holder if held
-    fence = lease.fence()                                    # a handle: (url, options, generation)
+    fence = lease.fence()                                    # (fs, root, generation)
     fence.check()                                            # before a commit; LeaseLost if taken over
     lease.release()
 
@@ -39,7 +39,7 @@ from typing import Any
 import psutil
 
 from rl_engine.errors import UserError
-from rl_engine.storage import create_exclusive, join, open_storage, read_json, write_json
+from rl_engine.storage import create_exclusive, join, open_storage, read_json, shown, write_json
 
 LEASE_DIR = "lease"
 _GEN = re.compile(r"gen=(\d+)\.json$")
@@ -55,18 +55,19 @@ def _gen_path(root: str, generation: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Fence:
-    """What a writer acting for a lease holder needs to know it still holds: a handle, cheap to
-    pass to another process (generation None: no lease, nothing to check)."""
+    """What a writer acting for a lease holder needs to know it still holds: the lease's place
+    (`root` of filesystem `fs`, the run's directory) and the holder's generation (None: no lease,
+    nothing to check). A role makes its own from the generation on the run's start marker."""
 
-    url: str
-    storage_options: dict[str, Any] | None
+    fs: Any
+    root: str
     generation: int | None
 
     def check(self) -> None:
         """Raise LeaseLost if the lease moved past `generation` (two lookups of one object each)."""
         if self.generation is None:
             return
-        fs, root = open_storage(self.url, self.storage_options)
+        fs, root = self.fs, self.root
         fs.invalidate_cache(join(root, LEASE_DIR))
         # An acquirer creates generation+1 before it deletes older ones: either is proof.
         if fs.exists(_gen_path(root, self.generation + 1)) or not fs.exists(_gen_path(root, self.generation)):
@@ -77,7 +78,7 @@ class Fence:
                 else "a newer holder"
             )
             raise LeaseLost(
-                f"{self.url}: this process held lease generation {self.generation}, which {who} has taken over "
+                f"{shown(fs, root)}: this process held lease generation {self.generation}, which {who} has taken over "
                 "(this holder stopped renewing for longer than its ttl); it stops here without committing, the new holder goes on"
             )
 
@@ -158,7 +159,7 @@ class RunLease:
         return self
 
     def fence(self) -> Fence:
-        return Fence(self.url, self.storage_options, self.generation)
+        return Fence(self.fs, self.root, self.generation)
 
     def check(self) -> None:
         """Raise LeaseLost if another holder took the lease over."""

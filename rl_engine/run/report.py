@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rl_engine.run.context import RunContext
-from rl_engine.run.timeline import load_spans, render_gantt, summary_markdown, utilization
+from rl_engine.run.timeline import read_spans, render_gantt, summary_markdown, utilization
 from rl_engine.storage import join, read_json, write_bytes_atomic, write_json
 
 TABLE_KEYS = (
@@ -336,7 +336,7 @@ def build_report(run: RunContext) -> Report:
     trainer_metrics, explorer_metrics = load_metrics(run)
     images: dict[str, bytes] = {}
     util: dict[str, Any] = {}
-    spans = load_spans(run.url, run.storage_options) if run.cfg.monitor.timeline else []
+    spans = read_spans(fs, root) if run.cfg.monitor.timeline else []
     if spans:
         util = utilization(spans)
         images["timeline"] = render_gantt(spans, title=f"{run.cfg.name} ({run.cfg.synchronizer.mode})")

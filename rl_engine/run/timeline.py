@@ -7,14 +7,14 @@ and its first-call warm-up, the trainer's DeepSpeed engine). It is start-up, not
 utilization reports it apart and computes busy fractions over the run after it, and the Gantt
 chart has a second panel zoomed on the last trainer steps, readable however long start-up took.
 
-    rec = TimelineRecorder(run_url, storage_options, component="explorer-0")
+    rec = TimelineRecorder(*run.fs(), component="explorer-0")   # the run's (filesystem, directory)
     with rec.span("rollout", step=e, version=v):
         ...
     with rec.span("sync", step=e, method="collective") as s:
         s.version = receive_weights()     # fields may be filled in inside the span
     rec.flush()                           # writes the spans recorded since the last flush
 
-    spans = load_spans(run_url, storage_options)
+    spans = load_spans(run_url, storage_options)      # or read_spans(*run.fs()) with the run's context
     render_gantt(spans, "timeline.png", title="synchronous")
     print(summary_markdown(utilization(spans)))
 
@@ -87,16 +87,11 @@ class TimelineRecorder:
     `enabled=False` (monitor.timeline off) keeps the same calls but stores nothing.
     """
 
-    def __init__(
-        self,
-        run_url: str,
-        storage_options: dict[str, Any] | None = None,
-        component: str = "trainer",
-        enabled: bool = True,
-    ):
+    def __init__(self, fs: Any, root: str, component: str = "trainer", enabled: bool = True):
+        """Spans of `component` of the run at `root` of filesystem `fs`."""
         if not _COMPONENT.match(component):
             raise ValueError(f"component name {component!r}: use letters, digits, '-', '_' or '.' (e.g. explorer-0)")
-        self.run_url, self.storage_options, self.component, self.enabled = run_url, storage_options, component, enabled
+        self.fs, self.root, self.component, self.enabled = fs, root, component, enabled
         self._id = uuid.uuid4().hex[:8]  # two recorders of one component (a restart) never share a file name
         self._lock = threading.Lock()
         self._pending: list[Span] = []
@@ -132,12 +127,13 @@ class TimelineRecorder:
             seq = self._seq
         if not spans:
             return None
-        fs, root = open_storage(self.run_url, self.storage_options)
         name = f"part-{int(spans[0].start * 1000):015d}-{self._id}-{seq:05d}.jsonl"
-        path = join(root, "timeline", f"component={self.component}", name)
+        path = join(self.root, "timeline", f"component={self.component}", name)
         try:
             # Not fsynced, like the metrics (`record_step`): spans are a report, not state a resume needs.
-            write_bytes_atomic(fs, path, "".join(json.dumps(asdict(s)) + "\n" for s in spans).encode(), fsync=False)
+            write_bytes_atomic(
+                self.fs, path, "".join(json.dumps(asdict(s)) + "\n" for s in spans).encode(), fsync=False
+            )
         except BaseException:
             with self._lock:  # keep them for the next flush rather than lose them
                 self._pending[:0] = spans
@@ -161,8 +157,12 @@ def _span_from_dict(d: dict[str, Any]) -> Span:
 
 
 def load_spans(run_url: str, storage_options: dict[str, Any] | None = None) -> list[Span]:
-    """All spans flushed under `<run>/timeline/`, sorted by start time ([] if there are none)."""
-    fs, root = open_storage(run_url, storage_options)
+    """All spans flushed under `<run>/timeline/` of the run at `run_url` (`rft timeline`, tests)."""
+    return read_spans(*open_storage(run_url, storage_options))
+
+
+def read_spans(fs: Any, root: str) -> list[Span]:
+    """All spans flushed under `<root>/timeline/`, sorted by start time ([] if there are none)."""
     base = join(root, "timeline")
     fs.invalidate_cache(base)  # s3fs caches listings; other components wrote since
     try:

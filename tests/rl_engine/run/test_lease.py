@@ -98,7 +98,9 @@ def _a_holder_that_lost_its_lease_commits_nothing(url: str, opts: dict) -> None:
         ):
             old.check()
         # A role of the old driver got its generation in the start marker: its buffer commits are refused.
-        writer = BufferWriter(*open_storage(url, opts), 0, before_commit=Fence(url, opts, old.generation).check)
+        writer = BufferWriter(
+            *open_storage(url, opts), 0, before_commit=Fence(*open_storage(url, opts), old.generation).check
+        )
         with pytest.raises(LeaseLost):
             writer.write(1, make_batch(8, explorer_id=0, explorer_step=1))
         fresh = BufferWriter(*open_storage(url, opts), 0, before_commit=new.fence().check)
@@ -122,7 +124,7 @@ def test_a_holder_that_lost_its_lease_commits_nothing_s3(s3_bucket):
 
 
 def test_no_lease_no_fence():
-    Fence("/nowhere", None, None).check()  # roles driven without a driver (tests, benches) check nothing
+    Fence(*open_storage("/nowhere", None), None).check()  # roles driven without a driver (tests, benches) check nothing
 
 
 def test_older_generations_are_removed(tmp_path):

@@ -24,6 +24,7 @@ from rl_engine.run.timeline import (
     summary_markdown,
     utilization,
 )
+from rl_engine.storage import open_storage
 
 T0 = 1_700_000_000.0
 
@@ -43,7 +44,7 @@ class FakeClock:
 def test_span_context_records_times_fields_and_exceptions(tmp_path, monkeypatch):
     clock = FakeClock(T0)
     monkeypatch.setattr("rl_engine.run.timeline.time.time", clock)
-    rec = TimelineRecorder(str(tmp_path / "run"), component="explorer-0")
+    rec = TimelineRecorder(*open_storage(str(tmp_path / "run")), component="explorer-0")
     with rec.span("sync", step=3, method="collective") as s:
         clock.t = T0 + 2.5
         s.version = 2  # learnt inside the span
@@ -60,7 +61,7 @@ def test_span_context_records_times_fields_and_exceptions(tmp_path, monkeypatch)
 
 
 def test_bad_spans_and_names_rejected(tmp_path):
-    rec = TimelineRecorder(str(tmp_path), component="trainer")
+    rec = TimelineRecorder(*open_storage(str(tmp_path)), component="trainer")
     with pytest.raises(ValueError, match="kind"):
         rec.add(Span("trainer", "nap", T0, T0 + 1))
     with pytest.raises(ValueError, match="method"):
@@ -68,11 +69,11 @@ def test_bad_spans_and_names_rejected(tmp_path):
     with pytest.raises(ValueError, match="ends before"):
         rec.add(Span("trainer", "train", T0 + 1, T0))
     with pytest.raises(ValueError, match="component name"):
-        TimelineRecorder(str(tmp_path), component="../trainer")
+        TimelineRecorder(*open_storage(str(tmp_path)), component="../trainer")
 
 
 def test_disabled_recorder_writes_nothing(tmp_path):
-    rec = TimelineRecorder(str(tmp_path / "run"), component="trainer", enabled=False)
+    rec = TimelineRecorder(*open_storage(str(tmp_path / "run")), component="trainer", enabled=False)
     with rec.span("train", step=1):
         pass
     assert rec.flush() is None
@@ -81,7 +82,7 @@ def test_disabled_recorder_writes_nothing(tmp_path):
 
 def _record_many(run_url, options, component, worker, n, barrier=None):
     """n spans, flushing after every third so flushes of different writers interleave."""
-    rec = TimelineRecorder(run_url, options, component=component)
+    rec = TimelineRecorder(*open_storage(run_url, options), component=component)
     if barrier is not None:
         barrier.wait()
     for i in range(n):
@@ -95,7 +96,7 @@ def _record_many(run_url, options, component, worker, n, barrier=None):
 
 def test_concurrent_threads_round_trip(tmp_path):
     run = str(tmp_path / "run")
-    shared = TimelineRecorder(run, component="buffer")  # one recorder used by two threads at once
+    shared = TimelineRecorder(*open_storage(run), component="buffer")  # one recorder used by two threads at once
     barrier = threading.Barrier(6)
 
     def use_shared(worker):
@@ -323,7 +324,7 @@ def test_gantt_has_a_second_panel_of_the_last_steps_after_a_long_start_up(tmp_pa
 def test_cli_main_on_run_dir(tmp_path, capsys):
     run = tmp_path / "synchronous-1"
     for comp in ("explorer-0", "trainer"):
-        rec = TimelineRecorder(str(run), component=comp)
+        rec = TimelineRecorder(*open_storage(str(run)), component=comp)
         for span in HAND_MADE:
             if span.component == comp:
                 rec.add(span)
