@@ -107,29 +107,38 @@ def mode_flow(name: str, mode: str) -> Callable[[Callable[..., Any]], Any]:
     return decorate
 
 
-class Cancel:
-    cancelled = False
+def stopped_as(run: RunContext) -> str | None:
+    """The kind of the run's stop request (`finished`, `cancelled`, `failed`; None if none was
+    posted): the run's verdict. It is on the board, durable, and the first request wins
+    (`request_stop`), so it names what stopped the roles however the flow's threads interleave:
+    a cancel seen by the roles before the flow's own watcher, or a role's error after the cancel."""
+    return (Board(run.url, run.storage_options).get(STOP_KEY) or {}).get("kind")
+
+
+def _cancel_requested(client: Any, flow_run_id: Any) -> bool:
+    """Whether the flow run was cancelled (CANCELLING or CANCELLED) through the UI or API."""
+    state = client.read_flow_run(flow_run_id).state
+    return state is not None and state.type.value in ("CANCELLING", "CANCELLED")
 
 
 @contextlib.contextmanager
-def watch_cancellation(run: RunContext, poll_s: float = 1.0) -> Iterator[Cancel]:
+def watch_cancellation(run: RunContext, poll_s: float = 1.0) -> Iterator[None]:
     """Ask every role to stop (on the run's board) when this flow run is cancelled from the UI or API.
 
     A flow run started in-process (not by a worker) gets no signal on cancellation, so the
     flow polls its own state; the roles see the stop request between steps and inside every wait.
+    The run's verdict is its board's stop request (`stopped_as`), not anything this watcher holds.
     """
     from prefect.client.orchestration import get_client
 
     flow_run_id = get_run_context().flow_run.id
     board = Board(run.url, run.storage_options)
-    done, cancel = threading.Event(), Cancel()
+    done = threading.Event()
 
     def watch() -> None:
         with get_client(sync_client=True) as client:
             while not done.wait(poll_s):
-                state = client.read_flow_run(flow_run_id).state
-                if state is not None and state.type.value in ("CANCELLING", "CANCELLED"):
-                    cancel.cancelled = True
+                if _cancel_requested(client, flow_run_id):
                     request_stop(board, "cancelled", "the flow run was cancelled", by="flow")
                     return
 
@@ -137,13 +146,22 @@ def watch_cancellation(run: RunContext, poll_s: float = 1.0) -> Iterator[Cancel]
     watcher = threading.Thread(target=contextvars.copy_context().run, args=(watch,), name="cancel-watch", daemon=True)
     watcher.start()
     try:
-        yield cancel
+        yield
     except BaseException as e:
-        # The flow itself is going down (a failure, or SIGTERM from a worker): no role may outlive it.
+        # The flow itself is going down (a failure, or SIGTERM from a worker that cancels it): no
+        # role may outlive it. A cancel the watcher has not polled yet is still a cancel.
+        try:
+            with get_client(sync_client=True) as client:
+                cancelled = _cancel_requested(client, flow_run_id)
+        except Exception:  # noqa: BLE001 - the API unreachable: the flow's own error is what we know
+            cancelled = False
+        if cancelled:
+            request_stop(board, "cancelled", "the flow run was cancelled", by="flow")
         request_stop(board, "failed", f"the mode's flow ended: {type(e).__name__}: {e}", by="flow")
         raise
     finally:
         done.set()
+        watcher.join(poll_s + 10)  # no late request after the verdict is read (a poll in flight ends first)
 
 
 def run_local(run: RunContext, progress_id: str | None = None) -> None:
@@ -204,15 +222,19 @@ def run_started(driver: RunDriver, run: RunContext, attempt: str) -> Any:
     """The run from its roles' start to its report: a summary, or a Cancelled state."""
     keys = report_key_prefix(get_run_context().flow.name)
     progress_id = start_progress(run, keys) if run.cfg.monitor.artifacts else None
-    cancel = Cancel()
     with follow_trackers(run):  # monitor.trackers, fed until the run ends, however it ends
         try:
-            with watch_cancellation(run) as cancel:
-                run_roles(run, attempt, cancel, progress_id)
-        except BaseException:
-            end_anyway(driver, run, keys, "cancelled" if cancel.cancelled else "failed")
+            with watch_cancellation(run):
+                run_roles(run, attempt, progress_id)
+        except BaseException as e:
+            cancelled = stopped_as(run) == "cancelled"
+            end_anyway(driver, run, keys, "cancelled" if cancelled else "failed")
+            if cancelled and isinstance(e, Exception):
+                # A role's error after the cancel (its work cut short) does not make the cancelled run a failure.
+                get_run_logger().warning("after the cancel: %s: %s", type(e).__name__, e)
+                return end_cancelled(f"cancelled; resume with `rft run CONFIG --resume {run.url}`")
             raise
-        return finish_run(driver, run, keys, cancelled=cancel.cancelled)
+        return finish_run(driver, run, keys, cancelled=stopped_as(run) == "cancelled")
 
 
 def flow_config(cfg: RFTConfig, resume: str | None, overrides: list[str] | None) -> RFTConfig:
@@ -231,7 +253,7 @@ def flow_config(cfg: RFTConfig, resume: str | None, overrides: list[str] | None)
     return cfg
 
 
-def run_roles(run: RunContext, attempt: str, cancel: Cancel, progress_id: str | None) -> None:
+def run_roles(run: RunContext, attempt: str, progress_id: str | None) -> None:
     """The trainer and the explorers: tasks of this flow run (placement `local`) or flow runs of
     their deployments, watched from here."""
     from flows.placement import run_deployments
@@ -239,7 +261,7 @@ def run_roles(run: RunContext, attempt: str, cancel: Cancel, progress_id: str | 
     if run.cfg.placement.type == "local":
         run_local(run, progress_id)
     else:
-        run_deployments(run, attempt, cancel, progress_id)
+        run_deployments(run, attempt, progress_id)
 
 
 def end_anyway(driver: RunDriver, run: RunContext, keys: str, status: str) -> None:

@@ -17,7 +17,6 @@ from prefect.deployments import run_deployment
 from prefect.logging import get_run_logger
 from prefect.states import Cancelling
 
-from flows.common import Cancel
 from rl_engine.board import STOP_KEY, Board, request_stop, role_name, silent_roles
 from rl_engine.config import DeploymentsPlacement
 from rl_engine.run.context import RunContext
@@ -73,7 +72,7 @@ def _problem(run: RunContext, attempt: str, states: dict[str, Any], started_at: 
     return None
 
 
-def run_deployments(run: RunContext, attempt: str, cancel: Cancel, progress_id: str | None = None) -> None:
+def run_deployments(run: RunContext, attempt: str, progress_id: str | None = None) -> None:
     """Start every role as its own flow run and watch them until all ended; raise RoleFailed naming the first to fail."""
     log, board = get_run_logger(), Board(run.url, run.storage_options)
     children = start_roles(run, progress_id)
@@ -99,7 +98,7 @@ def run_deployments(run: RunContext, attempt: str, cancel: Cancel, progress_id: 
             _cancel(client, children, {r: client.read_flow_run(fr.id).state for r, fr in children.items()})
             raise
     stop = board.get(STOP_KEY) or {}
-    if stop.get("kind") == "failed" and not cancel.cancelled:
+    if stop.get("kind") == "failed":  # the first request: a cancel posted after a failure does not hide it
         # A role whose process died is the cause even when a peer's error (a broadcast cut short) was posted first.
         crashed = [
             f"{r} crashed: {s.message}"

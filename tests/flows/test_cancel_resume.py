@@ -12,6 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from cli.run import run_config
+from harness.cancel import run_and_cancel
 from harness.runs import small_config
 from rl_engine.config import validate_config
 from rl_engine.rewards import TaskIterator, load_taskset
@@ -21,40 +22,6 @@ from tests.flows.conftest import artifacts_of
 from tests.flows.test_modes import stored_experiences
 
 pytestmark = pytest.mark.slow
-
-
-def cancel_when(
-    run_dir: Path, name: str, min_version: int, done: threading.Event, cancelled: list, timeout_s: float = 300
-) -> None:
-    """From another thread: once the trainer reached `min_version`, cancel the flow run via the API."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
-
-    marker = run_dir / "control" / "trainer.json"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not done.is_set():
-        if marker.exists() and json.loads(marker.read_text())["version"] >= min_version:
-            break
-        time.sleep(0.05)
-    with get_client(sync_client=True) as client:
-        for fr in client.read_flow_runs(limit=50):
-            if fr.parameters.get("cfg", {}).get("name") == name and fr.state.is_running():
-                client.set_flow_run_state(fr.id, Cancelling(), force=True)
-                cancelled.append(fr.id)
-
-
-def run_and_cancel(cfg, run_dir: Path, name: str, min_version: int) -> tuple[object, list]:
-    """Run `cfg`'s flow while `cancel_when` cancels it at `min_version`; (its result or exception, the cancelled flow run ids)."""
-    done, cancelled = threading.Event(), []
-    canceller = threading.Thread(target=cancel_when, args=(run_dir, name, min_version, done, cancelled), daemon=True)
-    canceller.start()
-    try:
-        result = run_config(cfg)
-    except BaseException as e:  # noqa: BLE001 - a cancelled flow run may surface as an exception
-        result = e
-    done.set()
-    canceller.join(60)
-    return result, cancelled
 
 
 def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, tmp_path):
@@ -72,18 +39,8 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
             checkpoint_interval=2,
         )
     )
-    done, cancelled = threading.Event(), []
-    canceller = threading.Thread(
-        target=cancel_when, args=(tmp_path / "cancel-me", "cancel-me", 3, done, cancelled), daemon=True
-    )
-    canceller.start()
     started = time.monotonic()
-    try:
-        result = run_config(cfg)
-    except BaseException as e:  # noqa: BLE001 - a cancelled flow run may surface as an exception
-        result = e
-    done.set()
-    canceller.join()
+    result, cancelled = run_and_cancel(cfg, 3)
     assert not isinstance(result, dict), f"the run was not cancelled: {result}"
     from prefect.client.orchestration import get_client
 
@@ -168,9 +125,14 @@ def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_
         )
     )
     out: list = []
-    first = threading.Thread(
-        target=contextvars.copy_context().run, args=(lambda: out.append(run_config(cfg)),), daemon=True
-    )
+
+    def first_run() -> None:
+        try:
+            out.append(run_config(cfg))
+        except BaseException as e:  # noqa: BLE001 - stopped by a cancel, the flow run ends Cancelled and raises
+            out.append(e)
+
+    first = threading.Thread(target=contextvars.copy_context().run, args=(first_run,), daemon=True)
     first.start()
     board = Board(str(tmp_path / "busy"))
     deadline = time.monotonic() + 240
@@ -184,5 +146,9 @@ def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_
     assert board.get("start")["attempt"] == attempt  # the refused driver touched nothing of the running one
     request_stop(board, "cancelled", "test over", by="test")
     first.join(120)
-    assert not first.is_alive() and out and out[0]["final_version"] < 10_000
+    from prefect.exceptions import CancelledRun
+
+    # Cancelled by its board's stop request alone (no cancel through the API): the flow run ends Cancelled.
+    assert not first.is_alive() and out and isinstance(out[0], CancelledRun), out
+    assert json.loads((tmp_path / "busy" / "report" / "summary.json").read_text())["final_version"] < 10_000
     assert read_lease(str(tmp_path / "busy"))["released"]  # released when the run ended

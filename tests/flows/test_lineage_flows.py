@@ -17,6 +17,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from cli.run import run_config
+from harness.cancel import run_and_cancel
 from harness.runs import PARTIAL, small_config
 from rl_engine.buffer import ContinuationStore
 from rl_engine.config import LineageConfig, validate_config
@@ -157,6 +158,13 @@ def flow_runs_named(name: str) -> list:
         return client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[name])))
 
 
+def flow_run_state(flow_run_id) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state.type.value
+
+
 def stored_rows_with_tasks(run_url: str) -> list[dict]:
     import pyarrow.dataset as ds
 
@@ -208,13 +216,12 @@ def test_a_busy_lineage_waits_or_refuses_and_never_overlaps(prefect_server, tiny
 
 
 def test_a_cancelled_run_leaves_latest_and_its_resume_moves_it(prefect_server, tiny_model_dir, task_file, tmp_path):
-    from tests.flows.test_cancel_resume import run_and_cancel
-
     storage = str(tmp_path / "runs")
     url = lineage.lineage_url(storage, "nightly")
     data = lineage_config(tiny_model_dir, task_file, storage, name="cancel-me", total_steps=60)  # outlasts the cancel
-    result, cancelled = run_and_cancel(validate_config(data), tmp_path / "runs" / "cancel-me", "cancel-me", 3)
+    result, cancelled = run_and_cancel(validate_config(data), 3)
     assert cancelled and not isinstance(result, dict), f"the run was not cancelled: {result}"
+    assert [flow_run_state(i) for i in cancelled] == ["CANCELLED"]
     assert lineage.read_latest(url) is None  # a cancelled run never moves latest
     (entry,) = lineage.read_runs(url)
     assert (

@@ -9,16 +9,14 @@ To keep the matrix within minutes, two values stand in for what they name: place
 `deployments` (each role a flow run of its own process on a Prefect worker, engines started cold
 per role and run) is covered at the config level only (tests/flows/test_pairwise_config.py) and
 runs here as `local`, the rest of its row as given; resume `kill` cancels the run mid-run in this
-process (its board's stop request and the flow run's cancel through the Prefect API, as
-tests/flows/test_retention_flows.py and test_cancel_resume.py do), then resumes it from its last
+process (the flow run's cancel through the Prefect API and its board's stop request at once:
+harness/cancel.py, which test_cancel_resume.py uses too), then resumes it from its last
 trainer checkpoint, rather than SIGKILLing an `rft run` (tests/flows/test_kill_resume.py does that).
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -26,11 +24,11 @@ import pyarrow.dataset as ds
 import pytest
 
 from cli.run import run_config
+from harness.cancel import run_and_cancel
 from harness.kill_resume import schedule_breaks
 from harness.pairwise import row_overrides
 from harness.runs import small_config
 from harness.trackers import tensorboard_scalars, wandb_history
-from rl_engine.board import TRAINER_KEY, Board, request_stop
 from rl_engine.config import validate_config
 from rl_engine.run.context import RunContext, open_run
 from rl_engine.run.report import load_evaluations, read_best
@@ -108,35 +106,6 @@ def local_trackers_dir(run: RunContext, tmp_path: Path) -> Path:
     return Path(run.url, "trackers")
 
 
-def cancel_mid_run(
-    run_url: str, options: dict, name: str, done: threading.Event, cancelled: list, timeout_s: float = 200
-) -> None:
-    """From another thread: once the trainer reached version KILL_AT (on the run's board, any
-    storage), cancel the run: the stop request the flow's cancel watcher posts, on the board at once
-    (tests/flows/test_retention_flows.py; the watcher polls every second, by when a tiny run's few
-    steps may all be done), and the flow run's cancel through the Prefect API (test_cancel_resume.py)."""
-    from prefect.client.orchestration import get_client
-    from prefect.states import Cancelling
-
-    board = Board(run_url, options)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not done.is_set():
-        try:
-            version = (board.get(TRAINER_KEY) or {}).get("version", 0)
-        except Exception:  # noqa: BLE001 - the run directory may not exist yet
-            version = 0
-        if version >= KILL_AT:
-            request_stop(board, "cancelled", "pairwise test: cancelled mid-run", by="test")
-            cancelled.append(version)
-            break
-        time.sleep(0.05)
-    with get_client(sync_client=True) as client:
-        for fr in client.read_flow_runs(limit=50):
-            if fr.parameters.get("cfg", {}).get("name") == name and fr.state.is_running():
-                client.set_flow_run_state(fr.id, Cancelling(), force=True)
-                cancelled.append(fr.id)
-
-
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(
     "i", range(len(ROWS)), ids=[f"{i}-{r['mode']}-{r['sync']}-{r['workflow']}" for i, r in enumerate(ROWS)]
@@ -150,16 +119,12 @@ def test_pairwise_row_end_to_end(i, request, prefect_server, tiny_model_dir, tas
     url, options = cfg.run_url, cfg.buffer.storage.fs_options()
 
     if killed:
-        done, cancelled = threading.Event(), []
-        canceller = threading.Thread(target=cancel_mid_run, args=(url, options, name, done, cancelled), daemon=True)
-        canceller.start()
-        try:
-            first = run_config(cfg)
-        except BaseException as e:  # noqa: BLE001 - a cancelled flow run may surface as an exception
-            first = e
-        done.set()
-        canceller.join(30)
-        assert cancelled, f"the run ended before the trainer reached version {KILL_AT}: {first}"
+        # The stop request first, as the flow's cancel watcher posts it (it polls every second, by
+        # when a tiny run's few steps may all be done), then the flow run's cancel through the API.
+        first, cancelled = run_and_cancel(cfg, KILL_AT, post_stop=True, timeout_s=200)
+        assert cancelled and not isinstance(first, dict), (
+            f"the run ended before the trainer reached version {KILL_AT}: {first}"
+        )
         assert max(recorded_steps(open_run(url, options), "trainer")) < total, (
             f"the run was not stopped mid-run: {first}"
         )

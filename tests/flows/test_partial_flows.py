@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cli.run import run_config
+from harness.cancel import run_and_cancel
 from harness.runs import MODES, partial_config, stored_rows
 from rl_engine.buffer import ContinuationStore
 from rl_engine.config import validate_config
@@ -23,7 +24,6 @@ from rl_engine.run.timeline import load_spans
 from rl_engine.schedule import rendezvous_version
 from rl_engine.storage import open_storage
 from tasks.continuations import continuations_key
-from tests.flows.test_cancel_resume import run_and_cancel
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def test_cancel_and_resume_with_continuations_pending(prefect_server, tiny_model
         total_steps=total,
         checkpoint_interval=2,
     )
-    result, cancelled = run_and_cancel(validate_config(data), tmp_path / "partial-cancel", "partial-cancel", 3)
+    result, cancelled = run_and_cancel(validate_config(data), 3)
     assert not isinstance(result, dict) and cancelled, f"the run was not cancelled: {result}"
     run = open_run(str(tmp_path / "partial-cancel"))
     store = ContinuationStore(*open_storage(run.url, {}), 0)

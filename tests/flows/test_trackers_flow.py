@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from cli.run import run_config
+from harness.cancel import run_and_cancel
 from harness.runs import small_config
 from harness.trackers import mlflow_server, tensorboard_scalars, wandb_history, wandb_records
 from rl_engine.config import validate_config
 from rl_engine.run.context import open_run
 from rl_engine.run.trackers import load_tracker_state
-from tests.flows.test_cancel_resume import run_and_cancel
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,7 @@ def test_run_with_all_trackers_then_resume_continues_them(
         {"type": "wandb", "mode": "offline", "project": "flow-test"},
     ]
     started = time.time()
-    result, cancelled = run_and_cancel(validate_config(data), tmp_path / "tracked", "tracked", 3)
+    result, cancelled = run_and_cancel(validate_config(data), 3)
     assert cancelled and not isinstance(result, dict), f"the run was not cancelled: {result}"
     run = open_run(str(tmp_path / "tracked"))
     ids = {name: load_tracker_state(run, name) for name in ("tensorboard", "mlflow", "wandb")}
