@@ -93,7 +93,7 @@ class TrainerRole:
         if (
             resume
         ):  # the stopped attempt's published weights from here on: published again, each announced before it is written
-            drop_versions_from(cfg, self.resumed_from or 0)
+            drop_versions_from(cfg, *run.fs(), self.resumed_from or 0)
         self.published = -1
         self._sending: threading.Thread | None = None
         self._skipped: int | None = None  # a decoupled publish skipped while a send was in flight

@@ -1,6 +1,7 @@
 """Checkpoint weight sync: the trainer publishes committed weight checkpoints; explorers load them live.
 
-Layout under the run URL (any fsspec storage, see `rl_engine.storage`):
+Layout under the run's directory (any fsspec storage, see `rl_engine.storage`; the sender and
+receiver take its filesystem and path, the board's: `build_weight_sender`):
 
     checkpoints/version=<v>/model.safetensors            (or model-00001.safetensors ... + model.safetensors.index.json)
     checkpoints/version=<v>/config.json                  the policy's HF config (the directory loads with transformers)
@@ -49,7 +50,7 @@ import torch
 
 from rl_engine import storage
 from rl_engine.board import Board, StopSignal, WaitTimeout, poll_until
-from rl_engine.pruning import Kind, committed, pointer_target, prune
+from rl_engine.pruning import Kind, committed, prune
 from rl_engine.rollout.engine import EngineDiedError
 from rl_engine.sync.base import SyncError, loaded_key, post_loaded, wait_loaded
 from rl_engine.sync.collective import SyncStats
@@ -99,8 +100,8 @@ class CheckpointSender:
 
     def __init__(
         self,
-        run_url: str,
-        options: dict[str, Any] | None,
+        fs: Any,
+        root: str,
         model_dir: str,
         dtype: torch.dtype | None,
         board: Board,
@@ -108,12 +109,12 @@ class CheckpointSender:
         wait_timeout_s: float,
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         keep_last: int | None = None,
-        pinned: Callable[[], str | None] | None = None,
+        pinned: Callable[[], int | None] | None = None,
     ):
-        """`keep_last`: synchronizer.keep_last_checkpoints (None keeps every version); `pinned`:
-        returns the model URL a lineage points at, kept if it is one of this run's versions."""
-        self.fs, self.root = storage.open_storage(run_url, options)
-        self.run_url = run_url
+        """Writes under `root` (the run's directory) of filesystem `fs`. `keep_last`:
+        synchronizer.keep_last_checkpoints (None keeps every version); `pinned`: returns the
+        version a lineage's model points at (None: none of this run's), which is kept."""
+        self.fs, self.root = fs, root
         self.keep_last, self.pinned = keep_last, pinned
         self.model_dir = model_dir
         self.dtype = dtype
@@ -215,7 +216,7 @@ class CheckpointSender:
     def protected(self, committed: list[int], published: int) -> set[int]:
         """Of the `committed` versions, those an explorer may still load (`needed_checkpoints`) and the one a lineage points at."""
         loaded = [(self.board.get(loaded_key(i)) or {}).get("version") for i in range(self.num_explorers)]
-        pinned = pointer_target(self.pinned() if self.pinned else None, self.run_url, CHECKPOINTS)
+        pinned = self.pinned() if self.pinned else None
         return needed_checkpoints(committed, published, loaded) | ({pinned} if pinned is not None else set())
 
     def prepare_tensor(self, t: torch.Tensor, shard: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -279,10 +280,9 @@ class CheckpointReceiver:
     method = "checkpoint"
     joins_every_version = False
 
-    def __init__(
-        self, run_url: str, options: dict[str, Any] | None, board: Board, explorer_id: int = 0, timeout_s: float = 600.0
-    ):
-        self.fs, self.root = storage.open_storage(run_url, options)
+    def __init__(self, fs: Any, root: str, board: Board, explorer_id: int = 0, timeout_s: float = 600.0):
+        """Loads from under `root` (the run's directory) of filesystem `fs`."""
+        self.fs, self.root = fs, root
         self.board, self.explorer_id = board, explorer_id
         self.timeout_s = timeout_s
 

@@ -2,21 +2,23 @@
 rl_engine.run.devices.check_plan, which refuses a collective group that shares a device, the only
 code that branches on the method).
 
-    sender = build_weight_sender(cfg, board)                 # the trainer's side
-    receiver = build_weight_receiver(cfg, board, explorer_id)  # an explorer's side
+    sender = build_weight_sender(cfg, run.board)                 # the trainer's side
+    receiver = build_weight_receiver(cfg, run.board, explorer_id)  # an explorer's side
+
+Checkpoint sync writes and reads under the board's run directory (`board.fs`, `board.run_root`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from rl_engine.api import WeightReceiver, WeightSender
 from rl_engine.board import Board
 from rl_engine.config import RFTConfig
-from rl_engine.pruning import delete, list_dirs
-from rl_engine.storage import open_storage
+from rl_engine.pruning import delete, list_dirs, pointer_target
 from rl_engine.sync.checkpoint import CHECKPOINTS, CheckpointReceiver, CheckpointSender
 from rl_engine.sync.collective import CollectiveReceiver, CollectiveSender
 from rl_engine.sync.delta import DELTAS, DeltaCheckpointReceiver, DeltaCheckpointSender
@@ -31,8 +33,8 @@ def build_weight_sender(
     cfg: RFTConfig, board: Board, pinned: Callable[[], str | None] | None = None, device: str | None = None
 ) -> WeightSender:
     """Trainer-side sync of `cfg.synchronizer.sync_method` (checkpoint with `synchronizer.delta.enabled`:
-    deltas, rl_engine.sync.delta), meeting the receivers on the run's `board`;
-    checkpoint needs a resolved cfg (run URL). `pinned` returns the model URL a lineage points at
+    deltas, rl_engine.sync.delta), meeting the receivers on the run's `board` (checkpoints go to
+    its run directory; a resolved cfg names that run). `pinned` returns the model URL a lineage points at
     (`rl_engine.run.retention.lineage_model`): a version it names is never pruned. `device`: the
     trainer's ('cuda:1'), where a collective sync's buckets are packed."""
     return _SENDERS[cfg.synchronizer.sync_method](cfg, board, pinned, device)
@@ -56,15 +58,15 @@ def _checkpoint_sender(
 ) -> WeightSender:
     s = cfg.synchronizer
     full = CheckpointSender(
-        cfg.run_url,
-        cfg.buffer.storage.fs_options(),
+        board.fs,
+        board.run_root,
         cfg.model.path,
         wire_dtype(cfg),
         board,
         cfg.explorer.count,
         s.wait_timeout_s,
         keep_last=s.keep_last_checkpoints,
-        pinned=pinned,
+        pinned=None if pinned is None else lambda: pointer_target(pinned(), cfg.run_url, CHECKPOINTS),
     )
     return DeltaCheckpointSender(full, s.delta.full_every) if s.delta.enabled else full
 
@@ -77,9 +79,7 @@ def _collective_receiver(cfg: RFTConfig, board: Board, explorer_id: int) -> Weig
 
 def _checkpoint_receiver(cfg: RFTConfig, board: Board, explorer_id: int) -> WeightReceiver:
     s = cfg.synchronizer
-    full = CheckpointReceiver(
-        cfg.run_url, cfg.buffer.storage.fs_options(), board, explorer_id, timeout_s=s.wait_timeout_s
-    )
+    full = CheckpointReceiver(board.fs, board.run_root, board, explorer_id, timeout_s=s.wait_timeout_s)
     return DeltaCheckpointReceiver(full) if s.delta.enabled else full
 
 
@@ -87,17 +87,16 @@ _SENDERS = {"collective": _collective_sender, "checkpoint": _checkpoint_sender}
 _RECEIVERS = {"collective": _collective_receiver, "checkpoint": _checkpoint_receiver}
 
 
-def drop_versions_from(cfg: RFTConfig, version: int) -> list[int]:
+def drop_versions_from(cfg: RFTConfig, fs: Any, root: str, version: int) -> list[int]:
     """A resumed trainer, before it announces any version: delete the weights of versions >=
     `version` that the stopped attempt published (full checkpoints and deltas); returns their
     numbers. The trainer publishes `version` and every later one again, announcing each before it
     writes it: an explorer told one would otherwise find the stopped attempt's files committed
     under its number and load them while the trainer deletes or rewrites them (a fully_async
     delta run's resume failed: `no *.safetensors files in checkpoint directory .../version=3`).
-    Collective sync stores nothing."""
+    Collective sync stores nothing; checkpoints are under `root` (the run's directory) of `fs`."""
     if cfg.synchronizer.sync_method != "checkpoint":
         return []
-    fs, root = open_storage(cfg.run_url, cfg.buffer.storage.fs_options())
     dropped: set[int] = set()
     for kind in (CHECKPOINTS, DELTAS):
         committed, uncommitted = list_dirs(fs, root, kind)

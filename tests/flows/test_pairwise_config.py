@@ -196,12 +196,12 @@ def test_resumed_trainer_drops_the_stopped_attempts_weights_from_its_version(tmp
             d.mkdir(parents=True)
             (d / kind.marker).write_text("{}")
     Path(DELTAS.dir(str(tmp_path / "pairwise"), 6)).mkdir()  # uncommitted: a write the stop cut short
-    assert drop_versions_from(cfg, 3) == [3, 4, 5, 6]
     root = str(tmp_path / "pairwise")
     fs = fsspec.filesystem("file")
+    assert drop_versions_from(cfg, fs, root, 3) == [3, 4, 5, 6]
     assert list_dirs(fs, root, CHECKPOINTS) == ([1, 2], [])
     assert list_dirs(fs, root, DELTAS) == ([], [])
-    assert drop_versions_from(with_set(["synchronizer.sync_method=collective"]).resolved(), 0) == []
+    assert drop_versions_from(with_set(["synchronizer.sync_method=collective"]).resolved(), fs, root, 0) == []
 
 
 def with_set(overrides: list[str]) -> RFTConfig:

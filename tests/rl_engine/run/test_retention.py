@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from rl_engine import pruning
-from rl_engine.board import Board
 from rl_engine.config import RFTConfig
 from rl_engine.pruning import pointer_target, to_delete
 from rl_engine.run import retention
@@ -164,7 +163,7 @@ def test_prune_states_and_checkpoints(storage, tiny_model_dir):
     assert retention.prune_states(run) == [2, 4, 5]
     assert _left(run, STATES) == ([6, 8], [10])  # 10: maybe a save in progress
     _make(run, CHECKPOINTS, [1, 2, 3, 4, 5])
-    board = Board.at(run.url, run.storage_options)
+    board = run.board
     sender = build_weight_sender(run.cfg, board)  # the checkpoint sender prunes its own checkpoints/
     post_loaded(board, 0, 4)
     assert sender.prune(5) == []  # explorer 1 acknowledged nothing yet
@@ -182,7 +181,7 @@ def test_null_keeps_all_and_collective_has_no_checkpoints(tmp_path, tiny_model_d
     _make(run, STATES, [1, 2, 3])
     _make(run, CHECKPOINTS, [1, 2, 3])
     assert retention.prune_states(run) == []
-    sender = build_weight_sender(run.cfg, Board.at(run.url))
+    sender = build_weight_sender(run.cfg, run.board)
     assert sender.method == "collective" and not hasattr(
         sender, "prune"
     )  # checkpoint retention is the checkpoint sender's alone
@@ -248,6 +247,6 @@ def test_delete_killed_after_the_marker_leaves_nothing_committed(tmp_path, tiny_
     # ... and a checkpoint deleted the same way is invisible to explorers.
     fs, root = run.fs()
     fs.rm(join(CHECKPOINTS.dir(root, 2), CHECKPOINTS.marker))
-    assert CheckpointReceiver(run.url, {}, Board.at(run.url)).committed_versions() == [4, 6]
+    assert CheckpointReceiver(fs, root, run.board).committed_versions() == [4, 6]
     assert retention.prune_states(run) == [2, 4]  # the next prune finishes the leftover
     assert sorted(os.listdir(Path(run.url, "trainer_state"))) == ["step=6"]

@@ -12,6 +12,7 @@ import torch
 
 from rl_engine import storage
 from rl_engine.board import Board
+from rl_engine.storage import open_storage
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
 from tests.rl_engine.rollout.engines import load_hf, make_config, max_logprob_diff
@@ -40,8 +41,7 @@ def _cfg(model_dir: str, url: str, options: dict | None = None):
 def test_sharded_checkpoint_is_an_hf_model_dir(tiny_model_dir, tmp_path):
     trained = perturbed_hf(tiny_model_dir, seed=2)
     sender = CheckpointSender(
-        str(tmp_path / "run"),
-        None,
+        *open_storage(str(tmp_path / "run"), None),
         tiny_model_dir,
         torch.float32,
         Board.at(str(tmp_path / "run")),
@@ -63,8 +63,8 @@ def test_sharded_checkpoint_is_an_hf_model_dir(tiny_model_dir, tmp_path):
 
 def test_writer_that_dies_commits_nothing(tiny_model_dir, tmp_path):
     board = Board.at(str(tmp_path / "run"))
-    sender = CheckpointSender(str(tmp_path / "run"), None, tiny_model_dir, torch.float32, board, 1, 30)
-    receiver = CheckpointReceiver(str(tmp_path / "run"), None, board)
+    sender = CheckpointSender(*open_storage(str(tmp_path / "run"), None), tiny_model_dir, torch.float32, board, 1, 30)
+    receiver = CheckpointReceiver(*open_storage(str(tmp_path / "run"), None), board)
 
     def dies_midway():
         yield from named_weights(load_hf(tiny_model_dir))[:3]

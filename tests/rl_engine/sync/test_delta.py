@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from rl_engine.board import Board
+from rl_engine.storage import open_storage
 from rl_engine.sync import build_weight_receiver, build_weight_sender
 from rl_engine.sync.base import post_loaded
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
@@ -96,13 +97,13 @@ def sides(
 ):
     board = Board.at(str(run))
     sender = DeltaCheckpointSender(
-        CheckpointSender(str(run), None, model_dir, dtype, board, 1, 30, keep_last=keep_last), full_every
+        CheckpointSender(*open_storage(str(run), None), model_dir, dtype, board, 1, 30, keep_last=keep_last), full_every
     )
     return sender, board
 
 
 def receiver(run: Path, board: Board) -> DeltaCheckpointReceiver:
-    return DeltaCheckpointReceiver(CheckpointReceiver(str(run), None, board, 0, timeout_s=30))
+    return DeltaCheckpointReceiver(CheckpointReceiver(*open_storage(str(run), None), board, 0, timeout_s=30))
 
 
 def listing(run: Path) -> list[str]:
@@ -145,9 +146,9 @@ def test_a_chain_through_object_storage(tiny_model_dir):
     url = f"memory://delta-{os.getpid()}/run"
     board = Board.at(url)
     sender = DeltaCheckpointSender(
-        CheckpointSender(url, None, tiny_model_dir, torch.float32, board, 1, 30), full_every=10
+        CheckpointSender(*open_storage(url, None), tiny_model_dir, torch.float32, board, 1, 30), full_every=10
     )
-    r, eng = DeltaCheckpointReceiver(CheckpointReceiver(url, None, board, 0, timeout_s=30)), Loaded()
+    r, eng = DeltaCheckpointReceiver(CheckpointReceiver(*open_storage(url, None), board, 0, timeout_s=30)), Loaded()
     versions = trainer_versions(4)
     for v, w in enumerate(versions):
         sender.send(w.items(), v)
@@ -317,7 +318,8 @@ from rl_engine.sync.checkpoint import CheckpointSender
 from rl_engine.sync.delta import DeltaCheckpointSender
 from tests.rl_engine.sync.test_delta import trainer_versions
 run, model_dir, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-sender = DeltaCheckpointSender(CheckpointSender(run, None, model_dir, torch.float32, Board.at(run), 1, 30, keep_last=None), full_every=10)
+board = Board.at(run)
+sender = DeltaCheckpointSender(CheckpointSender(board.fs, board.run_root, model_dir, torch.float32, board, 1, 30, keep_last=None), full_every=10)
 for v, w in enumerate(trainer_versions(n)):
     sender.send(w.items(), v)
 """

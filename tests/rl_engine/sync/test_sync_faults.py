@@ -29,6 +29,7 @@ import torch
 from rl_engine.board import Board, Stopped, WaitTimeout
 from rl_engine.config import CollectiveConfig
 from rl_engine.rollout.engine import EngineDiedError, build_rollout_engine
+from rl_engine.storage import open_storage
 from rl_engine.sync.base import SyncError
 from rl_engine.sync.checkpoint import COMMIT, CheckpointReceiver, CheckpointSender
 from rl_engine.sync.collective import ADDRESS_KEY, SYNC_ERROR_GRACE_S, CollectiveReceiver, CollectiveSender, group_key
@@ -305,10 +306,10 @@ def restore_original(engine, tiny_model_dir, tmp_path):
     """Put the shared engine back to the original weights as version 0 after the test."""
     yield
     d = str(tmp_path / "restore")
-    CheckpointSender(d, None, tiny_model_dir, torch.float32, Board.at(d), 1, 30).send(
+    CheckpointSender(*open_storage(d, None), tiny_model_dir, torch.float32, Board.at(d), 1, 30).send(
         named_weights(load_hf(tiny_model_dir)), version=0
     )
-    assert CheckpointReceiver(d, None, Board.at(d)).receive(engine, version=0) == 0
+    assert CheckpointReceiver(*open_storage(d, None), Board.at(d)).receive(engine, version=0) == 0
 
 
 def _flip(path: Path, at: int) -> None:
@@ -323,8 +324,10 @@ def test_deleted_or_corrupted_checkpoint_is_refused_and_weights_kept(
 ):
     run = tmp_path / "run"
     board = Board.at(str(run))
-    sender = CheckpointSender(str(run), None, tiny_model_dir, torch.float32, board, 1, 30, shard_bytes=200_000)
-    receiver = CheckpointReceiver(str(run), None, board)
+    sender = CheckpointSender(
+        *open_storage(str(run), None), tiny_model_dir, torch.float32, board, 1, 30, shard_bytes=200_000
+    )
+    receiver = CheckpointReceiver(*open_storage(str(run), None), board)
     trained = perturbed_hf(tiny_model_dir, seed=11)
     sender.send(named_weights(trained), version=1)
     assert receiver.receive(engine, version=1) == 1
