@@ -10,7 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-gpu demo demo-real test test-fast test-gpu lint format bench lock lock-gpu check-gpu-lock clean
+.PHONY: setup setup-gpu demo demo-real test test-soak test-fast test-gpu lint format bench lock lock-gpu check-gpu-lock clean
 
 setup: $(STAMP)
 
@@ -51,6 +51,11 @@ demo-real: setup
 PYTEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The kill matrix over features (delta sync at every kill point in fp32 and bf16, evaluation,
+# trackers, workflows in every mode): hours on 2 cores; run before each release.
+test-soak: setup
+	RFT_SOAK=1 $(PY) -m pytest -m soak -p no:randomly $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

@@ -26,10 +26,13 @@ import psutil
 from harness.runs import MODES, partial_config, stored_rows, write_config
 from rl_engine.buffer import ContinuationStore
 from rl_engine.buffer.sweep import uncommitted_files
+from rl_engine.proc.failpoints import ENV as FAILPOINT_ENV
 from rl_engine.rewards import TaskIterator, load_taskset
 from rl_engine.run.context import open_run
 from rl_engine.run.state import STATE_DIR, latest_state_step
 from rl_engine.schedule import rendezvous_version
+from rl_engine.storage import open_storage
+from rl_engine.sync.delta import FAILPOINT as DELTA_FAILPOINT
 from rl_engine.trainer.checkpoint import COMMIT_MARKER
 
 RFT = str(Path(sys.executable).with_name("rft"))  # the venv's, next to its python
@@ -62,14 +65,38 @@ def run_env(root: Path) -> dict[str, str]:
 WORKFLOW = {"type": "guess_number", "max_turns": 2}
 
 
+# Features a trial may turn on together (`kill_trial(features=...)`), as a user's run would:
+# delta checkpoint sync (a full checkpoint every 3 versions), bf16 weights, evaluation every 2
+# versions, a TensorBoard tracker, the multi-turn workflow instead of partial rollouts.
+FEATURES = ("delta", "bf16", "eval", "trackers", "workflow")
+DELTA_POINT = "delta_marker"  # killed by the failpoint between the file and the marker of version 2's delta
+
+
 def trial_config(
-    model: str, tasks: str, root: Path, mode: str, name: str, workflow: bool = False, checkpoint_interval: int = 2
+    model: str,
+    tasks: str,
+    root: Path,
+    mode: str,
+    name: str,
+    workflow: bool = False,
+    checkpoint_interval: int = 2,
+    features: frozenset[str] = frozenset(),
 ) -> str:
     sync = dict(MODES[mode])
+    if "delta" in features:
+        sync["sync_method"] = "checkpoint"
     data = partial_config(
         model, tasks, str(root), name=name, total_steps=TOTAL_STEPS, checkpoint_interval=checkpoint_interval, **sync
     )
-    if workflow:
+    if "delta" in features:
+        data["synchronizer"]["delta"] = {"enabled": True, "full_every": 3}
+    if "bf16" in features:
+        data["model"]["dtype"] = "bfloat16"
+    if "eval" in features:
+        data["eval"] = {"tasksets": [{"name": "heldout", "path": tasks, "n": 2, "max_tasks": 4}], "every_versions": 2}
+    if "trackers" in features:
+        data["monitor"]["trackers"] = ["tensorboard"]
+    if workflow or "workflow" in features:
         del data["explorer"]["partial"]
         data["taskset"]["workflow"] = dict(WORKFLOW)
         data["explorer"]["sampling"]["max_tokens"] = 3
@@ -151,6 +178,17 @@ def process_tree(pid: int) -> list[psutil.Process]:
     return [p, *p.children(recursive=True)]
 
 
+def describe(procs: list[psutil.Process]) -> list[str]:
+    """`pid name` of each, read while they live (a process gone already is named by its pid)."""
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} {p.name()}")
+        except (psutil.NoSuchProcess, FileNotFoundError):
+            out.append(f"{p.pid} (gone)")
+    return out
+
+
 def survivors(procs: list[psutil.Process], timeout_s: float = GONE_TIMEOUT_S) -> list[str]:
     """Processes of `procs` still running after `timeout_s` (a zombie runs nothing: gone)."""
     deadline = time.monotonic() + timeout_s
@@ -170,7 +208,7 @@ def survivors(procs: list[psutil.Process], timeout_s: float = GONE_TIMEOUT_S) ->
 def pending_groups(run_url: str, explorers: int) -> set[str]:
     out: set[str] = set()
     for i in range(explorers):
-        store = ContinuationStore(run_url, {}, i)
+        store = ContinuationStore(*open_storage(run_url, {}), i)
         ids = [e.id for e in store.list() if e.kind == "pending"]
         if ids:
             out |= {str(g) for g in store.load(ids).column("group_id")}
@@ -186,18 +224,32 @@ def trainer_lineage(run_url: str) -> list[dict]:
 
 
 def kill_trial(
-    model: str, tasks: str, root: Path, mode: str, scope: str, point: str, rng: random.Random, workflow: bool = False
+    model: str,
+    tasks: str,
+    root: Path,
+    mode: str,
+    scope: str,
+    point: str,
+    rng: random.Random,
+    workflow: bool = False,
+    features: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
     """One trial: start, kill at `point`, check what survives, resume to the end. Returns what
     the test asserts on (bench.faults counts the same). `workflow`: multi-turn episodes
-    (`WORKFLOW`) instead of partial rollouts."""
-    name = f"kill-{mode.replace('_', '-')}-{scope}{'-workflow' if workflow else ''}"
+    (`WORKFLOW`) instead of partial rollouts; `features`: others of FEATURES on too. At
+    DELTA_POINT the run kills itself (a failpoint, the main process: `scope` main) between the
+    file and the marker of version 2's delta (the chain: 1 full, 2 and 3 deltas, 4 full, ...)."""
+    tag = "".join(f"-{f}" for f in sorted(features))
+    name = f"kill-{mode.replace('_', '-')}-{scope}{'-workflow' if workflow else ''}{tag}"
     run_dir, log = root / name, root / f"{name}.log"
     # EARLY kills between the trainer's first step and its first state: with a state every 2 steps
     # that window was one step (~40 ms), which a poller on a busy machine (two test workers) can
     # miss; with none before the last step it spans the run.
     interval = TOTAL_STEPS if point == EARLY else 2
-    config, env = trial_config(model, tasks, root, mode, name, workflow, checkpoint_interval=interval), run_env(root)
+    config = trial_config(model, tasks, root, mode, name, workflow, checkpoint_interval=interval, features=features)
+    env = run_env(root)
+    if point == DELTA_POINT:
+        env[FAILPOINT_ENV] = f"{DELTA_FAILPOINT}@2"
     started = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -210,11 +262,17 @@ def kill_trial(
             start_new_session=True,
         )
     try:
-        wait_for_point(point, run_dir, proc, log, rng)
-        tree = process_tree(proc.pid)
-        names = [f"{p.pid} {p.name()}" for p in tree]
-        os.killpg(proc.pid, signal.SIGKILL) if scope == "group" else proc.kill()
-        proc.wait(30)
+        if point == DELTA_POINT:  # the run's own process kills itself; its engine processes are left to die
+            _wait("trainer version 1", lambda: _trainer_version(run_dir) >= 1, proc, log)
+            tree = process_tree(proc.pid)
+            names = describe(tree)
+            proc.wait(START_TIMEOUT_S)
+        else:
+            wait_for_point(point, run_dir, proc, log, rng)
+            tree = process_tree(proc.pid)
+            names = describe(tree)
+            os.killpg(proc.pid, signal.SIGKILL) if scope == "group" else proc.kill()
+            proc.wait(30)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -232,6 +290,7 @@ def kill_trial(
     before = {r["experience_id"] for r in stored_rows(run.url)}
     held = pending_groups(run.url, explorers)
     saved = latest_state_step(run) or 0
+    env.pop(FAILPOINT_ENV, None)  # the resume runs through
     res = subprocess.run(
         [RFT, "run", config, "--resume", str(run_dir)],
         cwd=root,
@@ -266,6 +325,8 @@ def kill_trial(
         "continuations_lost": held - {r["group_id"] for r in rows} - still,
         "lineage": trainer_lineage(run.url) if res.returncode == 0 else [],
         "uncommitted": uncommitted_files(*run.fs()),
+        "killed_rc": proc.returncode,
+        "features": features,
     }
 
 

@@ -29,6 +29,11 @@ pytest_plugins = ["tests.suite_report"]  # the suite's time, starts and reruns, 
 def pytest_collection_modifyitems(config, items):
     import torch
 
+    if not os.environ.get("RFT_SOAK"):  # the soak matrix runs on `make test-soak` only (hours)
+        soak = pytest.mark.skip(reason="soak matrix: `make test-soak` (RFT_SOAK=1) runs it")
+        for item in items:
+            if "soak" in item.keywords:
+                item.add_marker(soak)
     if torch.cuda.device_count():  # through NVML: CUDA stays unstarted in this process, so vLLM may still fork from it
         return
     skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")

@@ -25,6 +25,10 @@ EXERCISED: dict[str, list[str]] = {
         ".ci/run",
         "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
     ],
+    "make test-soak": [
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
+        "tests/flows/test_kill_resume.py::test_soak_kill_features_then_resume_exactly_once",
+    ],
     "make test-fast": [
         "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"
     ],

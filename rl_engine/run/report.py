@@ -156,10 +156,15 @@ class StepFeed:
         role: str,
         on_step: Callable[[str, dict[str, Any]], Any] | None,
         since_start: bool = False,
+        delivered_through: int | None = None,
     ):
+        """`delivered_through`: the last step an earlier feed delivered (its durable cursor); the
+        files of later steps are handed over although they were there before this feed."""
         self.run, self.role, self.on_step = run, role, on_step
         self.metrics: list[dict[str, Any]] = []
         self._seen = {} if since_start else self._listing()
+        if delivered_through is not None:
+            self._seen = {p: st for p, st in self._seen.items() if _step_of_path(p) <= delivered_through}
 
     def _listing(self) -> dict[str, Any]:
         fs, root = self.run.fs()
@@ -179,6 +184,10 @@ class StepFeed:
                 self.metrics.append(m)
                 if self.on_step is not None:
                     self.on_step(self.role, m)
+
+
+def _step_of_path(path: str) -> int:
+    return int(path.rsplit("step=", 1)[1].split(".", 1)[0])
 
 
 def load_metrics(run: RunContext) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

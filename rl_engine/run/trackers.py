@@ -53,6 +53,10 @@ class Tracker(Protocol):
 
     def log_config(self, cfg: dict[str, Any]) -> None: ...
 
+    def flush(self) -> None:
+        """Make what was logged durable: a kill after it loses none of it."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -146,6 +150,9 @@ class TensorBoard:
 
         self.writer.add_text("config", "```\n" + yaml.safe_dump(cfg, sort_keys=False) + "```")
 
+    def flush(self) -> None:
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
         if self.upload_to is not None:
@@ -217,6 +224,9 @@ class MLflow:
         for i in range(0, len(params), 100):  # MLflow's batch limit for params
             self.client.log_batch(self.run_id, params=params[i : i + 100])
 
+    def flush(self) -> None:
+        pass  # every call was a request the server answered
+
     def close(self) -> None:
         self.client.set_terminated(self.run_id, "FINISHED")
 
@@ -281,6 +291,9 @@ class Wandb:
     def log_config(self, cfg: dict[str, Any]) -> None:
         self.wb.config.update(cfg, allow_val_change=True)
 
+    def flush(self) -> None:
+        pass  # W&B's service writes its own transaction log as it goes
+
     def close(self) -> None:
         import wandb
 
@@ -341,6 +354,10 @@ class Guarded:
     def log_config(self, cfg: dict[str, Any]) -> None:
         self._call("config", lambda t: t.log_config(cfg))
 
+    def flush(self) -> None:
+        if self.tracker is not None:
+            self._call("flush", lambda t: t.flush())
+
     def close(self) -> None:
         if self.tracker is not None:
             self._call("close", lambda t: t.close())
@@ -351,12 +368,26 @@ def build_trackers(monitor: Any, run: RunContext, warn: Warn = log.warning) -> l
     return [Guarded(s.type, lambda s=s: make_tracker(s, run), warn) for s in monitor.trackers]
 
 
+CURSOR_FILE = "feed.json"
+
+
+def _read_cursor(run: RunContext) -> dict[str, int] | None:
+    fs, root = run.fs()
+    path = join(root, TRACKERS_DIR, CURSOR_FILE)
+    try:
+        return {str(k): int(v) for k, v in read_json(fs, path).items()} if fs.exists(path) else None
+    except (ValueError, AttributeError, TypeError):
+        return None  # unreadable: as before the cursor (what was there is not logged again)
+
+
 class TrackerFeed:
     """Follows the steps every role records (new role directories included) and logs them to
     `trackers`; `start()` logs the run's config and polls every `poll_s` in a background thread,
     `stop()` ends it, logs what is left and closes the trackers (bounded by `stop_timeout_s`).
-    Steps recorded before the feed was made are not logged again (a resumed run's earlier attempt
-    logged them); those a resumed run redoes are."""
+    After each poll that logged steps, the trackers are flushed and the last step of each role
+    written to `<run>/trackers/feed.json`: a resumed run's feed logs every step after it (those a
+    killed attempt recorded but never got to its trackers) and the steps the resumed run redoes,
+    not those its earlier attempts logged."""
 
     def __init__(
         self,
@@ -373,7 +404,15 @@ class TrackerFeed:
             stop_timeout_s,
             warn,
         )
-        self.feeds = {role: StepFeed(run, role, self._on_step) for role in metric_roles(run)}
+        self.cursor = _read_cursor(run)  # None: a run from before the cursor, whose feed logged all it found
+        self.feeds = {
+            role: StepFeed(
+                run, role, self._on_step, delivered_through=None if self.cursor is None else self.cursor.get(role, 0)
+            )
+            for role in metric_roles(run)
+        }
+        self.cursor = dict(self.cursor or {})
+        self._delivered = False
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
         self._poll_failed = False
@@ -387,14 +426,22 @@ class TrackerFeed:
         metrics = flatten_metrics({k: v for k, v in m.items() if k != TIME_KEY})
         for t in self.trackers:
             t.log_metrics(metrics, step, wall, role)
+        self.cursor[role] = max(step, self.cursor.get(role, 0))
+        self._delivered = True
 
     def poll(self) -> None:
-        """Log every step recorded since the last poll, of every role."""
+        """Log every step recorded since the last poll, of every role; then flush and move the cursor."""
         for role in metric_roles(self.run):
             if role not in self.feeds:
                 self.feeds[role] = StepFeed(self.run, role, self._on_step, since_start=True)
         for feed in list(self.feeds.values()):
             feed.poll()
+        if self._delivered and self.trackers:
+            for t in self.trackers:
+                t.flush()
+            fs, root = self.run.fs()
+            write_json(fs, join(root, TRACKERS_DIR, CURSOR_FILE), self.cursor, fsync=False)
+            self._delivered = False
 
     def _safe_poll(self) -> None:
         try:

@@ -27,6 +27,7 @@ from collections import Counter
 import pytest
 
 from harness.kill_resume import (
+    DELTA_POINT,
     EARLY,
     GONE_TIMEOUT_S,
     POINTS,
@@ -41,16 +42,23 @@ from harness.kill_resume import (
 pytestmark = pytest.mark.slow
 
 # CI's reduced matrix: every mode killed once, both scopes, both sync methods (fully async syncs by
-# checkpoint, the others collectively), one-step off-policy with a multi-turn workflow instead of
-# partial rollouts; bench.faults runs the full one (5 kills per mode, and 10 multi-explorer kills,
-# half of them before the first trainer state).
+# checkpoint, the others collectively), features on together as users turn them on: one-step
+# off-policy with a multi-turn workflow, evaluation and a tracker; fully async with delta sync in
+# bf16, evaluation and a tracker, killed between a delta's file and its marker. The soak matrix
+# below (`make test-soak`) kills every feature at every point; bench.faults runs the modes' full
+# one (5 kills per mode, and 10 multi-explorer kills, half of them before the first trainer state).
 CASES = [
     ("synchronous", "group"),
     ("one_step_off_policy", "main"),
-    ("fully_async", "group"),
+    ("fully_async", "main"),
     ("multi_explorer", "group"),
 ]
 WORKFLOW_CASES = {("one_step_off_policy", "main")}
+FEATURES = {
+    ("one_step_off_policy", "main"): frozenset({"eval", "trackers"}),
+    ("fully_async", "main"): frozenset({"delta", "bf16", "eval", "trackers"}),
+}
+FIXED_POINTS = {("fully_async", "main"): DELTA_POINT}
 
 
 def kill_points(seed: int) -> dict[tuple[str, str], str]:
@@ -61,7 +69,7 @@ def kill_points(seed: int) -> dict[tuple[str, str], str]:
     points = dict(zip(rest, random.Random(seed).sample(POINTS, k=len(rest))))
     for case in WORKFLOW_CASES:  # no continuations without partial rollouts: kill mid-rollout instead
         points[case] = "rollout" if points[case] == "continuation" else points[case]
-    return {**points, ("multi_explorer", "group"): EARLY}
+    return {**points, ("multi_explorer", "group"): EARLY, **FIXED_POINTS}
 
 
 SEED = int(os.environ.get("RFT_KILL_SEED", "13"))
@@ -80,15 +88,59 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
         point,
         random.Random(f"{SEED}-{mode}-{scope}"),
         workflow=(mode, scope) in WORKFLOW_CASES,
+        features=FEATURES.get((mode, scope), frozenset()),
     )
+    check_trial(trial, (mode, scope) in WORKFLOW_CASES)
+
+
+# The soak matrix (`make test-soak`): delta checkpoint sync killed at every point (between a delta's
+# file and its marker, mid-sync, at a checkpoint, before the first trainer state) in both modes that
+# sync by checkpoint, fp32 and bf16; and evaluation with a tracker, and a workflow with evaluation,
+# killed at a seeded random point in every mode.
+SOAK = [
+    (mode, "group", point, frozenset({"delta", *dtype}))
+    for mode in ("fully_async", "one_step_off_policy")
+    for dtype in ((), ("bf16",))
+    for point in (DELTA_POINT, "sync", "checkpoint", EARLY)
+] + [
+    (mode, scope, random.Random(f"{SEED}-{mode}-{extra}").choice(POINTS[:2] + POINTS[3:]), frozenset(extra))
+    for mode in ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
+    for scope, extra in (("group", ("eval", "trackers")), ("main", ("workflow", "eval")))
+]
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "mode,scope,point,features", SOAK, ids=lambda x: "+".join(sorted(x)) if isinstance(x, frozenset) else str(x)
+)
+def test_soak_kill_features_then_resume_exactly_once(mode, scope, point, features, tiny_model_dir, task_file, tmp_path):
+    workflow = "workflow" in features
+    rng = random.Random(f"{SEED}-{mode}-{scope}-{point}")
+    trial = kill_trial(
+        tiny_model_dir,
+        task_file,
+        tmp_path,
+        mode,
+        scope,
+        point,
+        rng,
+        workflow=workflow,
+        features=features - {"workflow"},
+    )
+    check_trial(trial, workflow)
+
+
+def check_trial(trial: dict, workflow: bool) -> None:
+    """What every killed and resumed run must show (the features' own checks included)."""
     print(
-        f"\n{mode} killed ({scope}) at {point} after {trial['killed_after_s']:.0f} s (trial {trial['total_s']:.0f} s): checkpoint {trial['saved']}, "
+        f"\n{trial['mode']} killed ({trial['scope']}) at {trial['point']} after {trial['killed_after_s']:.0f} s (trial {trial['total_s']:.0f} s): checkpoint {trial['saved']}, "
         f"{len(trial['before'])} experiences stored, {len(trial['held'])} groups pending; tree {trial['tree']}"
     )
     # Nothing of the killed run survives: engine cores and workers, resource tracker, Prefect server.
     assert len(trial["tree"]) >= 3, f"expected the engine's processes in the run's tree: {trial['tree']}"
     assert not trial["survivors"], (
-        f"processes of the killed run ({scope} killed) still running after {GONE_TIMEOUT_S:.0f} s: {trial['survivors']}"
+        f"processes of the killed run ({trial['scope']} killed) still running after {GONE_TIMEOUT_S:.0f} s: {trial['survivors']}"
     )
     # The resumed run finished; nothing committed before the kill lost, nothing stored twice.
     assert trial["resume_rc"] == 0 and f"-> version {TOTAL_STEPS}" in trial["resume_out"], trial["resume_out"][-4000:]
@@ -96,7 +148,7 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
     assert not trial["uncommitted"]  # a data file the kill left without its record is gone too
     rows = trial["rows"]
     assert set(Counter(r["group_id"] for r in rows).values()) == {2}  # every group whole, once
-    if (mode, scope) in WORKFLOW_CASES:  # episodes with the environment's tokens masked
+    if workflow:  # episodes with the environment's tokens masked
         assert any(0 in r["loss_mask"] for r in rows)
     # Every continuation pending at the kill was written once, or is still pending.
     written = {r["group_id"] for r in rows}
@@ -113,3 +165,25 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
     # The prompt order continued, and the mode's schedule held after the resume.
     assert not prompt_order_breaks(trial), prompt_order_breaks(trial)
     assert not schedule_breaks(trial), schedule_breaks(trial)
+    check_features(trial)
+
+
+def check_features(trial: dict) -> None:
+    """Evaluation: every due version evaluated once, the restart version included; a tracker: the
+    resumed run went on logging into the same TensorBoard run, every trainer step in it."""
+    from harness.trackers import tensorboard_scalars
+    from rl_engine.roles.evaluation import due_versions
+    from rl_engine.run.report import load_evaluations
+
+    run, features = trial["run"], trial["features"]
+    if "eval" in features:
+        want = sorted(set(due_versions(run.cfg.eval, TOTAL_STEPS)) | ({trial["saved"]} if trial["saved"] else set()))
+        assert [r["version"] for r in load_evaluations(run)] == want, trial["resume_out"][-3000:]
+    if "trackers" in features:
+        steps = {
+            s
+            for tag, points in tensorboard_scalars(f"{run.url}/trackers/tensorboard").items()
+            if tag.startswith("trainer/")
+            for s, _, _ in points
+        }
+        assert set(range(1, TOTAL_STEPS + 1)) <= steps, sorted(steps)

@@ -81,6 +81,7 @@ def test_make_targets_the_readme_shows_run_the_commands_it_says():
         return subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
 
     assert '-m pytest -m "not slow"' in dry("test-fast")
+    assert "RFT_SOAK=1" in dry("test-soak") and "-m pytest -m soak" in dry("test-soak")
     assert "-m pytest -n 2 --dist loadfile -k buffer" in dry("test", "PYTEST_ARGS=-k buffer")
     assert "-m pytest -n 0 --dist loadfile" in dry("test", "PYTEST_WORKERS=0")
     assert "rft demo" in dry("demo")

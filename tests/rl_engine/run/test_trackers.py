@@ -235,3 +235,44 @@ def test_remote_run_copies_tracker_files_to_the_run_at_the_end(tmp_path):
     rows = wandb_history(str(local / "wandb"), load_tracker_state(run, "wandb")["run_id"])
     assert [json.loads(r["trainer/step"]) for r in rows if "trainer/step" in r] == [1, 2]
     fsspec.filesystem("memory").rm(root, recursive=True)
+
+
+class Recorder:
+    """A tracker that keeps what it was given (and counts flushes)."""
+
+    name = "recorder"
+
+    def __init__(self):
+        self.steps: list[tuple[str, int]] = []
+        self.flushes = 0
+
+    def log_metrics(self, metrics, step, wall_time, prefix):
+        self.steps.append((prefix, step))
+
+    def log_config(self, cfg):
+        pass
+
+    def flush(self):
+        self.flushes += 1
+
+    def close(self):
+        pass
+
+
+def test_a_killed_feed_resumes_from_its_cursor_not_from_what_is_on_storage(tmp_path):
+    """Issue 45 item 7: a run killed after recording steps its tracker feed never logged (the kill
+    came between a step's metrics and the feed's next poll) resumes logging them: the feed's
+    cursor (trackers/feed.json), flushed with the trackers, says what reached them."""
+    run = make_run(tmp_path, [])
+    first = Recorder()
+    feed = TrackerFeed(run, [first])
+    for v in (1, 2, 3):
+        record_step(run, "trainer", v, trainer_step(v))
+    feed.poll()  # logged and flushed 1..3; then the process is killed (no stop())
+    assert first.steps == [("trainer", 1), ("trainer", 2), ("trainer", 3)] and first.flushes == 1
+    for v in (4, 5):  # recorded by the killed attempt, never polled
+        record_step(run, "trainer", v, trainer_step(v))
+    resumed = Recorder()
+    TrackerFeed(run, [resumed]).poll()
+    assert resumed.steps == [("trainer", 4), ("trainer", 5)]
+    assert json.loads(Path(run.url, "trackers", "feed.json").read_text()) == {"trainer": 5}
