@@ -3,7 +3,7 @@ each role as a flow run of these flows' deployments (`rft-explorer/default`, `rf
 in prefect.yaml), so each runs in its own process on whatever work pool serves it.
 
 They take handles only (the run's URL, the explorer id, non-secret storage options); everything
-else comes from the run's storage. A role ends its own child processes (vLLM engine cores) on
+else comes from the run's storage, which each opens once (its RunContext) for the role and its callbacks. A role ends its own child processes (vLLM engine cores) on
 the way out, also when its process is cancelled (SIGTERM from the worker). Its process's output
 (vLLM, DeepSpeed, libraries) goes to `<run>/logs/engines-<role>.log`, not the worker's terminal.
 """
@@ -17,6 +17,7 @@ from prefect import flow
 from flows.common import end_cancelled, output_to_run_log
 from rl_engine.board import role_name
 from rl_engine.roles import entry as roles
+from rl_engine.run.context import open_run
 from rl_engine.run.logs import role_log_name
 from tasks.continuations import explorer_step_done
 from tasks.evaluation import evaluation_done
@@ -36,9 +37,10 @@ def explorer_role(run_url: str, explorer_id: int = 0, storage_options: dict[str,
     """Explorer `explorer_id` of the run at `run_url` (started by the run's mode flow)."""
     role = role_name(explorer_id)
     with output_to_run_log(run_url, storage_options, role_log_name(role)):
-        on_eval = evaluation_done(run_url, storage_options) if explorer_id == 0 else None
+        run = open_run(run_url, storage_options)
+        on_eval = evaluation_done(run) if explorer_id == 0 else None
         with off_the_loop(explorer_step_done) as on_step:
-            result = roles.explorer_role(run_url, explorer_id, storage_options, on_step=on_step, on_eval=on_eval)
+            result = roles.explorer_role(run, explorer_id, on_step=on_step, on_eval=on_eval)
         return _outcome(role, run_url, result)
 
 
@@ -47,6 +49,7 @@ def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, pr
     """The trainer of the run at `run_url` (started by the run's mode flow, which passes the id of
     the run's progress artifact, moved every trainer step)."""
     with output_to_run_log(run_url, storage_options, role_log_name("trainer")):
-        with off_the_loop(trainer_step_done(run_url, storage_options, progress_id)) as on_step:
-            result = roles.trainer_role(run_url, storage_options, on_step=on_step)
+        run = open_run(run_url, storage_options)
+        with off_the_loop(trainer_step_done(run, progress_id)) as on_step:
+            result = roles.trainer_role(run, on_step=on_step)
         return _outcome("trainer", run_url, result)

@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from rl_engine.run.context import open_run
+from rl_engine.run.context import RunContext, open_run
 from rl_engine.run.report import eval_table, heldout_curve_png, load_evaluations
 from tasks.report import _slug
 
@@ -78,13 +78,14 @@ def png_markdown(png: bytes, what: str) -> str:
     return f"![{what}](data:image/png;base64,{base64.b64encode(png).decode()})"
 
 
-def evaluation_done(run_url: str, storage_options: dict[str, Any] | None) -> Callable[[dict[str, Any]], Any]:
-    """Explorer 0's evaluation callback in Prefect: a log line, then the evaluation's task run."""
-    keys = artifact_prefix(open_run(run_url, storage_options).cfg.name)
+def evaluation_done(run: RunContext) -> Callable[[dict[str, Any]], Any]:
+    """Explorer 0's evaluation callback in Prefect: a log line, then the evaluation's task run
+    (which takes the run's handles, as a task does)."""
+    keys = artifact_prefix(run.cfg.name)
 
     def on_eval(record: dict[str, Any]) -> None:
         get_run_logger().info(eval_line(record))
-        publish_evaluation(run_url, storage_options, record["version"], keys)
+        publish_evaluation(run.url, run.storage_options, record["version"], keys)
 
     return on_eval
 

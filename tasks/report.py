@@ -31,7 +31,7 @@ from prefect.artifacts import (
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from rl_engine.run.context import RunContext, open_run
+from rl_engine.run.context import RunContext
 from rl_engine.run.report import build_report, rounded, summary_lines
 from rl_engine.run.state import latest_state_step
 from rl_engine.run.trackers import TrackerFeed, build_trackers
@@ -83,11 +83,9 @@ def _progress_text(name: str | None, step: int, total: int) -> str:
     return f"Run {name}: trainer step {step}/{total}"
 
 
-def trainer_step_done(
-    run_url: str, storage_options: dict[str, Any] | None, progress_id: str | None
-) -> Callable[[str, dict[str, Any]], Any]:
+def trainer_step_done(run: RunContext, progress_id: str | None) -> Callable[[str, dict[str, Any]], Any]:
     """The trainer's step callback in Prefect: a progress line, then the progress artifact moved to this step."""
-    cfg = open_run(run_url, storage_options).cfg
+    cfg = run.cfg
     total = cfg.trainer.total_steps
 
     def on_step(role: str, m: dict[str, Any]) -> dict[str, Any]:

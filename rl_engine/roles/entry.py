@@ -1,16 +1,19 @@
 """The roles of a run, explorer i and the trainer: each one plain loop behind one entry point.
 
-A role takes handles only: the run's URL (plus its non-secret storage options) and its id. It
-reads the resolved config from `<run>/config.yaml` and where to start from the run's `start`
-marker (posted by the run's driver, `rl_engine.run.context.post_start`), builds its own engine, and meets the other
-roles only on the run's storage (board, buffer, checkpoints) and in the weight-sync group. Stop
-requests, failures and heartbeats travel on the board (`rl_engine.board`), so the same role
-runs as a thread of the mode's flow run (placement `local`) or as its own flow run on another
-process or machine (placement `deployments`). Prefect-free; the flows wrap these functions.
+A role is started with handles only: the run's URL (plus its non-secret storage options) and
+its id. Its entry (a Prefect task, tasks/roles.py, or flow, flows/roles.py) opens the run once
+(`open_run`: the resolved config from `<run>/config.yaml`, the run's filesystem and board) and
+runs the role on that RunContext, which everything the role builds shares. The role reads
+where to start from the run's `start` marker (posted by the run's driver,
+`rl_engine.run.context.post_start`), builds its own engine, and meets the other roles only on
+the run's storage (board, buffer, checkpoints) and in the weight-sync group. Stop requests,
+failures and heartbeats travel on the board (`rl_engine.board`), so the same role runs as a
+thread of the mode's flow run (placement `local`) or as its own flow run on another process or
+machine (placement `deployments`). Prefect-free; the flows wrap these functions.
 
-    post_start(board, ResumePoint(0, {0: 1}))            # the run's driver, once per attempt
-    trainer_role("runs/my-run")                          # in one thread / process / machine
-    explorer_role("runs/my-run", 0)                      # in another
+    post_start(run.board, ResumePoint(0, {0: 1}))        # the run's driver, once per attempt
+    trainer_role(open_run("runs/my-run"))                # in one thread / process / machine
+    explorer_role(open_run("runs/my-run"), 0)            # in another
 
 The loops follow DESIGN.md's schedules: rendezvous (synchronous, one_step_off_policy: the
 explorer syncs after step e iff e > m and (e - m) % k == 0, receiving version e - m) and
@@ -32,7 +35,7 @@ from rl_engine.config import RendezvousSync
 from rl_engine.roles.evaluation import Evaluator, OnEval, save_due_weights
 from rl_engine.roles.explorer import Explorer
 from rl_engine.roles.trainer import TrainerRole
-from rl_engine.run.context import ResumePoint, RunContext, open_run, read_start
+from rl_engine.run.context import ResumePoint, RunContext, read_start
 from rl_engine.run.devices import device_plan
 from rl_engine.run.lease import Fence, LeaseLost
 from rl_engine.run.report import StepFeed, record_step
@@ -134,16 +137,11 @@ class Role:
 
 
 def explorer_role(
-    run_url: str,
-    explorer_id: int = 0,
-    storage_options: dict[str, Any] | None = None,
-    on_step: OnStep | None = None,
-    on_eval: OnEval | None = None,
+    run: RunContext, explorer_id: int = 0, on_step: OnStep | None = None, on_eval: OnEval | None = None
 ) -> RoleResult:
-    """Explorer `explorer_id` of the run at `run_url`, until its schedule ends or the run stops;
-    explorer 0 also runs the held-out evaluations (`rl_engine.roles.evaluation`), passing each
-    record to `on_eval`."""
-    run = open_run(run_url, storage_options)
+    """Explorer `explorer_id` of `run` (opened by the role's entry), until its schedule ends or the
+    run stops; explorer 0 also runs the held-out evaluations (`rl_engine.roles.evaluation`),
+    passing each record to `on_eval`."""
     role = Role(run, role_name(explorer_id), on_step)
     with role.running():
         explorer = Explorer(run, explorer_id, role.stop, first_step=role.at.first_steps[explorer_id], fence=role.fence)
@@ -173,12 +171,10 @@ def _stop_kind(role: Role) -> str | None:
     return (role.board.get(STOP_KEY) or {}).get("kind") if role.stop.is_set() else None
 
 
-def trainer_role(
-    run_url: str, storage_options: dict[str, Any] | None = None, on_step: OnStep | None = None
-) -> RoleResult:
-    """The trainer of the run at `run_url`, until `trainer.total_steps` or the run stops: in this
-    process, or with `trainer.num_ranks` > 1 in torchrun's ranks, which this process watches."""
-    run = open_run(run_url, storage_options)
+def trainer_role(run: RunContext, on_step: OnStep | None = None) -> RoleResult:
+    """The trainer of `run` (opened by the role's entry), until `trainer.total_steps` or the run
+    stops: in this process, or with `trainer.num_ranks` > 1 in torchrun's ranks, which this
+    process watches (each rank opens the run itself: rl_engine.roles.trainer_rank)."""
     plan = device_plan(run.cfg)  # the devices this machine gives the trainer (none set: CPU, deployments)
     if run.cfg.trainer.num_ranks > 1:
         return _trainer_ranks(run, on_step, plan.trainer_env())

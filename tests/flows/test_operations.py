@@ -131,7 +131,7 @@ def test_the_trainer_moves_the_progress_artifact_every_step(prefect_server, base
     def four_trainer_steps() -> list[tuple[float, str]]:
         progress_id = start_progress(run, "test-ops")
         seen = [(Artifact.get("test-ops-progress").data, "")]
-        on_step = trainer_step_done(run.url, run.storage_options, progress_id)
+        on_step = trainer_step_done(run, progress_id)
         for t in range(1, 5):
             on_step(
                 "trainer",
