@@ -93,8 +93,8 @@ def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the c
     )
     check_algorithm(cfg)
     check_eval_sets(cfg, opts)
-    check_model_paths(cfg.model)
     check_engine_servers(cfg)
+    check_model_paths(cfg.model)
     config, weights = check_model_dir(cfg.model.path)
     check_context_length(cfg.model.max_model_len, config, cfg.model.path)
     return Inputs(cfg, tasks, config, weights)
@@ -111,7 +111,6 @@ def check_algorithm(cfg: RFTConfig) -> None:
     bound(ESTIMATORS, a.advantage, ("rewards", "group_index"))
 
 
-def check_eval_sets(cfg: RFTConfig, opts: dict[str, Any] | None) -> None:
 def check_engine_servers(cfg: RFTConfig, timeout_s: float = 5.0) -> None:
     """Each engine server of explorer.engine.servers answers (its model list), before any role
     starts: a server that is gone is named with its field, not found by explorer i minutes later."""
@@ -127,6 +126,7 @@ def check_engine_servers(cfg: RFTConfig, timeout_s: float = 5.0) -> None:
             ) from None
 
 
+def check_eval_sets(cfg: RFTConfig, opts: dict[str, Any] | None) -> None:
     """Every held-out set of eval.tasksets reads as a task set (it exists, parses, is not empty, its
     rows have the keys the set's reward needs) and its reward builds: checked before any engine
     starts, so a bad set fails the run at once, naming `eval.tasksets[i]`, not at its first evaluation."""
