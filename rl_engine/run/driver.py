@@ -99,8 +99,8 @@ class RunDriver:
         self.attempt = post_start(run.board, at, self.lease.generation)
         plan = device_plan(run.cfg)
         record_plan(*run.fs(), plan, self.attempt)  # <run>/devices.json: where this attempt's roles run
-        self.log(run.cfg.algorithm.describe())
         self.log(plan.describe())
+        self.log(run.cfg.algorithm.describe())
         if self.lineage and (carried := self.lineage.adopt(run)):
             self.log(
                 f"lineage {self.lineage.name}: continuing {sum(map(len, carried.values()))} pending generations of {self.lineage.previous['run']}"
