@@ -12,7 +12,8 @@ messages, in `--set` overrides and in the Prefect UI form of every flow.
 
 One module per component (model.py: model and task set, algorithm.py, explorer.py, buffer.py,
 trainer.py, synchronizer.py: a union on `mode`, placement.py, workflow.py: episodes and user code, evaluation.py: held-out evaluation), root.py composes them into
-`RFTConfig`, loading.py reads files and formats errors, migrate.py rewrites an older version's
+`RFTConfig`, unions.py finds the config's unions (a section whose variant `type` or `mode` selects; what
+`--set` switches), loading.py reads files, applies overrides and formats errors, migrate.py rewrites an older version's
 shape before validation (so old files and runs' stored configs keep loading), advice.py holds the
 warnings `rft validate` prints. Every name is importable from `rl_engine.config`. Nothing here
 touches the filesystem while validating: rl_engine/run/preflight.py checks the model directory.

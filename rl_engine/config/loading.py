@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
-from pydantic_core import to_jsonable_python
 
 from rl_engine.config.algorithm import PRESETS, AlgorithmConfig
-from rl_engine.config.base import ConfigError, redact
+from rl_engine.config.base import ConfigError, hiding_secrets, redact, redact_override
 from rl_engine.config.migrate import migrate
 from rl_engine.config.model import _REWARD_TAGS
-from rl_engine.config.placement import DeploymentsPlacement, LocalPlacement
-from rl_engine.config.root import RFTConfig
-from rl_engine.config.synchronizer import (
-    DECOUPLED_MODES,
-    RENDEZVOUS_MODES,
-    SYNC_TAGS,
-    UNKNOWN_MODE,
-    DecoupledSync,
-    RendezvousSync,
-    misplaced,
-)
+from rl_engine.config.root import RFTConfig, import_plugins
+from rl_engine.config.synchronizer import SYNC_TAGS, UNKNOWN_MODE, misplaced
+from rl_engine.config.unions import ABSENT, VariantUnion, annotation_at, union_of, variant_defaults
 from rl_engine.registry import ESTIMATORS, LOSSES
 
 
@@ -82,77 +75,174 @@ _UNION_TAGS = (
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (['a','b','c'], value parsed as YAML); raises ConfigError on bad syntax."""
+    """`a.b.c=value` -> (['a','b','c'], value parsed as YAML); raises ConfigError on bad syntax.
+    The override is quoted as `redact_override` shows it: a credential's value never is."""
+    shown = redact_override(text)
     if "=" not in text:
         raise ConfigError(
-            f"--set {text!r}: expected KEY=VALUE with a dotted key, e.g. --set synchronizer.sync_interval=2"
+            f"--set {shown!r}: expected KEY=VALUE with a dotted key, e.g. --set synchronizer.sync_interval=2"
         )
     key, _, raw = text.partition("=")
     path = key.strip().split(".")
     if not all(path):
-        raise ConfigError(f"--set {text!r}: empty component in key {key!r}")
+        raise ConfigError(f"--set {shown!r}: empty component in key {key!r}")
     try:
         value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None
     except _DuplicateKey as e:
-        raise ConfigError(f"--set {text!r}: {e}") from None
+        raise ConfigError(f"--set {shown!r}: {e}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"--set {text!r}: value is not valid YAML ({e})") from None
+        # YAML's message quotes the value it could not read: not shown when that may be a credential.
+        detail = f" ({e})" if shown == text else ""
+        raise ConfigError(f"--set {shown!r}: value is not valid YAML{detail}") from None
     return path, value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `a.b=c` overrides to a raw config dict (in place) and return it."""
+    """Apply `a.b=c` overrides to a raw config dict (in place) and return it. A list's item is
+    named by its index (`monitor.trackers.0.type=wandb`). An override that changes the key that
+    selects a section's variant (`placement.type`, `synchronizer.mode`, a loss's `type`, ...)
+    switches the section to that variant (`_switch_variant`); one that changes `algorithm.preset`
+    takes the new preset's knobs."""
+    given: list[tuple[str, ...]] = []  # the paths the overrides before this one set
     for text in overrides:
         path, value = parse_override(text)
-        node = data
-        for part in path[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {text!r}: {part!r} is a value ({child!r}), not a section")
+        node: Any = data
+        for i, part in enumerate(path[:-1]):
+            where = ".".join(path[: i + 1])
+            if isinstance(node, list):
+                index = _index(text, where, part, node)
+                child = node[index]
+                if child is None:
+                    child = node[index] = {}
+                u = union_of(annotation_at(path[: i + 1], data))
+                if isinstance(child, str) and u is not None:
+                    child = node[index] = {u.key: child}  # a union's item given by its name (`trackers: [mlflow]`)
+            else:
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = {}
+            if not isinstance(child, dict | list):
+                raise ConfigError(
+                    f"--set {redact_override(text)!r}: {part!r} is a value ({redact(child, part)!r}), not a section"
+                )
             node = child
-        old = node.get(path[-1], _ABSENT)
-        node[path[-1]] = value
-        _switch_variant(tuple(path), node, old, value)
+        if isinstance(node, list):
+            index = _index(text, ".".join(path), path[-1], node)
+            old, node[index] = node[index], value
+        else:
+            old = node.get(path[-1], ABSENT)
+            node[path[-1]] = value
+            _switch_variant(tuple(path), node, old, value, data, given, text)
+        given.append(tuple(path))
     return data
 
 
-_ABSENT = object()
+def _index(text: str, where: str, part: str, items: list[Any]) -> int:
+    """The list index `part` of an override's path; a ConfigError when it is not one of `items`."""
+    if not part.isdigit() or int(part) >= len(items):
+        raise ConfigError(
+            f"--set {redact_override(text)!r}: {where.rpartition('.')[0]!r} is a list of {len(items)} item(s): "
+            f"name an item by its index{f' (0..{len(items) - 1})' if items else ''}, or set the whole list"
+        )
+    return int(part)
 
 
-def _switch_variant(path: tuple[str, ...], section: dict[str, Any], old: Any, new: Any) -> None:
-    """An override changed the key that selects `section`'s variant (`placement.type`,
-    `synchronizer.mode`) or its preset (`algorithm.preset`) from `old` to `new`: drop what only
-    stood for the old one, so the new one's defaults apply. A validated config's dump (a
-    deployment's `cfg`, a run's config.yaml) holds every field: `placement.devices: null` of the
-    local variant was an unknown key of the deployments one, grpo's expanded knobs hid a new
-    preset's. Dropped: the old variant's fields the new one lacks that hold the old one's default
-    (a value given otherwise stays, for validation to name), and the knobs that hold the old
-    preset's expansion (knobs set otherwise stay, laid over the new preset)."""
-    if old is _ABSENT or old == new or not isinstance(old, str) or not isinstance(new, str):
-        return
+def _switch_variant(
+    path: tuple[str, ...],
+    section: dict[str, Any],
+    old: Any,
+    new: Any,
+    data: dict[str, Any],
+    given: list[tuple[str, ...]],
+    text: str,
+) -> None:
+    """An override changed the key that selects `section`'s variant (any union of the config:
+    rl_engine/config/unions.py) from `old` to `new`, or `algorithm.preset`: the section starts
+    from the new variant's defaults and keeps the fields both have.
+
+    Every field of the old variant holds either a choice or the old variant's default (a
+    validated config's dump, a deployment's `cfg`, holds every field; a default of the old
+    variant, or of its preset for algorithm.loss/advantage, stands for no choice). A field the new
+    variant lacks that holds a choice is an error naming it (the switch would silently drop it);
+    one at its default goes (`set synchronizer.max_staleness=null` before the switch clears one).
+    A field both have is kept when it holds a choice or an override before this one in the same
+    list set it; else it goes, so the new variant's default applies. A field neither variant has
+    is left for validation to name."""
     if path == ("algorithm", "preset"):
-        if old in PRESETS and new in PRESETS:
-            expanded = AlgorithmConfig.model_validate({"preset": old}).model_dump(mode="json")
-            for knob in {k for knobs in PRESETS.values() for k in knobs}:
-                if knob in section and section[knob] == expanded.get(knob):
-                    del section[knob]
+        _switch_preset(section, old, new)
         return
-    variants: dict[Any, Any] = {
-        ("placement", "type"): {"local": LocalPlacement, "deployments": DeploymentsPlacement},
-        ("synchronizer", "mode"): {
-            **dict.fromkeys(RENDEZVOUS_MODES, RendezvousSync),
-            **dict.fromkeys(DECOUPLED_MODES, DecoupledSync),
-        },
-    }.get(path, {})
-    before, after = variants.get(old), variants.get(new)
-    if before is None or after is None:
+    u = union_of(annotation_at(path[:-1], data))
+    if u is None or path[-1] != u.key:
         return
-    for name, field in before.model_fields.items():
-        stood_for_old = name in section and name not in after.model_fields and not field.is_required()
-        if stood_for_old and section[name] == to_jsonable_python(field.get_default(call_default_factory=True)):
+    old = u.default if old is ABSENT else old
+    before, after = u.member(old), u.member(new)
+    if before is None or after is None or old == new:
+        return
+    if after is u.other:
+        # A plugin's names are registered when it is imported; a plugin that fails is validation's to name.
+        with contextlib.suppress(ValueError):
+            import_plugins(data.get("plugins"))
+        if not u.accepts(new):
+            return  # no variant of that name: validation names it, with those that exist
+    defaults = {**variant_defaults(before, u.key, old), **_preset_section(path[:-1], data, u.key, old)}
+    prefix, lost = path[:-1], []
+    for name in [n for n in section if n != u.key and n in before.model_fields]:
+        field = (*prefix, name)
+        chosen = section[name] != defaults.get(name, ABSENT)
+        if name not in after.model_fields:
+            if chosen:
+                lost.append(name)
+            else:
+                del section[name]
+        elif not chosen and not any(p[: len(field)] == field or field[: len(p)] == p for p in given):
             del section[name]
+    if lost:
+        raise ConfigError(
+            "\n".join(_lost_field(text, prefix, name, section[name], u, old, new, defaults) for name in lost)
+        )
+
+
+def _lost_field(
+    text: str,
+    prefix: tuple[str, ...],
+    name: str,
+    value: Any,
+    u: VariantUnion,
+    old: Any,
+    new: Any,
+    defaults: dict[str, Any],
+) -> str:
+    """The problem line of a field given for variant `old` that variant `new` has no field for, and the fixes."""
+    where = ".".join(prefix)
+    model = u.member(new)
+    whole = ", ".join(
+        [f"{u.key}: {new}"] + [f"{n}: ..." for n, f in model.model_fields.items() if f.is_required() and n != u.key]
+    )
+    clear = f" (or --set {where}.{name}={json.dumps(defaults[name])} before the switch)" if name in defaults else ""
+    return (
+        f"--set {redact_override(text)!r}: {where}.{name} = {redact(value, name)!r} was given for {u.key} {old!r}, "
+        f"and {u.key} {new!r} has no {name}; remove it{clear}, or give the section whole: --set '{where}={{{whole}}}'"
+    )
+
+
+def _preset_section(section: tuple[str, ...], data: dict[str, Any], key: str, old: Any) -> dict[str, Any]:
+    """What the config's preset gives `algorithm.loss` / `algorithm.advantage` when that section
+    is of variant `old` (dapo's clip_eps_high 0.28): values that stand for no choice either."""
+    algorithm = data.get("algorithm")
+    if len(section) != 2 or section[0] != "algorithm" or not isinstance(algorithm, dict):
+        return {}
+    preset = PRESETS.get(algorithm.get("preset", "grpo"), {}).get(section[1])
+    return dict(preset) if isinstance(preset, dict) and preset.get(key) == old else {}
+
+
+def _switch_preset(section: dict[str, Any], old: Any, new: Any) -> None:
+    """`algorithm.preset` changed: the knobs that hold the old preset's expansion go (knobs set
+    otherwise stay, laid over the new preset)."""
+    if old in PRESETS and new in PRESETS and old != new:
+        expanded = AlgorithmConfig.model_validate({"preset": old}).model_dump(mode="json")
+        for knob in {k for knobs in PRESETS.values() for k in knobs}:
+            if knob in section and section[knob] == expanded.get(knob):
+                del section[knob]
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -219,20 +309,24 @@ def read_yaml(path: str | os.PathLike) -> dict[str, Any]:
 
 def validate_config(data: dict[str, Any], source: str = "<config>") -> RFTConfig:
     """Validate a raw dict into an RFTConfig, after migrating an older version's shape (`migrate`);
-    raises ConfigError naming source, field, value and rule."""
-    try:
-        current, _ = migrate(data)
-        return RFTConfig.model_validate(current)
-    except ValidationError as e:
-        raise ConfigError(_format_errors(source, e, current)) from None
-    except ConfigError as e:
-        raise ConfigError(f"{source}: {e}") from None
+    raises ConfigError naming source, field, value and rule, and none of the credentials `data` holds."""
+    with hiding_secrets(data):
+        try:
+            current, _ = migrate(data)
+            return RFTConfig.model_validate(current)
+        except ValidationError as e:
+            raise ConfigError(_format_errors(source, e, current)) from None
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> RFTConfig:
-    """Load a YAML file, apply `--set` overrides, validate."""
-    data = apply_overrides(read_yaml(path), overrides or [])
-    return validate_config(data, str(path))
+    """Load a YAML file, apply `--set` overrides, validate; an error names none of the
+    credentials of the file or the overrides."""
+    with hiding_secrets(overrides=overrides):
+        data = read_yaml(path)
+        with hiding_secrets(data):
+            return validate_config(apply_overrides(data, overrides or []), str(path))
 
 
 def to_yaml(cfg: BaseModel) -> str:

@@ -95,13 +95,24 @@ class RendezvousSync(_Model):
     )
     sync_interval: int = Field(default=1, ge=1, description="k: rendezvous every k explorer steps.")
     sync_offset: int = Field(
-        default=0, ge=0, description="m: the explorer runs m steps ahead before its first sync (0 in mode synchronous)."
+        default=0,
+        ge=0,
+        description="m: the explorer runs m steps ahead before its first sync (0 in mode synchronous; one_step_off_policy: 1 when not given).",
     )
     sync_method: SyncMethod = "collective"
     keep_last_checkpoints: KeepLastCheckpoints = 3
     delta: Delta
     collective: Collective = Field(default_factory=CollectiveConfig)
     wait_timeout_s: WaitTimeout = 600.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_step_ahead(cls, data: Any) -> Any:
+        # one_step_off_policy without a sync_offset runs one step ahead, as its name says (a
+        # `set synchronizer.mode=one_step_off_policy` alone then validates; 0 is synchronous's).
+        if isinstance(data, dict) and data.get("mode") == "one_step_off_policy" and "sync_offset" not in data:
+            return {**data, "sync_offset": 1}
+        return data
 
     @model_validator(mode="after")
     def _offset_fits_mode(self) -> RendezvousSync:

@@ -207,7 +207,10 @@ BAD = [
     ({"synchronizer": {"sync_ofset": 1}}, ["synchronizer.sync_ofset", "unknown key"]),
     ({"trainer": {"lr": "fast"}}, ["trainer.lr", "'fast'", "valid number"]),
     ({"synchronizer": {"sync_offset": 2}}, ["synchronizer.sync_offset = 2", "one_step_off_policy"]),
-    ({"synchronizer": {"mode": "one_step_off_policy"}}, ["sync_offset = 0", "sync_offset >= 1"]),
+    (  # one_step_off_policy without a sync_offset runs 1 ahead; 0 is synchronous's
+        {"synchronizer": {"mode": "one_step_off_policy", "sync_offset": 0}},
+        ["sync_offset = 0", "sync_offset >= 1"],
+    ),
     ({"synchronizer": {"mode": "fully_async", "sync_offset": 1}}, ["synchronizer.sync_offset = 1", "rendezvous"]),
     # A field of the other variant: not allowed in that mode, and what to do instead.
     (
