@@ -23,7 +23,7 @@ from prefect.logging import get_run_logger
 from prefect.states import Cancelled
 from pydantic import Field
 
-from rl_engine.board import STOP_KEY, Board, request_stop
+from rl_engine.board import STOP_KEY, request_stop
 from rl_engine.config import RFTConfig, apply_overrides, validate_config
 from rl_engine.errors import UserError, hide_user_error_tracebacks
 from rl_engine.proc.logfile import terminal_to
@@ -112,7 +112,7 @@ def stopped_as(run: RunContext) -> str | None:
     posted): the run's verdict. It is on the board, durable, and the first request wins
     (`request_stop`), so it names what stopped the roles however the flow's threads interleave:
     a cancel seen by the roles before the flow's own watcher, or a role's error after the cancel."""
-    return (Board(run.url, run.storage_options).get(STOP_KEY) or {}).get("kind")
+    return (run.board.get(STOP_KEY) or {}).get("kind")
 
 
 def _cancel_requested(client: Any, flow_run_id: Any) -> bool:
@@ -132,7 +132,7 @@ def watch_cancellation(run: RunContext, poll_s: float = 1.0) -> Iterator[None]:
     from prefect.client.orchestration import get_client
 
     flow_run_id = get_run_context().flow_run.id
-    board = Board(run.url, run.storage_options)
+    board = run.board
     done = threading.Event()
 
     def watch() -> None:
@@ -178,7 +178,7 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
             except BaseException as e:  # noqa: BLE001 - raised below once every role has ended
                 errors.append(e)
     if errors:
-        stop = Board(run.url, run.storage_options).get(STOP_KEY) or {}
+        stop = run.board.get(STOP_KEY) or {}
         get_run_logger().error("run stopped: %s", stop.get("reason", errors[0]))
         raise errors[0]
 

@@ -17,7 +17,7 @@ from prefect.deployments import run_deployment
 from prefect.logging import get_run_logger
 from prefect.states import Cancelling
 
-from rl_engine.board import STOP_KEY, Board, request_stop, role_name, silent_roles
+from rl_engine.board import STOP_KEY, request_stop, role_name, silent_roles
 from rl_engine.config import DeploymentsPlacement
 from rl_engine.run.context import RunContext
 
@@ -62,8 +62,7 @@ def _problem(run: RunContext, attempt: str, states: dict[str, Any], started_at: 
     for role, state in states.items():
         if state.is_failed() or state.is_crashed():
             return f"{role} {state.type.value.lower()}: {state.message}"
-    board = Board(run.url, run.storage_options)
-    silent = silent_roles(board, list(states), attempt, p.heartbeat_timeout_s)
+    silent = silent_roles(run.board, list(states), attempt, p.heartbeat_timeout_s)
     if silent:
         return f"{silent[0]} went silent: no heartbeat for over {p.heartbeat_timeout_s:.0f} s (placement.heartbeat_timeout_s)"
     waiting = [r for r, s in states.items() if s.is_scheduled() or s.is_pending()]
@@ -74,7 +73,7 @@ def _problem(run: RunContext, attempt: str, states: dict[str, Any], started_at: 
 
 def run_deployments(run: RunContext, attempt: str, progress_id: str | None = None) -> None:
     """Start every role as its own flow run and watch them until all ended; raise RoleFailed naming the first to fail."""
-    log, board = get_run_logger(), Board(run.url, run.storage_options)
+    log, board = get_run_logger(), run.board
     children = start_roles(run, progress_id)
     log.info("roles started as flow runs: %s", {r: str(fr.id) for r, fr in children.items()})
     started_at, stop_seen, cancelled_children = time.monotonic(), None, False

@@ -67,7 +67,7 @@ def cancel_at(
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
-    board, deadline, found = Board(run_url, options), time.monotonic() + timeout_s, []
+    board, deadline, found = Board.at(run_url, options), time.monotonic() + timeout_s, []
     with get_client(sync_client=True) as client:
         # The flow run is found while the trainer gets there: at `at_version` the cancel is one request.
         while not (found and trainer_version(board) >= at_version):

@@ -161,11 +161,9 @@ class Board:
     done. On local disk a marker is a symbolic link to its latest file (`rl_engine.storage.write_marker`).
     """
 
-    def __init__(self, fs: Any, run_root: Any = None, poll_s: float | None = None):
+    def __init__(self, fs: Any, run_root: str, poll_s: float | None = None):
         """The board of the run at `run_root` of `fs` (its markers under `<run_root>/control/`);
         `poll_s`: buffer.poll_interval_s (None: the storage's default)."""
-        if isinstance(fs, str):  # Board(run_url, storage_options): flows/ until they take run.board (issue 43 item 5)
-            fs, run_root = open_storage(fs, run_root)  # type: ignore[arg-type]
         self.fs, self.run_root = fs, run_root
         self.root = join(run_root, "control")
         self.poll_s = poll_interval(self.fs, poll_s)

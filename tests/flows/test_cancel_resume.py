@@ -134,7 +134,7 @@ def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_
 
     first = threading.Thread(target=contextvars.copy_context().run, args=(first_run,), daemon=True)
     first.start()
-    board = Board(str(tmp_path / "busy"))
+    board = Board.at(str(tmp_path / "busy"))
     deadline = time.monotonic() + 240
     while (board.get("trainer") or {}).get("version", 0) < 1 and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -37,7 +37,7 @@ def _stop_at(run_dir: Path, version: int, done: threading.Event, timeout_s: floa
     while time.monotonic() < deadline and not done.is_set():
         try:
             if json.loads(marker.read_text())["version"] >= version:
-                request_stop(Board(str(run_dir)), "cancelled", "test: stop mid-run", by="test")
+                request_stop(Board.at(str(run_dir)), "cancelled", "test: stop mid-run", by="test")
                 return
         except (FileNotFoundError, json.JSONDecodeError, KeyError):
             pass
