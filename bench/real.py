@@ -158,6 +158,7 @@ def main() -> None:
     from bench._report import emit_json, print_table
     from cli.demo_real import demo_real
     from harness.real_model import logprob_gap
+    from rl_engine.config.base import redact_overrides
 
     shrink = (
         [
@@ -222,7 +223,7 @@ def main() -> None:
         {
             "steps": steps,
             "mode": cfg.synchronizer.mode,
-            "overrides": a.set,
+            "overrides": redact_overrides(a.set),  # the report is shared: a credential given by --set is not in it
             "heldout_tasks": int(before["tasks"]),
             "held_out_before": round(before["greedy_exact"], 4),
             "held_out_after": round(after["greedy_exact"], 4),

@@ -77,8 +77,9 @@ def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -
     traceback Prefect would log for it."""
     from cli.config_warnings import migration_warnings, print_warnings
     from rl_engine.config import config_warnings, migrate, read_yaml
+    from rl_engine.config.base import redact_overrides
 
-    source = config + (f" with --set {' '.join(overrides)}" if overrides else "")
+    source = config + (f" with --set {' '.join(redact_overrides(overrides))}" if overrides else "")
     cfg = load_config(config, overrides)
     check_prefect_api()
     cfg = checked(cfg, resume, source)

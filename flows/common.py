@@ -25,7 +25,8 @@ from pydantic import Field
 
 from rl_engine.board import STOP_KEY, request_stop
 from rl_engine.config import RFTConfig, apply_overrides, validate_config
-from rl_engine.errors import UserError, hide_user_error_tracebacks
+from rl_engine.config.base import hiding_secrets, redact_overrides
+from rl_engine.errors import UserError, hide_parameter_values, hide_user_error_tracebacks
 from rl_engine.proc.logfile import terminal_to
 from rl_engine.roles.entry import roles_share_process
 from rl_engine.run.context import RunContext
@@ -36,16 +37,23 @@ from tasks.report import follow_trackers, publish_report, publish_resume, report
 from tasks.roles import explorer_task, trainer_task
 from tasks.run import check_run, record_run, start_attempt, sweep_buffer
 
+# Prefect logs a refused parameter's values (a deployment's `cfg`: a credential in it) on the flow
+# process's terminal before the flow runs: every process that runs a mode's flow imports this module.
+hide_parameter_values("prefect.flows")
+
 
 def with_overrides(cfg: RFTConfig, overrides: list[str] | None) -> RFTConfig:
     """`cfg` with the flow run's dotted overrides (its `set` parameter, e.g. `["trainer.total_steps=50"]`)
     applied and validated again, as `rft run --set` does on a file: the deployment's `cfg` stays
-    whole, only the named fields change; a bad key or value is a ConfigError naming it."""
+    whole, only the named fields change; a bad key or value is a ConfigError naming it, and none
+    of the credentials the overrides give (the list is quoted as `redact_overrides` shows it)."""
     if not overrides:
         return cfg
-    return validate_config(
-        apply_overrides(cfg.model_dump(mode="json"), list(overrides)), f"flow parameter set={list(overrides)}"
-    )
+    with hiding_secrets(overrides=overrides):
+        return validate_config(
+            apply_overrides(cfg.model_dump(mode="json"), list(overrides)),
+            f"flow parameter set={redact_overrides(overrides)}",
+        )
 
 
 def flow_run_label(mode: str) -> Callable[[], str]:
@@ -242,7 +250,7 @@ def flow_config(cfg: RFTConfig, resume: str | None, overrides: list[str] | None)
     run named after the flow run (`flow_run_label` drew the name)."""
     if resume is not None and overrides:
         raise UserError(
-            f"set={list(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings"
+            f"set={redact_overrides(overrides)} with resume={resume!r}: a resumed run keeps the config it was started with ({resume}/config.yaml); start a new run to change settings"
         )
     cfg = with_overrides(cfg, overrides)
     flow_run = get_run_context().flow_run

@@ -31,6 +31,32 @@ def hide_user_error_tracebacks(*logger_names: str) -> None:
             logger.addFilter(_NoUserErrorTraceback())
 
 
+class _NoParameterValues(logging.Filter):
+    """Prefect logs a flow's refused parameters whole, values and all ("Parameter validation failed
+    for flow 'x': [each error with its input]\nParameters: {...}"), on the terminal of the process
+    (a worker's): a deployment's `cfg` may hold a credential there (a refused one above all). The
+    record keeps its first line's head; the problems themselves are the flow run's state message
+    (Prefect's ParameterTypeError: each field and rule, no value)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Parameter validation failed"):
+            record.msg = (
+                message.split(":", 1)[0] + ": the problems are in the flow run's state message "
+                "(the parameters' values are not logged: they may hold credentials)"
+            )
+            record.args = ()
+        return True
+
+
+def hide_parameter_values(*logger_names: str) -> None:
+    """Log a flow's refused parameters on these loggers (Prefect's `prefect.flows`) without their values; idempotent."""
+    for name in logger_names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoParameterValues) for f in logger.filters):
+            logger.addFilter(_NoParameterValues())
+
+
 def run_main(main) -> None:
     """`if __name__ == "__main__": run_main(main)`: a UserError prints one line and exits 2."""
     import sys

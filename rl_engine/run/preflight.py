@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rl_engine.config import ConfigError, ModelConfig, RFTConfig
+from rl_engine.config.base import redact
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
 from rl_engine.run.devices import DevicePlan, check_plan, device_plan, visible_gpus
@@ -216,7 +217,10 @@ def check_resume(cfg: RFTConfig, resume: str, source: str) -> RFTConfig:
     given = cfg if cfg.name is not None else cfg.model_copy(update={"name": saved.name})
     diffs = config_diff(saved.model_dump(mode="json"), given.resolved().model_dump(mode="json"))
     if diffs:
-        shown = ", ".join(f"{k} (the run's {a!r}, given {b!r})" for k, a, b in diffs[:MAX_LISTED])
+        shown = ", ".join(  # a credential under its key (a reward's kwargs) is not shown
+            f"{k} (the run's {redact(a, k.rsplit('.', 1)[-1])!r}, given {redact(b, k.rsplit('.', 1)[-1])!r})"
+            for k, a, b in diffs[:MAX_LISTED]
+        )
         raise UserError(
             f"--resume {resume}: {source} differs from the config the run was started with in {len(diffs)} field(s): {shown}; a resumed run keeps its config, "
             f"so resume with that one (`rft run {saved_file} --resume {resume}`, no --set), or start a new run to change settings"
