@@ -195,8 +195,26 @@ def variants(*models: type[_Model], registered: type[_Model]) -> Any:
         t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
         return t if t in tags else "registered"
 
-    members = tuple(Annotated[m, Tag(t)] for t, m in tags.items()) + (Annotated[registered, Tag("registered")],)
+    members = tuple(Annotated[m, Tag(t)] for t, m in tags.items()) + (
+        Annotated[registered, Tag("registered"), _NoneOf(tuple(tags))],
+    )
     return Annotated[Union[members], Discriminator(tag)]  # noqa: UP007 - a Union of a tuple built at runtime
+
+
+class _NoneOf:
+    """The JSON schema of a union's `registered` member: its `type` is none of the built-in names.
+    The union's schema is a `oneOf`, and a JSON-schema validator (Prefect's server checks a
+    deployment's parameters against it) found `{type: arithmetic}` valid under both the
+    arithmetic variant and the registered one's `type: string`, which `oneOf` refuses: `prefect
+    deploy` failed with a 422 on every mode deployment."""
+
+    def __init__(self, names: tuple[str, ...]):
+        self.names = names
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> Any:
+        schema = handler(core_schema)
+        handler.resolve_ref_schema(schema)["properties"]["type"]["not"] = {"enum": list(self.names)}
+        return schema
 
 
 def check_registered(registry: Any, name: str) -> str:

@@ -185,10 +185,14 @@ def _switch_variant(
         if not u.accepts(new):
             return  # no variant of that name: validation names it, with those that exist
     defaults = {**variant_defaults(before, u.key, old), **_preset_section(path[:-1], data, u.key, old)}
+    try:  # the values as the old variant reads them (a file's `sandbox: {cpu_s: 5}` is the whole section a dump holds)
+        held = before.model_validate({**section, u.key: old}).model_dump(mode="json")
+    except ValidationError:
+        held = section
     prefix, lost = path[:-1], []
     for name in [n for n in section if n != u.key and n in before.model_fields]:
         field = (*prefix, name)
-        chosen = section[name] != defaults.get(name, ABSENT)
+        chosen = held.get(name, section[name]) != defaults.get(name, ABSENT)
         if name not in after.model_fields:
             if chosen:
                 lost.append(name)
@@ -218,7 +222,8 @@ def _lost_field(
     whole = ", ".join(
         [f"{u.key}: {new}"] + [f"{n}: ..." for n, f in model.model_fields.items() if f.is_required() and n != u.key]
     )
-    clear = f" (or --set {where}.{name}={json.dumps(defaults[name])} before the switch)" if name in defaults else ""
+    scalar = name in defaults and not isinstance(defaults[name], dict | list)
+    clear = f" (or --set {where}.{name}={json.dumps(defaults[name])} before the switch)" if scalar else ""
     return (
         f"--set {redact_override(text)!r}: {where}.{name} = {redact(value, name)!r} was given for {u.key} {old!r}, "
         f"and {u.key} {new!r} has no {name}; remove it{clear}, or give the section whole: --set '{where}={{{whole}}}'"

@@ -3,6 +3,7 @@ config, and the pull steps find the checkout on the worker at run time (no path 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import json
@@ -56,6 +57,28 @@ def test_mode_deployment_parameters(dep, tiny_model_dir):
     cfg["model"] = dict(cfg["model"], path=tiny_model_dir)
     parsed = validate_config(cfg, dep["name"])
     assert flow.name.replace("-", "_") == parsed.synchronizer.mode
+    # What the server checks at `prefect deploy` (enforce_parameter_schema): the parameters against the
+    # flow's JSON schema. A union's `oneOf` that two variants matched ({type: arithmetic} under the
+    # registered reward's `type: string` too) failed every mode deployment with a 422.
+    server_accepts(flow, dep["parameters"])
+
+
+def server_accepts(flow, parameters: dict) -> None:
+    """Prefect's server-side check of a deployment's (or a flow run's) parameters against the flow's
+    schema (prefect's validate_values_conform_to_schema: jsonschema.validate, the schema checked once)."""
+    flow_validator(flow).validate(parameters)
+
+
+@functools.cache
+def flow_validator(flow):
+    """A validator of the flow's parameter schema as `prefect deploy` sends it."""
+    import jsonschema
+    from prefect.utilities.callables import parameter_schema
+
+    schema = parameter_schema(flow).model_dump(exclude_unset=True)
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
 
 
 def test_role_flows_take_handles_only():

@@ -22,10 +22,12 @@ import pytest
 import yaml
 
 from cli.main import main as rft
+from flows.rendezvous import synchronous
 from harness.plugin import write_readme_plugin
 from rl_engine.config import ConfigError, RFTConfig, apply_overrides, load_config, read_yaml, validate_config
 from rl_engine.config.unions import VariantUnion, unions, variant_defaults
 from rl_engine.registry import ESTIMATORS, LOSSES, REWARDS, TASKS, WORKFLOWS
+from tests.deployments.test_prefect_yaml import server_accepts
 
 REPO = Path(__file__).resolve().parents[3]
 CONFIGS = sorted(Path(p).name for p in glob.glob(str(REPO / "configs" / "*.yaml")))
@@ -184,6 +186,8 @@ def test_set_the_key_of_a_union_alone_validates(config, union, variant):
     on_file = load_config(path, item + sets)  # `rft validate FILE --set ...`
     on_dump = with_overrides(source, sets)  # a deployment's cfg (every field given) with a flow run's `set`
     assert on_file == on_dump
+    # A deployment made from it passes the server's check of its parameters (REST, the UI's form).
+    server_accepts(synchronous, {"cfg": on_dump.model_dump(mode="json"), "set": sets})
     got, before = section(on_file.model_dump(mode="json"), union), section(source.model_dump(mode="json"), union)
     u = UNIONS[union]
     assert got[u.key] == variant
