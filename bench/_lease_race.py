@@ -1,7 +1,7 @@
 """Processes racing for one lease, round after round: how many won each round (goal: exactly 1).
 
 Each of `processes` spawned processes takes part in every round: all wait at a barrier, then
-call `RunLease(<url>/race-<r>).acquire()` at once; winners hold until every racer has tried, then
+call `RunLease(*open_storage(<url>/race-<r>)).acquire()` at once; winners hold until every racer has tried, then
 release. With `slow_s`, every write a racer makes on local disk lands up to that much later (a
 slow disk or a paused process), which is what a read-write-read-back lease loses to. Used by tests/rl_engine/run/test_lease.py and `python -m bench.faults` (`lease_double_wins`).
 
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from typing import Any
+
+from rl_engine.storage import open_storage
 
 _TIMEOUT_S = 120.0
 
@@ -49,7 +51,7 @@ def _racer(
         start.wait(_TIMEOUT_S)
         lease = None
         try:
-            lease = RunLease(f"{url}/race-{r}", storage_options, ttl_s=60).acquire()
+            lease = RunLease(*open_storage(f"{url}/race-{r}", storage_options), ttl_s=60).acquire()
         except UserError:
             pass
         except Exception as e:  # noqa: BLE001 - reported, counted as no win

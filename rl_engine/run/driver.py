@@ -69,7 +69,7 @@ class RunDriver:
         self.stored = open_run(self.resume, opts)
         check_not_complete(self.stored.url, self.stored.cfg)
         # One driver per run: a second resume of a run still going is refused before it touches anything.
-        self.lease = RunLease(self.stored.url, opts).acquire()
+        self.lease = RunLease(*self.stored.fs()).acquire()
 
     def start(self) -> tuple[RunContext, str]:
         """Join the lineage (a new run of one starts from its latest model, on its unused tasks),
@@ -94,7 +94,7 @@ class RunDriver:
             self.log(
                 f"resuming {run.url}: trainer from version {at.trainer_version}, explorers from steps {at.first_steps}"
             )
-        self.lease = self.lease or RunLease(run.url, run.storage_options).acquire()
+        self.lease = self.lease or RunLease(*run.fs()).acquire()
         self.run = run
         self.attempt = post_start(run.board, at, self.lease.generation)
         plan = device_plan(run.cfg)

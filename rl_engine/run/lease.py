@@ -15,7 +15,7 @@ raises `LeaseLost` then, and whoever commits on a holder's behalf (buffer commit
 states, the end-of-attempt sweep, the lineage's latest.json) checks it first, so a driver that
 lost its lease (paused past its ttl, partitioned) cannot commit over the new holder's run.
 
-    lease = RunLease(run_url, storage_options).acquire()     # UserError naming the holder if held
+    lease = RunLease(*run.fs()).acquire()                    # UserError naming the holder if held
     fence = lease.fence()                                    # (fs, root, generation)
     fence.check()                                            # before a commit; LeaseLost if taken over
     lease.release()
@@ -39,7 +39,7 @@ from typing import Any
 import psutil
 
 from rl_engine.errors import UserError
-from rl_engine.storage import create_exclusive, join, open_storage, read_json, shown, write_json
+from rl_engine.storage import create_exclusive, join, read_json, shown, write_json
 
 LEASE_DIR = "lease"
 _GEN = re.compile(r"gen=(\d+)\.json$")
@@ -100,17 +100,16 @@ def _newest(fs: Any, root: str) -> tuple[int, dict[str, Any] | None]:
     raise RuntimeError(f"{root}/{LEASE_DIR}: generations keep vanishing while read")
 
 
-def read_lease(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The newest generation of the lease at `url` (its holder, time, ttl, `released`), or None."""
-    return _newest(*open_storage(url, storage_options))[1]
+def read_lease(fs: Any, root: str) -> dict[str, Any] | None:
+    """The newest generation of the lease at `root` of `fs` (its holder, time, ttl, `released`), or None."""
+    return _newest(fs, root)[1]
 
 
 class RunLease:
-    """One holder at a time for whatever lives at `url` (a run's driver, a lineage's runs)."""
+    """One holder at a time for whatever lives at `root` of filesystem `fs` (a run's driver, a lineage's runs)."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, ttl_s: float = 60.0):
-        self.url, self.storage_options, self.ttl_s = url.rstrip("/"), storage_options, ttl_s
-        self.fs, self.root = open_storage(url, storage_options)
+    def __init__(self, fs: Any, root: str, ttl_s: float = 60.0):
+        self.fs, self.root, self.ttl_s = fs, root, ttl_s
         me = psutil.Process()
         self.me = {
             "holder": uuid.uuid4().hex,
@@ -129,7 +128,7 @@ class RunLease:
     def _refuse(self, cur: dict[str, Any]) -> None:
         age = time.time() - cur["time"]
         raise UserError(
-            f"run {self.url} is being run by pid {cur['pid']} on {cur['host']} (its lease was renewed {age:.0f} s ago); "
+            f"run {shown(self.fs, self.root)} is being run by pid {cur['pid']} on {cur['host']} (its lease was renewed {age:.0f} s ago); "
             f"wait for that run to end or cancel it, or if it died, retry in {max(0.0, cur['ttl_s'] - age):.0f} s, when its lease expires"
         )
 

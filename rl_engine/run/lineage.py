@@ -151,9 +151,10 @@ def lock(url: str, storage_options: dict[str, Any] | None, cfg: LineageConfig, p
     so a long CPU-bound run keeps it; a dead holder's lock expires after `cfg.lock_ttl_s`). When
     another run holds it: refuse (`when_busy: refuse`) or retry every `poll_s` up to `wait_timeout_s`."""
     deadline = time.monotonic() + cfg.wait_timeout_s
+    fs, root = open_storage(url, storage_options)
     while True:
         try:
-            return RunLease(url, storage_options, ttl_s=cfg.lock_ttl_s).acquire()
+            return RunLease(fs, root, ttl_s=cfg.lock_ttl_s).acquire()
         except UserError as e:
             if cfg.when_busy == "refuse":
                 raise UserError(

@@ -18,6 +18,7 @@ from rl_engine.config import validate_config
 from rl_engine.rewards import TaskIterator, load_taskset
 from rl_engine.run.context import last_committed_steps, open_run
 from rl_engine.run.state import latest_state_step
+from rl_engine.storage import open_storage
 from tests.flows.conftest import artifacts_of
 from tests.flows.test_modes import stored_experiences
 
@@ -151,4 +152,4 @@ def test_a_second_driver_of_a_running_run_is_refused(prefect_server, tiny_model_
     # Cancelled by its board's stop request alone (no cancel through the API): the flow run ends Cancelled.
     assert not first.is_alive() and out and isinstance(out[0], CancelledRun), out
     assert json.loads((tmp_path / "busy" / "report" / "summary.json").read_text())["final_version"] < 10_000
-    assert read_lease(str(tmp_path / "busy"))["released"]  # released when the run ended
+    assert read_lease(*open_storage(str(tmp_path / "busy")))["released"]  # released when the run ended

@@ -179,23 +179,24 @@ def test_one_driver_per_run_and_a_dead_drivers_lease_expires(run):
     from rl_engine.errors import UserError
     from rl_engine.run.lease import RunLease, read_lease
 
-    first = RunLease(run.url, ttl_s=1.5).acquire()
+    first = RunLease(*run.fs(), ttl_s=1.5).acquire()
     try:
         with pytest.raises(UserError, match=rf"run {run.url} is being run by pid \d+ on .*retry in \d+ s"):
-            RunLease(run.url, ttl_s=1.5).acquire()
+            RunLease(*run.fs(), ttl_s=1.5).acquire()
         time.sleep(2.0)  # the holder keeps renewing: still refused after its ttl
         with pytest.raises(UserError, match="is being run by"):
-            RunLease(run.url, ttl_s=1.5).acquire()
+            RunLease(*run.fs(), ttl_s=1.5).acquire()
     finally:
         first.release()
-    second = RunLease(run.url, ttl_s=1.5).acquire()  # released: free at once
+    second = RunLease(*run.fs(), ttl_s=1.5).acquire()  # released: free at once
     second._done.set()  # the holder dies: no more renewals, no release
     second._thread.join(5)
-    assert read_lease(run.url)["holder"] == second.me["holder"]
+    assert read_lease(*run.fs())["holder"] == second.me["holder"]
     time.sleep(1.7)
-    third = RunLease(run.url, ttl_s=1.5).acquire()  # the dead holder's lease expired
+    third = RunLease(*run.fs(), ttl_s=1.5).acquire()  # the dead holder's lease expired
     third.release()
-    assert read_lease(run.url)["released"] and third.generation == 3  # one generation per holder, none for the refused
+    # one generation per holder, none for the refused
+    assert read_lease(*run.fs())["released"] and third.generation == 3
 
 
 def test_roles_sharing_a_process_pass_the_gil_sooner_and_the_interval_is_restored():
@@ -213,13 +214,13 @@ def test_roles_sharing_a_process_pass_the_gil_sooner_and_the_interval_is_restore
 def test_a_role_whose_driver_lost_the_lease_posts_nothing_on_the_board(run):
     from rl_engine.run.lease import LeaseLost, RunLease
 
-    old = RunLease(run.url, ttl_s=0.5).acquire()
+    old = RunLease(*run.fs(), ttl_s=0.5).acquire()
     old._done.set()  # the driver paused past its ttl
     old._thread.join(5)
     post_start(Board.at(run.url), ResumePoint(0, {0: 1}), old.generation)
     role = Role(run, "trainer", on_step=None)
     time.sleep(0.6)
-    new = RunLease(run.url, ttl_s=60).acquire()  # a second driver took the run over
+    new = RunLease(*run.fs(), ttl_s=60).acquire()  # a second driver took the run over
     try:
         with pytest.raises(LeaseLost, match="generation 1, which generation 2"), role.running():
             role.fence.check()  # what every commit of the role does first

@@ -26,7 +26,8 @@ from rl_engine.storage import create_exclusive, open_storage
 HOLDER = """
 import sys, time
 from rl_engine.run.lease import RunLease
-RunLease(sys.argv[1], ttl_s=60).acquire()
+from rl_engine.storage import open_storage
+RunLease(*open_storage(sys.argv[1]), ttl_s=60).acquire()
 print("held", flush=True)
 time.sleep(120)
 """
@@ -80,11 +81,11 @@ def test_racing_processes_one_wins_every_time_s3(s3_bucket):
 
 def _taken_over(url: str, opts: dict) -> tuple[RunLease, RunLease]:
     """A holder that stopped renewing (paused past its ttl), and the one that took over."""
-    old = RunLease(url, opts, ttl_s=0.5).acquire()
+    old = RunLease(*open_storage(url, opts), ttl_s=0.5).acquire()
     old._done.set()  # paused: no renewals
     old._thread.join(5)
     time.sleep(0.6)
-    new = RunLease(url, opts, ttl_s=60).acquire()
+    new = RunLease(*open_storage(url, opts), ttl_s=60).acquire()
     return old, new
 
 
@@ -108,10 +109,12 @@ def _a_holder_that_lost_its_lease_commits_nothing(url: str, opts: dict) -> None:
         assert [r["num_rows"] for _, r in commit_records(*open_storage(url, opts))] == [8]
         assert len(BufferReader(*open_storage(url, opts)).read_batch(8, timeout_s=0)) == 8
         old.release()  # marks nothing: the lease is the new holder's
-        assert read_lease(url, opts)["holder"] == new.me["holder"] and not read_lease(url, opts).get("released")
+        assert read_lease(*open_storage(url, opts))["holder"] == new.me["holder"] and not read_lease(
+            *open_storage(url, opts)
+        ).get("released")
     finally:
         new.release()
-    assert read_lease(url, opts)["released"]
+    assert read_lease(*open_storage(url, opts))["released"]
 
 
 def test_a_holder_that_lost_its_lease_commits_nothing_local(tmp_path):
@@ -129,7 +132,7 @@ def test_no_lease_no_fence():
 
 def test_older_generations_are_removed(tmp_path):
     for _ in range(3):
-        RunLease(str(tmp_path), ttl_s=60).acquire().release()
+        RunLease(*open_storage(str(tmp_path)), ttl_s=60).acquire().release()
     assert sorted(p.name for p in (tmp_path / LEASE_DIR).iterdir()) == ["gen=00000003.json"]
 
 
@@ -143,7 +146,7 @@ def killed_holder(tmp_path):
     try:
         assert proc.stdout.readline().strip() == "held"
         with pytest.raises(UserError, match=rf"is being run by pid {proc.pid} "):
-            RunLease(str(tmp_path), ttl_s=60).acquire()
+            RunLease(*open_storage(str(tmp_path)), ttl_s=60).acquire()
     finally:
         proc.kill()
         proc.wait(10)
@@ -151,9 +154,9 @@ def killed_holder(tmp_path):
 
 
 def test_a_killed_holders_lease_is_free_at_once_on_its_machine(killed_holder):
-    lease = RunLease(str(killed_holder), ttl_s=60).acquire()
+    lease = RunLease(*open_storage(str(killed_holder)), ttl_s=60).acquire()
     try:
-        assert read_lease(str(killed_holder))["holder"] == lease.me["holder"]
+        assert read_lease(*open_storage(str(killed_holder)))["holder"] == lease.me["holder"]
     finally:
         lease.release()
 
@@ -163,4 +166,4 @@ def test_a_lease_from_another_machine_waits_for_its_ttl(killed_holder):
     for field, value in (("boot", 1.0), ("host", "elsewhere")):  # its pid means nothing here
         path.write_text(json.dumps({**json.loads(path.read_text()), field: value}))
         with pytest.raises(UserError, match="is being run by pid .* retry in [56]\\d s"):
-            RunLease(str(killed_holder), ttl_s=60).acquire()
+            RunLease(*open_storage(str(killed_holder)), ttl_s=60).acquire()
