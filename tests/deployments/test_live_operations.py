@@ -199,6 +199,34 @@ def test_bad_override_from_rest_fails_naming_the_key(prefect_live, test_deployme
     assert not storage.exists() or not list(storage.iterdir())  # nothing started
 
 
+@pytest.mark.timeout(900)
+def test_set_placement_type_alone_moves_the_roles_onto_their_deployments(
+    prefect_live, test_deployment, rft_worker, engine_server, heavy_turn
+):
+    """`set: ["placement.type=deployments"]` over REST on a mode deployment whose `cfg` is a whole
+    validated config (placement local, `devices: null`): it failed in 12 s naming
+    `placement.deployments.devices` (issue 44); the run completes with each role a flow run of
+    its deployment (`prefect deploy --all`'s rft-trainer/default, rft-explorer/default), in a
+    process of its own. The explorer generates on the session's engine server (no engine start)."""
+    dep, cfg, storage = test_deployment
+    cfg = {
+        **cfg,
+        "explorer": {**cfg["explorer"], "engine": {**cfg["explorer"]["engine"], "servers": [engine_server.url]}},
+    }
+    cfg = validate_config(cfg).model_dump(mode="json")  # what a deployment made from a validated config holds
+    assert cfg["placement"] == {"type": "local", "devices": None, "heartbeat_s": 5.0, "heartbeat_timeout_s": 60.0}
+    prefect_live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": {"cfg": cfg}})
+    run_id = create_run(prefect_live, dep["id"], ["placement.type=deployments"])["id"]
+    wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=780, worker=rft_worker)
+    run_dir = storage / prefect_live.flow_run(run_id)["name"]
+    stored = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert stored["placement"]["type"] == "deployments" and "devices" not in stored["placement"]
+    summary = json.loads((run_dir / "report" / "summary.json").read_text())
+    assert summary["final_version"] == cfg["trainer"]["total_steps"]
+    roles = {m.stem: json.loads(m.read_text())["pid"] for m in (run_dir / "control").glob("role-*.json")}
+    assert {"role-trainer", "role-explorer-0"} <= set(roles) and len(set(roles.values())) == len(roles), roles
+
+
 def run_processes(control: Path) -> list[psutil.Process]:
     """Every process of a worker-run flow: each role's process (the `pid` of its marker under
     `<run>/control/role-*.json`) and all its descendants (vLLM engine cores and workers)."""
