@@ -171,6 +171,7 @@ REWARDS = Registry(
         "arithmetic": "rl_engine.demos.arithmetic:ArithmeticRewardFn",
         "countdown": "rl_engine.demos.countdown:CountdownRewardFn",
         "final_answer": "rl_engine.demos.word_arithmetic:FinalAnswerRewardFn",
+        "code_tests": "rl_engine.rewards.code_tests:CodeTestsRewardFn",
     },
 )
 WORKFLOWS = Registry(

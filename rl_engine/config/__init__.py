@@ -40,12 +40,14 @@ from rl_engine.config.loading import (
 from rl_engine.config.migrate import migrate
 from rl_engine.config.model import (
     ArithmeticReward,
+    CodeTestsReward,
     CountdownReward,
     FinalAnswerReward,
     ModelConfig,
     PythonReward,
     RegisteredReward,
     RewardConfig,
+    SandboxConfig,
     TasksetConfig,
 )
 from rl_engine.config.placement import DeploymentsPlacement, DeviceSplit, LocalPlacement, PlacementConfig
@@ -88,6 +90,7 @@ __all__ = [
     "ArithmeticReward",
     "BufferConfig",
     "CalculatorWorkflow",
+    "CodeTestsReward",
     "CollectiveConfig",
     "ConfigError",
     "CountdownReward",
@@ -119,6 +122,7 @@ __all__ = [
     "RendezvousSync",
     "RewardConfig",
     "SamplingConfig",
+    "SandboxConfig",
     "SingleTurnWorkflow",
     "StorageConfig",
     "SynchronizerConfig",

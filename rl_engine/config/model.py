@@ -64,6 +64,60 @@ class FinalAnswerReward(_Model):
     )
 
 
+class SandboxConfig(_Model):
+    """Where generated code runs (rl_engine.rewards.sandbox): a process of its own in its own
+    namespaces (no network, none of the machine's files but the system's and Python's, read-only),
+    without rights, with these limits, killed whole at its timeout."""
+
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=600.0,
+        description="Wall-clock limit of one run; past it the run is killed and scores 0.",
+    )
+    cpu_s: int = Field(default=5, ge=1, le=600, description="CPU seconds one process of the run may use (RLIMIT_CPU).")
+    memory_mb: int = Field(
+        default=512, ge=32, le=65_536, description="Address space of each process of the run, in MiB (RLIMIT_AS)."
+    )
+    file_size_mb: int = Field(
+        default=16, ge=1, le=65_536, description="Largest file the run may write, in MiB (RLIMIT_FSIZE)."
+    )
+    disk_mb: int = Field(
+        default=64, ge=1, le=65_536, description="Size of the run's working directory (a tmpfs of its own), in MiB."
+    )
+    open_files: int = Field(default=64, ge=16, le=65_536, description="Open files of each process (RLIMIT_NOFILE).")
+    processes: int = Field(
+        default=16, ge=1, le=65_536, description="Processes and threads the run may have at once (RLIMIT_NPROC)."
+    )
+    output_kb: int = Field(
+        default=64,
+        ge=1,
+        le=1_048_576,
+        description="Output (stdout + stderr) kept; past it the run is killed and scores 0.",
+    )
+    allow_network: bool = Field(
+        default=False,
+        description="Where the kernel refuses namespaces, run the code anyway, with rlimits, a clean environment and a timeout only (it can reach the network and read what its user may); false: the run refuses to start there.",
+    )
+
+
+class CodeTestsReward(_Model):
+    """The response's code (its last ```python block, else the whole response) run against the task's tests in the sandbox (rl_engine.rewards.code_tests)."""
+
+    type: Literal["code_tests"] = Field(description="Reward variant selector.")
+    tests_key: str = Field(
+        default="tests",
+        description="Task column holding the tests: a list of test strings (e.g. `assert f(2) == 4`) or one snippet whose top-level asserts are one test each.",
+    )
+    scoring: Literal["fraction", "all_or_nothing"] = Field(
+        default="fraction", description="Reward: the fraction of tests passed, or 1 only when all pass."
+    )
+    workers: int = Field(
+        default=2, ge=1, le=64, description="Sandbox runs of a step at once (threads, each on its own process)."
+    )
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Limits and isolation of each run.")
+
+
 class PythonReward(_Model):
     """A user reward `module:function(prompt, response, task[, finish_reason], **kwargs) -> float | dict[str, float]`
     (`rl_engine.api.Reward`), or with `batch: true` `function(samples, **kwargs) -> list` (`rl_engine.api.BatchReward`)."""
@@ -101,8 +155,10 @@ class RegisteredReward(_Model):
         return check_registered(REWARDS, v)
 
 
-RewardConfig = variants(ArithmeticReward, CountdownReward, FinalAnswerReward, PythonReward, registered=RegisteredReward)
-_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "python", "registered")
+RewardConfig = variants(
+    ArithmeticReward, CountdownReward, FinalAnswerReward, CodeTestsReward, PythonReward, registered=RegisteredReward
+)
+_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "code_tests", "python", "registered")
 
 
 class TasksetConfig(_Model):

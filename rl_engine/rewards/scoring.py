@@ -14,7 +14,9 @@ kill) is a crash (reward/crashes). Such a sample is scored `failed_reward`
 that is None, left out like a sample whose reward raised. Without a pool, a user reward runs in
 the caller's thread (tests, `rft` tools): a timeout is counted the same way, but its thread is
 abandoned, still running (Python cannot kill a thread), and a crash takes the process down.
-Built-in rewards always run in the caller's thread: they are trusted and take microseconds.
+Built-in rewards always run in the caller's thread: they are trusted and take microseconds, but
+for `code_tests`, which runs each sample's code in a sandbox process of its own, `workers` at a
+time (its `score_samples`, which adds its `reward/sandbox/...` counts to the metrics).
 
 The step fails, as a `RewardError` (a UserError) naming the reward, only when nothing could be
 scored: a reward that raised on every sample (it is broken, not unlucky, and a step with nothing
@@ -303,7 +305,10 @@ def score_rollouts(
     given = list(given) if given is not None else [None] * len(samples)
     ask = [i for i, g in enumerate(given) if g is None]
     outcomes: list[Any] = [None if g is None else _outcome(lambda g=g: _as_reward(g)) for g in given]
-    if getattr(reward_fn, "batch", False) and ask:
+    extra: dict[str, Any] = {}
+    if hasattr(reward_fn, "score_samples") and ask:  # a built-in that scores them together (code_tests: in parallel)
+        asked, extra = reward_fn.score_samples([RolloutSample(*samples[i]) for i in ask])
+    elif getattr(reward_fn, "batch", False) and ask:
         asked = _batch_in(reward_fn, [RolloutSample(*samples[i]) for i in ask], pool)
     elif pool is not None and isinstance(reward_fn, PythonRewardFn):
         asked = _outcomes_in_pool(reward_fn, [samples[i] for i in ask], pool)
@@ -315,7 +320,7 @@ def score_rollouts(
     for (_, _, task, _), outcome in zip(samples, outcomes):
         tally.add(reward_fn, task, outcome, failed_reward)
     tally.check(reward_fn)
-    return ScoreResult(tally.rewards, tally.components, tally.errors, _metrics(tally))
+    return ScoreResult(tally.rewards, tally.components, tally.errors, {**_metrics(tally), **extra})
 
 
 def _outcome(call: Callable[[], tuple[float, dict[str, float]]]) -> tuple[float, dict[str, float]] | Exception:

@@ -305,6 +305,12 @@ class Explorer:
             "reward_errors": reward_metrics.get("reward/errors", reward_metrics.get("reward_errors", 0)),
             "reward_timeouts": reward_metrics.get("reward/timeouts", 0),
             "reward_crashes": reward_metrics.get("reward/crashes", 0),
+            # code_tests: its sandbox runs (timeouts, killed, output_limit, errors, passed_frac, run_ms_mean)
+            **{
+                k.replace("reward/sandbox/", "sandbox_"): v
+                for k, v in reward_metrics.items()
+                if k.startswith("reward/sandbox/")
+            },
             **({"partial": self._partial_metrics(reward_metrics)} if self.partial is not None else {}),
             **({k: reward_metrics[k] for k in WORKFLOW_METRICS} if self.workflow is not None else {}),
         }
