@@ -17,7 +17,8 @@ Where things live (bottom up, as the floors below stack them):
     model_dir.py  the one check that a path is a local Hugging Face model directory
     board.py      the control board (JSON markers under <run>/control/) and its key schema
     pruning.py    keep-last pruning of a run's numbered directories (trainer states, sync checkpoints)
-    rewards/      task sets, reward functions, the user-code pool they run in, `rft make-tasks`
+    rewards/      task sets, reward functions, the user-code pool they run in, the sandbox generated
+                  code runs in (code_tests), `rft make-tasks`
     algorithms/   advantages and losses
     buffer/       experiences as Arrow files: writer, reader, cursor, continuation store, sweep, stats
     rollout/      the vLLM rollout engine (local, or a served one kept up between runs), multi-turn
@@ -32,8 +33,9 @@ Where things live (bottom up, as the floors below stack them):
     roles/        the role loops: explorer, trainer role, partial rollouts, workflow episodes,
                   evaluation, their entry points, a trainer rank, `rft trainer-node`
     demos/        the built-in example tasks (arithmetic, countdown, word arithmetic, calculator,
-                  guess_number): their rewards, workflows and task makers, the warm start of the
-                  tiny model on them, and the plain single-process GRPO loop on the demo task
+                  guess_number, python functions): their rewards, workflows and task makers, the
+                  warm start of the tiny model on them, and the plain single-process GRPO loop on
+                  the demo task
 
 Floors, bottom up: a folder (package) is one floor, and each of its modules is on it; a module
 imports only from its own floor or below; no folder or top-level module imports another in a

@@ -191,5 +191,6 @@ TASKS = Registry(
         "word-arithmetic": "rl_engine.demos.word_arithmetic:make_word_arithmetic_tasks",
         "calculator": "rl_engine.demos.calculator:make_calculator_tasks",
         "guess_number": "rl_engine.demos.guess_number:make_guess_number_tasks",
+        "python-functions": "rl_engine.demos.python_functions:make_python_functions_tasks",
     },
 )

@@ -27,9 +27,9 @@ from rl_engine.rewards import RolloutSample, Task, build_reward, score_rollouts
 BUILTINS = {
     "estimator": (ESTIMATORS, {"grpo", "dr_grpo", "rloo", "reinforce_pp"}),
     "loss": (LOSSES, {"ppo_clip", "gspo", "cispo", "kimi"}),
-    "reward": (REWARDS, {"arithmetic", "countdown", "final_answer"}),
+    "reward": (REWARDS, {"arithmetic", "countdown", "final_answer", "code_tests"}),
     "workflow": (WORKFLOWS, {"calculator", "guess_number"}),
-    "task": (TASKS, {"arithmetic", "countdown", "word-arithmetic", "calculator", "guess_number"}),
+    "task": (TASKS, {"arithmetic", "countdown", "word-arithmetic", "calculator", "guess_number", "python-functions"}),
 }
 
 
