@@ -65,6 +65,7 @@ EXERCISED: dict[str, list[str]] = {
         "tests/rl_engine/demos/test_countdown.py::test_cli_make_tasks_picks_the_task",
         "tests/rl_engine/demos/test_arithmetic.py::test_cli_main_writes_the_file",
         "tests/rl_engine/demos/test_calculator.py::test_make_tasks_cli",  # --task calculator
+        "tests/rl_engine/demos/test_python_functions.py::test_make_tasks_cli",  # --task python-functions
     ],
     "rft make-tiny-model": ["tests/rl_engine/test_tiny_model.py::test_deterministic_per_seed"],
     "rft run": [
@@ -72,6 +73,7 @@ EXERCISED: dict[str, list[str]] = {
         "tests/flows/test_kill_resume.py::test_kill_anywhere_then_resume_exactly_once",  # --resume
         "tests/flows/test_placement_deployments.py::test_readme_command_runs_every_role_on_the_worker",  # --set placement.type=deployments
         "tests/flows/test_modes.py::test_every_shipped_config_runs_a_smoke_flow",  # configs/*.yaml
+        "tests/flows/test_code_demo.py::test_code_config_runs_with_the_sandboxed_reward",  # configs/code.yaml, on its own tasks
         "tests/bench/test_bench_smoke.py::test_algorithms",  # fully_async with algorithm.preset=decoupled_ppo, as bench.algorithms runs it
         "tests/rl_engine/run/test_preflight_devices.py::test_the_readmes_gpu_configs_validate_with_the_plans_it_shows",  # gpu8*.yaml: validated with 8 GPUs stubbed, not run (no GPU here)
     ],
@@ -160,6 +162,7 @@ EXERCISED: dict[str, list[str]] = {
         for b in ("sync", "train")
     },
     "python -m bench.modes": ["tests/bench/test_bench_smoke.py::test_modes_synthetic"],
+    "python -m bench.rewards": ["tests/bench/test_bench_smoke.py::test_rewards"],
     "python -m bench.ops": [
         "tests/deployments/test_live_operations.py::test_bench_ops"
     ],  # --smoke --attach: the module's server, worker, deployments and engine server

@@ -557,3 +557,18 @@ def test_scale(tmp_path):
         assert r["delta_bytes_ratio"] is None
     assert "overhead_per_step_at_64_explorers" in r["projected"] and "checkpoint_full_s_at_7B_bf16" in r["projected"]
     assert png.stat().st_size > 0
+
+
+def test_rewards(tmp_path):
+    from rl_engine.rewards.sandbox import namespaces_available
+
+    if not namespaces_available()[0]:
+        pytest.skip("the sandbox refuses to run without namespaces here (bench.rewards says so and exits 2)")
+    r = run_bench("rewards", "--quick", timeout_s=240, tmp_path=tmp_path)
+    has_keys(r, "sandbox_overhead_ms", "sandbox_ms", "bare_ms", "sandbox_contained_fraction", "sandbox_isolation")
+    assert "rm_samples_per_s" not in r and "judge_agreement" not in r  # not built: left out, not faked
+    positive(r["sandbox_ms"])
+    positive(r["bare_ms"])
+    number(r["sandbox_overhead_ms"])
+    assert r["sandbox_isolation"] == "namespaces" and r["hostile_cases"] == 9 and r["runs"] == 10
+    assert r["sandbox_contained_fraction"] == 1.0  # every hostile program contained: a behaviour, not a figure
