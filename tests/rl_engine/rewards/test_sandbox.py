@@ -238,15 +238,16 @@ def test_a_task_without_tests_is_left_out_and_counted(reward):
 
 @needs_namespaces
 def test_a_step_runs_its_samples_in_parallel_within_its_bound():
-    box = CodeTestsRewardFn(workers=4, sandbox=LIMITS)
-    sleepy = fenced("import time\ntime.sleep(1)\ndef add(a, b):\n    return a + b\n")
+    box = CodeTestsRewardFn(workers=4, sandbox={**LIMITS, "timeout_s": 5.0})
+    sleepy = fenced("import time\ntime.sleep(1.5)\ndef add(a, b):\n    return a + b\n")
     result, wall = score(box, *[sleepy] * 4)
     assert result.rewards == [1.0] * 4
-    assert wall < 3.0  # 4 x 1 s one at a time would be > 4 s
-    stuck = fenced("while True:\n    pass\n")
+    assert wall < 4.5  # 4 x 1.5 s one at a time would be > 6 s
+    box = CodeTestsRewardFn(workers=4, sandbox=LIMITS)
+    stuck = fenced("import time\ntime.sleep(1000)\n")
     result, wall = score(box, *[stuck] * 4)
     assert result.rewards == [0.0] * 4 and result.metrics["reward/sandbox/timeouts"] == 4
-    assert wall < BOUND_S + 2.0  # one timeout for all four, not four in a row
+    assert wall < 2 * TIMEOUT_S + 2.0  # one timeout for all four (four in a row: > 8 s)
 
 
 def test_extract_code():
