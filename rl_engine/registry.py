@@ -184,7 +184,7 @@ WORKFLOWS = Registry(
 )
 TASKS = Registry(
     "task",
-    "rft make-tasks --task",
+    "taskset.make",
     {
         "arithmetic": "rl_engine.demos.arithmetic:make_arithmetic_tasks",
         "countdown": "rl_engine.demos.countdown:make_countdown_tasks",

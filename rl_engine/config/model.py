@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from rl_engine.config.base import _Model, check_registered, variants
 from rl_engine.config.workflow import SingleTurnWorkflow, UserCodeConfig, WorkflowConfig
-from rl_engine.registry import IMPORT_PATH, REWARDS
+from rl_engine.registry import IMPORT_PATH, REWARDS, TASKS
 
 
 class ModelConfig(_Model):
@@ -161,6 +161,31 @@ RewardConfig = variants(
 _REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "code_tests", "python", "registered")
 
 
+class MakeTasksConfig(_Model):
+    """A task maker that writes `taskset.path` when it does not exist yet (a run's first start)."""
+
+    type: str = Field(
+        description="A registered task maker (the names of `rft make-tasks --task`: arithmetic, countdown, ..., a plugin's), or `python` with `function`."
+    )
+    function: str | None = Field(
+        default=None,
+        description="With type python: the maker's import path `package.module:function`.",
+        pattern=IMPORT_PATH,
+    )
+    n: int | None = Field(default=None, ge=1, description="Rows to make; null: the maker's own default.")
+    seed: int = Field(default=0, ge=0, description="The maker's seed: the same arguments make the same rows.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="The maker's other parameters.")
+
+    @model_validator(mode="after")
+    def _known(self) -> MakeTasksConfig:
+        if self.type == "python":
+            if self.function is None:
+                raise ValueError("taskset.make.type = python needs taskset.make.function: package.module:function")
+        else:
+            check_registered(TASKS, self.type)
+        return self
+
+
 class TasksetConfig(_Model):
     """Where prompts come from and how they are scored."""
 
@@ -182,4 +207,8 @@ class TasksetConfig(_Model):
     user_code: UserCodeConfig = Field(
         default_factory=UserCodeConfig,
         description="Worker processes, timeouts and failure handling of user code (python rewards, workflow tool calls).",
+    )
+    make: MakeTasksConfig | None = Field(
+        default=None,
+        description="Make the task set with a task maker when taskset.path does not exist yet (never overwritten); null: the file must exist.",
     )

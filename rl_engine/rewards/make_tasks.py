@@ -41,6 +41,29 @@ def task_maker(task: str) -> Callable[..., list[dict[str, Any]]]:
     return TASKS.get(task)
 
 
+def make_taskset(taskset: Any, storage_options: dict[str, Any] | None = None) -> int | None:
+    """`taskset.make`: write `taskset.path` with the configured task maker when the file does not
+    exist yet; the row count written, or None when there was nothing to do (no maker, or the file
+    is there: a made task set is never overwritten, so a resumed run trains on the same tasks)."""
+    from rl_engine.storage import open_storage
+
+    m = taskset.make
+    if m is None:
+        return None
+    fs, path = open_storage(taskset.path, storage_options)
+    if fs.exists(path):
+        return None
+    maker = load_object(m.function, "taskset.make.function") if m.type == "python" else TASKS.get(m.type)
+    rows = maker(m.n, m.seed, **m.kwargs)
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise UserError(
+            f"taskset.make ({m.type!r}): the task maker returned {type(rows).__name__} {str(rows)[:80]}; "
+            "a task maker returns a non-empty list of dict rows"
+        )
+    write_taskset(taskset.path, rows, storage_options)
+    return len(rows)
+
+
 def maker_parser(task: str, maker: Callable[..., Any]) -> argparse.ArgumentParser:
     """OUT, --n, --seed and an option per other parameter of `maker` (its default shown)."""
     doc = (inspect.getdoc(maker) or "").split("\n\n")[0]

@@ -72,7 +72,7 @@ class Inputs(NamedTuple):
 
 def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the config") -> Inputs:
     """Preflight's first part, milliseconds on local storage: the run, storage, reward, workflow,
-    task set and the model directory's files."""
+    task set (made here first when taskset.make says so and it is missing) and the model directory's files."""
     opts = cfg.buffer.storage.fs_options()
     check_reachable(resume or cfg.buffer.storage.url, opts)
     if resume is None:
@@ -88,6 +88,9 @@ def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the c
     from rl_engine.rollout.workflow import build_workflow
 
     build_workflow(cfg.taskset.workflow)
+    from rl_engine.rewards.make_tasks import make_taskset
+
+    make_taskset(cfg.taskset, opts)  # taskset.make: the task set is made on the run's first start
     reward = cfg.taskset.reward.type
     tasks = load_taskset(
         cfg.taskset, opts, answer_needed_by=f"the {reward} reward" if reward in REWARDS_NEEDING_ANSWER else None

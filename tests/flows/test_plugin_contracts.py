@@ -1,6 +1,6 @@
 """Every extension point, as a third-party plugin would use it, in a real run (tiny model, vLLM
 CPU, DeepSpeed CPU, a Prefect flow run): the README's my_plugin.py, in a directory outside the
-repository, supplies the task maker that writes the task set, the workflow, the batch reward, the
+repository, supplies the task maker that writes the task set (taskset.make), the workflow, the batch reward, the
 advantage estimator and the policy loss of a 2-step run. A spy module wraps each README function
 under its own registered name and notes every call in a file (the calls happen in the explorer, its
 user-code pool's worker processes and the trainer), so the run proves each contract was called
@@ -19,7 +19,6 @@ from cli.run import run_config
 from harness.plugin import write_readme_plugin
 from harness.runs import small_config, stored_rows
 from rl_engine.config import validate_config
-from rl_engine.rewards.make_tasks import main as make_tasks
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +27,7 @@ import json
 import os
 
 import my_plugin
-from rl_engine.api import register_estimator, register_loss, register_reward, register_workflow
+from rl_engine.api import register_estimator, register_loss, register_reward, register_task, register_workflow
 
 
 def _note(kind, size):
@@ -54,6 +53,12 @@ def spy_digits(samples, **kw):
     return my_plugin.digits(samples, **kw)
 
 
+@register_task("spy_sums")
+def spy_sums(n, seed, **kw):
+    _note("task", n)
+    return my_plugin.sums(n, seed, **kw)
+
+
 @register_workflow("spy_two_tries")
 def spy_two_tries(task, episode):
     _note("workflow", 1)
@@ -71,10 +76,10 @@ def test_a_plugin_supplies_every_extension_point_of_a_real_run(prefect_server, t
     monkeypatch.setenv("PYTHONPATH", str(site))  # the trainer's and the user-code pool's processes
     monkeypatch.setenv("RFT_SPY_FILE", str(spy))
 
-    tasks = tmp_path / "sums.jsonl"
-    assert make_tasks([str(tasks), "--task", "my_plugin:sums", "--n", "40", "--top", "4"]) == 0
+    tasks = tmp_path / "sums.jsonl"  # not there yet: the run makes it (taskset.make)
     data = small_config(tiny_model_dir, str(tasks), str(tmp_path / "runs"), name="plugins", total_steps=STEPS)
     data["plugins"] = ["spy_plugin"]
+    data["taskset"]["make"] = {"type": "spy_sums", "n": 40, "kwargs": {"top": 4}}
     data["algorithm"].update(
         advantage={"type": "spy_centred"}, loss={"type": "spy_reinforce", "kwargs": {"scale": 1.0}}
     )
@@ -87,6 +92,10 @@ def test_a_plugin_supplies_every_extension_point_of_a_real_run(prefect_server, t
 
     calls = [json.loads(line) for line in spy.read_text().splitlines()]
     kinds = Counter(kind for kind, _, _ in calls)
+    import my_plugin
+
+    assert kinds["task"] == 1  # made once, by the run's first start
+    assert [json.loads(line) for line in tasks.read_text().splitlines()] == my_plugin.sums(40, 0, top=4)
     group = cfg.explorer.batch_size * cfg.algorithm.repeat_times  # episodes (and samples) of one explorer step
     trained = [size for kind, size, _ in calls if kind == "estimator"]
     assert trained == [group] * STEPS  # the estimator saw each trainer batch whole, once

@@ -217,3 +217,24 @@ def test_the_readme_config_selects_the_readme_plugin(plugin, tiny_model_dir, tas
         True,
         "two_tries",
     )
+
+
+def test_taskset_make_writes_a_missing_task_set_once_and_never_over_it(plugin, tmp_path):
+    from rl_engine.config import TasksetConfig
+    from rl_engine.rewards.make_tasks import make_taskset
+
+    path = tmp_path / "made.jsonl"
+    ts = TasksetConfig(path=str(path), make={"type": "sums", "n": 6, "seed": 2, "kwargs": {"top": 3}})
+    assert make_taskset(ts) == 6
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows == plugin.sums(6, 2, top=3)
+    path.write_text('{"id": "mine", "question": "1+1=", "answer": "2"}\n')
+    assert make_taskset(ts) is None and "mine" in path.read_text()  # there: never made again
+    by_path = TasksetConfig(
+        path=str(tmp_path / "p.jsonl"), make={"type": "python", "function": "my_plugin:sums", "n": 2}
+    )
+    assert make_taskset(by_path) == 2
+    with pytest.raises(ValidationError, match=r"taskset\.make\.type = 'chess': no task of that name"):
+        TasksetConfig(path="x", make={"type": "chess"})
+    with pytest.raises(ValidationError, match=r"needs taskset\.make\.function"):
+        TasksetConfig(path="x", make={"type": "python"})
