@@ -11,6 +11,27 @@ from rl_engine.config.workflow import SingleTurnWorkflow, UserCodeConfig, Workfl
 from rl_engine.registry import IMPORT_PATH, REWARDS, TASKS
 
 
+class LoRAConfig(_Model):
+    """LoRA adapters on the policy (peft, rl_engine.trainer.lora): only the adapters train, the base
+    stays frozen. Phase 1 of issue 46: weight sync still sends the merged weights (base + adapter)."""
+
+    rank: int = Field(default=16, gt=0, le=4096, description="Rank r of each adapter (A is r x in, B is out x r).")
+    alpha: float = Field(
+        default=32.0, gt=0.0, description="LoRA alpha: the adapter's update is scaled by alpha / rank."
+    )
+    dropout: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Dropout on the adapter's input while training (logprobs for the loss's reference terms are computed without it).",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Linear modules that get an adapter, by name or dotted suffix of the model's module names (e.g. q_proj, mlp.down_proj); preflight checks each exists.",
+    )
+
+
 class ModelConfig(_Model):
     """The policy model: a local Hugging Face directory (nothing is ever downloaded; rl_engine.run.preflight checks it is one)."""
 
@@ -27,6 +48,10 @@ class ModelConfig(_Model):
         ge=16,
         le=1_048_576,
         description="Context length (prompt + response tokens) for vLLM and the trainer.",
+    )
+    lora: LoRAConfig | None = Field(
+        default=None,
+        description="Train LoRA adapters instead of every weight (the explorers still receive merged weights); null: full fine-tuning.",
     )
 
 

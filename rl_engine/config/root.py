@@ -287,6 +287,16 @@ class RFTConfig(_Model):
         return self
 
     @model_validator(mode="after")
+    def _lora_fits_zero(self) -> RFTConfig:
+        if self.model.lora is not None and self.trainer.zero_stage == 3:
+            raise ValueError(
+                "model.lora with trainer.zero_stage = 3 is refused: ZeRO-3 partitions the frozen base weights too, "
+                "and the merged weights sent to the explorers would need a gather of each base weight with its adapter "
+                "(not built); use zero_stage 0, 1 or 2 (LoRA's optimizer state is small: ZeRO-3 saves little there)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _promote_best_needs_one(self) -> RFTConfig:
         if self.lineage.promote == "best" and self.eval.keep_best is None:
             raise ValueError(

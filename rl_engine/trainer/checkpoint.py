@@ -262,10 +262,17 @@ def _base_optimizer(optimizer) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)
 
 
+def trained_parameters(module: torch.nn.Module, trainable_only: bool = False) -> dict[str, torch.nn.Parameter]:
+    """{name: parameter} that trainer state holds: every parameter, or with `trainable_only` (LoRA:
+    the frozen base is the model directory's, not state) those that require grad."""
+    return {n: p for n, p in module.named_parameters() if p.requires_grad or not trainable_only}
+
+
 def collect_state(
-    module: torch.nn.Module, optimizer
+    module: torch.nn.Module, optimizer, trainable_only: bool = False
 ) -> tuple[dict[str, Lazy | torch.Tensor], dict[str, Lazy | torch.Tensor], dict[str, Any]]:
-    """(master weights, optimizer tensors, optimizer JSON) of every parameter, full-size, HF names.
+    """(master weights, optimizer tensors, optimizer JSON) of every parameter (with `trainable_only`:
+    of those that require grad, LoRA's adapters), full-size, HF names.
 
     Tensors are `Lazy` where producing one costs a full-size copy (ZeRO's fp32 fragments, any
     device tensor), so `write_tensors` holds one at a time; CPU fp32 tensors are the live ones.
@@ -277,7 +284,7 @@ def collect_state(
     opt_tensors: dict[str, Lazy | torch.Tensor] = {}
     base = _base_optimizer(optimizer)
     has_state = bool(base.state) and all(base.state.values())  # Adam creates its state at the first step
-    for name, p in module.named_parameters():
+    for name, p in trained_parameters(module, trainable_only).items():
         if _zero_managed(p):
             weights[name] = Lazy(torch.float32, _shape(p), lambda p=p: safe_get_full_fp32_param(p).float().cpu())
             for key in ("exp_avg", "exp_avg_sq") if has_state else ():
@@ -348,15 +355,17 @@ def restore_state(
     weights: dict[str, torch.Tensor],
     opt_tensors: dict[str, torch.Tensor],
     opt_meta: dict[str, Any],
+    trainable_only: bool = False,
 ) -> None:
     """Inverse of `collect_state`: load weights (model and fp32 master) and optimizer state."""
-    check_fits(dict(module.named_parameters()), weights)
+    params = trained_parameters(module, trainable_only)
+    check_fits(params, weights)
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
 
     base = _base_optimizer(optimizer)
     if opt_tensors and any(_zero_managed(p) for p in module.parameters()):
         _materialize_optimizer_state(optimizer)
-    for name, p in module.named_parameters():
+    for name, p in params.items():
         _copy_into_param(p, weights[name])
         if _zero_managed(p):
             safe_set_full_fp32_param(p, weights[name].to(p.device))
@@ -437,6 +446,7 @@ __all__ = [
     "restore_state",
     "rng_state",
     "set_rng_state",
+    "trained_parameters",
     "upload_dir",
     "write_json",
     "write_tensors",

@@ -37,6 +37,7 @@ from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
 from rl_engine.proc.starts import count_start
 from rl_engine.trainer import checkpoint as ckpt
+from rl_engine.trainer import lora
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
 from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS, head_logprobs, plain_lm_head
 from rl_engine.trainer.settings import TrainerSettings
@@ -80,7 +81,10 @@ class DeepSpeedTrainer:
         self.world = int(self.engine.world_size)
         self.micro_batch_size = int(self.engine.train_micro_batch_size_per_gpu())
         self.local_batch_size = self.micro_batch_size * int(self.engine.gradient_accumulation_steps())
-        self.reference = _load_reference(model_dir, s.dtype, self.device) if self.algo.kl is not None else None
+        # LoRA: the reference is the base itself, the adapter disabled (`_reference_logprobs`), no second copy
+        self.reference = (
+            _load_reference(model_dir, s.dtype, self.device) if self.algo.kl is not None and s.lora is None else None
+        )
         # None: full [b, L, V] logits (models not known to be lm_head(hidden); tests compare the two)
         self.logits_chunk_tokens: int | None = LOGITS_CHUNK_TOKENS if plain_lm_head(self.engine.module) else None
 
@@ -98,7 +102,15 @@ class DeepSpeedTrainer:
                 f"pick a micro_batch_size that divides {tbs // world if tbs % world == 0 else tbs}"
             )
         model = _load_model(model_dir, s.dtype)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
+        if s.lora is not None:
+            if s.zero_stage == 3:
+                raise UserError(
+                    "model.lora with ZeRO stage 3 is refused: ZeRO-3 partitions the frozen base weights too, and the merged "
+                    "weights the explorers receive would need a gather of each base weight with its adapter (not built); use stage 0, 1 or 2"
+                )
+            model = lora.wrap(model, s.lora)  # before DeepSpeed: it sees the adapters as the only trainable parameters
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)
         warmup = s.warmup_steps
         # LambdaLR gets the number of finished steps n: step n+1 trains at lr * min(1, (n+1) / warmup).
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -164,7 +176,7 @@ class DeepSpeedTrainer:
             b["old_logprobs"] = self.compute_logprobs(b).to(self.device)  # [B, L], before the update
         else:
             b["old_logprobs"] = b["behavior_logprobs"].float()
-        if self.reference is not None:
+        if self.algo.kl is not None:
             b["ref_logprobs"] = self._reference_logprobs(b)  # [B, L]
         metrics = self._run_step(b, self._policy_micro_loss)
         metrics["masked_stale_tokens"] = float((b["loss_mask"] * (1 - stale)).sum())
@@ -304,6 +316,11 @@ class DeepSpeedTrainer:
 
     @torch.no_grad()
     def _reference_logprobs(self, batch: Batch) -> Tensor:
+        """Logprobs [B, L] of the KL reference: the initial weights (a frozen copy), or under LoRA the
+        base model itself with the adapter disabled."""
+        if self.settings.lora is not None:
+            with self.engine.module.disable_adapter():
+                return self._logprobs_with(self.engine.module, self.engine, batch)
         return self._logprobs_with(self.reference, self.reference, batch)
 
     def _logprobs_with(self, model: torch.nn.Module, forward: Callable[..., Any], batch: Batch) -> Tensor:
@@ -312,6 +329,8 @@ class DeepSpeedTrainer:
         ids = batch["input_ids"].to(self.device)  # [B, L]
         am = batch["attention_mask"].to(self.device)  # [B, L]
         step = self.micro_batch_size
+        if self.settings.lora is not None:
+            model.eval()  # no adapter dropout in logprobs compared with the explorer's (_run_step sets train again)
         parts = [
             self._token_logprobs(
                 model, forward, ids[i : i + step], am[i : i + step], self.temperature, None, entropy=False
@@ -338,9 +357,14 @@ class DeepSpeedTrainer:
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """(HF name, full tensor) of every parameter; gathered one at a time under ZeRO-3
-        (collective: all ranks iterate together). Tied weights appear once (named_parameters)."""
+        (collective: all ranks iterate together). Tied weights appear once (named_parameters).
+        Under LoRA: the base model's names, each target's weight merged with its adapter
+        (rl_engine.trainer.lora.merged_weights), so every sync method sends an ordinary model."""
         import deepspeed
 
+        if self.settings.lora is not None:
+            yield from lora.merged_weights(self.engine.module)
+            return
         for name, p in self.engine.module.named_parameters():
             if hasattr(p, "ds_id"):
                 with deepspeed.zero.GatheredParameters([p]):
@@ -350,26 +374,36 @@ class DeepSpeedTrainer:
 
     def save_hf(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         """Write a Hugging Face model directory (safetensors, config.json, generation config,
-        tokenizer) to `url`, loadable by transformers and vLLM. Rank 0 writes."""
+        tokenizer) to `url`, loadable by transformers and vLLM. Rank 0 writes. Under LoRA the
+        model is the merged one (no peft needed to load it) and `adapter/` beside it holds the
+        adapter in peft's layout (adapter_model.safetensors, adapter_config.json)."""
         import tempfile
+
+        from rl_engine.storage import join
 
         state = {name: t.cpu() for name, t in self.named_weights()}
         if self.rank != 0:
             return
+        module = self.engine.module
         with tempfile.TemporaryDirectory(prefix="rft-hf-") as tmp:
-            self.engine.module.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            hf = module.get_base_model() if self.settings.lora is not None else module
+            hf.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
             ckpt.upload_dir(tmp, url, storage_options)
+            if self.settings.lora is not None:
+                lora.save_adapter(module, f"{tmp}/adapter")
+                ckpt.upload_dir(f"{tmp}/adapter", join(url, "adapter"), storage_options)
 
     def save_state(
         self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
     ) -> None:
         """Write resumable state (weights, optimizer, LR schedule, RNG, version, `extra`) to `url`;
-        see `rl_engine.trainer.checkpoint` for the format. `COMMITTED` is written last."""
+        see `rl_engine.trainer.checkpoint` for the format. `COMMITTED` is written last. Under LoRA
+        the weights and optimizer state are the adapter's only (the base is model.path's)."""
         from rl_engine.storage import join, open_storage
 
         weights, opt_tensors, opt_meta = ckpt.collect_state(
-            self.engine.module, self.engine.optimizer
+            self.engine.module, self.engine.optimizer, trainable_only=self.settings.lora is not None
         )  # lazy: fetched while written
         rng_tensors, rng_meta = ckpt.rng_state()
         if self.rank != 0:
@@ -395,6 +429,7 @@ class DeepSpeedTrainer:
             "optimizer": opt_meta,
             "lr_scheduler": _jsonable_scheduler_state(e.lr_scheduler),
             "rng": rng_meta,
+            "lora": None if self.settings.lora is None else self.settings.lora.model_dump(),
             "extra": extra or {},
         }
         ckpt.write_json(fs, join(root, "state.json"), meta)
@@ -411,9 +446,22 @@ class DeepSpeedTrainer:
             )
         meta = ckpt.read_json(fs, join(root, "state.json"))
         ckpt.check_format(meta, url)
+        mine = None if self.settings.lora is None else self.settings.lora.model_dump()
+        if meta.get("lora") != mine:
+            raise UserError(
+                f"{url}: trainer state saved with model.lora = {meta.get('lora')}, this trainer has {mine}; "
+                "resume with the model.lora the run was started with (its config.yaml)"
+            )
         weights = ckpt.read_tensors(fs, join(root, "model.safetensors"))
         opt_tensors = ckpt.read_tensors(fs, join(root, "optimizer.safetensors"))
-        ckpt.restore_state(self.engine.module, self.engine.optimizer, weights, opt_tensors, meta["optimizer"])
+        ckpt.restore_state(
+            self.engine.module,
+            self.engine.optimizer,
+            weights,
+            opt_tensors,
+            meta["optimizer"],
+            trainable_only=self.settings.lora is not None,
+        )
         if self.engine.lr_scheduler is not None:
             self.engine.lr_scheduler.load_state_dict({**self.engine.lr_scheduler.state_dict(), **meta["lr_scheduler"]})
         for k, v in meta["engine"].items():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rl_engine.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from rl_engine.config import AlgorithmConfig, LoRAConfig, ModelConfig, TrainerConfig
 
 if TYPE_CHECKING:
     from rl_engine.config import RFTConfig
@@ -75,6 +75,10 @@ class TrainerSettings(BaseModel):
         default_factory=AlgorithmConfig,
         description="The RL loss and advantages (train_step); SFT (sft_step) uses none of it.",
     )
+    lora: LoRAConfig | None = Field(
+        default=None,
+        description="LoRA adapters on the model (rl_engine.trainer.lora; ZeRO-3 refused); null: every weight trains.",
+    )
     local_device: int = Field(
         default=0,
         ge=0,
@@ -107,5 +111,6 @@ def trainer_settings(cfg: RFTConfig, local_device: int = 0) -> TrainerSettings:
         if cfg.explorer.partial.enabled
         else cfg.explorer.sampling.max_tokens,
         algorithm=cfg.algorithm,
+        lora=m.lora,
         local_device=local_device,
     )

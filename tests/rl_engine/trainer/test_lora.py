@@ -1,0 +1,177 @@
+"""LoRA on the trainer (model.lora, issue 46 phase 1): adapters only train, the KL reference is the
+base with the adapter disabled, named_weights are the merged weights, state holds the adapter.
+
+.venv/bin/python -m pytest tests/rl_engine/trainer/test_lora.py -q -m "slow or not slow"
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from trainer_helpers import grpo_case, make_batch, make_cfg
+
+from rl_engine.errors import UserError
+from rl_engine.trainer import build_trainer, trainer_settings
+
+pytestmark = pytest.mark.slow
+
+LORA = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj", "mlp.down_proj"]}
+TARGETS = ("q_proj", "v_proj", "down_proj")
+
+
+def lora_trainer(model_dir: str, **lora):
+    algo, _ = grpo_case()  # KL on: the reference path runs
+    cfg = make_cfg(model_dir, model={"lora": {**LORA, **lora}}, algorithm=algo, trainer={"lr": 1e-2})
+    return build_trainer(trainer_settings(cfg))
+
+
+def base_weights(model_dir: str) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def stepped(tiny_model_dir):
+    """A LoRA trainer after two GRPO steps with KL, and the batch builder."""
+    _, build = grpo_case()
+    tr = lora_trainer(tiny_model_dir)
+    for _ in range(2):
+        tr.train_step(build(tr))
+    return tr
+
+
+def test_only_adapters_train_and_the_base_stays(stepped, tiny_model_dir):
+    tr = stepped
+    module = tr.engine.module
+    trainable = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    # 2 hidden layers x 3 targets x (A, B)
+    assert len(trainable) == 2 * len(TARGETS) * 2
+    assert all(any(f"{t}.lora_" in n for t in TARGETS) for n in trainable)
+    base = base_weights(tiny_model_dir)
+    frozen = {
+        n.removeprefix("base_model.model.").replace(".base_layer.", "."): p
+        for n, p in module.named_parameters()
+        if not p.requires_grad
+    }
+    assert frozen.keys() == base.keys()
+    for n, p in frozen.items():
+        assert torch.equal(p, base[n]), n  # bitwise: two steps did not touch the base
+    # the adapters did move: B starts at 0
+    assert all(float(p.detach().abs().max()) > 0 for n, p in module.named_parameters() if ".lora_B." in n)
+    opt = tr.engine.optimizer
+    opt_params = {id(p) for g in getattr(opt, "optimizer", opt).param_groups for p in g["params"]}
+    assert opt_params == {id(p) for p in module.parameters() if p.requires_grad}  # no optimizer state for the base
+
+
+def test_kl_reference_is_the_base_with_the_adapter_disabled(stepped, tiny_model_dir):
+    tr = stepped
+    assert tr.reference is None  # no second copy of the weights
+    batch = make_batch(seed=7)
+    plain = build_trainer(trainer_settings(make_cfg(tiny_model_dir)))  # full fine-tuning trainer, untrained: the base
+    base = plain.compute_logprobs(batch)
+    ref = tr._reference_logprobs(batch)
+    torch.testing.assert_close(ref, base, rtol=0, atol=1e-6)
+    current = tr.compute_logprobs(batch)
+    assert float((current - base).abs().max()) > 1e-3  # the adapter is on again, and it changed the policy
+    assert all(p.requires_grad for n, p in tr.engine.module.named_parameters() if ".lora_" in n)
+
+
+def test_named_weights_are_base_plus_scaled_b_a(stepped, tiny_model_dir):
+    tr = stepped
+    base = base_weights(tiny_model_dir)
+    merged = {n: t.clone() for n, t in tr.named_weights()}
+    assert merged.keys() == base.keys()  # the base model's HF names, nothing of peft's
+    params = dict(tr.engine.module.named_parameters())
+    scale = LORA["alpha"] / LORA["rank"]
+    checked = 0
+    for name, w in base.items():
+        module = name.removesuffix(".weight")
+        if name.endswith(".weight") and module.split(".")[-1] in TARGETS:
+            a = params[f"base_model.model.{module}.lora_A.default.weight"]  # [r, in]
+            b = params[f"base_model.model.{module}.lora_B.default.weight"]  # [out, r]
+            torch.testing.assert_close(merged[name], w + scale * (b @ a).detach(), rtol=0, atol=1e-6)
+            assert float((merged[name] - w).abs().max()) > 0
+            checked += 1
+        else:
+            assert torch.equal(merged[name], w), name
+    assert checked == 2 * len(TARGETS)
+
+
+def test_logprobs_of_the_merged_model_are_the_trainers(stepped, tmp_path):
+    """save_hf: a merged model transformers loads without peft (what the explorers load: its logprobs
+    are the trainer's), and the adapter in peft's layout beside it, equal to the merged model applied."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    tr = stepped
+    out = tmp_path / "hf"
+    tr.save_hf(str(out))
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert {p.name for p in (out / "adapter").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["r"] == LORA["rank"]
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert not any("lora" in n for n in load_file(out / "model.safetensors"))
+    batch = make_batch(seed=4)
+    ids, am = batch["input_ids"], batch["attention_mask"]
+    tr.engine.module.eval()
+    with torch.no_grad():
+        ours = tr.engine.module(input_ids=ids, attention_mask=am).logits  # [B, L, V]
+        theirs = merged(input_ids=ids, attention_mask=am).logits
+        base = AutoModelForCausalLM.from_pretrained(tr.settings.model_path, dtype=torch.float32)
+        adapted = PeftModel.from_pretrained(base, out / "adapter").eval()
+        via_peft = adapted(input_ids=ids, attention_mask=am).logits
+    torch.testing.assert_close(theirs, ours, rtol=0, atol=1e-5)
+    torch.testing.assert_close(via_peft, theirs, rtol=0, atol=1e-4)
+
+
+def test_state_holds_the_adapter_and_resume_restores_it_exactly(tiny_model_dir, tmp_path):
+    _, build = grpo_case()
+    a = lora_trainer(tiny_model_dir)
+    for _ in range(2):
+        a.train_step(build(a))
+    a.save_state(str(tmp_path / "state"), extra={"step": 2})
+    saved = load_file(tmp_path / "state" / "model.safetensors")
+    adapters = {n: p for n, p in a.engine.module.named_parameters() if p.requires_grad}
+    assert saved.keys() == adapters.keys()  # the adapter only: the base is model.path's
+    opt = load_file(tmp_path / "state" / "optimizer.safetensors")
+    assert {k.rsplit(".", 1)[0] for k in opt} == adapters.keys()
+    meta = json.loads((tmp_path / "state" / "state.json").read_text())
+    assert meta["lora"]["rank"] == LORA["rank"]
+
+    b = lora_trainer(tiny_model_dir)
+    assert b.load_state(str(tmp_path / "state")) == {"step": 2}
+    assert b.version == 2
+    for n, p in b.engine.module.named_parameters():
+        other = dict(a.engine.module.named_parameters())[n]
+        assert torch.equal(p, other), n
+    base_a = getattr(a.engine.optimizer, "optimizer", a.engine.optimizer)
+    base_b = getattr(b.engine.optimizer, "optimizer", b.engine.optimizer)
+    pa, pb = dict(a.engine.module.named_parameters()), dict(b.engine.module.named_parameters())
+    for n in adapters:
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(base_a.state[pa[n]][key], base_b.state[pb[n]][key]), (n, key)
+    batch = build(a)
+    ma, mb = a.train_step(batch), b.train_step(batch)
+    assert ma["loss"] == mb["loss"] and ma["grad_norm"] == mb["grad_norm"]
+    for n in adapters:
+        assert torch.equal(pa[n], pb[n]), n
+
+    full = build_trainer(trainer_settings(make_cfg(tiny_model_dir)))
+    with pytest.raises(UserError, match="saved with model.lora"):
+        full.load_state(str(tmp_path / "state"))
+    other_rank = lora_trainer(tiny_model_dir, rank=2)
+    with pytest.raises(UserError, match="model.lora"):
+        other_rank.load_state(str(tmp_path / "state"))
+
+
+def test_zero3_with_lora_is_refused(tiny_model_dir):
+    from rl_engine.config import ConfigError
+
+    with pytest.raises((ConfigError, ValueError), match="zero_stage = 3 is refused"):
+        make_cfg(tiny_model_dir, model={"lora": LORA}, trainer={"zero_stage": 3})
