@@ -173,7 +173,8 @@ def watch_cancellation(run: RunContext, poll_s: float = 1.0) -> Iterator[None]:
 
 
 def run_local(run: RunContext, progress_id: str | None = None) -> None:
-    """Placement `local`: every role as a concurrent task of this flow run; the first failure is raised."""
+    """Placement `local`: every role as a concurrent task of this flow run; the first failure is raised
+    (logged as an error, unless the run was cancelled)."""
     opts = run.storage_options
     errors = []
     with roles_share_process():
@@ -187,7 +188,9 @@ def run_local(run: RunContext, progress_id: str | None = None) -> None:
                 errors.append(e)
     if errors:
         stop = run.board.get(STOP_KEY) or {}
-        get_run_logger().error("run stopped: %s", stop.get("reason", errors[0]))
+        # A cancel (the UI's, the API's, a worker's SIGTERM) is what the user asked for: not an error line.
+        log = get_run_logger().info if stop.get("kind") == "cancelled" else get_run_logger().error
+        log("run stopped: %s", stop.get("reason", errors[0]))
         raise errors[0]
 
 
