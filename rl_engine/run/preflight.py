@@ -18,7 +18,8 @@ without a pad token used to fail the trainer while the explorer waited for it fo
   with an answer where the reward needs one (the built-in rewards);
 - the model directory: model.path a directory holding a config.json (`check_model_paths`, which `rft validate`
   makes too), a parseable config.json, safetensors weights that are not truncated and
-  whose shapes fit config.json, `max_position_embeddings` not below model.max_model_len; the tokenizer loads and has a pad token;
+  whose shapes fit config.json, `max_position_embeddings` not below model.max_model_len, model.lora's
+  target modules among its linear modules; the tokenizer loads and has a pad token;
 - every prompt, as the explorer will format it, leaves room for a response in model.max_model_len;
 - on resume, the latest trainer state fits the model;
 - the run's device plan (rl_engine.run.devices) can run: one trainer rank per GPU, no two members
@@ -101,7 +102,30 @@ def check_inputs(cfg: RFTConfig, resume: str | None = None, source: str = "the c
     check_model_paths(cfg.model)
     config, weights = check_model_dir(cfg.model.path)
     check_context_length(cfg.model.max_model_len, config, cfg.model.path)
+    check_lora_targets(cfg.model, weights)
     return Inputs(cfg, tasks, config, weights)
+
+
+def check_lora_targets(model: ModelConfig, weights: dict[str, tuple[int, ...]]) -> None:
+    """Every model.lora.target_modules entry names a module with a 2-D weight (a Linear) in the
+    model directory's safetensors headers, by name or dotted suffix as peft matches them."""
+    if model.lora is None:
+        return
+    from rl_engine.trainer.lora import missing_targets
+
+    missing = missing_targets(weights, model.lora.target_modules)
+    if missing:
+        linear = sorted(
+            {
+                n.removesuffix(".weight").rsplit(".", 1)[-1]
+                for n, s in weights.items()
+                if n.endswith(".weight") and len(s) == 2
+            }
+        )
+        raise UserError(
+            f"model.lora.target_modules: {missing} match no linear module of {model.path!r}; "
+            f"its linear modules are named {linear[:20]} (give names or dotted suffixes of these)"
+        )
 
 
 def check_algorithm(cfg: RFTConfig) -> None:
@@ -165,6 +189,10 @@ def check_model(inputs: Inputs, resume: str | None = None) -> None:
     check_prompts(tokenizer, tasks, cfg)
     params = check_weights_fit(model, weights)
     if resume is not None:
+        if cfg.model.lora is not None:  # the state holds the adapter only
+            from rl_engine.trainer.lora import adapter_shapes
+
+            params = adapter_shapes(weights, cfg.model.lora)
         check_trainer_state(resume, cfg.buffer.storage.fs_options(), params)
     check_devices(cfg, visible_gpus())
 

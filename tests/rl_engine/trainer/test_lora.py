@@ -175,3 +175,27 @@ def test_zero3_with_lora_is_refused(tiny_model_dir):
 
     with pytest.raises((ConfigError, ValueError), match="zero_stage = 3 is refused"):
         make_cfg(tiny_model_dir, model={"lora": LORA}, trainer={"zero_stage": 3})
+
+
+def test_preflight_names_missing_target_modules(tiny_model_dir):
+    from rl_engine.run.preflight import check_lora_targets, check_model_dir
+
+    _, weights = check_model_dir(tiny_model_dir)
+    cfg = make_cfg(tiny_model_dir, model={"lora": {**LORA, "target_modules": ["q_proj", "qkv_proj", "mlp.up_proj"]}})
+    with pytest.raises(UserError, match=r"\['qkv_proj'\] match no linear module") as e:
+        check_lora_targets(cfg.model, weights)
+    assert "q_proj" in str(e.value) and "down_proj" in str(e.value)  # names what there is
+    check_lora_targets(make_cfg(tiny_model_dir, model={"lora": LORA}).model, weights)  # all present: passes
+    with pytest.raises(ValueError, match="greater than 0"):
+        make_cfg(tiny_model_dir, model={"lora": {**LORA, "rank": 0}})
+
+
+def test_adapter_shapes_are_what_the_trainer_state_holds(stepped, tiny_model_dir):
+    from rl_engine.config import LoRAConfig
+    from rl_engine.run.preflight import check_model_dir
+    from rl_engine.trainer.lora import adapter_shapes
+
+    _, weights = check_model_dir(tiny_model_dir)
+    expected = adapter_shapes(weights, LoRAConfig(**LORA))
+    held = {n: tuple(p.shape) for n, p in stepped.engine.module.named_parameters() if p.requires_grad}
+    assert expected == held
