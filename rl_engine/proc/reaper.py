@@ -65,7 +65,7 @@ def watch(parent: int, interval_s: float, grace_s: float, on_watching: Callable[
     left = [p for p in seen.values() if _running(p)]
     if left:
         print(
-            f"[rft] rft run (pid {parent}) is gone; stopping what it started: {[p.pid for p in left]}",
+            f"[rft] rft (pid {parent}) is gone; stopping what it started: {[p.pid for p in left]}",
             file=sys.stderr,
             flush=True,
         )
@@ -93,4 +93,10 @@ def _announce() -> None:
 
 
 if __name__ == "__main__":
+    import signal
+
+    # A terminal's Ctrl-C reaches the whole foreground group, this watcher too: it is meant for the
+    # command (which then stops what it started), not for the watcher, which would die printing a
+    # KeyboardInterrupt traceback and leave the command unwatched while it stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     watch(int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), on_watching=_announce)
