@@ -238,8 +238,12 @@ def explorer_curve(counts: list[int], steps: int, root: Path) -> tuple[list[dict
     write_arithmetic_taskset(tasks, n=500, seed=0)
     cost_model.install(R_S, T_S, S_S)
     moto, options, requests = start_moto(root)
-    server = start_server(
-        root / "prefect", ui=False, PREFECT_SERVER_LOGGING_LEVEL="INFO", PREFECT_LOGGING_SERVER_LEVEL="INFO"
+    server = start_server(  # SQLite: the sampler counts the server's process, which then does the database's work too
+        root / "prefect",
+        ui=False,
+        db="sqlite",
+        PREFECT_SERVER_LOGGING_LEVEL="INFO",
+        PREFECT_LOGGING_SERVER_LEVEL="INFO",
     )
     api = LineCounter(server.log_path, r'"(GET|POST|PUT|PATCH|DELETE) /api/[^"]*HTTP/1\.[01]" \d{3}')
     try:

@@ -5,9 +5,14 @@ cancellation-cleanup services, and it is not what a worker or the CLI talks to. 
 deployments, schedules, workers and cancellation use this module instead:
 
 * `start_server(dir)` (the `prefect_live` session fixture of tests/conftest.py): `prefect server start`
-  on a free loopback port, in its own process group, with its own PREFECT_HOME and SQLite database
-  under `dir`. It returns a `LiveServer`: `api_url`, `env()` (the environment for subprocesses
-  that talk to it), `cli(...)` (runs `.venv/bin/prefect ...` with a timeout), `api(...)` (one REST call) and `flow_run(id)`.
+  on a free loopback port, in its own process group, with its own PREFECT_HOME under `dir` and its
+  database: PostgreSQL when the machine has it (a private server, rl_engine/prefect_db.py, as
+  `rft server` runs; its data under `dir`, or in a temporary directory when the user PostgreSQL
+  runs as cannot reach `dir`), else SQLite (`dir/home/prefect.db`). RFT_PREFECT_DB chooses:
+  `auto` (the default), `postgres` (an error where there is none) or `sqlite`. It returns a
+  `LiveServer`: `api_url`, `db` ('postgres' or 'sqlite'), `env()` (the environment for subprocesses
+  that talk to it), `cli(...)` (runs `.venv/bin/prefect ...` with a timeout), `api(...)` (one REST call) and `flow_run(id)`;
+  its `stop()` stops PostgreSQL after Prefect's server.
 * `start_worker(server, pool, log_dir)` (behind the `prefect_worker` session fixture, a factory
   `prefect_worker(pool) -> LiveWorker`): creates a process work pool (`prefect work-pool create
   POOL --type process`, unless it exists) and starts `prefect worker start --pool POOL --type process` in its own process group, with the repo root
@@ -29,9 +34,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -128,12 +135,13 @@ def kill_process_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
             pass
 
 
-def reap_with_this_process(proc: subprocess.Popen, grace_s: float = 5.0) -> subprocess.Popen:
+def reap_with_this_process(proc: subprocess.Popen, grace_s: float = 5.0, sig: str = "TERM") -> subprocess.Popen:
     """A watcher that kills `proc`'s process group if this (pytest) process dies without its teardown
-    (SIGKILL, an outer `timeout`); stop the watcher in the normal teardown (`kill_process_group`)."""
+    (SIGKILL, an outer `timeout`): `sig` first (PostgreSQL's fast shutdown is INT), SIGKILL after
+    `grace_s`; stop the watcher in the normal teardown (`kill_process_group`)."""
     script = (
         f"while kill -0 {os.getpid()} 2>/dev/null && kill -0 -{proc.pid} 2>/dev/null; do sleep 1; done; "
-        f"kill -TERM -{proc.pid} 2>/dev/null; sleep {grace_s:g}; kill -KILL -{proc.pid} 2>/dev/null; true"
+        f"kill -{sig} -{proc.pid} 2>/dev/null; sleep {grace_s:g}; kill -KILL -{proc.pid} 2>/dev/null; true"
     )
     return subprocess.Popen(
         ["sh", "-c", script],
@@ -153,6 +161,10 @@ class LiveServer:
     log_path: Path
     proc: subprocess.Popen | None = None
     reaper: subprocess.Popen | None = field(default=None, repr=False)
+    db: str = "sqlite"
+    postgres: Any = field(default=None, repr=False)  # rl_engine.prefect_db.Postgres when db == "postgres"
+    pg_reaper: subprocess.Popen | None = field(default=None, repr=False)
+    pg_tmp: Path | None = field(default=None, repr=False)  # a temporary directory of its data, removed at stop
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment for a subprocess that talks to this server (CLI, worker, flow)."""
@@ -239,27 +251,77 @@ class LiveServer:
             kill_process_group(self.proc)
         if self.reaper is not None:
             kill_process_group(self.reaper, grace_s=1)
+        if self.postgres is not None:  # after Prefect's server: its last writes go through
+            self.postgres.stop()
+        if self.pg_reaper is not None:
+            kill_process_group(self.pg_reaper, grace_s=1)
+        if self.pg_tmp is not None:
+            shutil.rmtree(self.pg_tmp, ignore_errors=True)
 
 
 def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
-def start_server(
-    root: Path, *, timeout_s: float = SERVER_START_TIMEOUT_S, ui: bool = True, **extra_env: str
-) -> LiveServer:
-    """Start `prefect server start` on a free loopback port with its home and database under `root`.
+DB_ENV = "RFT_PREFECT_DB"  # auto | postgres | sqlite: the live server's database
 
-    Returns once `GET /api/health` answers; on a deadline or an early exit, kills it and raises
-    with the tail of its log. The caller stops it (`LiveServer.stop()`).
+
+def server_db(db: str | None = None) -> str:
+    """'postgres' or 'sqlite': `db`, else $RFT_PREFECT_DB, where 'auto' (the default) is PostgreSQL
+    when the machine has it (rl_engine.prefect_db.postgres_missing). Asking for PostgreSQL where
+    there is none raises, naming what is missing."""
+    from rl_engine.prefect_db import postgres_missing
+
+    db = (db or os.environ.get(DB_ENV) or "auto").lower()
+    if db not in ("auto", "postgres", "sqlite"):
+        raise ValueError(f"{DB_ENV}={db}: auto, postgres or sqlite")
+    if db == "sqlite":
+        return db
+    missing = postgres_missing()
+    if missing and db == "postgres":
+        raise AssertionError(f"{DB_ENV}=postgres, but {missing}")
+    return "sqlite" if missing else "postgres"
+
+
+def _start_postgres(server: LiveServer, root: Path) -> str:
+    """A private PostgreSQL for `server` (its data in root/postgres, or a temporary directory the
+    user it runs as can reach); returns its URL."""
+    from rl_engine.prefect_db import Postgres, _run_as, unreachable_for
+
+    pg_root = root / "postgres"
+    if unreachable_for(root, _run_as()) is not None:  # e.g. pytest's tmp dirs, 0700 root's
+        server.pg_tmp = Path(tempfile.mkdtemp(prefix="rft-prefect-pg-"))
+        server.pg_tmp.chmod(0o711)
+        pg_root = server.pg_tmp / "postgres"
+    server.postgres = Postgres(pg_root)
+    url = server.postgres.start()
+    server.pg_reaper = reap_with_this_process(server.postgres.proc, grace_s=10, sig="INT")
+    return url
+
+
+def start_server(
+    root: Path, *, timeout_s: float = SERVER_START_TIMEOUT_S, ui: bool = True, db: str | None = None, **extra_env: str
+) -> LiveServer:
+    """Start `prefect server start` on a free loopback port with its home and database under `root`
+    (`db`: 'postgres', 'sqlite', 'auto' or None for $RFT_PREFECT_DB: see `server_db`).
+
+    Returns once `GET /api/health` answers; on a deadline or an early exit, kills it (and its
+    PostgreSQL) and raises with the tail of its log. The caller stops it (`LiveServer.stop()`).
     """
     root.mkdir(parents=True, exist_ok=True)
     home = root / "home"
     home.mkdir(exist_ok=True)
     port = free_port()
-    server = LiveServer(api_url=f"http://127.0.0.1:{port}/api", home=home, log_path=root / "server.log")
+    server = LiveServer(
+        api_url=f"http://127.0.0.1:{port}/api", home=home, log_path=root / "server.log", db=server_db(db)
+    )
+    try:
+        url = _start_postgres(server, root) if server.db == "postgres" else f"sqlite+aiosqlite:///{home / 'prefect.db'}"
+    except BaseException:
+        server.stop()
+        raise
     env = server.env(
-        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+        PREFECT_API_DATABASE_CONNECTION_URL=url,
         PREFECT_UI_ENABLED="true" if ui else "false",
         **extra_env,
     )
@@ -276,20 +338,30 @@ def start_server(
             start_new_session=True,
         )
     server.reaper = reap_with_this_process(server.proc)
+    try:
+        wait_healthy(server.api_url, server.proc, server.log_path, timeout_s)
+    except BaseException:
+        server.stop()  # and its PostgreSQL
+        raise
+    return server
+
+
+def wait_healthy(
+    api_url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float, what: str = "prefect server"
+) -> None:
+    """Returns once `GET {api_url}/health` answers 200; raises AssertionError with the tail of
+    `log_path` if `proc` (what serves it) exits first, or after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if server.proc.poll() is not None:
-            raise AssertionError(
-                f"prefect server exited with {server.proc.returncode} before it was healthy\n{server.log_tail()}"
-            )
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited with {proc.returncode} before it was healthy\n{log_tail(log_path)}")
         try:
-            if httpx.get(f"{server.api_url}/health", timeout=2).status_code == 200:
-                return server
+            if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
         if time.monotonic() > deadline:
-            server.stop()
-            raise AssertionError(f"prefect server not healthy within {timeout_s:.0f} s\n{server.log_tail()}")
+            raise AssertionError(f"{what} not healthy within {timeout_s:.0f} s\n{log_tail(log_path)}")
         time.sleep(0.5)
 
 

@@ -213,7 +213,9 @@ def s3_bucket(s3_server, request):
 
 @pytest.fixture(scope="session")
 def prefect_live(tmp_path_factory):
-    """A real `prefect server start` on loopback for the session (see LiveServer)."""
+    """A real `prefect server start` on loopback for the session (see LiveServer), on PostgreSQL
+    where the machine has it (as `rft server` runs it), else SQLite; RFT_PREFECT_DB=sqlite (or
+    postgres, or auto) chooses: `RFT_PREFECT_DB=sqlite make test` runs the live tests on SQLite."""
     server = start_server(tmp_path_factory.mktemp("prefect-live"))
     try:
         yield server

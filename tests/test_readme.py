@@ -108,6 +108,14 @@ EXERCISED: dict[str, list[str]] = {
     "prefect server": [
         "tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"
     ],  # its fixture starts `prefect server start` (harness/prefect_live.py)
+    "rft server": [
+        "tests/deployments/test_prefect_server.py::test_rft_server_runs_prefect_on_postgres_and_leaves_no_process",
+        "tests/deployments/test_prefect_server.py::test_no_postgres_is_refused_naming_what_is_missing",
+    ],
+    "make server": [
+        "tests/deployments/test_prefect_server.py::test_make_server_runs_rft_server",  # dry-run: the command it runs
+        "tests/deployments/test_prefect_server.py::test_rft_server_runs_prefect_on_postgres_and_leaves_no_process",
+    ],
     "prefect work-pool": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect worker": ["tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"],
     "prefect deploy": ["tests/deployments/test_live_prefect.py::test_deploy_all_from_repo_root"],
