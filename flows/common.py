@@ -19,6 +19,7 @@ from typing import Annotated, Any
 
 from prefect import flow
 from prefect.context import get_run_context
+from prefect.exceptions import ParameterTypeError
 from prefect.logging import get_run_logger
 from prefect.states import Cancelled
 from pydantic import Field
@@ -40,6 +41,10 @@ from tasks.run import check_run, record_run, start_attempt, sweep_buffer
 # Prefect logs a refused parameter's values (a deployment's `cfg`: a credential in it) on the flow
 # process's terminal before the flow runs: every process that runs a mode's flow imports this module.
 hide_parameter_values("prefect.flows")
+# A refused config (a UserError: a bad `set`, a missing file; Prefect's refusal of a `cfg` the form
+# got wrong) is one line on a worker's terminal, not the traceback Prefect's run logger and its
+# engine (`python -m prefect.engine`) each log with it.
+hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs", "prefect.engine", also=(ParameterTypeError,))
 
 
 def with_overrides(cfg: RFTConfig, overrides: list[str] | None) -> RFTConfig:
@@ -219,7 +224,6 @@ def output_to_run_log(
 def run_mode(cfg: RFTConfig, resume: str | None, mode: str, overrides: list[str] | None = None) -> Any:
     """The body of every mode's flow: the run's lifecycle as tasks (rl_engine/run/driver.py), the
     roles where the placement says; the schedule is the roles' business."""
-    hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     cfg = flow_config(cfg, resume, overrides)
     source = f"the cfg parameter of flow run {get_run_context().flow_run.name!r}"
     with RunDriver(cfg, resume, mode, source, log=get_run_logger().info) as driver:

@@ -42,3 +42,38 @@ def artifacts_of(flow_run_id: Any) -> dict[str, Any]:
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
     return {a.key: a for a in rows if a.key}
+
+
+def run_in_own_process(
+    flow: Any, parameters: dict[str, Any], entrypoint: str, timeout_s: float = 240
+) -> tuple[Any, Any]:
+    """A flow run of `flow` as a worker runs it: created on the test server, then `python -m
+    prefect.engine` with its id and `entrypoint` (`<file>:<flow function>`) in a process of its
+    own; (the finished process, output captured as text; the flow run's final state)."""
+    import subprocess
+    import sys
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import get_current_settings
+
+    from harness.prefect_live import REPO
+
+    with get_client(sync_client=True) as client:
+        flow_run = client.create_flow_run(flow, parameters=parameters)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PREFECT_API_URL": get_current_settings().api.url,
+        "PREFECT__FLOW_RUN_ID": str(flow_run.id),
+        "PREFECT__FLOW_ENTRYPOINT": entrypoint,
+    }
+    res = subprocess.run(
+        [sys.executable, "-m", "prefect.engine", str(flow_run.id)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    with get_client(sync_client=True) as client:
+        return res, client.read_flow_run(flow_run.id).state

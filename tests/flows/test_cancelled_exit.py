@@ -6,15 +6,14 @@ CancelledRun tracebacks and exits 1 (the contrast, so the test sees what it guar
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
 from prefect import flow
 
 from flows.common import end_cancelled
 from harness.prefect_live import REPO
+from tests.flows.conftest import run_in_own_process
 
 MESSAGE = "trainer stopped after 2 steps: the run was cancelled"
 
@@ -28,28 +27,9 @@ def stopped_on_purpose(clean: bool = True):
 
 def run_in_its_own_process(clean: bool) -> tuple[subprocess.CompletedProcess, object]:
     """The flow run as a worker runs it: `python -m prefect.engine` with the run's id and entrypoint."""
-    from prefect.client.orchestration import get_client
-    from prefect.settings import get_current_settings
-
-    with get_client(sync_client=True) as client:
-        flow_run = client.create_flow_run(stopped_on_purpose, parameters={"clean": clean})
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "PREFECT_API_URL": get_current_settings().api.url,
-        "PREFECT__FLOW_RUN_ID": str(flow_run.id),
-        "PREFECT__FLOW_ENTRYPOINT": f"{REPO}/tests/flows/test_cancelled_exit.py:stopped_on_purpose",
-    }
-    res = subprocess.run(
-        [sys.executable, "-m", "prefect.engine", str(flow_run.id)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    return run_in_own_process(
+        stopped_on_purpose, {"clean": clean}, f"{REPO}/tests/flows/test_cancelled_exit.py:stopped_on_purpose", 120
     )
-    with get_client(sync_client=True) as client:
-        return res, client.read_flow_run(flow_run.id).state
 
 
 @pytest.mark.timeout(300)

@@ -116,14 +116,25 @@ def test_user_error_tracebacks_are_hidden_from_logs_others_kept():
     hide_user_error_tracebacks(logger.name)
     hide_user_error_tracebacks(logger.name)  # idempotent
     assert len(logger.filters) == 1
-    for exc in (UserError("taskset.path: file not found; fix it"), RuntimeError("a bug")):
+    refused = UserError(
+        "flow parameter set=['trainer.total_stepz=3']: invalid configuration (1 problem)\n  trainer.total_stepz = 3: unknown key; remove it"
+    )
+    for exc in (refused, RuntimeError("a bug")):
         try:
             raise exc
         except Exception:
             logger.exception("Encountered exception during execution: %r", exc)
-    text = stream.getvalue()
-    assert "UserError('taskset.path: file not found; fix it')" in text
-    assert text.count("Traceback") == 1 and "RuntimeError: a bug" in text
+            # Prefect's engine restates it, traceback and all ("python -m prefect.engine" on a worker)
+            logger.exception("Execution of flow run 'x' exited with unexpected exception")
+    lines = stream.getvalue().splitlines()
+    # The refused config: one line naming the field and the fix, and nothing else (issue 44: 54-57 lines on a worker)
+    assert lines[0] == (
+        "Encountered exception during execution: UserError: flow parameter set=['trainer.total_stepz=3']: "
+        "invalid configuration (1 problem); trainer.total_stepz = 3: unknown key; remove it"
+    ), lines
+    assert lines[1] == "Encountered exception during execution: RuntimeError('a bug')", lines  # a bug keeps it all
+    text = "\n".join(lines[1:])
+    assert text.count("Traceback") == 2 and "RuntimeError: a bug" in text and "exited with unexpected exception" in text
 
 
 @pytest.mark.slow
