@@ -1,0 +1,48 @@
+"""A real synchronous run with model.lora (issue 46 phase 1): DeepSpeed trains the adapters only,
+the explorer's vLLM engine receives the merged weights by the collective sync, and its behavior
+logprobs are the trainer's after every sync.
+
+.venv/bin/python -m pytest tests/flows/test_lora_run.py -q -m slow
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from cli.run import run_config
+from harness.runs import small_config
+from rl_engine.config import validate_config
+from tests.flows.test_trainer_ranks import assert_synchronous_run_kept_logprobs
+
+pytestmark = pytest.mark.slow
+
+LORA = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
+
+
+def test_a_lora_run_syncs_merged_weights_the_engine_agrees_with(prefect_server, tiny_model_dir, task_file, tmp_path):
+    total = 4
+    data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=total)
+    data["model"]["lora"] = LORA
+    data["trainer"]["lr"] = 1e-2
+    data["taskset"]["reward"] = {
+        "type": "python",
+        "function": "tests.flows.test_lineage_flows:length_reward",
+    }  # moves the weights
+    summary = run_config(validate_config(data))
+
+    # step t trained on what vLLM generated with merged version t-1: logprobs within 1e-3
+    assert_synchronous_run_kept_logprobs(summary, total)
+
+    run = summary["run"]
+    trained, initial = load_file(f"{run}/model/model.safetensors"), load_file(f"{tiny_model_dir}/model.safetensors")
+    assert trained.keys() == initial.keys()  # an ordinary model: no peft names
+    moved = {n for n in initial if not torch.equal(trained[n], initial[n])}
+    assert moved and all(n.rsplit(".", 2)[-2] in ("q_proj", "v_proj", "down_proj") for n in moved), moved
+    adapter = json.loads(open(f"{run}/model/adapter/adapter_config.json").read())
+    assert adapter["r"] == LORA["rank"] and sorted(adapter["target_modules"]) == sorted(LORA["target_modules"])
+    state = load_file(f"{run}/trainer_state/step=2/model.safetensors")
+    assert state and all(".lora_A." in n or ".lora_B." in n for n in state)  # the adapter only
