@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow, get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import output_to_run_log
@@ -19,8 +19,7 @@ from rl_engine.errors import UserError
 from rl_engine.roles.evaluate_run import evaluate_versions, saved_versions
 from rl_engine.run.context import open_run
 from rl_engine.run.logs import role_log_name
-from rl_engine.run.report import eval_table, heldout_curve_png
-from tasks.evaluation import artifact_prefix, png_markdown
+from tasks.evaluation import artifact_prefix, evaluations_card
 
 
 @task(cache_policy=NO_CACHE, task_run_name="score-saved-versions")
@@ -43,16 +42,14 @@ def evaluate_run(
     run_url: str, tasksets: list[str] | None = None, n: int = 4, storage_options: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
     """Score every saved version of the run at `run_url` (its start model, the kept best, retained
-    sync checkpoints, the final model) on held-out task files; the table and curve as artifacts.
+    sync checkpoints, the final model) on held-out task files; the curve and table as one artifact.
     On a worker, the engine's output goes to `<run>/logs/engines-eval.log`."""
     with output_to_run_log(run_url, storage_options, role_log_name("eval")):
         records = score_saved_versions(run_url, tasksets, n, storage_options)
     name = open_run(run_url, storage_options).cfg.name
-    key = f"{artifact_prefix(name)}-saved-versions"
-    create_table_artifact(
-        eval_table(records), key=key, description=f"Held-out scores of every saved version of run {name}"
-    )
     create_markdown_artifact(
-        png_markdown(heldout_curve_png(records), f"held-out curve of run {name}'s saved versions"), key=f"{key}-curve"
+        evaluations_card(records, None, f"run {name}'s saved versions"),
+        key=f"{artifact_prefix(name)}-saved-versions",
+        description=f"Held-out scores of every saved version of run {name} (curve and table)",
     )
     return records

@@ -1,5 +1,5 @@
 """Held-out evaluations in Prefect: a task run per evaluation (explorer 0 ran it, rl_engine.roles.evaluation),
-publishing the run's evaluation table and held-out curve as artifacts beside the timeline."""
+publishing the run's evaluations (held-out curve and table, one artifact) beside the timeline."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from rl_engine.run.context import RunContext, open_run
-from rl_engine.run.report import eval_table, heldout_curve_png, load_evaluations
+from rl_engine.run.report import eval_markdown, eval_table, heldout_curve_png, load_evaluations, read_best
 from tasks.report import _slug
 
 
@@ -32,21 +32,27 @@ def eval_line(record: dict[str, Any]) -> str:
 
 @task(cache_policy=NO_CACHE, task_run_name="eval-v{version}")
 def publish_evaluation(run_url: str, storage_options: dict[str, Any] | None, version: int, keys: str) -> int:
-    """Version `version` was evaluated: the run's evaluation table and held-out curve as artifacts."""
+    """Version `version` was evaluated: the run's evaluations so far as one artifact (`evaluations_card`)."""
     run = open_run(run_url, storage_options)
     records = load_evaluations(run)
     if run.cfg.monitor.artifacts and records:
-        create_table_artifact(
-            eval_table(records),
-            key=f"{keys}-evaluations",
-            description=f"Held-out evaluations of run {run.cfg.name} by trainer version",
-        )
         create_markdown_artifact(
-            png_markdown(heldout_curve_png(records), f"held-out curve of run {run.cfg.name}"),
-            key=f"{keys}-heldout-curve",
-            description=f"Held-out score by version, run {run.cfg.name}",
+            evaluations_card(records, read_best(run), f"run {run.cfg.name}"),
+            key=f"{keys}-evaluations",
+            description=f"Held-out evaluations of run {run.cfg.name} by trainer version (curve and table)",
         )
     return len(records)
+
+
+def evaluations_card(records: list[dict[str, Any]], best: dict[str, Any] | None, of: str) -> str:
+    """One artifact for evaluated versions (an evaluation during training: one card per evaluated
+    version, not a table and a curve card that repeat each other): the held-out curve, then the
+    table of every version and set, and the best version."""
+    return (
+        png_markdown(heldout_curve_png(records), f"held-out curve of {of}")
+        + "\n\n"
+        + eval_markdown(eval_table(records), best)
+    )
 
 
 @task(cache_policy=NO_CACHE, task_run_name="start-evaluation")
