@@ -61,24 +61,38 @@ def with_overrides(cfg: RFTConfig, overrides: list[str] | None) -> RFTConfig:
         )
 
 
+def run_label(mode: str, parameters: dict[str, Any], given: str | None = None) -> str:
+    """The name of a mode's flow run with these `parameters`: the run's name, which starts with the
+    mode (`synchronous-20250101-030000-1a2b3c`; a named run `nightly` gives `synchronous-nightly`,
+    a resumed one `synchronous-nightly-resume`). A new unnamed run's name is drawn, unless the flow
+    run was created with a name of this mode's (`given`, e.g. `prefect deployment run ...
+    --flow-run-name synchronous-nightly`, or the `name` of a REST `create_flow_run`): its creator
+    named it after the run, and the run takes that name (`flow_config`), so it is never renamed."""
+    try:
+        if parameters.get("resume"):
+            name, tail = str(parameters["resume"]).rstrip("/").rsplit("/", 1)[-1], "-resume"
+        else:
+            cfg = with_overrides(RFTConfig.model_validate(parameters["cfg"]), parameters.get("set"))
+            if cfg.name is None and given and given.startswith(f"{mode}-") and given != f"{mode}-{INVALID}":
+                return given
+            name, tail = cfg.resolved().name, ""
+    except Exception:  # noqa: BLE001 - the flow itself reports a bad config, naming the field
+        return f"{mode}-{INVALID}"
+    return (name if name.startswith(mode) else f"{mode}-{name}") + tail
+
+
+INVALID = "invalid-config"  # a flow run's name when its parameters make no config: `<mode>-invalid-config`
+
+
 def flow_run_label(mode: str) -> Callable[[], str]:
-    """`flow_run_name` of a mode's flow: the run's name, which starts with the mode
-    (`synchronous-20250101-030000-1a2b3c`; a named run `nightly` gives `synchronous-nightly`, a
-    resumed one `synchronous-nightly-resume`). A new unnamed run's name is drawn here and the flow
-    adopts it (`run_mode`), so the flow run and the run directory carry the same name."""
+    """`flow_run_name` of a mode's flow (`run_label` of the flow run's parameters and the name it
+    was created with); the flow adopts a new unnamed run's name (`flow_config`), so the flow run
+    and the run directory carry the same name."""
 
     def label() -> str:
         from prefect.runtime import flow_run
 
-        p = flow_run.parameters
-        try:
-            if p.get("resume"):
-                name, tail = str(p["resume"]).rstrip("/").rsplit("/", 1)[-1], "-resume"
-            else:
-                name, tail = with_overrides(RFTConfig.model_validate(p["cfg"]), p.get("set")).resolved().name, ""
-        except Exception:  # noqa: BLE001 - the flow itself reports a bad config, naming the field
-            return f"{mode}-invalid-config"
-        return (name if name.startswith(mode) else f"{mode}-{name}") + tail
+        return run_label(mode, flow_run.parameters, flow_run.name)
 
     return label
 

@@ -58,13 +58,18 @@ def evaluations_card(records: list[dict[str, Any]], best: dict[str, Any] | None,
 @task(cache_policy=NO_CACHE, task_run_name="start-evaluation")
 def start_evaluation(deployment: str, run_url: str, storage_options: dict[str, Any] | None) -> str | None:
     """The run completed: start a flow run of `deployment` (eval.after_run, e.g. `rft-eval/default`)
-    on it, without waiting; its id, or None when it could not start (a warning: the run stays completed)."""
+    on it, without waiting, named after the run from its creation (`eval_run_name`); its id, or
+    None when it could not start (a warning: the run stays completed)."""
     from prefect.deployments import run_deployment
 
     log = get_run_logger()
     try:
         flow_run = run_deployment(
-            deployment, parameters={"run_url": run_url, "storage_options": storage_options}, timeout=0, as_subflow=False
+            deployment,
+            parameters={"run_url": run_url, "storage_options": storage_options},
+            timeout=0,
+            as_subflow=False,
+            flow_run_name=eval_run_name(run_url),
         )
     except Exception as e:  # noqa: BLE001 - the run is done; a missing deployment must not fail it
         log.warning(
@@ -77,6 +82,11 @@ def start_evaluation(deployment: str, run_url: str, storage_options: dict[str, A
         return None
     log.info("eval.after_run: started flow run %s of %s on %s", flow_run.name, deployment, run_url)
     return str(flow_run.id)
+
+
+def eval_run_name(run_url: str) -> str:
+    """The name of the rft-eval flow run that scores the run at `run_url`, from its creation: `<run name>-eval`."""
+    return f"{run_url.rstrip('/').rsplit('/', 1)[-1]}-eval"
 
 
 def png_markdown(png: bytes, what: str) -> str:

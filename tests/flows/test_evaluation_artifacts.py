@@ -1,7 +1,9 @@
 """What the Prefect UI shows of a run's evaluations: one artifact card per evaluated version (the
 held-out curve and the table of every version so far, under `rft-<run>-evaluations`), not a table
-card and a curve card that repeat each other (issue 44 item 6). No engine: the run's evaluation
-records are written as explorer 0 writes them, then published as its evaluation callback does.
+card and a curve card that repeat each other; the rft-eval flow run a completed run starts
+(`eval.after_run`) carries the run's name from its creation (issue 44 item 6). No engine: the
+run's evaluation records are written as explorer 0 writes them, then published as its evaluation
+callback does.
 
     .venv/bin/python -m pytest tests/flows/test_evaluation_artifacts.py
 """
@@ -15,7 +17,7 @@ from rl_engine.config import validate_config
 from rl_engine.run.context import start_run
 from rl_engine.run.report import EVAL_ROLE, METRICS_DIR
 from rl_engine.storage import join, write_json
-from tasks.evaluation import artifact_prefix, publish_evaluation
+from tasks.evaluation import artifact_prefix, publish_evaluation, start_evaluation
 from tests.flows.conftest import artifacts_of
 
 
@@ -69,3 +71,22 @@ def test_one_artifact_card_per_evaluated_version(prefect_server, tiny_model_dir,
     assert latest.startswith("![held-out curve of run cards](data:image/png;base64,")  # the curve ...
     rows = [line for line in latest.splitlines() if line.startswith("| ") and "version" not in line]
     assert [row.split(" | ")[0] for row in rows] == ["| 0", "| 2", "| 4"]  # ... and every version's row
+
+
+@flow(name="rft-test-after-run")
+def run_completed(deployment: str, run_url: str) -> str | None:
+    return start_evaluation(deployment, run_url, None)
+
+
+def test_the_evaluation_flow_run_is_named_after_the_run_from_its_creation(prefect_server, tmp_path):
+    """`eval.after_run`'s flow run, read while it waits for a worker (none serves its pool here),
+    is `<run>-eval`, not a name Prefect drew (which it kept until the run started)."""
+    from prefect.client.orchestration import get_client
+
+    from tests.flows.test_evaluation_flows import register_eval_deployment
+
+    register_eval_deployment()
+    flow_run_id = run_completed("rft-eval/default", f"{tmp_path}/nightly-3")
+    with get_client(sync_client=True) as client:
+        flow_run = client.read_flow_run(flow_run_id)
+    assert flow_run.state.is_scheduled() and flow_run.name == "nightly-3-eval", (flow_run.name, flow_run.state)

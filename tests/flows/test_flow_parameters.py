@@ -42,3 +42,22 @@ def test_the_example_is_a_valid_override(tiny_model_dir, task_file):
     cfg = validate_config({"model": {"path": tiny_model_dir}, "taskset": {"path": task_file}})
     changed = with_overrides(cfg, SET_EXAMPLE)
     assert changed.trainer.total_steps == 50 and changed.algorithm.preset == "dapo"
+
+
+def test_a_flow_run_named_after_its_run_at_creation_keeps_that_name(tiny_model_dir, task_file):
+    """A mode flow run's name (`flow_run_name`, applied when the run starts) is its run's: a name
+    its creator gave it after the run (`prefect deployment run --flow-run-name synchronous-nightly`,
+    REST's `name`) is kept, and an unnamed run takes it, instead of a drawn one replacing it at
+    the start (issue 44: Prefect's random names until the run starts, then another name)."""
+    import re
+
+    from flows.common import run_label
+
+    cfg = validate_config({"model": {"path": tiny_model_dir}, "taskset": {"path": task_file}}).model_dump(mode="json")
+    assert run_label("synchronous", {"cfg": cfg}, "synchronous-nightly") == "synchronous-nightly"
+    drawn = run_label("synchronous", {"cfg": cfg}, "jolly-crane")  # Prefect's own name at creation: a name is drawn
+    assert re.fullmatch(r"synchronous-\d{8}-\d{6}-[0-9a-f]{6}", drawn), drawn
+    assert run_label("synchronous", {"cfg": {**cfg, "name": "weekly"}}, "synchronous-nightly") == "synchronous-weekly"
+    assert run_label("fully_async", {"cfg": cfg}, "synchronous-nightly") != "synchronous-nightly"  # not this mode's
+    assert run_label("synchronous", {"cfg": cfg, "resume": "runs/nightly/"}, "x") == "synchronous-nightly-resume"
+    assert run_label("synchronous", {"cfg": cfg, "set": ["trainer.total_stepz=1"]}, "y") == "synchronous-invalid-config"
