@@ -1,9 +1,12 @@
-"""Ops benchmark (issue 10): from a REST call that starts a deployment's run to its first rollout.
+"""Ops benchmark (issue 10): from a REST call that starts a deployment's run to its first rollout;
+and the Prefect server's database under those runs, SQLite against PostgreSQL (issue 44).
 
-    python -m bench.ops --quick     # one measured run (after the warm-up run)
+    python -m bench.ops --quick     # one measured run (after the warm-up run), on each database
     python -m bench.ops             # three measured runs, medians
+    python -m bench.ops --db sqlite # one database only (postgres, sqlite, or both: the default)
     python -m bench.ops --smoke     # CI smoke test: one measured run, no warm-up run (a cold worker and cold caches)
     python -m bench.ops --smoke --attach API_URL --worker-log PATH [--model DIR --tasks FILE] [--engine-server URL START_S]
+                        [--db NAME --server-log PATH]
                                     # the same against a server and worker already up, deployed (the tests' session ones)
 
 Against a real `prefect server start` on loopback and a real process worker (harness/prefect_live.py),
@@ -27,13 +30,29 @@ serve` on the deployment's config, rl_engine/rollout/server.py) that each run's 
 (`set: explorer.engine.servers=[URL]`); its `engine_start` is the claim and the reset to the
 run's base weights.
 
-JSON keys: `api_to_first_rollout_s` (their sum) and one `<component>_s` per row above (medians);
+The whole sequence (warm-up run, measured runs, engine server runs) runs once per database: a
+server of its own on SQLite (Prefect's default), then one on PostgreSQL (rl_engine/prefect_db.py,
+as `rft server` runs it; skipped, saying why, where the machine has none). While it goes, a probe
+calls the API twice a second as a client would, `read_flow_runs` (`POST /flow_runs/filter`, the
+newest 20) and `create_flow_run` (`POST /flow_runs/`, a flow run of a probe flow that no worker
+takes), each timed alone, without retries; and the server's log is read for `database is locked`
+(SQLite's one writer at a time: Prefect logs a traceback per refused write).
+
+JSON keys: `api_to_first_rollout_s` (their sum) and one `<component>_s` per row above (medians, of
+the first database: SQLite, as before PostgreSQL was measured);
 the same with a `server_` prefix for the engine-server runs (goal: `server_api_to_first_rollout_s`
 <= 10 s), and `engine_server_start_s`, what starting the server took once;
 `worker_terminal_lines_per_run`, the most lines the worker's terminal got for one run (the
 engines' output goes to the run's log files, rl_engine/run/logs.py); `op_rebuilt_during_runs`,
 1 if DeepSpeed's CPU op was (re)built while the measured runs went (it is built per virtualenv,
-once: rl_engine/trainer/dist.py), so the start-up figures never count a rebuild.
+once: rl_engine/trainer/dist.py), so the start-up figures never count a rebuild. Per database
+(`sqlite_...`, `postgres_...`): `<db>_db_locked_lines` (lines of its server log with `database is
+locked`) and `<db>_server_log_tracebacks`, `<db>_read_flow_runs_p50_ms` / `_p95_ms` and
+`<db>_create_flow_run_p50_ms` / `_p95_ms` (the probe's calls, refused ones included), `<db>_api_errors` (probe calls
+answered with an error status or not within 30 s) of `<db>_api_calls`, `<db>_api_to_first_rollout_s` and
+`<db>_server_api_to_first_rollout_s`, `<db>_minutes` (how long the sequence took) and
+`<db>_load_avg_1m` (the machine's 1-minute load average over it, other processes' work included);
+`dbs`, the databases measured, in order.
 """
 
 from __future__ import annotations
@@ -44,6 +63,7 @@ import json
 import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,6 +74,10 @@ from bench._report import emit_json, print_table
 
 COMPONENTS = ("api_call", "worker_pickup", "process_spawn", "flow_import", "run_setup", "engine_start", "to_rollout")
 RUN_TIMEOUT_S = 600.0
+LOCKED = b"database is locked"
+PROBE_PERIOD_S = 0.5
+PROBE_TIMEOUT_S = 30.0
+PROBE_FLOW = "bench-ops-probe"
 
 
 def _ts(iso: str) -> float:
@@ -149,25 +173,31 @@ def _op_library() -> os.stat_result | None:
     return os.stat(found[0]) if found else None
 
 
-def setup(root: Path) -> tuple[Any, Any, dict[str, Any], list[Any]]:
-    """A live server, the README's pool and a worker, `prefect deploy --all`, a tiny model and tasks;
-    returns (server, worker, the synchronous deployment, things to stop). The deployment's config
-    is also written to `<root>/config.yaml` (the engine server's)."""
-    from harness.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
-    from harness.runs import small_config
+def model_and_tasks(root: Path) -> tuple[str, str]:
+    """The tiny model and its task file, made under `root` (once for every database's runs)."""
     from rl_engine.demos.arithmetic import write_arithmetic_taskset
     from rl_engine.tiny_model import make_tiny_model
 
-    live = start_server(root / "server", ui=False)
+    model = str(make_tiny_model(root / "model", seed=0))
+    tasks = str(root / "tasks.jsonl")
+    write_arithmetic_taskset(tasks, n=200, seed=3)
+    return model, tasks
+
+
+def setup(root: Path, db: str, model: str, tasks: str) -> tuple[Any, Any, dict[str, Any], list[Any]]:
+    """A live server on `db`, the README's pool and a worker, `prefect deploy --all`; returns (server,
+    worker, the synchronous deployment with a config of `model` and `tasks`, things to stop). The
+    deployment's config is also written to `<root>/config.yaml` (the engine server's)."""
+    from harness.prefect_live import DEPLOY_ALL, REPO, start_server, start_worker
+    from harness.runs import small_config
+
+    live = start_server(root / "server", ui=False, db=db)
     stop = [live]
     try:
         worker = start_worker(live, "rft-cpu", root / "logs")
         stop.insert(0, worker)
         live.cli(*DEPLOY_ALL, cwd=REPO, timeout=300)
         dep = live.deployment("synchronous/synchronous")
-        model = str(make_tiny_model(root / "model", seed=0))
-        tasks = str(root / "tasks.jsonl")
-        write_arithmetic_taskset(tasks, n=200, seed=3)
         cfg = small_config(model, tasks, str(root / "runs"), mode="synchronous", total_steps=1)
         cfg["synchronizer"]["collective"]["port"] = None
         cfg["monitor"]["artifacts"] = False  # the measured path is start-up; reports come after it
@@ -203,23 +233,19 @@ class _Restore:
 
 
 def attach(
-    root: Path, api_url: str, worker_log: Path, model: str | None, tasks: str | None
+    root: Path, api_url: str, worker_log: Path, model: str | None, tasks: str | None, server_log: Path | None = None
 ) -> tuple[Any, Any, dict[str, Any], list[Any]]:
     """`setup` against a server already up, with the README's pool polled by a worker whose terminal
     goes to `worker_log` and `prefect deploy --all` done (the tests' session fixtures): only the
-    deployment's config is PATCHed (put back at the end), around `model` and `tasks` if given."""
+    deployment's config is PATCHed (put back at the end), around `model` and `tasks` if given.
+    `server_log`: that server's log, read for `database is locked` lines (none counted without it)."""
     from harness.prefect_live import LiveServer
     from harness.runs import small_config
-    from rl_engine.demos.arithmetic import write_arithmetic_taskset
-    from rl_engine.tiny_model import make_tiny_model
 
-    live = LiveServer(api_url=api_url, home=Path(), log_path=Path())
+    live = LiveServer(api_url=api_url, home=Path(), log_path=server_log or Path())
     dep = live.deployment("synchronous/synchronous")
-    if model is None:
-        model = str(make_tiny_model(root / "model", seed=0))
-    if tasks is None:
-        tasks = str(root / "tasks.jsonl")
-        write_arithmetic_taskset(tasks, n=200, seed=3)
+    if model is None or tasks is None:
+        model, tasks = model_and_tasks(root)
     cfg = small_config(model, tasks, str(root / "runs"), mode="synchronous", total_steps=1)
     cfg["synchronizer"]["collective"]["port"] = None
     cfg["monitor"]["artifacts"] = False
@@ -228,52 +254,177 @@ def attach(
     return live, _AttachedWorker(worker_log), dep, [_Restore(live, dep)]
 
 
-def _warm_engine_runs(
-    live: Any,
-    worker: Any,
-    dep: dict[str, Any],
-    root: Path,
-    runs: int,
-    warm_up: bool,
-    served: tuple[str, float] | None = None,
-) -> tuple[list[dict[str, Any]], float]:
-    """The same runs against an engine server kept up between them (`rft engine serve`, the
-    deployment's config; runs get `explorer.engine.servers`); returns (rows, server start seconds).
-    `served`: (URL, start seconds) of a server already up, of the runs' model, used instead."""
-    import contextlib
-    from types import SimpleNamespace
+def _served_runs(
+    live: Any, worker: Any, dep: dict[str, Any], root: Path, runs: int, warm_up: bool, url: str
+) -> list[dict[str, Any]]:
+    """The same runs against an engine server kept up between them (`rft engine serve` of the
+    deployment's model at `url`; runs get `explorer.engine.servers`)."""
+    sets = (f'explorer.engine.servers=["{url}"]',)
+    if warm_up:  # the server's first generate pays vLLM's one-off warm-up (~2 s)
+        measure(live, worker, dep["id"], root / "runs-server-warmup", steps=1, sets=sets)
+    return [
+        {"run": f"server {i + 1}", **measure(live, worker, dep["id"], root / f"runs-server-{i}", steps=1, sets=sets)}
+        for i in range(runs)
+    ]
 
-    from harness.engine_server import engine_server
 
-    with (
-        contextlib.nullcontext(SimpleNamespace(url=served[0], start_s=served[1]))
-        if served
-        else engine_server(root / "config.yaml", root / "logs") as srv
-    ):
-        sets = (f'explorer.engine.servers=["{srv.url}"]',)
-        if warm_up:  # the server's first generate pays vLLM's one-off warm-up (~2 s)
-            measure(live, worker, dep["id"], root / "runs-server-warmup", steps=1, sets=sets)
-        rows = [
-            {
-                "run": f"server {i + 1}",
-                **measure(live, worker, dep["id"], root / f"runs-server-{i}", steps=1, sets=sets),
-            }
-            for i in range(runs)
-        ]
-    return rows, srv.start_s
+def _log_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_counts(path: Path, since: int) -> tuple[int, int]:
+    """(lines with `database is locked`, tracebacks) in the log at `path` after byte `since`."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(since)
+            lines = f.read().splitlines()
+    except OSError:
+        return 0, 0
+    return sum(LOCKED in line for line in lines), sum(
+        line.startswith(b"Traceback (most recent call last)") for line in lines
+    )
+
+
+class Probe(threading.Thread):
+    """An API client beside the runs: every PROBE_PERIOD_S, `read_flow_runs` (the newest 20) and
+    `create_flow_run` (a flow run of PROBE_FLOW, which no deployment or worker takes), each timed
+    alone (ms), without retries; an error status or no answer within PROBE_TIMEOUT_S counts as an
+    error, and as the time it took (the timeout's, for no answer). Samples the machine's 1-minute
+    load average too. `stop()` ends it and deletes the flow runs it created."""
+
+    def __init__(self, api_url: str):
+        super().__init__(daemon=True)
+        import httpx
+
+        self.client = httpx.Client(base_url=api_url.rstrip("/"), timeout=PROBE_TIMEOUT_S)
+        self.done = threading.Event()
+        self.ms: dict[str, list[float]] = {"read_flow_runs": [], "create_flow_run": []}
+        self.errors = self.calls = 0
+        self.load: list[float] = []
+        self.created: list[str] = []
+        self.flow_id = self.client.post("/flows/", json={"name": PROBE_FLOW}).raise_for_status().json()["id"]
+
+    def _call(self, what: str, path: str, body: dict[str, Any]) -> dict[str, Any] | list | None:
+        import httpx
+
+        t0 = time.perf_counter()
+        try:
+            r = self.client.post(path, json=body)
+        except httpx.HTTPError:
+            r = None
+        self.ms[what].append((time.perf_counter() - t0) * 1000)  # a refusal's wait counts too (SQLite's 503)
+        if r is None or r.status_code >= 400:
+            self.errors += 1
+            return None
+        return r.json()
+
+    def run(self) -> None:
+        i = 0
+        while not self.done.is_set():
+            t0 = time.monotonic()
+            self.calls += 2
+            self._call("read_flow_runs", "/flow_runs/filter", {"limit": 20, "sort": "EXPECTED_START_TIME_DESC"})
+            made = self._call(
+                "create_flow_run", "/flow_runs/", {"flow_id": self.flow_id, "name": f"probe-{i}", "tags": [PROBE_FLOW]}
+            )
+            if isinstance(made, dict) and "id" in made:
+                self.created.append(made["id"])
+            self.load.append(os.getloadavg()[0])
+            i += 1
+            self.done.wait(max(0.0, PROBE_PERIOD_S - (time.monotonic() - t0)))
+
+    def stop(self) -> dict[str, float]:
+        """End the probe, delete its flow runs; its figures (ms, counts)."""
+        self.done.set()
+        self.join()
+        for run_id in self.created:
+            try:
+                self.client.delete(f"/flow_runs/{run_id}")
+            except Exception:  # noqa: BLE001 - a probe run left behind harms no measurement
+                pass
+        self.client.close()
+        out: dict[str, float] = {}
+        for what, ms in self.ms.items():
+            qs = statistics.quantiles(ms, n=20, method="inclusive") if len(ms) > 1 else ms * 19
+            out[f"{what}_p50_ms"] = round(statistics.median(ms), 1) if ms else float("nan")
+            out[f"{what}_p95_ms"] = round(qs[18], 1) if ms else float("nan")
+        out["api_calls"] = self.calls
+        out["api_errors"] = self.errors
+        out["load_avg_1m"] = round(statistics.fmean(self.load), 2) if self.load else float("nan")
+        return out
+
+
+def one_database(
+    live: Any, worker: Any, dep: dict[str, Any], root: Path, runs: int, smoke: bool, engine: Any
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float], int]:
+    """The sequence on one server: warm-up run (not with `smoke`), `runs` measured runs, the same
+    against the engine server `engine` (url, start_s), with the probe going all along; returns
+    (rows, served rows, the database's figures, 1 if DeepSpeed's op was rebuilt meanwhile)."""
+    t_start, log_from = time.monotonic(), _log_size(live.log_path)
+    probe = Probe(live.api_url)
+    probe.start()
+    try:
+        if not smoke:
+            t0 = time.monotonic()
+            warm = measure(live, worker, dep["id"], root / "runs-warmup", steps=1)
+            print(
+                f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s"
+            )
+        op = _op_library()  # built by the warm-up run (or an earlier one) for this virtualenv
+        rows = [{"run": i + 1, **measure(live, worker, dep["id"], root / f"runs-{i}", steps=1)} for i in range(runs)]
+        after = _op_library()
+        rebuilt = int(op is None or after is None or (op.st_ino, op.st_mtime_ns) != (after.st_ino, after.st_mtime_ns))
+        served = _served_runs(live, worker, dep, root, runs, warm_up=not smoke, url=engine.url)
+    finally:
+        figures = probe.stop()
+    locked, tracebacks = _log_counts(live.log_path, log_from)
+    figures |= {
+        "db_locked_lines": locked,
+        "server_log_tracebacks": tracebacks,
+        "api_to_first_rollout_s": round(statistics.median(r["api_to_first_rollout_s"] for r in rows), 3),
+        "server_api_to_first_rollout_s": round(statistics.median(r["api_to_first_rollout_s"] for r in served), 3),
+        "minutes": round((time.monotonic() - t_start) / 60, 2),
+    }
+    return rows, served, figures, rebuilt
+
+
+def databases(choice: str) -> list[str]:
+    """The databases to measure, in order: SQLite first (the start-up keys' own), PostgreSQL where
+    the machine has it (a line says why not where it has none)."""
+    from rl_engine.prefect_db import postgres_missing
+
+    want = ["sqlite", "postgres"] if choice == "both" else [choice]
+    missing = postgres_missing() if "postgres" in want else None
+    if missing:
+        if choice == "postgres":
+            raise SystemExit(f"bench.ops --db postgres: {missing}")
+        print(f"PostgreSQL not measured: {missing}")
+        want.remove("postgres")
+    return want
 
 
 def main(argv: list[str] | None = None) -> int:
+    import contextlib
+    from types import SimpleNamespace
+
     ap = argparse.ArgumentParser(prog="python -m bench.ops", description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="one measured run instead of three")
     size.add_argument("--smoke", action="store_true", help="CI smoke test: one measured run and no warm-up run")
+    ap.add_argument(
+        "--db",
+        help="the Prefect server's database: both (default: SQLite, then PostgreSQL), sqlite or postgres; with --attach, the name of the attached server's (default sqlite)",
+    )
     ap.add_argument(
         "--attach",
         metavar="API_URL",
         help="a Prefect server already up (its API URL), with the rft-cpu pool's worker and `prefect deploy --all` done",
     )
     ap.add_argument("--worker-log", type=Path, help="with --attach: the file that worker's terminal goes to")
+    ap.add_argument("--server-log", type=Path, help="with --attach: the server's log (for `database is locked` lines)")
     ap.add_argument("--model", help="with --attach: the tiny model for the runs (default: one made here)")
     ap.add_argument("--tasks", help="with --attach: their task file (default: one written here)")
     ap.add_argument(
@@ -285,54 +436,81 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if bool(args.attach) != bool(args.worker_log):
         ap.error("--attach and --worker-log go together")
-    rows: list[dict[str, Any]] = []
+    if args.attach:
+        if args.db not in (None, "sqlite", "postgres"):
+            ap.error("with --attach, --db names the attached server's database: sqlite or postgres")
+        dbs = [args.db or "sqlite"]
+    else:
+        if args.db not in (None, "both", "sqlite", "postgres"):
+            ap.error("--db: both, sqlite or postgres")
+        dbs = databases(args.db or "both")
     runs = 1 if args.quick or args.smoke else 3
-    with tempfile.TemporaryDirectory(prefix="rft-bench-ops-") as tmp:
+    results: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float], int]] = {}
+    with tempfile.TemporaryDirectory(prefix="rft-bench-ops-") as tmp, contextlib.ExitStack() as engines:
         root = Path(tmp)
-        live, worker, dep, stop = (
-            attach(root, args.attach, args.worker_log, args.model, args.tasks) if args.attach else setup(root)
-        )
-        try:
-            if not args.smoke:
-                t0 = time.monotonic()
-                warm = measure(live, worker, dep["id"], root / "runs-warmup", steps=1)
-                print(
-                    f"warm-up run (worker and caches cold): api_to_first_rollout {warm['api_to_first_rollout_s']:.1f} s, finished after {time.monotonic() - t0:.0f} s"
-                )
-            op = _op_library()  # built by the warm-up run (or an earlier one) for this virtualenv
-            for i in range(runs):
-                rows.append({"run": i + 1, **measure(live, worker, dep["id"], root / f"runs-{i}", steps=1)})
-            after = _op_library()
-            rebuilds = int(
-                op is None or after is None or (op.st_ino, op.st_mtime_ns) != (after.st_ino, after.st_mtime_ns)
+        if args.attach:
+            engine = None
+            if args.engine_server:
+                engine = SimpleNamespace(url=args.engine_server[0], start_s=float(args.engine_server[1]))
+            live, worker, dep, stop = attach(
+                root, args.attach, args.worker_log, args.model, args.tasks, server_log=args.server_log
             )
-            up = (args.engine_server[0], float(args.engine_server[1])) if args.engine_server else None
-            served, server_start_s = _warm_engine_runs(live, worker, dep, root, runs, warm_up=not args.smoke, served=up)
-        finally:
-            for s in stop:
-                s.stop()
+            try:
+                if engine is None:
+                    from harness.engine_server import engine_server
+
+                    engine = engines.enter_context(engine_server(root / "config.yaml", root / "logs"))
+                results[dbs[0]] = one_database(live, worker, dep, root, runs, args.smoke, engine)
+            finally:
+                for s in stop:
+                    s.stop()
+        else:
+            model, tasks = model_and_tasks(root)
+            engine = None
+            for db in dbs:
+                where = root / db
+                where.mkdir()
+                print(f"--- Prefect server on {db}", flush=True)
+                live, worker, dep, stop = setup(where, db, model, tasks)
+                try:
+                    if engine is None:  # one engine server for every database's runs
+                        from harness.engine_server import engine_server
+
+                        engine = engines.enter_context(engine_server(where / "config.yaml", root / "logs"))
+                    results[db] = one_database(live, worker, dep, where, runs, args.smoke, engine)
+                finally:
+                    for s in stop:
+                        s.stop()
+    rows, served, _, rebuilds = results[dbs[0]]
     print_table(
         [{k.removesuffix("_s"): v for k, v in r.items()} for r in rows + served],
-        title=f"API call -> first rollout, seconds ({'cold' if args.smoke else 'warm'} worker, synchronous deployment, tiny model; 'server' rows: engine server kept up)",
+        title=f"API call -> first rollout, seconds ({'cold' if args.smoke else 'warm'} worker, synchronous deployment, tiny model, Prefect on {dbs[0]}; 'server' rows: engine server kept up)",
+    )
+    print_table(
+        [{"db": db, **fig} for db, (_, _, fig, _) in results.items()],
+        title=f"Prefect's database under the same runs (the API probed every {PROBE_PERIOD_S:g} s; latency in ms; load: the machine's 1-minute load average)",
     )
     keys = [f"{c}_s" for c in COMPONENTS] + ["api_to_first_rollout_s"]
-    lines = max(r["worker_terminal_lines"] for r in rows + served)
+    lines = max(r["worker_terminal_lines"] for _, (rw, sv, _, _) in results.items() for r in rw + sv)
     print(
         f"worker terminal: at most {lines} lines per run (goal: under 30; engine output goes to <run>/logs/); DeepSpeed op rebuilt during the measured runs: {'yes' if rebuilds else 'no'}"
     )
     print(
-        f"engine server: up after {server_start_s:.1f} s, once; API call -> first rollout {statistics.median(r['api_to_first_rollout_s'] for r in served):.1f} s with it (goal <= 10 s)"
+        f"engine server: up after {engine.start_s:.1f} s, once; API call -> first rollout {statistics.median(r['api_to_first_rollout_s'] for r in served):.1f} s with it (goal <= 10 s)"
     )
     med = {k: round(statistics.median(r[k] for r in rows), 3) for k in keys}
     warm = {f"server_{k}": round(statistics.median(r[k] for r in served), 3) for k in keys}
+    per_db = {f"{db}_{k}": v for db, (_, _, fig, _) in results.items() for k, v in fig.items()}
     emit_json(
         med
         | warm
+        | per_db
         | {
-            "engine_server_start_s": round(server_start_s, 3),
+            "engine_server_start_s": round(engine.start_s, 3),
             "runs": len(rows),
             "worker_terminal_lines_per_run": lines,
             "op_rebuilt_during_runs": rebuilds,
+            "dbs": ",".join(dbs),
         }
     )
     return 0

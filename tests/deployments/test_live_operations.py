@@ -330,7 +330,8 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
 def test_bench_ops(prefect_live, test_deployment, rft_worker, engine_server, tiny_model_dir, task_file, tmp_path):
     """`python -m bench.ops --smoke` (its smallest path end to end, tests/bench/test_bench_smoke.py's
     way) on this module's server, worker and deployments (--attach) and the session's engine server
-    (the README runs' above): no server, worker, `prefect deploy --all` or engine server of its own."""
+    (the README runs' above): no server, worker, `prefect deploy --all` or engine server of its own.
+    The database figures are those of the session's server (PostgreSQL where the machine has it)."""
     from tests.bench.test_bench_smoke import has_keys, non_negative, number, positive, run_bench
 
     params = prefect_live.deployment("synchronous/synchronous")["parameters"]
@@ -346,6 +347,10 @@ def test_bench_ops(prefect_live, test_deployment, rft_worker, engine_server, tin
         "--engine-server",
         engine_server.url,
         str(engine_server.start_s),
+        "--db",
+        prefect_live.db,
+        "--server-log",
+        str(prefect_live.log_path),
     )
     r = run_bench("ops", "--smoke", *attached, timeout_s=720, tmp_path=tmp_path)
     parts = (
@@ -375,5 +380,16 @@ def test_bench_ops(prefect_live, test_deployment, rft_worker, engine_server, tin
     has_keys(r, "engine_server_start_s", "server_api_to_first_rollout_s", *(f"server_{k}" for k in parts))
     positive(r["engine_server_start_s"])
     assert sum(r[f"server_{k}"] for k in parts) == pytest.approx(r["server_api_to_first_rollout_s"], abs=0.01)
-    # --attach leaves the deployment's config as it found it
+    # The database under the runs: the probe's API latency and the server log's `database is locked` lines
+    db = prefect_live.db
+    assert r["dbs"] == db
+    for what in ("read_flow_runs", "create_flow_run"):
+        assert 0 < r[f"{db}_{what}_p50_ms"] <= r[f"{db}_{what}_p95_ms"]
+    assert r[f"{db}_api_calls"] > r[f"{db}_api_errors"] >= 0 and r[f"{db}_minutes"] > 0
+    assert r[f"{db}_db_locked_lines"] >= 0 and r[f"{db}_server_log_tracebacks"] >= 0
+    if db == "postgres":
+        assert r["postgres_db_locked_lines"] == 0  # SQLite's own message
+    # --attach leaves the deployment's config as it found it, and no probe flow run behind
     assert prefect_live.deployment("synchronous/synchronous")["parameters"] == params
+    left = prefect_live.api("POST", "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": ["bench-ops-probe"]}}})
+    assert not left
