@@ -137,6 +137,61 @@ def taskset_files(path: str, storage_options: dict[str, Any] | None = None, fiel
     return [fs.unstrip_protocol(p) if "://" in path else p for p in files]
 
 
+# --------------------------------------------------------------------------- task views
+
+VIEW_SUFFIX = ".taskview.json"
+
+
+def is_task_view(path: str) -> bool:
+    """Whether `path` is a task view (`*.taskview.json`; a lineage writes one per run)."""
+    return path.lower().endswith(VIEW_SUFFIX)
+
+
+def beside(path: str, rel: str) -> str:
+    """`rel`, a path relative to the folder of `path` (`..` allowed), as a path or URL like `path`."""
+    import posixpath
+
+    protocol, sep, rest = path.rpartition("://")
+    return protocol + sep + posixpath.normpath(posixpath.join(posixpath.dirname(rest), rel))
+
+
+def read_task_view(
+    path: str, storage_options: dict[str, Any] | None = None, field: str = "taskset.path"
+) -> tuple[list[str], set[str]]:
+    """(task files, ids left out) of the task view at `path`: task files stored once and shared,
+    minus the ids a JSONL file lists, as of a given number of its lines (a lineage's runs.jsonl:
+    what its completed runs consumed before this run began), so the view stays the same while
+    that file grows:
+
+        {"task_view": 1,
+         "files": ["pool/day-1-1f2e3d4c5b6a7980.jsonl"],    # relative to the view's folder, in order
+         "exclude_ids_in": {"path": "../runs.jsonl", "lines": 3, "field": "tasks", "where": {"status": "completed"}}}
+
+    The ids left out: those under `field` of the first `lines` lines of `path` that match `where`."""
+    from rl_engine.storage import open_storage
+
+    fs, file = open_storage(path, storage_options)
+    try:
+        view = json.loads(fs.cat_file(file))
+    except FileNotFoundError:
+        raise UserError(f"{field} = {path!r}: task view not found; fix {field}") from None
+    files = [beside(path, f) for f in view["files"]]
+    ex = view.get("exclude_ids_in")
+    if not ex or not ex["lines"]:
+        return files, set()
+    source = beside(path, ex["path"])
+    fs, file = open_storage(source, storage_options)
+    try:
+        lines = [ln for ln in fs.cat_file(file).decode().splitlines() if ln.strip()][: ex["lines"]]
+    except FileNotFoundError:
+        raise UserError(
+            f"{field} = {path!r}: its task view leaves out the ids listed in {source}, which is missing; restore it"
+        ) from None
+    where = ex.get("where", {})
+    rows = [json.loads(ln) for ln in lines]
+    return files, {str(t) for r in rows if all(r.get(k) == v for k, v in where.items()) for t in r.get(ex["field"], [])}
+
+
 def load_taskset(
     cfg: Any,
     storage_options: dict[str, Any] | None = None,
@@ -144,7 +199,7 @@ def load_taskset(
     field: str = "taskset.path",
 ) -> list[Task]:
     """All tasks of `cfg.path` (a TasksetConfig: a file, a folder of task files or a prefix, see
-    `taskset_files`), in file order; UserError names file and row of a bad row. With
+    `taskset_files`; or a task view, `read_task_view`), in file order; UserError names file and row of a bad row. With
     `answer_needed_by` (the reward that scores against the answer, as the message names it), a
     row without a `cfg.answer_key` value is one too, reported after every row's prompt checked out.
     `field` names the config field that gave the path (an eval set's: `eval.tasksets[0].path`).
@@ -153,7 +208,10 @@ def load_taskset(
     stay the same when the file moves, and rows of several files never share one.
     """
     tasks, seen, no_answer = [], {}, []
-    files = taskset_files(cfg.path, storage_options, field)
+    if is_task_view(cfg.path):
+        files, left_out = read_task_view(cfg.path, storage_options, field)
+    else:
+        files, left_out = taskset_files(cfg.path, storage_options, field), set()
     for path in files:
         raw_rows = _read_rows(path, storage_options, field)
         where_word = "row" if _file_format(path) == "parquet" else "line"
@@ -167,6 +225,8 @@ def load_taskset(
                     f"{path}: {where}: duplicate id {task.task_id!r} (first at {seen[task.task_id]}); give every row its own id (or drop the id column: rows are then named by line)"
                 )
             seen[task.task_id] = where if len(files) == 1 else f"{name} {where}"
+            if task.task_id in left_out:
+                continue
             tasks.append(task)
             if answer_needed_by and task.answer is None:
                 no_answer.append((path, where, raw))

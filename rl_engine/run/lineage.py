@@ -5,7 +5,14 @@ A run with `lineage.name` set belongs to the lineage kept under `<storage>/linea
     latest.json        the last successful run and its trained model (moved atomically, on success only)
     runs.jsonl         one JSON line per run: run, base_model, model, tasks (ids it consumed), status, time
     lease/             the lineage's lock (a RunLease, rl_engine.run.lease): one run of a lineage at a time
-    tasks/<run>.jsonl  the tasks a run may draw, frozen when it started (a resume draws the same)
+    tasks/pool/<file>-<hash>.jsonl
+                       each task file of `taskset.path` as a run found it, stored once (by content)
+                       for every run that draws from it
+    tasks/<run>.taskview.json
+                       the tasks a run may draw, frozen when it started (a resume draws the same): its
+                       pool files minus the ids consumed by the completed runs runs.jsonl held then
+                       (rl_engine.rewards.tasks.read_task_view), a few hundred bytes per run
+    tasks/<run>.jsonl  (lineages before task views) a copy of the tasks a run could draw: still read
 
 A new run of a lineage (`begin`): takes the lock (waits up to `lineage.wait_timeout_s`, or refuses
 at once with `when_busy: refuse`); starts from `latest.json`'s model unless `start_from: base` or
@@ -28,6 +35,7 @@ Tests: `.venv/bin/python -m pytest tests/rl_engine/run/test_lineage.py tests/flo
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -38,6 +46,7 @@ import pyarrow as pa
 from rl_engine.config import LineageConfig, RFTConfig, validate_config
 from rl_engine.errors import UserError
 from rl_engine.rewards import Task, load_taskset
+from rl_engine.rewards.tasks import VIEW_SUFFIX, taskset_files
 from rl_engine.run.context import RunContext, open_run
 from rl_engine.run.lease import RunLease
 from rl_engine.storage import is_local, join, open_storage, read_json, write_bytes_atomic, write_json
@@ -46,6 +55,7 @@ LINEAGES_DIR = "lineages"
 LATEST_FILE = "latest.json"
 RUNS_FILE = "runs.jsonl"
 TASKS_DIR = "tasks"
+POOL_DIR = "pool"  # under TASKS_DIR: task files stored once
 
 
 def lineage_url(storage_url: str, name: str) -> str:
@@ -116,16 +126,40 @@ def task_record(t: Task) -> dict[str, Any]:
 
 
 def freeze_tasks(
-    url: str, storage_options: dict[str, Any] | None, run_name: str, tasks: list[Task], prompt_key: str, answer_key: str
+    url: str, storage_options: dict[str, Any] | None, run_name: str, taskset: Any, runs_before: int
 ) -> str:
-    """Write the tasks a run may draw to `<lineage>/tasks/<run>.jsonl` (each row keeps its task id
-    in `id`); returns its URL, the run's `taskset.path`."""
+    """The tasks run `run_name` may draw, frozen: every task file of `taskset.path` stored once
+    under `<lineage>/tasks/pool/` (by content: a file no run changed is not stored again), and the
+    run's task view `<lineage>/tasks/<run>.taskview.json` naming those files and leaving out the
+    ids consumed by the completed runs among the first `runs_before` lines of runs.jsonl (each
+    run's consumed ids are stored once, in its line; `used_task_ids`). Returns the view's URL,
+    the run's `taskset.path`."""
     fs, root = open_storage(url, storage_options)
-    rows = [{**task_record(t)["row"], prompt_key: t.prompt, answer_key: t.answer, "id": t.task_id} for t in tasks]
-    write_bytes_atomic(
-        fs, join(root, TASKS_DIR, f"{run_name}.jsonl"), "".join(json.dumps(r) + "\n" for r in rows).encode()
-    )
-    return f"{url}/{TASKS_DIR}/{run_name}.jsonl"
+    pool = []
+    for path in taskset_files(taskset.path, storage_options):
+        tasks = load_taskset(taskset.model_copy(update={"path": path}), storage_options)  # ids as in the whole set
+        rows = [
+            {**task_record(t)["row"], taskset.prompt_key: t.prompt, taskset.answer_key: t.answer, "id": t.task_id}
+            for t in tasks
+        ]
+        body = "".join(json.dumps(r) + "\n" for r in rows).encode()
+        stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in path.rsplit("/", 1)[-1].split(".", 1)[0])
+        name = f"{POOL_DIR}/{stem}-{hashlib.sha256(body).hexdigest()[:16]}.jsonl"
+        if not fs.exists(join(root, TASKS_DIR, name)):
+            write_bytes_atomic(fs, join(root, TASKS_DIR, name), body)
+        pool.append(name)
+    view = {
+        "task_view": 1,
+        "files": pool,
+        "exclude_ids_in": {
+            "path": f"../{RUNS_FILE}",
+            "lines": runs_before,
+            "field": "tasks",
+            "where": {"status": "completed"},
+        },
+    }
+    write_json(fs, join(root, TASKS_DIR, f"{run_name}{VIEW_SUFFIX}"), view)
+    return f"{url}/{TASKS_DIR}/{run_name}{VIEW_SUFFIX}"
 
 
 def consumed_task_ids(run: RunContext) -> list[str]:
@@ -322,16 +356,13 @@ def begin(
             )
             data["model"]["path"] = model  # the saved model has its tokenizer beside it
             log(f"lineage {lc.name}: starting from the model of {previous['run']} ({model})")
-        tasks = load_taskset(cfg.taskset, opts)
-        used = used_task_ids(read_runs(url, opts))
-        fresh = unused_tasks(tasks, used)
+        tasks, runs = load_taskset(cfg.taskset, opts), read_runs(url, opts)
+        fresh = unused_tasks(tasks, used_task_ids(runs))
         if not fresh:
             raise UserError(
                 f"lineage {lc.name!r} has used all {len(tasks)} tasks of taskset.path = {cfg.taskset.path!r}; add new task files there (a folder or prefix of task files takes new ones)"
             )
-        data["taskset"]["path"] = freeze_tasks(
-            url, opts, cfg.name, fresh, cfg.taskset.prompt_key, cfg.taskset.answer_key
-        )
+        data["taskset"]["path"] = freeze_tasks(url, opts, cfg.name, cfg.taskset, len(runs))
         log(f"lineage {lc.name}: {len(fresh)} of {len(tasks)} tasks not used yet ({data['taskset']['path']})")
         return LineageRun(lc.name, url, opts, lease, validate_config(data, f"lineage {lc.name}"), previous)
     except BaseException:

@@ -104,7 +104,7 @@ def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(
 
     # It drew no task the first consumed: its task set is the unused tasks, frozen under the lineage.
     drawable = {t.task_id for t in load_taskset(cfg2.taskset)}
-    assert drawable and not drawable & consumed1 and cfg2.taskset.path == f"{url}/tasks/second.jsonl"
+    assert drawable and not drawable & consumed1 and cfg2.taskset.path == f"{url}/tasks/second.taskview.json"
     rows2 = stored_rows_with_tasks(run2)
     carried_tasks = {r["task_id"] for r in held1.values()}
     assert not ({r["task_id"] for r in rows2} - carried_tasks) & consumed1
@@ -233,6 +233,8 @@ def test_a_cancelled_run_leaves_latest_and_its_resume_moves_it(prefect_server, t
     # Its resume holds the lineage's lock, keeps the model and tasks it started with, and moves latest on success.
     run = open_run(str(tmp_path / "runs" / "cancel-me"))
     summary = run_config(run.cfg, resume=run.url)
-    assert summary["final_version"] == 60 and open_run(run.url).cfg.taskset.path == f"{url}/tasks/cancel-me.jsonl"
+    assert (
+        summary["final_version"] == 60 and open_run(run.url).cfg.taskset.path == f"{url}/tasks/cancel-me.taskview.json"
+    )
     assert lineage.read_latest(url)["run"] == run.url
     assert [r["status"] for r in lineage.read_runs(url)] == ["cancelled", "completed"]

@@ -80,9 +80,12 @@ def test_unused_tasks_from_a_folder_where_new_files_arrive(tmp_path):
     prefix = cfg.model_copy(update={"path": str(folder / "day-2")})
     assert [t.task_id for t in load_taskset(prefix)] == ["day-2.jsonl#1", "day-2.jsonl#2"]
 
-    # frozen for the run: the same ids, prompts and answers come back from the lineage's file
+    # frozen for the run: the same ids, prompts and answers come back from the lineage's task view,
+    # which leaves out what the completed runs before it consumed, however runs.jsonl grows after
     url = lineage.lineage_url(str(tmp_path / "runs"), "nightly")
-    path = lineage.freeze_tasks(url, {}, "run-1", fresh, "question", "answer")
+    lineage.append_run(url, {}, {"run": "runs/r0", "tasks": sorted(used), "status": "completed"})
+    path = lineage.freeze_tasks(url, {}, "run-1", cfg, 1)
+    lineage.append_run(url, {}, {"run": "runs/run-1", "tasks": ["day-2.jsonl#1"], "status": "completed"})
     back = load_taskset(cfg.model_copy(update={"path": path}))
     assert [(t.task_id, t.prompt, t.answer) for t in back] == [(t.task_id, t.prompt, t.answer) for t in fresh]
 
@@ -200,7 +203,7 @@ def test_begin_points_at_latest_model_and_unused_tasks_end_moves_latest_on_succe
     try:
         assert second.cfg.model.path == str(trained) and second.previous["run"] == run.url
         assert [t.task_id for t in load_taskset(second.cfg.taskset)] == ["a.jsonl#2", "a.jsonl#4"]
-        assert second.cfg.taskset.path == f"{second.url}/tasks/r2.jsonl"
+        assert second.cfg.taskset.path == f"{second.url}/tasks/r2.taskview.json"
     finally:
         second.release()
     base_start = lineage.begin(
@@ -215,6 +218,47 @@ def test_begin_points_at_latest_model_and_unused_tasks_end_moves_latest_on_succe
     with pytest.raises(UserError, match="used all 4 tasks"):
         lineage.begin(validate_config({**data, "name": "r4"}), log=lambda _: None)
     lineage.lock(first.url, {}, LineageConfig(name="nightly", when_busy="refuse")).release()
+
+
+def test_task_pools_are_stored_once_and_old_lineages_stay_readable(tmp_path):
+    """Each run of a lineage froze a copy of the tasks it could still draw (~120 KB a run of 4000
+    tasks, issue 44); now the task file is stored once, by content, and each run's view names it
+    and how many runs.jsonl lines' consumed ids it leaves out. A lineage whose runs froze copies
+    (before task views) goes on: their configs still load, its next run draws what none consumed."""
+    tasks = tmp_path / "tasks.jsonl"
+    write_taskset(str(tasks), rows("a", 400))
+    data = {
+        "model": {"path": str(_model(tmp_path))},
+        "taskset": {"path": str(tasks)},
+        "buffer": {"storage": {"url": str(tmp_path / "runs")}},
+        "lineage": {"name": "nightly"},
+    }
+    url = lineage.lineage_url(str(tmp_path / "runs"), "nightly")
+    # an older lineage: run r0 froze a copy of its tasks and consumed the first 100
+    old = [{"question": f"a{i}+1=", "answer": str(i + 1), "id": f"tasks.jsonl#{i + 1}"} for i in range(400)]
+    old_copy = write_taskset(f"{url}/tasks/r0.jsonl", old)
+    lineage.append_run(
+        url, {}, {"run": "runs/r0", "tasks": [f"tasks.jsonl#{i}" for i in range(1, 101)], "status": "completed"}
+    )
+    assert len(load_taskset(TasksetConfig(path=old_copy))) == 400
+
+    drawn = []
+    for n, name in enumerate(("r1", "r2", "r3")):
+        run = lineage.begin(validate_config({**data, "name": name}), log=lambda _: None)
+        try:
+            ids = [t.task_id for t in load_taskset(run.cfg.taskset)]
+            drawn.append(len(ids))
+            assert ids[0] == f"tasks.jsonl#{101 + 100 * n}" and run.cfg.taskset.path.endswith(f"/{name}.taskview.json")
+            consumed = ids[:100]
+        finally:
+            run.release()
+        lineage.append_run(url, {}, {"run": f"runs/{name}", "tasks": consumed, "status": "completed"})
+        assert [t.task_id for t in load_taskset(run.cfg.taskset)] == ids  # a resume draws the same, runs.jsonl grown
+    assert drawn == [300, 200, 100]
+    pool = sorted(p.name for p in Path(url, "tasks", "pool").iterdir())
+    assert len(pool) == 1 and pool[0].startswith("tasks-")  # the task file, stored once for all three runs
+    views = [Path(url, "tasks", f"{name}.taskview.json").stat().st_size for name in ("r1", "r2", "r3")]
+    assert max(views) < 400, views  # bytes a run, whatever the pool's size (a copy: 19.8, 13.2, 6.6 KB here)
 
 
 def test_no_lineage_is_a_standalone_run(tmp_path):
