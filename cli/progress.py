@@ -1,6 +1,7 @@
 """What `rft run` and `rft demo` show on the terminal while a run goes: one progress line (trainer
 step / total, latest reward, seconds per step, ETA) instead of the engines' and libraries' logs,
-which go to `<run>/logs/engines.log`.
+which go to `<run>/logs/engines.log`; and a line for work in stages (`StageLine`: `rft demo
+--model smollm2`'s held-out scoring).
 
 The progress follows the run's storage (the trainer's per-step metrics, `<run>/metrics/role=trainer/`),
 never live objects, so it reads the same whether the roles are tasks of this process or flow runs
@@ -125,3 +126,66 @@ def follow(
         thread.join(timeout=10)
         tick()
         line.draw(final=True)
+
+
+class StageLine:
+    """One line for work done in stages, each of a length no one knows ahead (held-out scoring:
+    the engine's start, greedy samples, temperature-1 samples): `what`, a bar of the stages done,
+    the current stage and the seconds so far. On a TTY it is redrawn in place (every second while
+    a stage runs) and its last state ends with the result; elsewhere one line when the work
+    starts and one with the result.
+
+        with StageLine(term, "scoring the base model on 320 held-out problems", 3) as line:
+            line.stage("starting the engine", 0); ...; line.stage("greedy", 1); ...
+            line.result = "greedy 3.1%, temperature 1 2.8%"
+    """
+
+    WIDTH = 12  # characters of the bar
+
+    def __init__(self, out: TextIO, what: str, stages: int, clock: Any = time.monotonic, tick_s: float = 1.0):
+        self.out, self.what, self.stages, self.clock, self.tick_s = out, what, stages, clock, tick_s
+        self.tty = out.isatty()
+        self.name, self.done, self.result = "", 0, ""
+        self.started = clock()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+
+    def text(self) -> str:
+        bar = int(self.WIDTH * self.done / self.stages)
+        return f"{self.what} [{'#' * bar}{'.' * (self.WIDTH - bar)}] {self.name} ({self.clock() - self.started:.0f} s)"
+
+    def stage(self, name: str, done: int) -> None:
+        """Stage `name` starts, `done` of the stages behind."""
+        self.name, self.done = name, done
+        self._draw()
+
+    def _draw(self) -> None:
+        if self.tty:
+            with self._lock:
+                if not self._stop.is_set():  # the result line is written: nothing after it
+                    self.out.write("\r" + self.text() + "\x1b[K")
+                    self.out.flush()
+
+    def __enter__(self) -> StageLine:
+        if self.tty:
+            threading.Thread(target=self._tick, name="rft-stage-line", daemon=True).start()
+        else:
+            self.out.write(f"{self.what} ...\n")
+            self.out.flush()
+        return self
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            self._draw()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        seconds = self.clock() - self.started
+        end = (
+            f"{self.what}: {self.result} ({seconds:.0f} s)"
+            if self.result
+            else f"{self.what}: stopped ({seconds:.0f} s)"
+        )
+        with self._lock:
+            self.out.write(("\r" + end + "\x1b[K" if self.tty else end) + "\n")
+            self.out.flush()

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from rl_engine.config import RFTConfig, load_config, validate_config
 from rl_engine.errors import UserError, hide_user_error_tracebacks
@@ -40,34 +40,59 @@ def run_config(cfg: RFTConfig, resume: str | None = None) -> Any:
     return flow_for(cfg.synchronizer.mode)(cfg=cfg, resume=resume)
 
 
-def run_watched(cfg: RFTConfig, resume: str | None = None) -> Any:
+def run_watched(cfg: RFTConfig, resume: str | None = None, term: TextIO | None = None) -> Any:
     """`run_config` as the terminal shows it (cli/progress.py): a progress line followed from the
-    run's storage, the engines' and libraries' output in `<run>/logs/engines.log`; an error still
-    reaches the terminal, with where the log is."""
+    run's storage, the engines' and libraries' output in `<run>/logs/engines.log` (`run_output`);
+    an error still reaches the terminal, with where the log is. `term`: the terminal of a caller
+    that routed the output already (`run_output` around more than the run)."""
     import logging
 
     from cli.progress import follow
-    from rl_engine.proc.logfile import terminal_to
+
+    cfg = named(cfg, resume)
+    if term is None:
+        with run_output(cfg, resume) as terminal:
+            return run_watched(cfg, resume, terminal)
+    url, opts = run_url(cfg, resume)
+    with follow(url, opts, cfg.trainer.total_steps, cfg.monitor.log_every, term):
+        try:
+            return run_config(cfg, resume)
+        finally:
+            # Their shutdown chatter stays off the terminal: Prefect's, and vLLM's from an engine's
+            # bounded close (rollout/engine.py) still finishing in its helper thread.
+            logging.getLogger("prefect").setLevel(logging.WARNING)
+            logging.getLogger("vllm").setLevel(logging.ERROR)
+
+
+def named(cfg: RFTConfig, resume: str | None = None) -> RFTConfig:
+    """A new run's config with its name drawn now (as the flow would draw it), so the terminal
+    knows where the run's files appear before the run starts; a named or resumed run's as it is."""
+    if resume is None and cfg.name is None:
+        return validate_config({**cfg.model_dump(mode="json"), "name": cfg.resolved().name}, "the run's name")
+    return cfg
+
+
+def run_url(cfg: RFTConfig, resume: str | None = None) -> tuple[str, dict[str, Any]]:
+    """(the run's URL, its storage options) of a `named` config, or of the run `resume` names."""
+    return (resume.rstrip("/") if resume else cfg.run_url), cfg.buffer.storage.fs_options()
+
+
+@contextmanager
+def run_output(cfg: RFTConfig, resume: str | None = None) -> Iterator[TextIO]:
+    """While the block runs, this process's stdout and stderr and every child's (engines,
+    libraries) go to the run's `<run>/logs/engines.log` (rl_engine/proc/logfile.py), said first on
+    the terminal; yields the terminal. An error leaving the block says where the log is."""
+    from rl_engine.proc.logfile import output_logged
     from rl_engine.run.logs import run_log
 
-    if resume is None and cfg.name is None:
-        # Named here (as the flow would name it) so the terminal knows where the run's files appear.
-        cfg = validate_config({**cfg.model_dump(mode="json"), "name": cfg.resolved().name}, "the run's name")
-    url, opts = (resume.rstrip("/") if resume else cfg.run_url), cfg.buffer.storage.fs_options()
-    with run_log(url, opts) as log:
-        print(f"run {url}: engine and library logs in {log}", flush=True)
-        try:
-            with terminal_to(log) as term, follow(url, opts, cfg.trainer.total_steps, cfg.monitor.log_every, term):
-                try:
-                    return run_config(cfg, resume)
-                finally:
-                    # Their shutdown chatter stays off the terminal: Prefect's, and vLLM's from an engine's
-                    # bounded close (rollout/engine.py) still finishing in its helper thread.
-                    logging.getLogger("prefect").setLevel(logging.WARNING)
-                    logging.getLogger("vllm").setLevel(logging.ERROR)
-        except BaseException:
-            print(f"the run's engine and library logs: {log}", file=sys.stderr, flush=True)
-            raise
+    url, opts = run_url(named(cfg, resume), resume)
+    with (
+        run_log(url, opts) as log,
+        output_logged(
+            log, f"run {url}: engine and library logs in {log}", f"the run's engine and library logs: {log}"
+        ) as term,
+    ):
+        yield term
 
 
 def run_from_cli(config: str, overrides: list[str], resume: str | None = None) -> int:
@@ -156,15 +181,18 @@ def check_prefect_api(timeout_s: float = 10.0) -> None:
         )
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: dict[str, Any], out: TextIO | None = None) -> None:
     from rl_engine.run.report import summary_lines
 
-    print()
-    print("\n".join(summary_lines(summary)))
+    out = out or sys.stdout
+    print(file=out)
+    print("\n".join(summary_lines(summary)), file=out)
     if not os.environ.get("PREFECT_API_URL"):
         print(
-            "Prefect UI: this run used the ephemeral server; start `prefect server start`, export PREFECT_API_URL=http://127.0.0.1:4200/api and run again to follow it in the UI."
+            "Prefect UI: this run used the ephemeral server; start `prefect server start`, export PREFECT_API_URL=http://127.0.0.1:4200/api and run again to follow it in the UI.",
+            file=out,
         )
+    out.flush()
 
 
 def demo_inputs(root: str = "runs") -> tuple[Path, Path]:

@@ -21,10 +21,15 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rl_engine.config import RFTConfig, SamplingConfig
 from rl_engine.rewards import RewardFn, Task, build_reward, encode_task, load_taskset, score_rollouts
+
+# What `evaluate_model` tells its `progress(stage, stages done)` callback, in order.
+STAGES = ("starting the engine", "greedy", "temperature 1")
+Progress = Callable[[str, int], Any]
 
 EXACT_COMPONENT = {"arithmetic": "correct", "countdown": "correct", "final_answer": "final_answer"}
 
@@ -94,14 +99,18 @@ def evaluate_engine(
     max_model_len: int,
     seed: int = 0,
     t1_samples: int = 1,
+    progress: Progress | None = None,
 ) -> dict[str, float]:
     """Exact-match rate and mean reward of `tasks` on a live engine: one greedy sample each, and
-    `t1_samples` at temperature 1 (their mean), plus mean response tokens and the time taken."""
+    `t1_samples` at temperature 1 (their mean), plus mean response tokens and the time taken.
+    `progress(stage, stages done)` is told when each sampling starts (`STAGES`)."""
     started = time.perf_counter()
     encoded = [encode_task(engine.tokenizer, template, t, max_model_len) for t in tasks]
     texts, prompts = [text for text, _ in encoded], [ids for _, ids in encoded]
     out: dict[str, float] = {"tasks": float(len(tasks))}
-    for name, temperature, n in (("greedy", 0.0, 1), ("t1", 1.0, t1_samples)):
+    for i, (name, temperature, n) in enumerate((("greedy", 0.0, 1), ("t1", 1.0, t1_samples))):
+        if progress is not None:
+            progress(STAGES[i + 1], i + 1)
         groups = engine.generate(prompts, n, SamplingConfig(temperature=temperature, max_tokens=max_tokens), seed=seed)
         samples = [
             (text, r.text, task, r.finish_reason)
@@ -117,11 +126,16 @@ def evaluate_engine(
     return out
 
 
-def evaluate_model(cfg: RFTConfig, model_dir: str, tasks: list[Task], t1_samples: int = 1) -> dict[str, float]:
+def evaluate_model(
+    cfg: RFTConfig, model_dir: str, tasks: list[Task], t1_samples: int = 1, progress: Progress | None = None
+) -> dict[str, float]:
     """`evaluate_engine` on a fresh engine of `model_dir`, set up as `cfg`'s explorers are
-    (dtype, context length, engine settings, prompt template, reward, response budget)."""
+    (dtype, context length, engine settings, prompt template, reward, response budget);
+    `progress` is told of each of the `STAGES` as it starts."""
     from rl_engine.rollout.engine import build_rollout_engine
 
+    if progress is not None:
+        progress(STAGES[0], 0)
     m = cfg.model.model_copy(update={"path": model_dir, "tokenizer_path": cfg.model.tokenizer_path or model_dir})
     engine = build_rollout_engine(cfg.model_copy(update={"model": m}))
     try:
@@ -140,6 +154,7 @@ def evaluate_model(cfg: RFTConfig, model_dir: str, tasks: list[Task], t1_samples
             cfg.model.max_model_len,
             cfg.seed,
             t1_samples,
+            progress,
         )
     finally:
         engine.close()

@@ -4,7 +4,8 @@ vLLM's engine-core and worker processes print through tqdm, `print`, Python warn
 (NUMA, Triton) on the file descriptors they inherit, and DeepSpeed's op builds print from ninja,
 so logging settings alone cannot steer them. A process that starts engines points its fds 1 and
 2 at a log file of the run (every child inherits them) and keeps a duplicate of the terminal for
-what its user must see: `rft run` (its progress line, `logs/engines.log`), and a flow run that a
+what its user must see: `rft run` and `rft demo` (a progress line, `logs/engines.log`; `--model
+smollm2`'s held-out scorings too), `rft eval` (a line per version), and a flow run that a
 Prefect worker started (one line naming its log; `logs/engines.log` for a mode's flow, a role's
 own `logs/engines-<role>.log` under placement `deployments`, since its process may be on another
 host). The run's log files themselves are rl_engine/run/logs.py's. The flow runs' own log lines
@@ -45,3 +46,17 @@ def terminal_to(path: str) -> Iterator[TextIO]:
         for f in (fd, *saved):
             os.close(f)
         term.close()
+
+
+@contextlib.contextmanager
+def output_logged(path: str, said: str, on_error: str) -> Iterator[TextIO]:
+    """`terminal_to(path)` for a command: first `said` on the terminal (where the log is), then
+    the block with its output in the log; an error leaving the block prints `on_error` on the
+    terminal's stderr (where to look) before it propagates."""
+    print(said, flush=True)
+    try:
+        with terminal_to(path) as term:
+            yield term
+    except BaseException:
+        print(on_error, file=sys.stderr, flush=True)
+        raise

@@ -10,14 +10,17 @@ A run's saved versions: 0 (the model it started from), the weights kept under `<
 One engine, set up as the run's explorers (the run's config.yaml, or --config for a model
 directory), loads each version's weights in place and scores every set exactly as evaluation
 during training does (rl_engine.roles.evaluation.score_set: the same workflow, reward,
-samples and seeds). It prints a table per version and set, and a final JSON line.
+samples and seeds). The terminal shows a line per version and set, then a final JSON line; the
+engine's and libraries' output goes to a log file (`eval_output` names it first).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 from rl_engine.errors import UserError
 from rl_engine.model_dir import is_model_dir
@@ -104,6 +107,35 @@ def evaluate_versions(
     return out
 
 
+@contextlib.contextmanager
+def eval_output(target: str, storage_options: dict[str, Any] | None, run_target: bool) -> Iterator[TextIO]:
+    """While the block runs, the engine's and libraries' output (vLLM, Triton, warnings) goes to a
+    log file, named first on the terminal: a run's `<run>/logs/engines-eval.log` (the rft-eval
+    flow's), or for a model directory `<tmp>/rft-logs/eval-<model>.log`. Yields the terminal, for
+    the progress lines; an error leaving the block says where the log is."""
+    import os
+    import tempfile
+
+    from rl_engine.proc.logfile import output_logged
+    from rl_engine.run.logs import role_log_name, run_log
+
+    if run_target:
+        log_cm: Any = run_log(target, storage_options, role_log_name("eval"))
+    else:
+        path = os.path.join(tempfile.gettempdir(), "rft-logs", f"eval-{target.rstrip('/').rsplit('/', 1)[-1]}.log")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        log_cm = contextlib.nullcontext(path)
+    with (
+        log_cm as log,
+        output_logged(
+            log,
+            f"rft eval {target}: engine and library output in {log}",
+            f"rft eval: engine and library output in {log}",
+        ) as term,
+    ):
+        yield term
+
+
 def main(argv: list[str] | None = None) -> int:
     from rl_engine.config import EvalTasksetConfig, load_config
     from rl_engine.run.context import open_run
@@ -159,7 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     sets = sets or cfg.eval.tasksets
     if not sets:
         raise UserError("rft eval: no task set to score: give --taskset PATH, or a config with eval.tasksets")
-    records = evaluate_versions(cfg, versions, sets, opts)
+    with eval_output(a.target, opts, run_target=not is_model_dir(a.target)) as term:
+        print(f"scoring {len(versions)} version(s) on {', '.join(s.name for s in sets)} ...", file=term, flush=True)
+        records = evaluate_versions(cfg, versions, sets, opts, log=lambda line: print(line, file=term, flush=True))
     if a.png:
         from rl_engine.run.report import heldout_curve_png
 

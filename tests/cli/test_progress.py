@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cli.progress import ProgressLine, follow
+from cli.progress import ProgressLine, StageLine, follow
 from harness.runs import small_config, write_config
 from rl_engine.config import validate_config
 from rl_engine.run.context import start_run
@@ -72,6 +72,30 @@ def test_progress_line_rate_eta_and_pipe_cadence():
     assert lines[0].endswith("reward 0.250  ETA --:--:--")  # one step seen: no rate yet
     assert lines[1] == "step 4/10 [########............]  40%  reward 1.000  2.0 s/step  ETA 0:00:12"
     assert lines[-1].endswith("100%  reward 2.500  2.0 s/step  ETA 0:00:00")
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_stage_line_of_a_held_out_scoring(tty):
+    """`rft demo --model smollm2`'s line per held-out scoring (StageLine): on a TTY one line redrawn
+    in place (its bar of stages, the stage, the seconds) that ends with the result; in a pipe a
+    line at the start and one with the result."""
+    clock, out = Clock(), Sink(tty=tty)
+    with StageLine(out, "scoring the base model on 8 held-out problems", 3, clock=clock, tick_s=60) as line:
+        for i, stage in enumerate(("starting the engine", "greedy", "temperature 1")):
+            line.stage(stage, i)
+            clock.t += 10.0
+        line.result = "greedy 25.0%, temperature 1 12.5% exact"
+    end = "scoring the base model on 8 held-out problems: greedy 25.0%, temperature 1 12.5% exact (30 s)"
+    if not tty:
+        assert out.text == f"scoring the base model on 8 held-out problems ...\n{end}\n"
+        return
+    assert out.text.count("\n") == 1 and out.text.endswith(f"\r{end}\x1b[K\n"), out.text
+    drawn = [s.removesuffix("\x1b[K") for s in out.text.split("\r") if s][:-1]
+    assert drawn == [
+        "scoring the base model on 8 held-out problems [............] starting the engine (0 s)",
+        "scoring the base model on 8 held-out problems [####........] greedy (10 s)",
+        "scoring the base model on 8 held-out problems [########....] temperature 1 (20 s)",
+    ], drawn
 
 
 def test_follow_redraws_one_line_in_place_on_a_tty(tiny_model_dir, task_file, tmp_path):

@@ -21,6 +21,10 @@ import pytest
 
 from tests.bench.test_bench_smoke import fraction, has_keys, positive, run_bench
 
+# A line the engines or libraries print (vLLM's logger and its processes, Triton, Python warnings, nanobind at exit).
+ENGINE_LINE = r"\((EngineCore\w*|VllmWorker\S*|Worker\S*) pid=|Initializing a V1 LLM engine|FutureWarning|[Tt]riton"
+LIBRARY_LINE = re.compile(ENGINE_LINE + r"|\b(INFO|DEBUG|WARNING)\b|Warning:|nanobind|Loading safetensors")
+
 SHRINK = [
     "trainer.total_steps=2",
     "trainer.checkpoint_interval=2",
@@ -59,6 +63,23 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
         tmp_path=tmp_path,
     )
     out = (tmp_path / "real.stdout").read_text(errors="replace")
+    err = (tmp_path / "real.stderr").read_text(errors="replace")
+
+    # `make demo-real`'s terminal: the demo's lines up to its result (bench.real's tables follow), none
+    # of them the engines' or libraries' (in the run's logs/engines.log, as `make demo`'s): under 60
+    # lines (issue 44: 184, about 120 of them vLLM, Triton and nanobind printed while the held-out
+    # sets were scored), and nothing of theirs on stderr either.
+    demo = out[: out.index("\n", out.index("held-out exact match over"))].splitlines()
+    print(f"demo-real terminal: {len(demo)} lines on stdout, {len(err.splitlines())} on stderr")
+    assert len(demo) + len(err.splitlines()) < 60, out + err
+    assert not [ln for ln in demo if LIBRARY_LINE.search(ln)], out
+    assert not [ln for ln in err.splitlines() if re.search(ENGINE_LINE, ln)], err  # bench.real's own exit may warn
+    scoring = [
+        ln.split(": greedy ")[0] for ln in demo if ln.startswith("scoring the ")
+    ]  # a line as each starts and ends
+    assert scoring == [
+        f"scoring the {m} model on 8 held-out problems{e}" for m in ("base", "trained") for e in (" ...", "")
+    ]
 
     # The demo (`rft demo --model smollm2`'s lines)
     run_dir = Path(re.search(r"^run:\s+(\S+)\s+\(mode synchronous\)$", out, re.MULTILINE).group(1))
