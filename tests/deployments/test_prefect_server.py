@@ -138,15 +138,29 @@ def _start(root: Path, port: int, out: Path) -> subprocess.Popen:
 
 def _everything(proc: subprocess.Popen) -> list[psutil.Process]:
     """`rft server` and every process under it now (Prefect's server and uvicorn, PostgreSQL and its
-    children, the reaper)."""
+    children, the reaper), short-lived ones that are gone already left out."""
     top = psutil.Process(proc.pid)
-    return [top, *top.children(recursive=True)]
+    return [p for p in (top, *top.children(recursive=True)) if _alive(p)]
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _name(p: psutil.Process) -> str:
+    try:
+        return p.name()
+    except psutil.Error:
+        return ""
 
 
 def _assert_all_gone(procs: list[psutil.Process], out: Path) -> None:
     _, alive = psutil.wait_procs(procs, timeout=GONE_WITHIN_S)
-    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"still running: {[(p.pid, p.cmdline()) for p in alive]}\n{log_tail(out)}"
+    alive = [p for p in alive if _alive(p)]
+    assert not alive, f"still running: {[(p.pid, _name(p)) for p in alive]}\n{log_tail(out)}"
 
 
 def _flow_run_names_in_postgres(root: Path, port: int) -> list[str]:
@@ -192,10 +206,10 @@ def test_rft_server_runs_prefect_on_postgres_and_leaves_no_process(reachable_roo
         flow = httpx.post(f"{api}/flows/", json={"name": "rft-server-test"}, timeout=30).raise_for_status().json()
         httpx.post(f"{api}/flow_runs/", json={"flow_id": flow["id"], "name": "kept-run"}, timeout=30).raise_for_status()
         assert "kept-run" in _flow_run_names_in_postgres(root, _pg_port(out))
-        postgres = [p for p in procs if p.name() == "postgres"]
-        assert postgres, [p.cmdline() for p in procs]
+        postmaster = [p for p in psutil.Process(proc.pid).children() if _name(p) == "postgres"]
+        assert len(postmaster) == 1, [_name(p) for p in procs]
         if os.geteuid() == 0:  # PostgreSQL refuses root: it runs as a user of its own
-            assert all(p.username() != "root" for p in postgres)
+            assert postmaster[0].username() != "root"
         os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: the foreground group
         assert proc.wait(timeout=GONE_WITHIN_S) == 0, log_tail(out)
         _assert_all_gone(procs, out)
@@ -215,7 +229,7 @@ def test_rft_server_runs_prefect_on_postgres_and_leaves_no_process(reachable_roo
         if proc.poll() is None:
             kill_process_group(proc)
         for p in procs:
-            if p.is_running():
+            if _alive(p):
                 p.kill()
 
 
