@@ -31,7 +31,7 @@ serve` on the deployment's config, rl_engine/rollout/server.py) that each run's 
 run's base weights.
 
 The whole sequence (warm-up run, measured runs, engine server runs) runs once per database: a
-server of its own on SQLite (Prefect's default), then one on PostgreSQL (rl_engine/prefect_db.py,
+server of its own on SQLite (Prefect's default), then one on PostgreSQL (cli/prefect_db.py,
 as `rft server` runs it; skipped, saying why, where the machine has none). While it goes, a probe
 calls the API twice a second as a client would, `read_flow_runs` (`POST /flow_runs/filter`, the
 newest 20) and `create_flow_run` (`POST /flow_runs/`, a flow run of a probe flow that no worker
@@ -394,7 +394,7 @@ def one_database(
 def databases(choice: str) -> list[str]:
     """The databases to measure, in order: SQLite first (the start-up keys' own), PostgreSQL where
     the machine has it (a line says why not where it has none)."""
-    from rl_engine.prefect_db import postgres_missing
+    from cli.prefect_db import postgres_missing
 
     want = ["sqlite", "postgres"] if choice == "both" else [choice]
     missing = postgres_missing() if "postgres" in want else None

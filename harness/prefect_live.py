@@ -6,7 +6,7 @@ deployments, schedules, workers and cancellation use this module instead:
 
 * `start_server(dir)` (the `prefect_live` session fixture of tests/conftest.py): `prefect server start`
   on a free loopback port, in its own process group, with its own PREFECT_HOME under `dir` and its
-  database: PostgreSQL when the machine has it (a private server, rl_engine/prefect_db.py, as
+  database: PostgreSQL when the machine has it (a private server, cli/prefect_db.py, as
   `rft server` runs; its data under `dir`, or in a temporary directory when the user PostgreSQL
   runs as cannot reach `dir`), else SQLite (`dir/home/prefect.db`). RFT_PREFECT_DB chooses:
   `auto` (the default), `postgres` (an error where there is none) or `sqlite`. It returns a
@@ -162,7 +162,7 @@ class LiveServer:
     proc: subprocess.Popen | None = None
     reaper: subprocess.Popen | None = field(default=None, repr=False)
     db: str = "sqlite"
-    postgres: Any = field(default=None, repr=False)  # rl_engine.prefect_db.Postgres when db == "postgres"
+    postgres: Any = field(default=None, repr=False)  # cli.prefect_db.Postgres when db == "postgres"
     pg_reaper: subprocess.Popen | None = field(default=None, repr=False)
     pg_tmp: Path | None = field(default=None, repr=False)  # a temporary directory of its data, removed at stop
 
@@ -268,9 +268,9 @@ DB_ENV = "RFT_PREFECT_DB"  # auto | postgres | sqlite: the live server's databas
 
 def server_db(db: str | None = None) -> str:
     """'postgres' or 'sqlite': `db`, else $RFT_PREFECT_DB, where 'auto' (the default) is PostgreSQL
-    when the machine has it (rl_engine.prefect_db.postgres_missing). Asking for PostgreSQL where
+    when the machine has it (cli.prefect_db.postgres_missing). Asking for PostgreSQL where
     there is none raises, naming what is missing."""
-    from rl_engine.prefect_db import postgres_missing
+    from cli.prefect_db import postgres_missing
 
     db = (db or os.environ.get(DB_ENV) or "auto").lower()
     if db not in ("auto", "postgres", "sqlite"):
@@ -286,7 +286,7 @@ def server_db(db: str | None = None) -> str:
 def _start_postgres(server: LiveServer, root: Path) -> str:
     """A private PostgreSQL for `server` (its data in root/postgres, or a temporary directory the
     user it runs as can reach); returns its URL."""
-    from rl_engine.prefect_db import Postgres, _run_as, unreachable_for
+    from cli.prefect_db import Postgres, _run_as, unreachable_for
 
     pg_root = root / "postgres"
     if unreachable_for(root, _run_as()) is not None:  # e.g. pytest's tmp dirs, 0700 root's

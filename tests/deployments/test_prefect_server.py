@@ -24,8 +24,8 @@ import httpx
 import psutil
 import pytest
 
+from cli import prefect_db
 from harness.prefect_live import DB_ENV, REPO, VENV_BIN, kill_process_group, log_tail, wait_healthy
-from rl_engine import prefect_db
 from rl_engine.errors import UserError
 from rl_engine.trainer.dist import free_port
 
