@@ -63,9 +63,7 @@ def state_weights(run_url: str, version: int) -> str:
     return str(path)
 
 
-def test_async_run_evaluates_exact_versions_and_keeps_the_best(
-    prefect_server, tiny_model_dir, task_file, tmp_path, capsys
-):
+def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, tiny_model_dir, task_file, tmp_path):
     data = small_config(
         tiny_model_dir, task_file, str(tmp_path), total_steps=4, checkpoint_interval=2, **MODES["fully_async"]
     )
@@ -124,11 +122,16 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(
     assert [r.parameters["run_url"] for r in started] == [run.url]
 
     # `rft eval RUN`: every saved version, scored as during training (same weights, samples and seeds).
-    from cli.main import main as rft
+    # Its own process, as a user runs it: called in this process it left Prefect's console handler
+    # on a closed stream, and the next flow runs here failed logging (RecursionError).
+    import subprocess
+    import sys
 
     out = Path(tmp_path, "curve.png")
-    assert rft(["eval", run.url, "--png", str(out)]) == 0
-    redone = {r["version"]: r for r in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["versions"]}
+    rft = Path(sys.executable).with_name("rft")
+    done = subprocess.run([str(rft), "eval", run.url, "--png", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    redone = {r["version"]: r for r in json.loads(done.stdout.strip().splitlines()[-1])["versions"]}
     assert {0, 4} | ({best["version"]} if best["version"] else set()) <= set(redone) and out.stat().st_size > 0
     for v, r in redone.items():
         if v in values:
