@@ -263,8 +263,8 @@ def _poll_cost(base_url: str, options: dict, commits: int, tables: list[pa.Table
             assert len(runs[n]["reader"].read_batch(BATCH, timeout_s=0)) == BATCH
             runs[n].setdefault("read_batch", []).append(time.perf_counter() - t0)
     for n in runs:
-        fs, root = open_storage(runs[n]["reader"].run_url, options)
-        fs.rm(root, recursive=True)
+        reader = runs[n]["reader"]
+        reader.fs.rm(reader.root, recursive=True)
     return {n: {op: statistics.median(v) for op, v in r.items() if isinstance(v, list)} for n, r in runs.items()}
 
 

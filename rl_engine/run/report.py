@@ -164,7 +164,11 @@ class StepFeed:
         self.metrics: list[dict[str, Any]] = []
         self._seen = {} if since_start else self._listing()
         if delivered_through is not None:
-            self._seen = {p: st for p, st in self._seen.items() if _step_of_path(p) <= delivered_through}
+            self._seen = {p: st for p, st in self._seen.items() if step_of_path(p) <= delivered_through}
+
+    def seen(self) -> list[str]:
+        """The step files this feed counts as handed over (or there before it, and not to be)."""
+        return list(self._seen)
 
     def _listing(self) -> dict[str, Any]:
         fs, root = self.run.fs()
@@ -186,7 +190,7 @@ class StepFeed:
                     self.on_step(self.role, m)
 
 
-def _step_of_path(path: str) -> int:
+def step_of_path(path: str) -> int:
     return int(path.rsplit("step=", 1)[1].split(".", 1)[0])
 
 

@@ -35,7 +35,7 @@ from rl_engine.config import TrackerConfig
 from rl_engine.config import WandbTracker as WandbSettings
 from rl_engine.config.base import redact
 from rl_engine.run.context import RunContext
-from rl_engine.run.report import TIME_KEY, StepFeed, metric_roles
+from rl_engine.run.report import TIME_KEY, StepFeed, metric_roles, step_of_path
 from rl_engine.storage import is_local, join, read_json, write_json
 
 log = logging.getLogger(__name__)
@@ -411,7 +411,13 @@ class TrackerFeed:
             )
             for role in metric_roles(run)
         }
-        self.cursor = dict(self.cursor or {})
+        if self.cursor is None:
+            # Written now, before any step: a run killed before the first poll resumes from it
+            # (every step after it logged); an older run's steps already there count as logged.
+            self.cursor = {
+                role: max((step_of_path(p) for p in feed.seen()), default=0) for role, feed in self.feeds.items()
+            }
+            self._save_cursor()
         self._delivered = False
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -439,9 +445,12 @@ class TrackerFeed:
         if self._delivered and self.trackers:
             for t in self.trackers:
                 t.flush()
-            fs, root = self.run.fs()
-            write_json(fs, join(root, TRACKERS_DIR, CURSOR_FILE), self.cursor, fsync=False)
+            self._save_cursor()
             self._delivered = False
+
+    def _save_cursor(self) -> None:
+        fs, root = self.run.fs()
+        write_json(fs, join(root, TRACKERS_DIR, CURSOR_FILE), self.cursor, fsync=False)
 
     def _safe_poll(self) -> None:
         try:

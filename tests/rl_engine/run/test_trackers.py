@@ -276,3 +276,15 @@ def test_a_killed_feed_resumes_from_its_cursor_not_from_what_is_on_storage(tmp_p
     TrackerFeed(run, [resumed]).poll()
     assert resumed.steps == [("trainer", 4), ("trainer", 5)]
     assert json.loads(Path(run.url, "trackers", "feed.json").read_text()) == {"trainer": 5}
+
+
+def test_a_run_killed_before_its_feeds_first_poll_logs_every_step_on_resume(tmp_path):
+    """The cursor is written when the feed is made: a first attempt killed before it ever polled
+    (its steps recorded, none logged) resumes logging all of them (CI's kill case: steps 1-4 lost)."""
+    run = make_run(tmp_path, [])
+    TrackerFeed(run, [Recorder()])  # made at the run's start; the process is killed before a poll
+    for v in (1, 2, 3, 4):
+        record_step(run, "trainer", v, trainer_step(v))
+    resumed = Recorder()
+    TrackerFeed(run, [resumed]).poll()
+    assert resumed.steps == [("trainer", v) for v in (1, 2, 3, 4)]
