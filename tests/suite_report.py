@@ -59,9 +59,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.section("suite report")
     write("starts: " + ", ".join(f"{k} {counts.get(k, 0)}" for k in KINDS))
     if reruns:
+        failed = {r.nodeid for r in terminalreporter.stats.get("failed", []) if isinstance(r, pytest.TestReport)}
+        flaky = [n for n in reruns if n not in failed]
         write(
-            f"RERUN {len(reruns)} test(s), each failed once and then passed (flaky: fix it, a rerun only hides it): "
-            + ", ".join(reruns)
+            f"RERUN {len(reruns)} test(s): {len(flaky)} failed once and then passed (flaky: fix it, a rerun only hides it)"
+            f"{': ' + ', '.join(flaky) if flaky else ''}; {len(reruns) - len(flaky)} failed on the rerun too"
         )
         for r in terminalreporter.stats.get("rerun", []):  # what the first try failed on: the flake to fix
             crash = getattr(r.longrepr, "reprcrash", None)
