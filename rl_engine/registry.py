@@ -116,9 +116,12 @@ class Registry:
             fn = self.get(cfg.type)
             params = cfg.model_dump(exclude={"type"}) if self.builtin(cfg.type) else cfg.kwargs
         if not callable(fn):
-            field = f"{self.field}.{'function' if cfg.type == 'python' else 'type'}"
-            raise UserError(f"{field} ({cfg.type!r}): {fn!r} is not callable; name a function")
+            raise UserError(f"{self.field_of(cfg)} ({cfg.type!r}): {fn!r} is not callable; name a function")
         return functools.partial(fn, **params)
+
+    def field_of(self, cfg: Any) -> str:
+        """The config field that names `cfg`'s code: its `function` (type python) or its `type`."""
+        return f"{self.field}.{'function' if cfg.type == 'python' else 'type'}"
 
     def _check(self, name: str) -> None:
         if name not in self._paths:
@@ -137,7 +140,7 @@ def bound(registry: Registry, cfg: Any, args: tuple[str, ...]) -> Callable[..., 
     """`registry.build(cfg)`, checked to take the positional `args` (their names are what the
     contract passes) with the config's parameters; a UserError naming the field otherwise."""
     fn = registry.build(cfg)
-    field = f"{registry.field}.{'function' if cfg.type == 'python' else 'type'}"
+    field = registry.field_of(cfg)
     target = fn.func
     try:
         inspect.signature(target).bind(*args, **fn.keywords)

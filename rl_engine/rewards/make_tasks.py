@@ -41,6 +41,16 @@ def task_maker(task: str) -> Callable[..., list[dict[str, Any]]]:
     return TASKS.get(task)
 
 
+def checked_rows(rows: Any, who: str) -> list[dict[str, Any]]:
+    """A task maker's return value when it is a non-empty list of dict rows; else the UserError naming `who`."""
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
+        raise UserError(
+            f"{who}: a task maker returns a list of dict rows, got {type(rows).__name__} {str(rows)[:80]}; "
+            "return a non-empty list of dict rows"
+        )
+    return rows
+
+
 def make_taskset(taskset: Any, storage_options: dict[str, Any] | None = None) -> int | None:
     """`taskset.make`: write `taskset.path` with the configured task maker when the file does not
     exist yet; the row count written, or None when there was nothing to do (no maker, or the file
@@ -54,12 +64,7 @@ def make_taskset(taskset: Any, storage_options: dict[str, Any] | None = None) ->
     if fs.exists(path):
         return None
     maker = load_object(m.function, "taskset.make.function") if m.type == "python" else TASKS.get(m.type)
-    rows = maker(m.n, m.seed, **m.kwargs)
-    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
-        raise UserError(
-            f"taskset.make ({m.type!r}): the task maker returned {type(rows).__name__} {str(rows)[:80]}; "
-            "a task maker returns a non-empty list of dict rows"
-        )
+    rows = checked_rows(maker(m.n, m.seed, **m.kwargs), f"taskset.make ({m.type!r})")
     write_taskset(taskset.path, rows, storage_options)
     return len(rows)
 
@@ -98,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     out, n, seed = args.pop("out"), args.pop("n"), args.pop("seed")
     if n is not None and n < 1:
         raise UserError(f"make-tasks: --n must be >= 1, got {n}")
-    rows = maker(n, seed, **args)
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise UserError(f"--task {a.task}: a task maker returns a list of dict rows, got {type(rows).__name__}")
+    rows = checked_rows(maker(n, seed, **args), f"--task {a.task}")
     write_taskset(out, rows)
     shown = ", ".join(f"{k} {v}" for k, v in args.items())
     print(f"wrote {len(rows)} {a.task} tasks (seed {seed}{', ' + shown if shown else ''}) to {out}")
