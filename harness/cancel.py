@@ -6,8 +6,9 @@ runs `cfg`'s mode flow (`cli.run.run_config`) in the calling thread while anothe
 the run's trainer to reach `at_version` (its marker on the run's board, on any storage) and then
 sets the run's flow run CANCELLING through the Prefect API, as the UI's Cancel button does; the
 flow's cancel watcher (flows/common.py) sees it within a second and posts the run's stop request.
-With `post_stop=True` the thread also posts that stop request on the board itself, at once, so a
-run of a few quick steps is stopped at `at_version` rather than up to a second later. It returns the flow's result, or the exception it raised (a cancelled flow run raises),
+With `post_stop=True` the thread first posts that stop request on the board itself, so a run of a
+few quick steps is stopped at `at_version` (its roles, in this process, see the post at once)
+rather than after the API's round trip and the watcher's poll. It returns the flow's result, or the exception it raised (a cancelled flow run raises),
 and the ids of the flow runs it cancelled.
 
 The run's flow run is found among the server's RUNNING flow runs by its `cfg` (or `resume`)
@@ -75,11 +76,11 @@ def cancel_at(
                 return
             found = found or running_flow_runs(client, run_url)
             time.sleep(0.05)
-        for fr in found:
+        if post_stop:  # first: the API's round trip under load took the trainer of a tiny run to its last step
+            request_stop(board, "cancelled", "test: cancelled mid-run", by="test")
+        for fr in found:  # a run stopped as cancelled takes seconds to end: the cancel still finds it running
             client.set_flow_run_state(fr.id, Cancelling(), force=True)
             cancelled.append(fr.id)
-    if post_stop:  # after the API's cancel, so the run cannot end before it
-        request_stop(board, "cancelled", "test: cancelled mid-run", by="test")
 
 
 def run_and_cancel(

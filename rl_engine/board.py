@@ -34,6 +34,7 @@ from rl_engine.storage import (
     join,
     news,
     open_storage,
+    poke,
     poll_interval,
     read_marker,
     wait_news,
@@ -309,11 +310,22 @@ class RoleSignals:
                 reason = f"{peer} went silent: no heartbeat for {now - m['time']:.0f} s (pid {m.get('pid')} on {m.get('host')} killed, or its machine lost)"
                 self.request_stop("failed", reason)
 
+    def _wake_on(self) -> tuple[str, str]:
+        # A stop request posted by this process (the flow's cancel watcher, a role beside this one
+        # under placement `local`) is seen at once, not at the next look; `_end` pokes the marker.
+        return self.board._path(STOP_KEY), self.board._path(role_key(self.role))
+
     def _watch(self) -> None:
-        # Stop requests are seen within a fraction of a second; object stores are polled gentler.
+        # Stop requests of other processes are seen within a fraction of a second; object stores are polled gentler.
         check_s = min(self.heartbeat_s, max(10 * self.board.poll_s, 0.1))
         next_beat = time.monotonic() + self.heartbeat_s
-        while not self._done.wait(check_s):
+        while True:
+            seen = news()
+            if self._done.is_set():
+                return
+            wait_news(seen, check_s, self._wake_on())
+            if self._done.is_set():
+                return
             try:
                 if time.monotonic() >= next_beat:
                     self.board.post(role_key(self.role), self._marker)
@@ -322,15 +334,18 @@ class RoleSignals:
             except Exception as e:  # noqa: BLE001 - a storage hiccup must not kill the heartbeat
                 log.warning("%s: board unreachable for a heartbeat: %s: %s", self.role, type(e).__name__, e)
 
+    def _end(self) -> None:
+        self._done.set()
+        poke(self._wake_on()[1])
+        self._thread.join(10)
+
     def detach(self) -> None:
         """Stop the thread and post nothing: the board is no longer this role's (its driver lost the run's lease)."""
-        self._done.set()
-        self._thread.join(10)
+        self._end()
 
     def close(self, state: str, error: str | None = None) -> None:
         """Stop the thread and post the role's final state (done / stopped / failed)."""
-        self._done.set()
-        self._thread.join(10)
+        self._end()
         self.board.post(role_key(self.role), {**self._marker, "state": state, "error": error})
 
 

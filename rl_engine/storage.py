@@ -158,9 +158,14 @@ def _written(path: str) -> None:
         _NEWS.notify_all()
 
 
-def wait_news(seen: int, timeout_s: float, under: str | None = None) -> None:
+def poke(path: str) -> None:
+    """News of `path` without a write: wakes this process's waiters on it (a thread told to end)."""
+    _written(path)
+
+
+def wait_news(seen: int, timeout_s: float, under: str | tuple[str, ...] | None = None) -> None:
     """Wait up to `timeout_s` for a write of this process after `seen` (`news()`); with `under`, one
-    to a path that starts with it (a later write elsewhere keeps waiting)."""
+    to a path that starts with it, or with one of them (a later write elsewhere keeps waiting)."""
 
     def arrived() -> bool:
         if _news_seq == seen:

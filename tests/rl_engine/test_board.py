@@ -83,3 +83,24 @@ def test_board_markers_are_links_to_their_latest_file_and_old_files_go(tmp_path)
     assert not [p for p in os.listdir(control) if p.startswith(".tmp-")]
     board.clear()
     assert board.get("k") is None
+
+
+def test_a_stop_request_of_this_process_reaches_a_role_at_once_and_close_does_not_wait_a_poll(tmp_path):
+    """A role's signals look at the board every few seconds on an object store; a stop request
+    posted by a thread of its own process (the flow's cancel watcher, another role of placement
+    `local`) is seen at once, and closing the signals ends their thread without waiting a look."""
+    import time
+
+    from rl_engine.board import Board, RoleSignals, request_stop
+
+    board = Board.at(str(tmp_path), poll_s=30.0)  # a look every heartbeat_s (20 s) only
+    signals = RoleSignals(board, "trainer", [], "a1", heartbeat_s=20.0, heartbeat_timeout_s=60.0)
+    time.sleep(0.1)
+    assert not signals.is_set()
+    threading.Timer(0.2, lambda: request_stop(Board.at(str(tmp_path)), "cancelled", "from the UI", by="flow")).start()
+    assert signals._stop.wait(10), "the stop request was not seen before the next look"
+    assert signals.request["kind"] == "cancelled"
+    t0 = time.monotonic()
+    signals.close("stopped")
+    assert time.monotonic() - t0 < 5 and not signals._thread.is_alive()
+    assert board.get("role-trainer")["state"] == "stopped"
