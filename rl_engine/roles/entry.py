@@ -215,7 +215,7 @@ def trainer_loop(run: RunContext, on_step: OnStep | None = None, local_device: i
                 loop(run, trainer, role)
             finally:
                 if _stop_kind(role) == "cancelled":
-                    _keep_last_model(trainer)
+                    _keep_what_was_trained(trainer)
             trainer.finish()
         finally:
             trainer.close()
@@ -300,18 +300,22 @@ def _decoupled_trainer(run: RunContext, trainer: TrainerRole, role: Role) -> Non
         _save_due(trainer, cfg.trainer.checkpoint_interval, cfg.trainer.total_steps)
 
 
-def _keep_last_model(trainer: TrainerRole) -> None:
-    """A cancelled run's trainer writes the policy it reached to `<run>/model/`, so the cancelled
-    run's report links a model (a resumed run replaces it with its final one). A failure to write
-    it is a warning: the cancel goes on."""
+def _keep_what_was_trained(trainer: TrainerRole) -> None:
+    """A cancelled run's trainer writes the resumable state of the version it reached, unless saved
+    already (a cancel is graceful: its resume repeats no step), and that policy to `<run>/model/`,
+    so the cancelled run's report links a model (a resumed run replaces it with its final one).
+    A stop comes between steps (a step's batch is taken whole or not at all, and training is not
+    interrupted), so the state is consistent. A failure to write is a warning: the cancel goes on."""
     if trainer.version == 0:
         return  # nothing trained: the base model is where it was
     try:
+        if trainer.state_version < trainer.version:
+            trainer.save_state()
         url = trainer.save_model()
         log.info("run cancelled: the policy at trainer version %d is in %s", trainer.version, url)
-    except Exception as e:  # noqa: BLE001 - the run is stopping; its state is what resume needs
+    except Exception as e:  # noqa: BLE001 - the run is stopping; the last saved state is what resume takes
         log.warning(
-            "run cancelled: could not write the model at trainer version %d: %s: %s",
+            "run cancelled: could not write the state or model at trainer version %d: %s: %s",
             trainer.version,
             type(e).__name__,
             e,

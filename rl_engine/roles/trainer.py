@@ -90,6 +90,7 @@ class TrainerRole:
             extra = self.trainer.load_state(self._state_url(t), run.storage_options)
             self.reader.load_state_dict(extra["cursor"])
             self.resumed_from = t
+        self.state_version = self.resumed_from or 0  # the latest version with resumable state
         if (
             resume
         ):  # the stopped attempt's published weights from here on: published again, each announced before it is written
@@ -185,6 +186,7 @@ class TrainerRole:
         with self.timeline.span("write", step=self.version, version=self.version):
             self.trainer.save_state(url, self.run.storage_options, extra={"cursor": self.reader.state_dict()})
             retention.prune_states(self.run)  # trainer.keep_last_states
+        self.state_version = self.version
         return url
 
     def save_model(self) -> str:

@@ -67,6 +67,9 @@ def test_cancel_mid_run_then_resume(prefect_server, tiny_model_dir, task_file, t
     )
     reached = json.loads(Path(run.url, "report", "summary.json").read_text())["final_version"]
     assert 0 < reached < total and arts["one-step-off-policy-model"].data.startswith(f"[{run.url}/model]")
+    assert saved == reached, (
+        f"the cancel saved no state at version {reached}: its resume repeats steps {saved + 1}-{reached}"
+    )
     model = load_file(str(Path(run.url, "model", "model.safetensors")))  # the policy it reached, a whole HF model
     assert (
         model.keys() == load_file(str(Path(tiny_model_dir, "model.safetensors"))).keys()
