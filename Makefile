@@ -10,7 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-gpu demo demo-real server test test-soak test-fast test-gpu lint format bench lock lock-gpu check-gpu-lock clean
+.PHONY: setup setup-gpu demo demo-real server test test-soak test-fast test-gpu lint format docs docs-serve bench lock lock-gpu check-gpu-lock clean
 
 setup: $(STAMP)
 
@@ -75,6 +75,21 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# The documentation site (mkdocs.yml, docs/, built into runs/site): first the reference pages,
+# generated from the config models and the CLI's parsers, then a --strict build, which a broken
+# link or anchor fails. DOCS_REFERENCE=--check (CI) fails on out-of-date reference pages
+# instead of rewriting them, so a change to the models or the CLI must commit its pages.
+# NO_MKDOCS_2_WARNING: the Material theme prints an end-of-life banner on every build otherwise.
+DOCS_REFERENCE ?=
+docs: setup
+	$(PY) -m cli.docs_reference $(DOCS_REFERENCE)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+# The site on http://127.0.0.1:8000, rebuilt as pages change, until Ctrl-C.
+docs-serve: setup
+	$(PY) -m cli.docs_reference
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # The `gpu`-marked tests (tests/gpu/; each skips without CUDA, the two-GPU ones below two GPUs).
 test-gpu: setup-gpu

@@ -1,8 +1,9 @@
-"""Every command the README shows is exercised by a test or a script (DEVELOPERS.md's rule).
+"""Every command the README and the documentation pages (docs/**/*.md) show is exercised by a
+test or a script: the docs never run ahead of the code.
 
-The commands are read from the README itself: each line of a ```bash block and each inline
+The commands are read from the pages themselves: each line of a ```bash block and each inline
 `rft ...`, `python -m ...`, `make ...` or `prefect ...`. Each maps, by its first words, to the
-tests that run it; a command the README gains without a test here fails this file, and so does
+tests that run it; a command a page gains without a test here fails this file, and so does
 an entry naming a test that no longer exists.
 
     .venv/bin/python -m pytest tests/test_readme.py -q
@@ -39,6 +40,14 @@ EXERCISED: dict[str, list[str]] = {
     ],
     "make format": [
         "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"
+    ],
+    "make bench": [
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"
+    ],  # dry-run: the quick benchmarks it runs are each smoke-tested below
+    "make docs": [".ci/run", "tests/test_docs.py::test_make_docs_regenerates_the_reference_and_builds_strictly"],
+    "make docs-serve": ["tests/test_docs.py::test_make_docs_serve_serves_the_site"],  # dry-run: it serves until stopped
+    "python -m cli.docs_reference": [
+        "tests/test_docs.py::test_the_committed_reference_pages_are_what_the_code_generates"
     ],
     **{
         cmd: ["tests/test_locks.py::test_make_gpu_targets_run_the_commands_the_readme_says"]
@@ -161,7 +170,7 @@ EXERCISED: dict[str, list[str]] = {
             "engine_start",
         )
     },
-    # --device cuda: refused here without CUDA; on GPUs not run yet (README, On GPUs)
+    # --device cuda: refused here without CUDA; on GPUs not run yet (docs/guides/gpus.md)
     **{
         f"python -m bench.{b}": [
             f"tests/bench/test_bench_smoke.py::test_{b}",
@@ -182,9 +191,14 @@ EXERCISED: dict[str, list[str]] = {
 NOT_COMMANDS = ("export ",)  # environment for the commands around them
 
 
-def readme_commands() -> list[str]:
-    """Every command the README shows, as written (continuation lines joined, comments cut)."""
-    text = (REPO / "README.md").read_text()
+def doc_pages() -> list[Path]:
+    """The README and every page of the documentation site."""
+    return [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def page_commands(page: Path) -> list[str]:
+    """Every command a page shows, as written (continuation lines joined, comments cut)."""
+    text = page.read_text()
     out = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
@@ -193,6 +207,16 @@ def readme_commands() -> list[str]:
                 out.append(cmd)
     out += [m for m in re.findall(r"`((?:rft|python -m|make|prefect) [^`]+)`", text)]
     return out
+
+
+def readme_commands() -> list[str]:
+    """Every command the README shows."""
+    return page_commands(REPO / "README.md")
+
+
+def all_commands() -> dict[str, list[str]]:
+    """Every page's commands, by the page's path in the repository."""
+    return {str(p.relative_to(REPO)): page_commands(p) for p in doc_pages()}
 
 
 def key(cmd: str) -> str:
@@ -207,6 +231,12 @@ def test_every_readme_command_is_exercised():
     assert not missing, f"README commands no test runs (add a test and an EXERCISED entry): {missing}"
 
 
+def test_every_docs_command_is_exercised():
+    missing = {page: sorted({c for c in cmds if key(c) not in EXERCISED}) for page, cmds in all_commands().items()}
+    missing = {page: cmds for page, cmds in missing.items() if cmds}
+    assert not missing, f"commands in the docs that no test runs (add a test and an EXERCISED entry): {missing}"
+
+
 def test_every_named_test_exists():
     for cmd, where in EXERCISED.items():
         for ref in where:
@@ -218,7 +248,10 @@ def test_every_named_test_exists():
 
 
 def test_the_readme_shows_the_commands_this_file_knows():
-    """The parser is not vacuous: it finds the README's first two commands and the bench ones."""
+    """The parser is not vacuous: it finds the README's first two commands, and the docs' bench ones."""
     cmds = readme_commands()
     assert cmds[:2] == ["make demo", "make test"]
-    assert "rft validate configs/synchronous.yaml --print" in cmds and "python -m bench.faults" in cmds
+    assert "rft validate configs/synchronous.yaml --print" in cmds
+    pages = all_commands()
+    assert len(pages) > 20 and "python -m bench.faults" in pages["docs/guides/benchmarks.md"]
+    assert "rft eval runs/my-run" in pages["docs/guides/evaluation.md"]

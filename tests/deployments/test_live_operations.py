@@ -54,10 +54,10 @@ CANCELLED_TOTAL = 100  # trainer steps of the run cancelled at version 2, then r
 
 
 def readme_set_block() -> str:
-    """The README's bash block that starts deployment runs with `set`."""
-    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+    """The Prefect guide's bash block that starts deployment runs with `set`."""
+    blocks = re.findall(r"```bash\n(.*?)```", (REPO / "docs" / "guides" / "prefect.md").read_text(), re.DOTALL)
     found = [b for b in blocks if "--param set=" in b]
-    assert len(found) == 1, "README: one bash block with `prefect deployment run ... --param set=`"
+    assert len(found) == 1, "docs/guides/prefect.md: one bash block with `prefect deployment run ... --param set=`"
     return found[0]
 
 

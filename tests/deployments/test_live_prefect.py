@@ -176,15 +176,15 @@ def test_schedule_creates_runs(prefect_live, deployed, tmp_path):
 
 
 def readme_schedule_snippet() -> str:
-    """The README's Python snippet that creates a schedule with `set` overrides."""
+    """The schedules guide's Python snippet that creates a schedule with `set` overrides."""
     import re
 
     blocks = [
         b
-        for b in re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+        for b in re.findall(r"```python\n(.*?)```", (REPO / "docs" / "guides" / "schedules.md").read_text(), re.DOTALL)
         if "create_deployment_schedules" in b
     ]
-    assert len(blocks) == 1, "README: one python block creating a deployment schedule"
+    assert len(blocks) == 1, "docs/guides/schedules.md: one python block creating a deployment schedule"
     return blocks[0]
 
 
@@ -324,10 +324,10 @@ def test_readme_turns_the_nightly_schedule_on(prefect_live, deployed):
 
     blocks = [
         b
-        for b in re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
+        for b in re.findall(r"```bash\n(.*?)```", (REPO / "docs" / "guides" / "schedules.md").read_text(), re.DOTALL)
         if "schedule resume" in b
     ]
-    assert len(blocks) == 1, "README: one bash block turning the nightly schedule on"
+    assert len(blocks) == 1, "docs/guides/schedules.md: one bash block turning the nightly schedule on"
     name = "one-step-off-policy/one-step-off-policy-nightly"
     (schedule,) = prefect_live.deployment(name)["schedules"]
     assert not schedule["active"]  # as shipped

@@ -1,8 +1,8 @@
-"""The README's REST calls (`curl ... /create_flow_run`) through a Prefect server that is busy.
+"""The Prefect guide's REST calls (`curl ... /create_flow_run`) through a Prefect server that is busy.
 
 Prefect's server answers 503 `{"exception_message":"Service Unavailable"}` when its SQLite database
 is busy (concurrent writers, a loaded machine: it happened in CI), and its own clients retry. The
-README's curl lines retry too; this checks that what they print after a retry is the answer alone,
+guide's curl lines retry too; this checks that what they print after a retry is the answer alone,
 one JSON document a script can parse, not the 503's body glued to it. The server here is a loopback
 stand-in that answers each path's first request with that 503 and then with a Prefect-shaped answer;
 `tests/deployments/test_live_operations.py` runs the same lines against a real server.
@@ -71,9 +71,7 @@ def busy_server() -> Iterator[str]:
         thread.join(timeout=10)
 
 
-@pytest.mark.skipif(
-    not (shutil.which("curl") and shutil.which("jq")), reason="the README's REST lines need curl and jq"
-)
+@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="the guide's REST lines need curl and jq")
 @pytest.mark.timeout(60)
 def test_readme_rest_calls_print_only_the_answer_after_a_busy_503(busy_server):
     block = readme_set_block()

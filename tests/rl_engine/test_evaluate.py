@@ -229,7 +229,9 @@ def test_the_readme_eval_config_validates(tiny_model_dir):
     from rl_engine.config import validate_config
 
     section = (
-        (Path(__file__).resolve().parents[2] / "README.md").read_text().split("## Evaluation during training", 1)[1]
+        (Path(__file__).resolve().parents[2] / "docs" / "guides" / "evaluation.md")
+        .read_text()
+        .split("## Evaluation during training", 1)[1]
     )
     shown = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))
     cfg = validate_config({"model": {"path": tiny_model_dir}, "taskset": {"path": "t.jsonl"}, **shown})

@@ -386,7 +386,7 @@ def test_a_failed_episode_is_dropped_scored_or_fails_the_run(on_error, tiny_mode
 
 
 def test_the_readme_workflow_and_its_config(tiny_model_dir):
-    """The README's example workflow runs as shown, and its YAML validates."""
+    """The workflows guide's example workflow runs as shown, and its YAML validates."""
     import re
     from pathlib import Path
 
@@ -394,7 +394,7 @@ def test_the_readme_workflow_and_its_config(tiny_model_dir):
 
     from rl_engine.config import validate_config
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "guides" / "workflows.md").read_text()
     section = readme.split("## Multi-turn workflows and tools", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
     config = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1))

@@ -340,7 +340,7 @@ def test_rft_validate_print_shows_the_plan(tmp_path, monkeypatch, capsys):
 
 
 def test_the_readmes_gpu_configs_validate_with_the_plans_it_shows(tmp_path, monkeypatch, capsys):
-    """README, On GPUs: `gpu8.yaml` (4 trainer ranks, 4 explorers) on 8 GPUs gets the plan the README
+    """docs/guides/gpus.md: `gpu8.yaml` (4 trainer ranks, 4 explorers) on 8 GPUs gets the plan the guide
     shows, is refused on 4 (the engines would share the trainer's devices under collective sync),
     and `gpu8-two-machines.yaml` gives every role its job variables' devices."""
     import re
@@ -350,7 +350,7 @@ def test_the_readmes_gpu_configs_validate_with_the_plans_it_shows(tmp_path, monk
     from cli.main import main as rft
     from rl_engine.run import preflight
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "docs" / "guides" / "gpus.md").read_text()
     section = readme[readme.index("## On GPUs") :]
     section = section[: section.index("\n## ")]
     base, placement = (yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.DOTALL)[:2])
