@@ -1,4 +1,4 @@
-"""The sync schedules of DESIGN.md as pure functions: who syncs when, and which version generates what.
+"""The sync schedules (docs/concepts/modes.md) as pure functions: who syncs when, and which version generates what.
 
 Rendezvous schedule (modes synchronous / one_step_off_policy), knobs k = sync_interval >= 1 and
 m = sync_offset >= 0: the explorer syncs after explorer step e iff e > m and (e - m) % k == 0,
@@ -21,7 +21,7 @@ import sys
 
 
 def syncs_after_explorer_step(e: int, k: int, m: int) -> bool:
-    """True iff the rendezvous explorer syncs after explorer step e (the DESIGN.md rule)."""
+    """True iff the rendezvous explorer syncs after explorer step e (the rendezvous rule)."""
     return e > m and (e - m) % k == 0
 
 
@@ -67,7 +67,7 @@ def rendezvous_version(e: int, k: int, m: int) -> int:
 
 
 def max_rendezvous_staleness(k: int, m: int) -> int:
-    """Largest (trainer version at training) - (generating version): k - 1 + m (DESIGN.md table)."""
+    """Largest (trainer version at training) - (generating version): k - 1 + m (the modes' table in docs/concepts/modes.md)."""
     return k - 1 + m
 
 

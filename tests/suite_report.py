@@ -20,7 +20,7 @@ import pytest
 from rl_engine.proc.starts import ENV as STARTS_ENV
 from rl_engine.proc.starts import read_counts
 
-# `make test` on the 2-core machine CI runs on; README "Development" says how it is kept.
+# `make test` on the 2-core machine CI runs on; docs/guides/development.md says how it is kept.
 BUDGET_MIN = 30.0
 KINDS = ("vllm_engine", "deepspeed_init", "torchrun", "prefect_server", "moto_s3")
 REPORT = Path(__file__).resolve().parents[1] / "runs" / "test-report.json"

@@ -80,7 +80,7 @@ def test_the_check_script_reads_pips_report():
 
 
 def test_make_gpu_targets_run_the_commands_the_readme_says():
-    """`make setup-gpu`, `make test-gpu`, `make check-gpu-lock` and `make lock-gpu` (README, On GPUs), dry-run: CI has no GPU."""
+    """`make setup-gpu`, `make test-gpu`, `make check-gpu-lock` and `make lock-gpu` (docs/guides/gpus.md), dry-run: CI has no GPU."""
 
     def dry(*args: str) -> str:
         return subprocess.run(["make", "-n", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout

@@ -1,6 +1,6 @@
 """The synchronizer: when and how weights flow from the trainer to the explorers.
 
-Two variants, told apart by `mode` (see DESIGN.md, sync modes):
+Two variants, told apart by `mode` (docs/concepts/modes.md):
 - `RendezvousSync` (synchronous, one_step_off_policy): explorer and trainer meet on a fixed
   schedule, `sync_interval` k and `sync_offset` m (rl_engine.schedule);
 - `DecoupledSync` (fully_async, multi_explorer): the trainer publishes every k steps, the explorers

@@ -15,7 +15,7 @@ machine (placement `deployments`). Prefect-free; the flows wrap these functions.
     trainer_role(open_run("runs/my-run"))                # in one thread / process / machine
     explorer_role(open_run("runs/my-run"), 0)            # in another
 
-The loops follow DESIGN.md's schedules: rendezvous (synchronous, one_step_off_policy: the
+The loops follow the modes' schedules (docs/concepts/modes.md): rendezvous (synchronous, one_step_off_policy: the
 explorer syncs after step e iff e > m and (e - m) % k == 0, receiving version e - m) and
 decoupled (fully_async, multi_explorer: the trainer publishes every k steps, explorers pick up
 the newest between their steps and wait only when admission control says so).

@@ -243,7 +243,7 @@ def test_train(tmp_path):
 
 @pytest.mark.parametrize("module", ["sync", "train"])
 def test_device_cuda_is_refused_without_cuda(module):
-    """`python -m bench.sync --device cuda` / `bench.train --device cuda` (README, On GPUs) on a
+    """`python -m bench.sync --device cuda` / `bench.train --device cuda` (docs/guides/gpus.md) on a
     machine without CUDA: exit 2 before any work, saying why and what to run instead."""
     import torch
 

@@ -1,4 +1,4 @@
-"""`rft server` / `make server` (README, Operate it with Prefect): a Prefect server on PostgreSQL.
+"""`rft server` / `make server` (docs/guides/prefect.md): a Prefect server on PostgreSQL.
 
 It starts the machine's own PostgreSQL with its data under `--root` (initdb on first use, kept
 across starts), then `prefect server start` on it; Ctrl-C stops both and a SIGKILL of `rft

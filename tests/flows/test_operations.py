@@ -70,7 +70,7 @@ def test_flow_run_named_after_the_run_result_is_the_summary_as_json(done_run):
 
 def test_the_run_lifecycle_shows_as_tasks_of_the_flow_run(done_run):
     """The steps of rl_engine/run/driver.py are task runs of the mode's flow run, in order, all
-    completed: what the UI draws in the run's graph (README, What it is: Run)."""
+    completed: what the UI draws in the run's graph (docs/concepts/roles.md, Run)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.client.schemas.sorting import TaskRunSort

@@ -5,7 +5,7 @@ the two-GPU ones below two GPUs); `make test-gpu` runs them in the CUDA virtuale
 
     .venv-gpu/bin/python -m pytest -m gpu tests/gpu
 
-Not run yet on any GPU (no machine was lent when they were written): see README, On GPUs.
+Not run yet on any GPU (no machine was lent when they were written): see docs/guides/gpus.md.
 """
 
 from __future__ import annotations

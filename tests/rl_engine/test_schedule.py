@@ -1,4 +1,4 @@
-"""The rendezvous and decoupled schedules against the table in DESIGN.md, worked by hand."""
+"""The rendezvous and decoupled schedules against the modes' table (docs/concepts/modes.md), worked by hand."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rl_engine.schedule import (
     trainer_sync_versions,
 )
 
-# (k, m): generating version of explorer steps 1..8, written out from the DESIGN.md pictures.
+# (k, m): generating version of explorer steps 1..8, written out by hand from the rule.
 TABLE = {
     (1, 0): [0, 1, 2, 3, 4, 5, 6, 7],  # (a) synchronous
     (1, 1): [0, 0, 1, 2, 3, 4, 5, 6],  # (b) one-step off-policy
@@ -132,7 +132,7 @@ def test_batch_numbers_are_round_robin_over_the_explorers():
 
 
 def test_the_readme_command_prints_the_plan(capsys):
-    """`python -m rl_engine.schedule 4 0 8` (README, Inspecting a run)."""
+    """`python -m rl_engine.schedule 4 0 8` (docs/guides/inspecting.md)."""
     from rl_engine.schedule import main
 
     main(["4", "0", "8"])

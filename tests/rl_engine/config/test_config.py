@@ -73,7 +73,7 @@ def test_validate_print_writes_the_resolved_config(tiny_model_dir, capsys):
 
 
 def test_make_targets_the_readme_shows_run_the_commands_it_says():
-    """`make test-fast` and `make test PYTEST_ARGS=...` (README, Development), dry-run: the suite
+    """`make test-fast` and `make test PYTEST_ARGS=...` (docs/guides/development.md), dry-run: the suite
     itself is what `make test` runs in CI."""
     import subprocess
 
