@@ -190,7 +190,7 @@ def readme_schedule_snippet() -> str:
 
 @pytest.mark.timeout(240)
 def test_readme_schedule_with_set_overrides(prefect_live, deployed):
-    """The README's snippet, run as written against the server, gives `synchronous/synchronous` a
+    """The schedules guide's snippet, run as written against the server, gives `synchronous/synchronous` a
     nightly schedule whose runs carry its `set` and the deployment's `cfg` (the scheduler's
     scheduled runs, read back; none runs before 02:00, and the test removes them)."""
     import ast
@@ -318,7 +318,7 @@ def test_serve_registers_mode_and_roles(prefect_live, tiny_model_dir, tmp_path):
 
 @pytest.mark.timeout(180)
 def test_readme_turns_the_nightly_schedule_on(prefect_live, deployed):
-    """The README's bash block that turns the shipped nightly schedule on, run as written: its
+    """The schedules guide's bash block that turns the shipped nightly schedule on, run as written: its
     schedule is active; the test pauses it again and removes any run the scheduler made of it."""
     import re
 

@@ -1,6 +1,6 @@
 """`make demo`, the README's first command: `rft demo` finds the warm-started tiny model and the
 arithmetic tasks (the session's demo model, built once per machine by the same code, is linked
-in), trains 20 GRPO steps one-step off-policy, and prints the summary the README shows, ending
+in), trains 20 GRPO steps one-step off-policy, and prints the summary docs/quickstart.md shows, ending
 with the held-out exact-answer rate before and after (about a minute here).
 
     .venv/bin/python -m pytest tests/flows/test_demo.py
@@ -28,7 +28,7 @@ def test_make_demo_builds_trains_and_prints_its_summary(demo_model_dir, tmp_path
     out = res.stdout
     assert "building the demo model" not in out  # found, not built again
     assert (root / "data" / "arith-train.jsonl").stat().st_size > 0  # the tasks are the demo's own to write
-    # The summary lines the README quotes, with the demo's numbers.
+    # The summary lines docs/quickstart.md quotes, with the demo's numbers.
     run_dir = Path(re.search(r"^run:\s+(\S+)\s+\(mode one_step_off_policy\)$", out, re.MULTILINE).group(1))
     assert re.search(r"^trained:\s+20 steps -> version 20, 20 explorer steps$", out, re.MULTILINE), out
     assert re.search(r"^staleness:\s+max 1$", out, re.MULTILINE), out
