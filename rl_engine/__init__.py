@@ -15,6 +15,7 @@ Where things live (bottom up, as the floors below stack them):
     experience.py the one Arrow schema of an experience row
     storage.py    fsspec storage: URLs, atomic writes, retries through outages
     model_dir.py  the one check that a path is a local Hugging Face model directory
+    adapter.py    a LoRA adapter's layout (peft names and config, shapes, the zero adapter), trainer and engines alike
     board.py      the control board (JSON markers under <run>/control/) and its key schema
     pruning.py    keep-last pruning of a run's numbered directories (trainer states, sync checkpoints)
     rewards/      task sets, reward functions, the user-code pool they run in, the sandbox generated
@@ -45,7 +46,7 @@ or a top-level module, never a module inside a folder). Nothing outside demos/ i
 
     0  errors api registry proc schedule conformance tiny_model fetch_model
     1  config experience
-    2  storage model_dir
+    2  storage model_dir adapter
     3  board pruning rewards algorithms
     4  buffer rollout
     5  evaluate

@@ -195,7 +195,8 @@ class Trainer(Protocol):
         ...
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """(Hugging Face name, full tensor) pairs, for weight sync."""
+        """What a weight sync sends: (Hugging Face name, full tensor) pairs, or under `model.lora`
+        the adapter's tensors only (peft's file names; rl_engine.adapter)."""
         ...
 
     def save_hf(self, url: str, storage_options: dict[str, Any] | None = None) -> None:

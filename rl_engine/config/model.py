@@ -13,9 +13,14 @@ from rl_engine.registry import IMPORT_PATH, REWARDS, TASKS
 
 class LoRAConfig(_Model):
     """LoRA adapters on the policy (peft, rl_engine.trainer.lora): only the adapters train, the base
-    stays frozen. Phase 1 of issue 46: weight sync still sends the merged weights (base + adapter)."""
+    stays frozen; weight sync sends the adapter only, which the explorers' engines serve on the base."""
 
-    rank: int = Field(default=16, gt=0, le=4096, description="Rank r of each adapter (A is r x in, B is out x r).")
+    rank: int = Field(
+        default=16,
+        gt=0,
+        le=512,
+        description="Rank r of each adapter (A is r x in, B is out x r); vLLM serves up to 512.",
+    )
     alpha: float = Field(
         default=32.0, gt=0.0, description="LoRA alpha: the adapter's update is scaled by alpha / rank."
     )
@@ -51,7 +56,7 @@ class ModelConfig(_Model):
     )
     lora: LoRAConfig | None = Field(
         default=None,
-        description="Train LoRA adapters instead of every weight (the explorers still receive merged weights); null: full fine-tuning.",
+        description="Train LoRA adapters instead of every weight; weight sync then sends the adapter only, served by vLLM's LoRA on the base model. null: full fine-tuning.",
     )
 
 

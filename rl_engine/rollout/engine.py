@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rl_engine.api import RolloutEngine
-from rl_engine.config import EngineConfig, RFTConfig, SamplingConfig
+from rl_engine.config import EngineConfig, LoRAConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
 from rl_engine.proc.starts import count_start
@@ -164,6 +164,7 @@ class VLLMRolloutEngine:
         seed: int = 0,
         explorer_id: int = 0,
         cuda_visible: str | None = None,
+        lora: LoRAConfig | None = None,
     ):
         from vllm import LLM
         from vllm.platforms import current_platform
@@ -188,6 +189,9 @@ class VLLMRolloutEngine:
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
         )
+        if lora is not None:
+            # One adapter slot: each version's adapter replaces the last in place (worker_ext).
+            kwargs.update(enable_lora=True, max_loras=1, max_cpu_loras=1, max_lora_rank=_lora_rank(lora.rank))
         # The engine processes inherit this and exit when this process is gone (worker_ext).
         env: dict[str, str | None] = {OWNER_PID_ENV: str(os.getpid())}
         if current_platform.is_cpu():
@@ -238,6 +242,23 @@ class VLLMRolloutEngine:
         ):  # an EngineCore in this process (vLLM's InprocClient)
             self._shutdown = inproc.adopt(self._client)
         self._procs = EngineProcesses(self._llm)
+        self._lora_request, self._adapter_dir = None, None
+        if lora is not None:
+            self._serve_adapter(model_path, lora)
+
+    def _serve_adapter(self, model_path: str, lora: LoRAConfig) -> None:
+        """Serve the policy as the base model plus its adapter: the zero adapter (version 0) now,
+        each synced version's in its place; every request names it (`_lora_request`). Its
+        directory is where vLLM would reload it from, were it ever evicted (one adapter, never)."""
+        import tempfile
+
+        from vllm.lora.request import LoRARequest
+
+        from rl_engine.adapter import ENGINE_ADAPTER_ID, peft_config, write_zero_adapter
+
+        self._adapter_dir = write_zero_adapter(model_path, lora, tempfile.mkdtemp(prefix="rft-adapter-"))
+        self.rpc("rft_adapter_init", peft_config(lora, model_path), self._adapter_dir)
+        self._lora_request = LoRARequest("rft-policy", ENGINE_ADAPTER_ID, self._adapter_dir)
 
     # ---- properties
 
@@ -298,7 +319,9 @@ class VLLMRolloutEngine:
         with self._lock:
             self._check_alive()
             version = self._version
-            outputs = self._call("generate", lambda llm: llm.generate(inputs, params, use_tqdm=False))
+            outputs = self._call(
+                "generate", lambda llm: llm.generate(inputs, params, use_tqdm=False, lora_request=self._lora_request)
+            )
         # Text from vLLM where it detokenized (stop strings), else decoded here once from the ids.
         return [
             [
@@ -328,7 +351,12 @@ class VLLMRolloutEngine:
             version = self._version
             outputs = self._call(
                 "generate",
-                lambda llm: llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False),
+                lambda llm: llm.generate(
+                    [TokensPrompt(prompt_token_ids=p) for p in prompts],
+                    params,
+                    use_tqdm=False,
+                    lora_request=self._lora_request,
+                ),
             )
         return [
             _to_rollout(p, out.outputs[0], version, None if sp.detokenize else self._tokenizer)
@@ -349,7 +377,10 @@ class VLLMRolloutEngine:
             outputs = self._call(
                 "prompt_logprobs",
                 lambda llm: llm.generate(
-                    [TokensPrompt(prompt_token_ids=list(s)) for s in sequences], params, use_tqdm=False
+                    [TokensPrompt(prompt_token_ids=list(s)) for s in sequences],
+                    params,
+                    use_tqdm=False,
+                    lora_request=self._lora_request,
                 ),
             )
         out = []
@@ -471,6 +502,10 @@ class VLLMRolloutEngine:
         self._procs.kill(_KILL_WAIT_S)  # whatever survived, workers of a dead EngineCore included
         wake_pending_calls(client)
         self._llm = None
+        if self._adapter_dir is not None:
+            import shutil
+
+            shutil.rmtree(self._adapter_dir, ignore_errors=True)
 
     def __enter__(self) -> VLLMRolloutEngine:
         return self
@@ -586,6 +621,17 @@ def _to_rollout(prompt_ids: list[int], c: Any, version: int, tokenizer: Any = No
     )
 
 
+_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices
+
+
+def _lora_rank(rank: int) -> int:
+    """vLLM's smallest max_lora_rank that holds adapters of `rank`."""
+    for r in _LORA_RANKS:
+        if r >= rank:
+            return r
+    raise UserError(f"model.lora.rank = {rank}: vLLM serves adapters of rank {_LORA_RANKS[-1]} at most; lower it")
+
+
 def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0, cuda_visible: str | None = None) -> RolloutEngine:
     """The rollout engine of explorer `explorer_id`, from `cfg.model` and `cfg.explorer.engine`; on
     GPU its processes see the devices `cuda_visible` lists (a CUDA_VISIBLE_DEVICES value, from the
@@ -603,4 +649,5 @@ def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0, cuda_visible: str
         seed=cfg.seed + explorer_id,
         explorer_id=explorer_id,
         cuda_visible=cuda_visible,
+        lora=m.lora,
     )

@@ -111,7 +111,7 @@ def check_lora_targets(model: ModelConfig, weights: dict[str, tuple[int, ...]]) 
     model directory's safetensors headers, by name or dotted suffix as peft matches them."""
     if model.lora is None:
         return
-    from rl_engine.trainer.lora import missing_targets
+    from rl_engine.adapter import missing_targets
 
     missing = missing_targets(weights, model.lora.target_modules)
     if missing:
@@ -190,7 +190,7 @@ def check_model(inputs: Inputs, resume: str | None = None) -> None:
     params = check_weights_fit(model, weights)
     if resume is not None:
         if cfg.model.lora is not None:  # the state holds the adapter only
-            from rl_engine.trainer.lora import adapter_shapes
+            from rl_engine.adapter import adapter_shapes
 
             params = adapter_shapes(weights, cfg.model.lora)
         check_trainer_state(resume, cfg.buffer.storage.fs_options(), params)

@@ -5,6 +5,8 @@ receiver take its filesystem and path, the board's: `build_weight_sender`):
 
     checkpoints/version=<v>/model.safetensors            (or model-00001.safetensors ... + model.safetensors.index.json)
     checkpoints/version=<v>/config.json                  the policy's HF config (the directory loads with transformers)
+    checkpoints/version=<v>/adapter_model.safetensors    under model.lora, instead: the adapter only,
+    checkpoints/version=<v>/adapter_config.json          in peft's layout (loads with PeftModel or vLLM)
     checkpoints/version=<v>/_COMMITTED                   JSON marker, written last and atomically:
                                                          {version, tensors, bytes, time, files: {name: {bytes, crc32}}}
 
@@ -49,6 +51,7 @@ from typing import Any
 import torch
 
 from rl_engine import storage
+from rl_engine.adapter import CONFIG_FILE, WEIGHTS_FILE
 from rl_engine.board import Board, StopSignal, WaitTimeout, poll_until
 from rl_engine.pruning import Kind, committed, prune
 from rl_engine.rollout.engine import EngineDiedError
@@ -110,11 +113,15 @@ class CheckpointSender:
         shard_bytes: int = DEFAULT_SHARD_BYTES,
         keep_last: int | None = None,
         pinned: Callable[[], int | None] | None = None,
+        adapter_config: dict[str, Any] | None = None,
     ):
         """Writes under `root` (the run's directory) of filesystem `fs`. `keep_last`:
         synchronizer.keep_last_checkpoints (None keeps every version); `pinned`: returns the
-        version a lineage's model points at (None: none of this run's), which is kept."""
+        version a lineage's model points at (None: none of this run's), which is kept.
+        `adapter_config` (a LoRA run's, rl_engine.adapter.peft_config): the tensors are an adapter,
+        written in peft's layout with this config."""
         self.fs, self.root = fs, root
+        self.adapter_config = adapter_config
         self.keep_last, self.pinned = keep_last, pinned
         self.model_dir = model_dir
         self.dtype = dtype
@@ -177,8 +184,8 @@ class CheckpointSender:
         if n == 0:
             raise ValueError(f"checkpoint of version {version}: the trainer gave no parameters")
         if cur or not shards:
-            if not shards:
-                self.write_file(d, "model.safetensors", cur, files)  # one shard: the plain HF single-file layout
+            if not shards:  # one shard: the plain HF single-file layout, or peft's
+                self.write_file(d, WEIGHTS_FILE if self.adapter_config else "model.safetensors", cur, files)
             else:
                 self._write_shard(d, len(shards) + 1, cur, weight_map, files)
             nbytes += size
@@ -188,8 +195,11 @@ class CheckpointSender:
                 storage.join(d, "model.safetensors.index.json"),
                 {"metadata": {"total_size": nbytes}, "weight_map": weight_map},
             )
-        with open(os.path.join(self.model_dir, "config.json"), "rb") as f:
-            storage.write_bytes_atomic(self.fs, storage.join(d, "config.json"), f.read())
+        if self.adapter_config is not None:
+            storage.write_json(self.fs, storage.join(d, CONFIG_FILE), self.adapter_config)
+        else:
+            with open(os.path.join(self.model_dir, "config.json"), "rb") as f:
+                storage.write_bytes_atomic(self.fs, storage.join(d, "config.json"), f.read())
         # Written last: until it exists no reader sees this version.
         storage.write_json(
             self.fs,

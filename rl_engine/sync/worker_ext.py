@@ -29,7 +29,15 @@ from typing import Any
 
 import torch
 
+from rl_engine.adapter import ENGINE_ADAPTER_ID as ADAPTER_ID
+from rl_engine.adapter import is_adapter_tensor
 from rl_engine.proc.owner_watch import start_owner_watch
+
+
+def _read_dir(directory: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return {k: v for f in sorted(Path(directory).glob("*.safetensors")) for k, v in load_file(str(f)).items()}
 
 
 def _refresh_tied_lm_heads(model: torch.nn.Module) -> None:
@@ -100,7 +108,19 @@ class RFTWorkerExtension:
             _refresh_tied_lm_heads(model)
 
     def _rft_load(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Load checkpoint-format (HF-named) weights in place; returns how many tensors were loaded."""
+        """Load checkpoint-format (HF-named) weights in place; returns how many tensors were loaded.
+        An engine serving a LoRA policy (`rft_adapter_init`) takes an adapter's tensors (installed
+        in its one slot) or the base model's (reloaded, and the zero adapter installed: version 0)."""
+        if getattr(self, "_rft_peft", None) is not None:
+            tensors = dict(weights)
+            if any(is_adapter_tensor(k) for k in tensors):
+                return self._rft_install_adapter(tensors)
+            n = self._rft_load_base(tensors.items())
+            self._rft_install_adapter(_read_dir(self._rft_zero_dir))
+            return n
+        return self._rft_load_base(weights)
+
+    def _rft_load_base(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         n = 0
 
         def counted():
@@ -112,6 +132,65 @@ class RFTWorkerExtension:
         with self._rft_reloading() as model:
             model.load_weights(counted())
         return n
+
+    # ---- LoRA: the base model served, the policy's adapter installed in place
+
+    def rft_adapter_init(self, peft: dict[str, Any], zero_dir: str) -> int:
+        """Serve a LoRA policy: adapters have config `peft` (its adapter_config.json); install the
+        zero adapter in `zero_dir` (version 0: the base model's outputs). Returns tensors installed."""
+        self._rft_peft, self._rft_zero_dir = peft, zero_dir
+        return self._rft_install_adapter(_read_dir(zero_dir))
+
+    def _rft_install_adapter(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Replace the adapter in the engine's one LoRA slot by `tensors` (peft file names): the
+        previous version's adapter is dropped, the new one copied into the same slot's buffers, so
+        engine memory does not grow with versions; the requests keep naming adapter `ADAPTER_ID`."""
+        from vllm.lora.lora_model import LoRAModel
+        from vllm.lora.peft_helper import PEFTHelper
+
+        workers = self.model_runner.lora_manager  # vLLM's LRUCacheWorkerLoRAManager
+        manager = workers._adapter_manager
+        helper = PEFTHelper.from_dict(dict(self._rft_peft))
+        helper.validate_legal(workers.lora_config)
+        model = manager.model
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        adapter = LoRAModel.from_lora_tensors(
+            ADAPTER_ID,
+            {k: v.clone() for k, v in tensors.items()},  # received tensors may live in reused buffers
+            helper,
+            device="cpu",
+            dtype=workers.lora_config.lora_dtype,
+            model_vocab_size=workers.vocab_size,
+            weights_mapper=None if mapper is None else mapper.get_rename_mapper(),
+            skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+        )
+        if not adapter.loras:
+            raise ValueError(f"none of the {len(tensors)} tensors is an adapter of this model's LoRA modules")
+        manager.remove_adapter(ADAPTER_ID)
+        manager.add_adapter(adapter)
+        manager.activate_adapter(ADAPTER_ID)
+        return len(tensors)
+
+    def rft_adapter_probe(self) -> dict[str, Any]:
+        """Test probe: the adapters this worker holds (ids), its LoRA slots, the float64 sum of
+        every slot buffer (the same after a version's install as before it, when the version's
+        values are: nothing accumulates across installs), and how many adapter objects are alive
+        (one: an install that left the last version's behind would leak a copy per version)."""
+        import gc
+
+        from vllm.lora.lora_model import LoRAModel
+
+        manager = self.model_runner.lora_manager._adapter_manager
+        slots = 0.0
+        for module in manager.modules.values():
+            for t in (*getattr(module, "lora_a_stacked", ()), *getattr(module, "lora_b_stacked", ())):
+                slots += float(t.double().abs().sum())
+        return {
+            "adapters": sorted(manager.list_adapters()),
+            "slots": list(manager.lora_index_to_id),
+            "slot_abs_sum": slots,
+            "adapter_objects": (gc.collect(), sum(isinstance(o, LoRAModel) for o in gc.get_objects()))[1],
+        }
 
     # ---- collective method
 
@@ -151,8 +230,13 @@ class RFTWorkerExtension:
         if getattr(self, "_rft_buffers", None) is None:
             self._rft_buffers = ReceiveBuffers(device, reuse=device.type == "cpu")
         try:
-            with self._rft_reloading() as model:
-                version, n = broadcast_recv(pg, device, model.load_weights, self._rft_buffers)
+            if getattr(self, "_rft_peft", None) is not None:  # an adapter: gathered, then installed
+                got: list[tuple[str, torch.Tensor]] = []
+                version, n = broadcast_recv(pg, device, lambda ps: got.extend((k, v.clone()) for k, v in ps))
+                self._rft_load(got)
+            else:
+                with self._rft_reloading() as model:
+                    version, n = broadcast_recv(pg, device, model.load_weights, self._rft_buffers)
         except BaseException as e:
             # A broken broadcast leaves the group unusable. Closing it now (with the frames that hold
             # its pending works cleared) makes the other ranks' sockets close: they fail at once
@@ -183,6 +267,10 @@ class RFTWorkerExtension:
         """Load every *.safetensors file of a local checkpoint directory in place; returns (version, tensors)."""
         from safetensors import safe_open
 
+        if getattr(self, "_rft_peft", None) is not None and (Path(local_dir) / "adapter").is_dir():
+            local_dir = str(
+                Path(local_dir) / "adapter"
+            )  # a LoRA run's saved model: its adapter beside the merged weights
         files = sorted(Path(local_dir).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {local_dir}")

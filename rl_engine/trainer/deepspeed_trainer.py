@@ -356,14 +356,14 @@ class DeepSpeedTrainer:
     # ---------------------------------------------------------------- weights and state
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """(HF name, full tensor) of every parameter; gathered one at a time under ZeRO-3
-        (collective: all ranks iterate together). Tied weights appear once (named_parameters).
-        Under LoRA: the base model's names, each target's weight merged with its adapter
-        (rl_engine.trainer.lora.merged_weights), so every sync method sends an ordinary model."""
+        """What a weight sync sends: (HF name, full tensor) of every parameter, gathered one at a
+        time under ZeRO-3 (collective: all ranks iterate together; tied weights appear once), or
+        under LoRA the adapter only (rl_engine.trainer.lora.adapter_weights: peft's file names),
+        which the explorers' engines install on the base model they serve."""
         import deepspeed
 
         if self.settings.lora is not None:
-            yield from lora.merged_weights(self.engine.module)
+            yield from lora.adapter_weights(self.engine.module)
             return
         for name, p in self.engine.module.named_parameters():
             if hasattr(p, "ds_id"):
@@ -381,7 +381,8 @@ class DeepSpeedTrainer:
 
         from rl_engine.storage import join
 
-        state = {name: t.cpu() for name, t in self.named_weights()}
+        weights = lora.merged_weights(self.engine.module) if self.settings.lora is not None else self.named_weights()
+        state = {name: t.cpu() for name, t in weights}
         if self.rank != 0:
             return
         module = self.engine.module

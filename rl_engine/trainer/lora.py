@@ -1,57 +1,27 @@
-"""LoRA on the trainer side (`model.lora`, issue 46 phase 1): peft adapters on the Hugging Face
-model, the base frozen, and the merged weights for everything that reads the policy's weights.
+"""LoRA on the trainer side (`model.lora`): peft adapters on the Hugging Face model, the base
+frozen; the adapter is what a weight sync sends, the merged weights what a saved model holds.
 
     model = wrap(hf_model, settings.lora)               # before deepspeed.initialize: adapters trainable only
-    for name, w in merged_weights(model): ...           # base HF names, W + (alpha / r) * B @ A
+    for name, a in adapter_weights(model): ...          # what weight sync sends (peft's file names)
+    for name, w in merged_weights(model): ...           # base HF names, W + (alpha / r) * B @ A: save_hf
     with model.disable_adapter(): ...                   # the base model: the KL reference, no second copy
 
-Weight sync (collective, checkpoint, delta) and `save_hf` take `merged_weights`, so the explorers
-load an ordinary model and need no LoRA support. Phase 2 (adapter-only sync through vLLM's LoRA)
-would send `adapter_weights` instead; the names there are peft's (`adapter_state`).
-
-This module's top level imports no torch or peft: preflight uses `missing_targets` and `adapter_shapes`
-on a model directory's safetensors header alone.
+Weight sync (collective, checkpoint, delta) takes `adapter_weights`: the explorers' engines serve
+the base model with vLLM's LoRA and install each version's adapter in place (rl_engine.sync.worker_ext).
+The adapter's layout (peft names, config, shapes) is rl_engine.adapter's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from rl_engine.adapter import ADAPTER, wire_name
 
 if TYPE_CHECKING:
     import torch
 
     from rl_engine.config import LoRAConfig
-
-ADAPTER = "default"  # peft's adapter name
-PREFIX = "base_model.model."  # peft's prefix before the HF model's own parameter names
-
-
-def _matches(module: str, target: str) -> bool:
-    """peft's rule for a target given as a name: the module's name is it, or ends with `.` + it."""
-    return module == target or module.endswith("." + target)
-
-
-def target_weights(weight_shapes: dict[str, tuple[int, ...]], targets: Iterable[str]) -> dict[str, tuple[int, ...]]:
-    """{module name: [out, in]} of the 2-D `<module>.weight` tensors a target matches."""
-    modules = {n[: -len(".weight")]: s for n, s in weight_shapes.items() if n.endswith(".weight") and len(s) == 2}
-    return {m: s for m, s in modules.items() if any(_matches(m, t) for t in targets)}
-
-
-def missing_targets(weight_shapes: dict[str, tuple[int, ...]], targets: Iterable[str]) -> list[str]:
-    """The targets that match no 2-D weight of the model (names from its safetensors headers)."""
-    modules = [n[: -len(".weight")] for n, s in weight_shapes.items() if n.endswith(".weight") and len(s) == 2]
-    return [t for t in targets if not any(_matches(m, t) for m in modules)]
-
-
-def adapter_shapes(weight_shapes: dict[str, tuple[int, ...]], lora: LoRAConfig) -> dict[str, tuple[int, ...]]:
-    """{peft parameter name: shape} of the adapters `lora` puts on a model with these weights:
-    what trainer state holds under LoRA (preflight checks a resumed run's state against it)."""
-    out: dict[str, tuple[int, ...]] = {}
-    for module, (rows, cols) in target_weights(weight_shapes, lora.target_modules).items():
-        out[f"{PREFIX}{module}.lora_A.{ADAPTER}.weight"] = (lora.rank, cols)
-        out[f"{PREFIX}{module}.lora_B.{ADAPTER}.weight"] = (rows, lora.rank)
-    return out
 
 
 def wrap(model: torch.nn.Module, lora: LoRAConfig) -> torch.nn.Module:
@@ -110,10 +80,11 @@ def merged_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]
 
 
 def adapter_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(peft name, tensor) of every adapter parameter (what trains; phase 2 would sync these)."""
+    """(name in peft's adapter file, tensor) of every adapter parameter: what trains, and what a
+    weight sync of a LoRA run sends."""
     for name, p in model.named_parameters():
         if p.requires_grad:
-            yield name, p.detach()
+            yield wire_name(name), p.detach()
 
 
 def save_adapter(model: torch.nn.Module, directory: str) -> None:

@@ -1,6 +1,7 @@
-"""A real synchronous run with model.lora (issue 46 phase 1): DeepSpeed trains the adapters only,
-the explorer's vLLM engine receives the merged weights by the collective sync, and its behavior
-logprobs are the trainer's after every sync.
+"""A real synchronous run with model.lora: DeepSpeed trains the adapters only, the explorer's vLLM
+engine serves the base model and receives the adapter only (by broadcast, or by checkpoints in
+peft's layout, full and delta), and its behavior logprobs are the trainer's after every sync; the
+run's model is the merged one, with the adapter beside it.
 
 .venv/bin/python -m pytest tests/flows/test_lora_run.py -q -m slow
 """
@@ -8,6 +9,7 @@ logprobs are the trainer's after every sync.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,10 +25,13 @@ pytestmark = pytest.mark.slow
 LORA = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 
 
-def test_a_lora_run_syncs_merged_weights_the_engine_agrees_with(prefect_server, tiny_model_dir, task_file, tmp_path):
+@pytest.mark.parametrize("sync", ["collective", "checkpoint-delta"])
+def test_a_lora_run_syncs_the_adapter_the_engine_agrees_with(sync, prefect_server, tiny_model_dir, task_file, tmp_path):
     total = 4
     data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=total)
     data["model"]["lora"] = LORA
+    if sync == "checkpoint-delta":
+        data["synchronizer"].update(sync_method="checkpoint", delta={"enabled": True, "full_every": 2})
     data["trainer"]["lr"] = 1e-2
     data["taskset"]["reward"] = {
         "type": "python",
@@ -46,3 +51,8 @@ def test_a_lora_run_syncs_merged_weights_the_engine_agrees_with(prefect_server, 
     assert adapter["r"] == LORA["rank"] and sorted(adapter["target_modules"]) == sorted(LORA["target_modules"])
     state = load_file(f"{run}/trainer_state/step=2/model.safetensors")
     assert state and all(".lora_A." in n or ".lora_B." in n for n in state)  # the adapter only
+    if sync == "checkpoint-delta":  # full versions in peft's layout: the adapter only, loadable by peft
+        full = max(Path(run, "checkpoints").glob("version=*"))
+        assert {p.name for p in full.iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
+        assert all(".lora_" in n for n in load_file(full / "adapter_model.safetensors"))
+        assert list(Path(run, "checkpoints").glob("delta=*")), "no delta version was written"

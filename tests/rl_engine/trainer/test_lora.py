@@ -1,5 +1,6 @@
-"""LoRA on the trainer (model.lora, issue 46 phase 1): adapters only train, the KL reference is the
-base with the adapter disabled, named_weights are the merged weights, state holds the adapter.
+"""LoRA on the trainer (model.lora): adapters only train, the KL reference is the base with the
+adapter disabled, named_weights (what a sync sends) are the adapter in peft's file names, a saved
+model is the merged weights (base + scaled B @ A), state holds the adapter.
 
 .venv/bin/python -m pytest tests/rl_engine/trainer/test_lora.py -q -m "slow or not slow"
 """
@@ -82,10 +83,26 @@ def test_kl_reference_is_the_base_with_the_adapter_disabled(stepped, tiny_model_
     assert all(p.requires_grad for n, p in tr.engine.module.named_parameters() if ".lora_" in n)
 
 
-def test_named_weights_are_base_plus_scaled_b_a(stepped, tiny_model_dir):
+def test_named_weights_are_the_adapter_as_peft_files_name_it(stepped, tiny_model_dir):
+    """What a weight sync sends: the adapter only, each tensor under the name peft's adapter file
+    gives it, equal to the trained parameter."""
+    tr = stepped
+    sent = {n: t.clone() for n, t in tr.named_weights()}
+    params = dict(tr.engine.module.named_parameters())
+    assert sent.keys() == {n.replace(".default.", ".") for n, p in params.items() if p.requires_grad}
+    assert {n.split(".")[-3] for n in sent} == set(TARGETS) and {n.split(".")[-2] for n in sent} == {"lora_A", "lora_B"}
+    for name, t in sent.items():
+        assert torch.equal(t, params[name.replace(".weight", ".default.weight")])
+    base = sum(p.numel() for n, p in params.items() if not p.requires_grad)
+    assert sum(t.numel() for t in sent.values()) < 0.2 * base  # the tiny model's adapter; SmolLM2's is ~1%: bench.lora
+
+
+def test_merged_weights_are_base_plus_scaled_b_a(stepped, tiny_model_dir):
+    from rl_engine.trainer.lora import merged_weights
+
     tr = stepped
     base = base_weights(tiny_model_dir)
-    merged = {n: t.clone() for n, t in tr.named_weights()}
+    merged = {n: t.clone() for n, t in merged_weights(tr.engine.module)}
     assert merged.keys() == base.keys()  # the base model's HF names, nothing of peft's
     params = dict(tr.engine.module.named_parameters())
     scale = LORA["alpha"] / LORA["rank"]
@@ -191,9 +208,9 @@ def test_preflight_names_missing_target_modules(tiny_model_dir):
 
 
 def test_adapter_shapes_are_what_the_trainer_state_holds(stepped, tiny_model_dir):
+    from rl_engine.adapter import adapter_shapes
     from rl_engine.config import LoRAConfig
     from rl_engine.run.preflight import check_model_dir
-    from rl_engine.trainer.lora import adapter_shapes
 
     _, weights = check_model_dir(tiny_model_dir)
     expected = adapter_shapes(weights, LoRAConfig(**LORA))
