@@ -67,8 +67,10 @@ WORKFLOW = {"type": "guess_number", "max_turns": 2}
 
 # Features a trial may turn on together (`kill_trial(features=...)`), as a user's run would:
 # delta checkpoint sync (a full checkpoint every 3 versions), bf16 weights, evaluation every 2
-# versions, a TensorBoard tracker, the multi-turn workflow instead of partial rollouts.
-FEATURES = ("delta", "bf16", "eval", "trackers", "workflow")
+# versions, a TensorBoard tracker, the multi-turn workflow instead of partial rollouts, LoRA adapters
+# (synced as adapters into engines serving the base model).
+FEATURES = ("delta", "bf16", "eval", "trackers", "workflow", "lora")
+LORA = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 DELTA_POINT = "delta_marker"  # killed by the failpoint between the file and the marker of version 2's delta
 
 
@@ -96,6 +98,8 @@ def trial_config(
         data["eval"] = {"tasksets": [{"name": "heldout", "path": tasks, "n": 2, "max_tasks": 4}], "every_versions": 2}
     if "trackers" in features:
         data["monitor"]["trackers"] = ["tensorboard"]
+    if "lora" in features:
+        data["model"]["lora"] = dict(LORA)
     if workflow or "workflow" in features:
         del data["explorer"]["partial"]
         data["taskset"]["workflow"] = dict(WORKFLOW)

@@ -42,7 +42,8 @@ from harness.kill_resume import (
 pytestmark = pytest.mark.slow
 
 # CI's reduced matrix: every mode killed once, both scopes, both sync methods (fully async syncs by
-# checkpoint, the others collectively), features on together as users turn them on: one-step
+# checkpoint, the others collectively), features on together as users turn them on: synchronous
+# with LoRA (adapter sync by broadcast); one-step
 # off-policy with a multi-turn workflow, evaluation and a tracker; fully async with delta sync in
 # bf16, evaluation and a tracker, killed between a delta's file and its marker. The soak matrix
 # below (`make test-soak`) kills every feature at every point; bench.faults runs the modes' full
@@ -55,6 +56,7 @@ CASES = [
 ]
 WORKFLOW_CASES = {("one_step_off_policy", "main")}
 FEATURES = {
+    ("synchronous", "group"): frozenset({"lora"}),
     ("one_step_off_policy", "main"): frozenset({"eval", "trackers"}),
     ("fully_async", "main"): frozenset({"delta", "bf16", "eval", "trackers"}),
 }
@@ -97,16 +99,24 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
 # file and its marker, mid-sync, at a checkpoint, before the first trainer state) in both modes that
 # sync by checkpoint, fp32 and bf16; and evaluation with a tracker, and a workflow with evaluation,
 # killed at a seeded random point in every mode.
-SOAK = [
-    (mode, "group", point, frozenset({"delta", *dtype}))
-    for mode in ("fully_async", "one_step_off_policy")
-    for dtype in ((), ("bf16",))
-    for point in (DELTA_POINT, "sync", "checkpoint", EARLY)
-] + [
-    (mode, scope, random.Random(f"{SEED}-{mode}-{extra}").choice(POINTS[:2] + POINTS[3:]), frozenset(extra))
-    for mode in ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
-    for scope, extra in (("group", ("eval", "trackers")), ("main", ("workflow", "eval")))
-]
+SOAK = (
+    [
+        (mode, "group", point, frozenset({"delta", *dtype}))
+        for mode in ("fully_async", "one_step_off_policy")
+        for dtype in ((), ("bf16",))
+        for point in (DELTA_POINT, "sync", "checkpoint", EARLY)
+    ]
+    + [
+        (mode, scope, random.Random(f"{SEED}-{mode}-{extra}").choice(POINTS[:2] + POINTS[3:]), frozenset(extra))
+        for mode in ("synchronous", "one_step_off_policy", "fully_async", "multi_explorer")
+        for scope, extra in (("group", ("eval", "trackers")), ("main", ("workflow", "eval")))
+    ]
+    + [  # LoRA adapters synced by checkpoint (full and delta) and by broadcast, killed mid-sync and at a checkpoint
+        (mode, "group", point, frozenset({"lora", *extra}))
+        for mode, extra in (("fully_async", ("delta",)), ("multi_explorer", ()))
+        for point in ("sync", "checkpoint")
+    ]
+)
 
 
 @pytest.mark.soak
