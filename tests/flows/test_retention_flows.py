@@ -73,7 +73,9 @@ def test_run_keeps_two_of_each_and_resumes(prefect_server, tiny_model_dir, task_
     saved = latest_state_step(run)
     reached = json.loads((tmp_path / "keep2" / "report" / "summary.json").read_text())["final_version"]
     assert reached < total and saved is not None and saved >= 2, (reached, saved)
-    assert _left(run, STATES) == ([s for s in (saved - 2, saved) if s > 0], [])  # states every 2 steps, the last 2 kept
+    # States every 2 steps and the one the cancel saved at the version reached; the last 2 kept.
+    assert saved == reached, (reached, saved)
+    assert _left(run, STATES) == (sorted({*range(2, reached + 1, 2), reached})[-2:], [])
 
     summary = run_config(run.cfg, resume=run.url)
     assert summary["final_version"] == total
