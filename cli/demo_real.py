@@ -10,6 +10,7 @@ progress and summary, and the result.
 
     rft demo --model smollm2                                   # everything under ./runs
     rft demo --model smollm2 --set trainer.total_steps=10 --heldout 100
+    rft demo --model smollm2 --lora                            # LoRA adapters: configs/smollm2-lora.yaml
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rl_engine.config import RFTConfig, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_CONFIG = REPO / "configs" / "smollm2.yaml"
+LORA_CONFIG = REPO / "configs" / "smollm2-lora.yaml"  # `rft demo --model smollm2 --lora`
 TRAIN_TASKS = 4000
 
 
@@ -41,11 +43,14 @@ def prepare_real(root: str) -> tuple[str, str, str]:
     return model, str(train), str(heldout)
 
 
-def real_config(root: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[RFTConfig, str]:
-    """configs/smollm2.yaml pointed at `root`'s model, tasks and storage (then `overrides`), and the held-out task file."""
+def real_config(
+    root: str, overrides: list[str] | tuple[str, ...] = (), config: Path = REAL_CONFIG
+) -> tuple[RFTConfig, str]:
+    """`config` (configs/smollm2.yaml, or its LoRA twin) pointed at `root`'s model, tasks and storage
+    (then `overrides`), and the held-out task file."""
     model, train, heldout = prepare_real(root)
     return load_config(
-        str(REAL_CONFIG), [f"model.path={model}", f"taskset.path={train}", f"buffer.storage.url={root}", *overrides]
+        str(config), [f"model.path={model}", f"taskset.path={train}", f"buffer.storage.url={root}", *overrides]
     ), heldout
 
 
@@ -83,7 +88,11 @@ def describe(before: dict[str, float], after: dict[str, float]) -> str:
 
 
 def demo_real(
-    root: str = "runs", overrides: list[str] | tuple[str, ...] = (), heldout_limit: int | None = None, bench: Any = None
+    root: str = "runs",
+    overrides: list[str] | tuple[str, ...] = (),
+    heldout_limit: int | None = None,
+    bench: Any = None,
+    config: Path = REAL_CONFIG,
 ) -> int:
     """The terminal shows what `make demo` shows (the run's log file first, a progress line, the
     summary) and a line for each held-out scoring; everything else the engines and libraries print
@@ -100,13 +109,14 @@ def demo_real(
     from rl_engine.run.preflight import preflight
 
     print(f"preparing SmolLM2-135M-Instruct and the word-arithmetic tasks under {root}/ ...", flush=True)
-    cfg, heldout = real_config(root, overrides)
+    cfg, heldout = real_config(root, overrides, config)
     check_prefect_api()
     cfg = named(preflight(cfg))
     hide_user_error_tracebacks("prefect.flow_runs", "prefect.task_runs")
     with run_output(cfg) as term:
         hf_logging.disable_progress_bar()
-        before = held_out(cfg, cfg.model.path, heldout, heldout_limit, term, "the base model")
+        score = heldout_limit != 0  # 0: no scoring (bench.lora's smoke measures the runs alone)
+        before = held_out(cfg, cfg.model.path, heldout, heldout_limit, term, "the base model") if score else None
         with bench.engines() if bench is not None else contextlib.nullcontext():
             summary: Any = run_watched(cfg, term=term)
             if not isinstance(summary, dict):
@@ -115,8 +125,11 @@ def demo_real(
             print_summary(summary, term)
             if bench is not None:
                 bench.run_done(summary)
-        after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_limit, term, "the trained model")
-        print(describe(before, after) + f"; trained model: {summary['run']}/model", file=term, flush=True)
+        if score:
+            after = held_out(cfg, f"{summary['run']}/model", heldout, heldout_limit, term, "the trained model")
+            print(describe(before, after) + f"; trained model: {summary['run']}/model", file=term, flush=True)
+        else:
+            after = None
     if bench is not None:
         bench.scored(cfg, before, after)
     return 0

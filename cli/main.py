@@ -103,12 +103,12 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
     start_reaper()
     if a.model == "smollm2":
-        from cli.demo_real import demo_real
+        from cli.demo_real import LORA_CONFIG, REAL_CONFIG, demo_real
 
-        return demo_real(a.root, a.overrides, a.heldout)
-    if a.overrides or a.heldout is not None:
+        return demo_real(a.root, a.overrides, a.heldout, config=LORA_CONFIG if a.lora else REAL_CONFIG)
+    if a.overrides or a.heldout is not None or a.lora:
         raise UserError(
-            "rft demo: --set and --heldout go with --model smollm2 (the tiny demo runs configs/demo.yaml as it is)"
+            "rft demo: --set, --heldout and --lora go with --model smollm2 (the tiny demo runs configs/demo.yaml as it is)"
         )
     from cli.run import demo
 
@@ -212,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="with --model smollm2: score on the first N held-out problems (default all 320)",
+    )
+    p.add_argument(
+        "--lora",
+        action="store_true",
+        help="with --model smollm2: train LoRA adapters, synced as adapters only (configs/smollm2-lora.yaml)",
     )
     p.set_defaults(fn=cmd_demo)
 

@@ -58,6 +58,7 @@ EXERCISED: dict[str, list[str]] = {
         "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
     ],
     "rft demo": [
+        "tests/flows/test_demo_real.py::test_rft_demo_smollm2_runs_demo_real_with_its_arguments",  # --lora: configs/smollm2-lora.yaml
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",  # --model smollm2's code, run by bench.real (`make demo` runs the other)
         "tests/flows/test_demo_real.py::test_rft_demo_smollm2_runs_demo_real_with_its_arguments",  # the command reaches that code
     ],
@@ -183,6 +184,7 @@ EXERCISED: dict[str, list[str]] = {
     "python -m bench.ops": [
         "tests/deployments/test_live_operations.py::test_bench_ops"
     ],  # --smoke --attach: the module's server, worker, deployments and engine server
+    "python -m bench.lora": ["tests/flows/test_demo_real.py::test_bench_lora_smoke_runs_both_and_installs_in_place"],
     "python -m bench.real": [  # one run with `rft demo --model smollm2`'s test: bench.real runs the demo's code
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",
         "tests/flows/test_demo_real.py::test_bench_real_set_reaches_the_config",  # --set synchronizer.mode=one_step_off_policy ...

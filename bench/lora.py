@@ -1,0 +1,224 @@
+"""Benchmark: LoRA against full fine-tuning, back to back in one invocation (issue 46).
+
+    python -m bench.lora [--quick | --smoke] [--steps N] [--heldout N] [--root DIR]
+
+Two runs of the real model's demo, the same tasks, seed, steps and held-out problems:
+configs/smollm2.yaml (full fine-tuning) and configs/smollm2-lora.yaml (rank-16 adapters on the
+attention projections, the learning rate ten times full's), each through `rft demo --model
+smollm2`'s own code (cli.demo_real.demo_real: held-out greedy exact match before and after, on
+problems no train task asks). Reported per run: `s_per_step`, the median weight sync
+(`sync_s_trainer`: the trainer's send; `sync_s_explorer`: an explorer's receive and install),
+`trainer_step_s` (the median train span), the peak RSS of this process and its children over the
+run, and the held-out gain in points; then:
+
+- `adapter_sync_bytes_ratio`: the bytes one weight sync sends under LoRA (the adapter's tensors,
+  what the trainer's `named_weights` yields) over full fine-tuning's (every parameter), both in
+  model.dtype, from the model's safetensors headers and the adapter's shapes;
+- `sync_s_lora` / `sync_s_full`: the median sync, trainer's send plus explorer's install, per run;
+- `peak_rss_ratio`: LoRA's peak RSS over full's;
+- `heldout_gain_lora` / `heldout_gain_full`: greedy exact-match gain, points;
+- `engine_mem_growth_mb`: a LoRA engine on the model installs 200 adapter versions in place (two
+  alternating adapters of random values, by `rft_load_checkpoint` as a checkpoint sync does, after 5
+  warm-up installs): the resident memory of its worker after, minus before; `install_s` the median
+  install.
+
+--quick: 8 trainer steps, 64 held-out problems; --smoke (CI): 1 step of 2 tasks x 4 rollouts of up
+to 16 tokens (bench.real's smoke sizes), no held-out scoring (bench.real's smoke scores: the same
+code; the gains are null), 20 installs; its figures say nothing about learning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Any
+
+if __name__ == "__main__":
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+SMOKE = [  # bench.real's smoke sizes (tests/flows/test_demo_real.py), the KV cache as small
+    "explorer.batch_size=2",
+    "algorithm.repeat_times=4",
+    "trainer.micro_batch_size=8",
+    "explorer.sampling.max_tokens=16",
+    "explorer.engine.kv_cache_space_gib=0.25",
+]
+
+
+class LoraBench:
+    """What bench.lora keeps of one `demo_real` run (its `bench` hooks): the peak RSS is sampled over
+    the run alone (its engine and trainer), not over the held-out scorings around it."""
+
+    def engines(self) -> Any:
+        from bench.real import PeakRss
+
+        self.rss = PeakRss()
+        return self.rss
+
+    def run_done(self, summary: dict[str, Any]) -> None:
+        from bench.real import run_figures
+        from rl_engine.run.timeline import load_spans
+
+        self.summary, self.figures = summary, run_figures(summary)
+        train = [s.duration for s in load_spans(summary["run"]) if s.component == "trainer" and s.kind == "train"]
+        self.figures["trainer_step_s"] = statistics.median(train)
+
+    def scored(self, cfg: Any, before: dict[str, float], after: dict[str, float]) -> None:
+        self.cfg, self.before, self.after = cfg, before, after
+
+
+def model_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of a model directory's safetensors files (headers only)."""
+    import glob
+
+    from safetensors import safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in glob.glob(os.path.join(model_dir, "*.safetensors")):
+        with safe_open(f, framework="pt") as sf:
+            shapes.update({k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()})
+    return shapes
+
+
+def sync_bytes(cfg: Any) -> int:
+    """Bytes of one weight sync of `cfg`'s run: every parameter, or under model.lora the adapter's tensors."""
+    import math
+
+    import torch
+
+    from rl_engine.adapter import adapter_shapes
+
+    shapes = model_shapes(cfg.model.path)
+    if cfg.model.lora is not None:
+        shapes = adapter_shapes(shapes, cfg.model.lora)
+    size = torch.empty(0, dtype=getattr(torch, cfg.model.dtype)).element_size()
+    return sum(size * math.prod(s) for s in shapes.values())
+
+
+def engine_growth(cfg: Any, installs: int, root: str) -> dict[str, float]:
+    """A LoRA engine on `cfg`'s model installing `installs` adapter versions in place: its worker's
+    resident memory growth (MB) and the median install (s)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from rl_engine.adapter import WEIGHTS_FILE, adapter_shapes, wire_name
+    from rl_engine.rollout.engine import build_rollout_engine
+
+    shapes = adapter_shapes(model_shapes(cfg.model.path), cfg.model.lora)
+    dirs = []
+    for i in range(2):  # two adapters of random values, installed by turns
+        d, g = os.path.join(root, f"bench-lora-adapter-{i}"), torch.Generator().manual_seed(i)
+        os.makedirs(d, exist_ok=True)
+        save_file(
+            {wire_name(n): torch.randn(s, generator=g) * 0.01 for n, s in shapes.items()}, os.path.join(d, WEIGHTS_FILE)
+        )
+        dirs.append(d)
+    engine = build_rollout_engine(cfg)
+    try:
+
+        def rss() -> int:
+            return sum(p.memory_info().rss for p, _ in engine._procs.workers)
+
+        for v in range(1, 6):
+            engine.rpc("rft_load_checkpoint", dirs[v % 2], v)
+        before, times = rss(), []
+        for v in range(6, 6 + installs):
+            t0 = time.perf_counter()
+            engine.rpc("rft_load_checkpoint", dirs[v % 2], v)
+            times.append(time.perf_counter() - t0)
+        return {"engine_mem_growth_mb": (rss() - before) / 2**20, "install_s": statistics.median(times)}
+    finally:
+        engine.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="8 trainer steps, 64 held-out problems")
+    size.add_argument("--smoke", action="store_true", help="CI smoke test: 1 step, no held-out scoring, 20 installs")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 30; 8 with --quick)")
+    ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320)")
+    ap.add_argument("--root", default="runs", help="where the model, tasks and runs go (default ./runs)")
+    a = ap.parse_args()
+    steps = a.steps or (1 if a.smoke else 8 if a.quick else 30)
+    heldout_n = 0 if a.smoke else a.heldout or (64 if a.quick else None)
+    installs = 20 if a.smoke else 200
+
+    from bench._report import emit_json, print_table
+    from cli.demo_real import LORA_CONFIG, REAL_CONFIG, demo_real
+
+    started, rows, kept = time.time(), [], {}
+    for name, config in (("full", REAL_CONFIG), ("lora", LORA_CONFIG)):
+        bench = LoraBench()
+        rc = demo_real(
+            a.root,
+            [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *(SMOKE if a.smoke else [])],
+            heldout_n,
+            bench=bench,
+            config=config,
+        )
+        if rc != 0:
+            raise SystemExit(rc)
+        kept[name] = bench
+        f, scored = bench.figures, bench.before is not None
+        rows.append(
+            {
+                "run": name,
+                "held_out_before": bench.before["greedy_exact"] if scored else None,
+                "held_out_after": bench.after["greedy_exact"] if scored else None,
+                "gain_points": 100 * (bench.after["greedy_exact"] - bench.before["greedy_exact"]) if scored else None,
+                "s_per_step": f["s_per_step"],
+                "trainer_step_s": f["trainer_step_s"],
+                "sync_s_trainer": f["sync_s_trainer"],
+                "sync_s_explorer": f["sync_s_explorer"],
+                "sync_mb": sync_bytes(bench.cfg) / 2**20,
+                "peak_rss_gb": bench.rss.peak / 2**30,
+            }
+        )
+    engine = engine_growth(kept["lora"].cfg, installs, a.root)
+    full, lora = rows
+    heldout_tasks = int(kept["full"].before["tasks"]) if kept["full"].before is not None else 0
+    print_table(
+        rows,
+        title=f"bench.lora: SmolLM2-135M-Instruct, word arithmetic, {steps} trainer steps, {heldout_tasks} held-out problems",
+    )
+    print_table([engine], title=f"a LoRA engine installing {installs} adapter versions in place")
+
+    def sync_s(row: dict[str, Any]) -> float | None:  # a 1-step run syncs nothing
+        parts = (row["sync_s_trainer"], row["sync_s_explorer"])
+        return None if None in parts else round(sum(parts), 3)
+
+    def points(x: float | None) -> float | None:
+        return None if x is None else round(x, 1)
+
+    emit_json(
+        {
+            "steps": steps,
+            "heldout_tasks": heldout_tasks,
+            "adapter_sync_bytes_ratio": round(lora["sync_mb"] / full["sync_mb"], 4),
+            "sync_mb_lora": round(lora["sync_mb"], 2),
+            "sync_mb_full": round(full["sync_mb"], 2),
+            "sync_s_lora": sync_s(lora),
+            "sync_s_full": sync_s(full),
+            "trainer_step_s_lora": round(lora["trainer_step_s"], 3),
+            "trainer_step_s_full": round(full["trainer_step_s"], 3),
+            "s_per_step_lora": round(lora["s_per_step"], 3),
+            "s_per_step_full": round(full["s_per_step"], 3),
+            "peak_rss_ratio": round(lora["peak_rss_gb"] / full["peak_rss_gb"], 3),
+            "peak_rss_gb_lora": round(lora["peak_rss_gb"], 2),
+            "peak_rss_gb_full": round(full["peak_rss_gb"], 2),
+            "heldout_gain_lora": points(lora["gain_points"]),
+            "heldout_gain_full": points(full["gain_points"]),
+            "held_out_before": full["held_out_before"],
+            "engine_mem_growth_mb": round(engine["engine_mem_growth_mb"], 2),
+            "install_s": round(engine["install_s"], 4),
+            "installs": installs,
+            "bench_s": round(time.time() - started, 1),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
