@@ -1,5 +1,5 @@
 """The GPU path, with the CPU tests' assertions: runs on one GPU (checkpoint sync) and on two
-(collective sync over NCCL), two trainer ranks on two GPUs, a killed rank and a killed engine, each
+(collective sync over NCCL; with LoRA too), two trainer ranks on two GPUs, a killed rank and a killed engine, each
 on the devices the run's plan gives (rl_engine.run.devices). Every test skips without CUDA (and
 the two-GPU ones below two GPUs); `make test-gpu` runs them in the CUDA virtualenv.
 
@@ -33,11 +33,14 @@ MOVES_WEIGHTS = {
 }  # rewards that differ within a group
 
 
-def _run(model: str, task_file: str, tmp_path: Path, method: str, name: str, **placement) -> dict:
+def _run(
+    model: str, task_file: str, tmp_path: Path, method: str, name: str, lora: dict | None = None, **placement
+) -> dict:
     data = small_config(
         model, task_file, str(tmp_path), mode="synchronous", sync_method=method, total_steps=TOTAL, name=name
     )
     data["taskset"]["reward"] = MOVES_WEIGHTS
+    data["model"]["lora"] = lora
     data["placement"] = {"type": "local", **placement}
     return run_config(validate_config(data))
 
@@ -89,6 +92,24 @@ def test_two_gpu_run_with_collective_nccl_sync_keeps_vllms_logprobs_the_trainers
     )  # GPU 1 is the engine's alone
     ours = [p for p in engine_workers() if p.pid not in before]  # kept warm after the run (RFT_KEEP_ENGINES)
     assert ours and all(p.environ().get("CUDA_VISIBLE_DEVICES") == cuda_visible([1]) for p in ours)
+
+
+@needs_gpus(2)
+def test_two_gpu_lora_run_syncs_the_adapter_and_keeps_vllms_logprobs_the_trainers(
+    prefect_server, tiny_model_dir, task_file, tmp_path
+):
+    """LoRA on GPUs: the engine (GPU 1) serves the base with vLLM's LoRA, each version's adapter
+    arrives by NCCL broadcast and is installed in place; behavior logprobs stay the trainer's."""
+    summary = _run(
+        tiny_model_dir,
+        task_file,
+        tmp_path,
+        "collective",
+        "two-gpus-lora",
+        lora={"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_proj"]},
+    )
+    assert_synchronous_run_kept_logprobs(summary, TOTAL)
+    assert Path(summary["run"], "model", "adapter", "adapter_config.json").is_file()
 
 
 @needs_gpus(2)
