@@ -32,6 +32,11 @@ def test_a_lora_run_syncs_the_adapter_the_engine_agrees_with(sync, prefect_serve
     data["model"]["lora"] = LORA
     if sync == "checkpoint-delta":
         data["synchronizer"].update(sync_method="checkpoint", delta={"enabled": True, "full_every": 2})
+    else:  # evaluation during training: the engine loads each due version's saved adapter (eval/version=N/model/adapter)
+        data["eval"] = {
+            "tasksets": [{"name": "heldout", "path": task_file, "n": 1, "max_tasks": 4}],
+            "every_versions": 2,
+        }
     data["trainer"]["lr"] = 1e-2
     data["taskset"]["reward"] = {
         "type": "python",
@@ -51,6 +56,20 @@ def test_a_lora_run_syncs_the_adapter_the_engine_agrees_with(sync, prefect_serve
     assert adapter["r"] == LORA["rank"] and sorted(adapter["target_modules"]) == sorted(LORA["target_modules"])
     state = load_file(f"{run}/trainer_state/step=2/model.safetensors")
     assert state and all(".lora_A." in n or ".lora_B." in n for n in state)  # the adapter only
+    if sync == "collective":  # evaluated with each version's adapter: the last one's probe is the merged model's
+        from rl_engine.run.context import open_run
+        from rl_engine.run.report import load_evaluations
+        from tests.flows.test_evaluation_flows import hf_probe_logprobs
+
+        records = load_evaluations(open_run(run))
+        assert [r["version"] for r in records] == [0, 2, 4]
+        last = records[-1]["probe"]
+        merged = hf_probe_logprobs(f"{run}/model", None, last["ids"])
+        assert (merged - torch.tensor(last["logprobs"])).abs().max().item() < 1e-3
+        base = hf_probe_logprobs(tiny_model_dir, None, records[0]["probe"]["ids"])
+        assert (base - torch.tensor(records[0]["probe"]["logprobs"])).abs().max().item() < 1e-3  # version 0: the base
+        moved = merged - hf_probe_logprobs(tiny_model_dir, None, last["ids"])
+        assert moved.abs().max().item() > 1e-2  # the adapter moved the model
     if sync == "checkpoint-delta":  # full versions in peft's layout: the adapter only, loadable by peft
         full = max(Path(run, "checkpoints").glob("version=*"))
         assert {p.name for p in full.iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
