@@ -4,6 +4,7 @@ and the zero adapter an engine serves as version 0. No torch or peft at the top 
 reads shapes from a model directory's safetensors headers alone.
 
     adapter_shapes(weight_shapes, lora)   # {peft parameter name: shape}, as the trainer holds them
+    synced_adapter(lora)                  # the LoRA config a weight sync carries the adapter of, or None
     wire_name(name)                       # that name as an adapter file (and a weight sync) carries it
     peft_config(lora)                     # the adapter_config.json of such an adapter
     write_zero_adapter(model_dir, lora, out_dir)   # B = 0 (and A = 0): the base model's outputs
@@ -50,6 +51,12 @@ def adapter_shapes(weight_shapes: dict[str, tuple[int, ...]], lora: LoRAConfig) 
         out[f"{PREFIX}{module}.lora_A.{ADAPTER}.weight"] = (lora.rank, cols)
         out[f"{PREFIX}{module}.lora_B.{ADAPTER}.weight"] = (rows, lora.rank)
     return out
+
+
+def synced_adapter(lora: LoRAConfig | None) -> LoRAConfig | None:
+    """The adapter a weight sync sends and the engines serve (model.lora with `sync: adapter`);
+    None when syncs carry whole weights (full fine-tuning, or LoRA with `sync: merged`)."""
+    return lora if lora is not None and lora.sync == "adapter" else None
 
 
 def wire_name(name: str) -> str:

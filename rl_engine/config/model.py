@@ -13,7 +13,8 @@ from rl_engine.registry import IMPORT_PATH, REWARDS, TASKS
 
 class LoRAConfig(_Model):
     """LoRA adapters on the policy (peft, rl_engine.trainer.lora): only the adapters train, the base
-    stays frozen; weight sync sends the adapter only, which the explorers' engines serve on the base."""
+    stays frozen; weight sync sends the adapter only, which the explorers' engines serve on the base
+    (`sync: adapter`), or the merged weights to engines serving an ordinary model (`sync: merged`)."""
 
     rank: int = Field(
         default=16,
@@ -34,6 +35,10 @@ class LoRAConfig(_Model):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         min_length=1,
         description="Linear modules that get an adapter, by name or dotted suffix of the model's module names (e.g. q_proj, mlp.down_proj); preflight checks each exists.",
+    )
+    sync: Literal["adapter", "merged"] = Field(
+        default="adapter",
+        description="What a weight sync sends: `adapter`, the adapter only, installed in place in engines serving the base with vLLM's LoRA (about 1% of the model's bytes); `merged`, base + scaled B @ A under the model's own names, to engines without LoRA (every byte, but vLLM's CPU LoRA kernels generate several times slower than the plain model: bench.lora).",
     )
 
 

@@ -229,9 +229,9 @@ class RFTConfig(_Model):
             raise ValueError(
                 f"explorer.engine.servers lists {len(x.engine.servers)} server(s) for explorer.count = {x.count}; list one per explorer (or none: each starts its own engine)"
             )
-        if x.engine.servers and self.model.lora is not None:
+        if x.engine.servers and self.model.lora is not None and self.model.lora.sync == "adapter":
             raise ValueError(
-                "explorer.engine.servers with model.lora: a served engine serves a whole model, not the run's adapter; drop explorer.engine.servers (each explorer starts its own engine with LoRA)"
+                "explorer.engine.servers with model.lora.sync = 'adapter': a served engine serves a whole model, not the run's adapter; set model.lora.sync: merged, or drop explorer.engine.servers (each explorer starts its own engine with LoRA)"
             )
         return self
 

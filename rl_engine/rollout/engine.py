@@ -47,6 +47,7 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rl_engine.adapter import synced_adapter
 from rl_engine.api import RolloutEngine
 from rl_engine.config import EngineConfig, LoRAConfig, RFTConfig, SamplingConfig
 from rl_engine.errors import UserError
@@ -649,5 +650,5 @@ def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0, cuda_visible: str
         seed=cfg.seed + explorer_id,
         explorer_id=explorer_id,
         cuda_visible=cuda_visible,
-        lora=m.lora,
+        lora=synced_adapter(m.lora),
     )

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from rl_engine.adapter import peft_config
+from rl_engine.adapter import peft_config, synced_adapter
 from rl_engine.api import WeightReceiver, WeightSender
 from rl_engine.board import Board
 from rl_engine.config import RFTConfig
@@ -68,7 +68,7 @@ def _checkpoint_sender(
         s.wait_timeout_s,
         keep_last=s.keep_last_checkpoints,
         pinned=None if pinned is None else lambda: pointer_target(pinned(), cfg.run_url, CHECKPOINTS),
-        adapter_config=None if cfg.model.lora is None else peft_config(cfg.model.lora, cfg.model.path),
+        adapter_config=None if (lora := synced_adapter(cfg.model.lora)) is None else peft_config(lora, cfg.model.path),
     )
     return DeltaCheckpointSender(full, s.delta.full_every) if s.delta.enabled else full
 

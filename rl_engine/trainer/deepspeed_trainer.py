@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rl_engine.adapter import synced_adapter
 from rl_engine.algorithms import policy_loss, prepare_batch_rows, row_metrics, sft_loss, token_sum_divisor, version_mask
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
@@ -359,11 +360,13 @@ class DeepSpeedTrainer:
         """What a weight sync sends: (HF name, full tensor) of every parameter, gathered one at a
         time under ZeRO-3 (collective: all ranks iterate together; tied weights appear once), or
         under LoRA the adapter only (rl_engine.trainer.lora.adapter_weights: peft's file names),
-        which the explorers' engines install on the base model they serve."""
+        which the explorers' engines install on the base model they serve, or with `lora.sync:
+        merged` the merged weights under the base model's names (merged_weights)."""
         import deepspeed
 
         if self.settings.lora is not None:
-            yield from lora.adapter_weights(self.engine.module)
+            by = lora.adapter_weights if synced_adapter(self.settings.lora) else lora.merged_weights
+            yield from by(self.engine.module)
             return
         for name, p in self.engine.module.named_parameters():
             if hasattr(p, "ds_id"):
@@ -430,7 +433,7 @@ class DeepSpeedTrainer:
             "optimizer": opt_meta,
             "lr_scheduler": _jsonable_scheduler_state(e.lr_scheduler),
             "rng": rng_meta,
-            "lora": None if self.settings.lora is None else self.settings.lora.model_dump(),
+            "lora": _adapter_shape(self.settings.lora),
             "extra": extra or {},
         }
         ckpt.write_json(fs, join(root, "state.json"), meta)
@@ -447,7 +450,7 @@ class DeepSpeedTrainer:
             )
         meta = ckpt.read_json(fs, join(root, "state.json"))
         ckpt.check_format(meta, url)
-        mine = None if self.settings.lora is None else self.settings.lora.model_dump()
+        mine = _adapter_shape(self.settings.lora)
         if meta.get("lora") != mine:
             raise UserError(
                 f"{url}: trainer state saved with model.lora = {meta.get('lora')}, this trainer has {mine}; "
@@ -518,3 +521,8 @@ def _jsonable_scheduler_state(scheduler) -> dict[str, Any]:
     if scheduler is None:
         return {}
     return {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+
+
+def _adapter_shape(lora: Any) -> dict[str, Any] | None:
+    """What of model.lora a trainer state depends on (how the weights travel, `sync`, it does not)."""
+    return None if lora is None else lora.model_dump(exclude={"sync"})

@@ -97,6 +97,28 @@ def test_named_weights_are_the_adapter_as_peft_files_name_it(stepped, tiny_model
     assert sum(t.numel() for t in sent.values()) < 0.2 * base  # the tiny model's adapter; SmolLM2's is ~1%: bench.lora
 
 
+def test_with_sync_merged_a_sync_sends_the_merged_model_and_engines_serve_no_adapter(tiny_model_dir):
+    """model.lora.sync: merged: the trainer's sync weights are the base model's names and shapes
+    (the merged model, checked value by value below), the engines start without LoRA, checkpoints
+    are an ordinary model's, and an engine server is allowed."""
+    from rl_engine.adapter import synced_adapter
+    from rl_engine.config import LoRAConfig, validate_config
+    from rl_engine.trainer.lora import merged_weights
+
+    tr = lora_trainer(tiny_model_dir, sync="merged")
+    sent = dict(tr.named_weights())
+    assert sent.keys() == base_weights(tiny_model_dir).keys()
+    assert all(torch.equal(sent[n], t) for n, t in merged_weights(tr.engine.module))
+    cfg = make_cfg(tiny_model_dir, model={"lora": {**LORA, "sync": "merged"}})
+    assert synced_adapter(cfg.model.lora) is None and synced_adapter(LoRAConfig(**LORA)) is not None
+    served = {"explorer": {"engine": {"servers": ["http://127.0.0.1:8100"]}}}
+    validate_config({**cfg.model_dump(mode="json"), **served})
+    with pytest.raises(Exception, match=r"model.lora.sync = 'adapter'.*set model.lora.sync: merged"):
+        validate_config(
+            {**cfg.model_dump(mode="json"), "model": {**cfg.model.model_dump(mode="json"), "lora": LORA}, **served}
+        )
+
+
 def test_merged_weights_are_base_plus_scaled_b_a(stepped, tiny_model_dir):
     from rl_engine.trainer.lora import merged_weights
 
