@@ -27,7 +27,7 @@ algorithm's per-step trainer metrics that bench.algorithms compares presets by. 
 says whether the mode's mean final reward lies within synchronous' seed range widened by the mode's
 own spread (the "same quality" check). The PNG draws each mode's batch reward against wall-clock
 seconds (seed 0), the figure a user picks a mode by; it is written to --png (default
-`runs/bench-learning.png`; the README shows a copy in docs/).
+`runs/bench-learning.png`; docs/concepts/modes.md shows a copy, docs/bench-learning.png).
 
 The synchronous step against its floor (bench.step_floor's `step_floor`, after the runs, on the synchronous run of the
 first seed): `step_floor_s` = `floor_generate_s` (vLLM's own generate of the run's first step on its

@@ -11,7 +11,7 @@ as such in the output): rollout takes R s, train T s, a weight load S s, by slee
 else (flows, tasks, buffer writes and reads, checkpoints, waits) is the real code, so the gap to
 the ideal is the orchestration overhead.
 
-Performance model (DESIGN.md): ideal step time R + T + S (synchronous), max(R, T) + S
+Performance model (bench/cost_model.py): ideal step time R + T + S (synchronous), max(R, T) + S
 (one-step off-policy), max(R, T) (fully async), max(R / N, T) (multi-explorer, N explorers).
 R, T, S are the configured costs (synthetic) or the mean measured span durations (real).
 efficiency = ideal / measured step time; orchestration_overhead = (measured - ideal) / measured

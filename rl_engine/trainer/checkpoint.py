@@ -2,7 +2,7 @@
 
 Why not DeepSpeed's own `save_checkpoint`: it writes `torch.save` pickles (model states,
 optimizer states, and the universal-checkpoint conversion `ds_to_universal` writes per-parameter
-`.pt` files too), and DESIGN.md forbids pickle in storage. Instead the state is saved
+`.pt` files too), and no pickle may reach storage (the project rule: Arrow, safetensors, JSON/YAML only). Instead the state is saved
 *consolidated*, parameter by parameter under its Hugging Face name, through DeepSpeed's
 fragment API (`safe_get_full_fp32_param` / `safe_get_full_optimizer_state` and the `set`
 twins), which assembles full tensors from ZeRO 1/2/3 partitions (or reads the plain torch
