@@ -32,6 +32,7 @@ from typing import Any
 
 import pyarrow.compute as pc
 
+from rl_engine.adapter import synced_adapter
 from rl_engine.board import TRAINER_KEY, StopSignal, role_name
 from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.experience import ExperienceBatch
@@ -91,6 +92,7 @@ class EnginePool:
                 m.tokenizer_path,
                 m.dtype,
                 m.max_model_len,
+                None if (lora := synced_adapter(m.lora)) is None else lora.model_dump(),  # an engine serving LoRA
                 run.cfg.explorer.engine.model_dump(),
                 run.cfg.seed,
                 explorer_id,

@@ -43,7 +43,7 @@ def test_rft_demo_smollm2_shows_its_lines_and_logs_the_engines(tiny_model_dir, t
     import rl_engine.run.report
 
     cfg = validate_config(small_config(tiny_model_dir, task_file, str(tmp_path / "runs"), total_steps=2))
-    monkeypatch.setattr(cli.demo_real, "real_config", lambda root, overrides: (cfg, task_file))
+    monkeypatch.setattr(cli.demo_real, "real_config", lambda root, overrides, config: (cfg, task_file))
     monkeypatch.setattr(rl_engine.run.preflight, "preflight", lambda c: c)
     scored = []
 
