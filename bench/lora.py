@@ -69,30 +69,17 @@ class LoraBench:
         self.cfg, self.before, self.after = cfg, before, after
 
 
-def model_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
-    """{tensor name: shape} of a model directory's safetensors files (headers only)."""
-    import glob
-
-    from safetensors import safe_open
-
-    shapes: dict[str, tuple[int, ...]] = {}
-    for f in glob.glob(os.path.join(model_dir, "*.safetensors")):
-        with safe_open(f, framework="pt") as sf:
-            shapes.update({k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()})
-    return shapes
-
-
 def sync_bytes(cfg: Any) -> int:
-    """Bytes of one weight sync of `cfg`'s run: every parameter, or under model.lora the adapter's tensors."""
+    """Bytes of one weight sync of `cfg`'s run: every parameter, or with LoRA's `sync: adapter` the adapter's tensors."""
     import math
 
     import torch
 
-    from rl_engine.adapter import adapter_shapes
+    from rl_engine.adapter import adapter_shapes, model_shapes, synced_adapter
 
     shapes = model_shapes(cfg.model.path)
-    if cfg.model.lora is not None:
-        shapes = adapter_shapes(shapes, cfg.model.lora)
+    if (lora := synced_adapter(cfg.model.lora)) is not None:
+        shapes = adapter_shapes(shapes, lora)
     size = torch.empty(0, dtype=getattr(torch, cfg.model.dtype)).element_size()
     return sum(size * math.prod(s) for s in shapes.values())
 
@@ -103,7 +90,7 @@ def engine_growth(cfg: Any, installs: int, root: str) -> dict[str, float]:
     import torch
     from safetensors.torch import save_file
 
-    from rl_engine.adapter import WEIGHTS_FILE, adapter_shapes, wire_name
+    from rl_engine.adapter import WEIGHTS_FILE, adapter_shapes, model_shapes, wire_name
     from rl_engine.rollout.engine import build_rollout_engine
 
     shapes = adapter_shapes(model_shapes(cfg.model.path), cfg.model.lora)
@@ -117,18 +104,14 @@ def engine_growth(cfg: Any, installs: int, root: str) -> dict[str, float]:
         dirs.append(d)
     engine = build_rollout_engine(cfg)
     try:
-
-        def rss() -> int:
-            return sum(p.memory_info().rss for p, _ in engine._procs.workers)
-
         for v in range(1, 6):
             engine.rpc("rft_load_checkpoint", dirs[v % 2], v)
-        before, times = rss(), []
+        before, times = engine.worker_rss(), []
         for v in range(6, 6 + installs):
             t0 = time.perf_counter()
             engine.rpc("rft_load_checkpoint", dirs[v % 2], v)
             times.append(time.perf_counter() - t0)
-        return {"engine_mem_growth_mb": (rss() - before) / 2**20, "install_s": statistics.median(times)}
+        return {"engine_mem_growth_mb": (engine.worker_rss() - before) / 2**20, "install_s": statistics.median(times)}
     finally:
         engine.close()
 

@@ -3,7 +3,7 @@
 and the zero adapter an engine serves as version 0. No torch or peft at the top level: preflight
 reads shapes from a model directory's safetensors headers alone.
 
-    adapter_shapes(weight_shapes, lora)   # {peft parameter name: shape}, as the trainer holds them
+    adapter_shapes(model_shapes(model_dir), lora)   # {peft parameter name: shape}, as the trainer holds them
     synced_adapter(lora)                  # the LoRA config a weight sync carries the adapter of, or None
     wire_name(name)                       # that name as an adapter file (and a weight sync) carries it
     peft_config(lora)                     # the adapter_config.json of such an adapter
@@ -67,7 +67,7 @@ def wire_name(name: str) -> str:
 
 def is_adapter_tensor(name: str) -> bool:
     """Whether a tensor name is an adapter's (a weight sync of a LoRA run carries only these)."""
-    return ".lora_A." in name or ".lora_B." in name or name.endswith((".lora_A.weight", ".lora_B.weight"))
+    return ".lora_A." in name or ".lora_B." in name
 
 
 def peft_config(lora: LoRAConfig, base_model: str | None = None) -> dict[str, Any]:
@@ -85,20 +85,26 @@ def peft_config(lora: LoRAConfig, base_model: str | None = None) -> dict[str, An
     }
 
 
-def write_zero_adapter(model_dir: str, lora: LoRAConfig, out_dir: str) -> str:
-    """An adapter of zeros for the model in `model_dir` in peft's layout under `out_dir`: served,
-    it computes exactly the base model (B @ A = 0); an engine's version 0. Returns `out_dir`."""
+def model_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    """{tensor name: shape} of a model directory's safetensors files, from their headers alone."""
     import glob
 
-    import torch
     from safetensors import safe_open
-    from safetensors.torch import save_file
 
     shapes: dict[str, tuple[int, ...]] = {}
     for f in sorted(glob.glob(os.path.join(model_dir, "*.safetensors"))):
         with safe_open(f, framework="pt") as sf:
             shapes.update({k: tuple(sf.get_slice(k).get_shape()) for k in sf.keys()})
-    zeros = {wire_name(n): torch.zeros(s) for n, s in adapter_shapes(shapes, lora).items()}
+    return shapes
+
+
+def write_zero_adapter(model_dir: str, lora: LoRAConfig, out_dir: str) -> str:
+    """An adapter of zeros for the model in `model_dir` in peft's layout under `out_dir`: served,
+    it computes exactly the base model (B @ A = 0); an engine's version 0. Returns `out_dir`."""
+    import torch
+    from safetensors.torch import save_file
+
+    zeros = {wire_name(n): torch.zeros(s) for n, s in adapter_shapes(model_shapes(model_dir), lora).items()}
     os.makedirs(out_dir, exist_ok=True)
     save_file(zeros, os.path.join(out_dir, WEIGHTS_FILE), metadata={"format": "pt"})
     with open(os.path.join(out_dir, CONFIG_FILE), "w") as f:

@@ -295,8 +295,9 @@ class RFTConfig(_Model):
         if self.model.lora is not None and self.trainer.zero_stage == 3:
             raise ValueError(
                 "model.lora with trainer.zero_stage = 3 is refused: ZeRO-3 partitions the frozen base weights too, "
-                "and the merged weights sent to the explorers would need a gather of each base weight with its adapter "
-                "(not built); use zero_stage 0, 1 or 2 (LoRA's optimizer state is small: ZeRO-3 saves little there)"
+                "and the merged weights (the saved model, and every sync with model.lora.sync: merged) would need a "
+                "gather of each base weight with its adapter (not built); use zero_stage 0, 1 or 2 (LoRA's optimizer "
+                "state is small: ZeRO-3 saves little there)"
             )
         return self
 

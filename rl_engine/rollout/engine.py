@@ -263,6 +263,10 @@ class VLLMRolloutEngine:
 
     # ---- properties
 
+    def worker_rss(self) -> int:
+        """Resident bytes of this engine's worker processes (benchmarks and tests of engine memory)."""
+        return sum(p.memory_info().rss for p, _ in self._procs.workers)
+
     @property
     def version(self) -> int:
         return self._version
@@ -626,11 +630,8 @@ _LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank cho
 
 
 def _lora_rank(rank: int) -> int:
-    """vLLM's smallest max_lora_rank that holds adapters of `rank`."""
-    for r in _LORA_RANKS:
-        if r >= rank:
-            return r
-    raise UserError(f"model.lora.rank = {rank}: vLLM serves adapters of rank {_LORA_RANKS[-1]} at most; lower it")
+    """vLLM's smallest max_lora_rank that holds adapters of `rank` (model.lora.rank is at most 512)."""
+    return next(r for r in _LORA_RANKS if r >= rank)
 
 
 def build_rollout_engine(cfg: RFTConfig, explorer_id: int = 0, cuda_visible: str | None = None) -> RolloutEngine:

@@ -111,7 +111,7 @@ class RFTWorkerExtension:
         """Load checkpoint-format (HF-named) weights in place; returns how many tensors were loaded.
         An engine serving a LoRA policy (`rft_adapter_init`) takes an adapter's tensors (installed
         in its one slot) or the base model's (reloaded, and the zero adapter installed: version 0)."""
-        if getattr(self, "_rft_peft", None) is not None:
+        if self._rft_serves_adapter():
             tensors = dict(weights)
             if any(is_adapter_tensor(k) for k in tensors):
                 return self._rft_install_adapter(tensors)
@@ -134,6 +134,9 @@ class RFTWorkerExtension:
         return n
 
     # ---- LoRA: the base model served, the policy's adapter installed in place
+
+    def _rft_serves_adapter(self) -> bool:
+        return getattr(self, "_rft_peft", None) is not None
 
     def rft_adapter_init(self, peft: dict[str, Any], zero_dir: str) -> int:
         """Serve a LoRA policy: adapters have config `peft` (its adapter_config.json); install the
@@ -230,9 +233,9 @@ class RFTWorkerExtension:
         if getattr(self, "_rft_buffers", None) is None:
             self._rft_buffers = ReceiveBuffers(device, reuse=device.type == "cpu")
         try:
-            if getattr(self, "_rft_peft", None) is not None:  # an adapter: gathered, then installed
+            if self._rft_serves_adapter():  # an adapter: gathered, then installed (which copies it)
                 got: list[tuple[str, torch.Tensor]] = []
-                version, n = broadcast_recv(pg, device, lambda ps: got.extend((k, v.clone()) for k, v in ps))
+                version, n = broadcast_recv(pg, device, got.extend)
                 self._rft_load(got)
             else:
                 with self._rft_reloading() as model:
@@ -267,10 +270,9 @@ class RFTWorkerExtension:
         """Load every *.safetensors file of a local checkpoint directory in place; returns (version, tensors)."""
         from safetensors import safe_open
 
-        if getattr(self, "_rft_peft", None) is not None and (Path(local_dir) / "adapter").is_dir():
-            local_dir = str(
-                Path(local_dir) / "adapter"
-            )  # a LoRA run's saved model: its adapter beside the merged weights
+        if self._rft_serves_adapter() and (Path(local_dir) / "adapter").is_dir():
+            # a LoRA run's saved model: its adapter beside the merged weights
+            local_dir = str(Path(local_dir) / "adapter")
         files = sorted(Path(local_dir).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {local_dir}")

@@ -103,12 +103,7 @@ class DeepSpeedTrainer:
                 f"pick a micro_batch_size that divides {tbs // world if tbs % world == 0 else tbs}"
             )
         model = _load_model(model_dir, s.dtype)
-        if s.lora is not None:
-            if s.zero_stage == 3:
-                raise UserError(
-                    "model.lora with ZeRO stage 3 is refused: ZeRO-3 partitions the frozen base weights too, and the merged "
-                    "weights the explorers receive would need a gather of each base weight with its adapter (not built); use stage 0, 1 or 2"
-                )
+        if s.lora is not None:  # ZeRO-3 with LoRA is refused by the config (RFTConfig._lora_fits_zero)
             model = lora.wrap(model, s.lora)  # before DeepSpeed: it sees the adapters as the only trainable parameters
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=s.lr, betas=tuple(s.betas), weight_decay=s.weight_decay)

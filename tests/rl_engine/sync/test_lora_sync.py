@@ -48,11 +48,6 @@ def trained_peft(model_dir: str, seed: int, scale: float = 0.3):
     return model.eval()
 
 
-def engine_rss(engine) -> int:
-    """Resident bytes of this process's engine workers (the processes vLLM spawned for it)."""
-    return sum(p.memory_info().rss for p, _ in engine._procs.workers)
-
-
 @pytest.fixture(scope="module")
 def lora_engine(tiny_model_dir):
     eng = build_rollout_engine(lora_config(tiny_model_dir))
@@ -133,12 +128,12 @@ def test_installs_reuse_one_slot_and_the_base_model_comes_back(lora_engine, tiny
     save_file(dict(adapter_weights(trained_peft(tiny_model_dir, seed=5))), str(d / "adapter_model.safetensors"))
     lora_engine.rpc("rft_load_checkpoint", str(d), 1)
     [first] = lora_engine.rpc("rft_adapter_probe")
-    rss = engine_rss(lora_engine)
+    rss = lora_engine.worker_rss()
     for v in range(2, 202):
         lora_engine.rpc("rft_load_checkpoint", str(d), v)
     [last] = lora_engine.rpc("rft_adapter_probe")
     assert last == first and last["adapters"] == [1] and last["slots"] == [1] and last["adapter_objects"] == 1
-    print(f"engine RSS growth over 200 adapter installs: {(engine_rss(lora_engine) - rss) / 2**20:.2f} MB")
+    print(f"engine RSS growth over 200 adapter installs: {(lora_engine.worker_rss() - rss) / 2**20:.2f} MB")
     lora_engine.rpc("rft_load_checkpoint", tiny_model_dir, 0)
     lora_engine.mark_synced(0)
     assert max_logprob_diff(load_hf(tiny_model_dir), rollouts(lora_engine), 1.0) < LOGPROB_TOL
