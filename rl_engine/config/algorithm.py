@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rl_engine.config.base import _Model, check_registered, variants
+from rl_engine.config.base import Kwargs, _Model, check_registered, variants
 from rl_engine.registry import ESTIMATORS, IMPORT_PATH, LOSSES
 
 StdLevel = Literal["group", "batch", "none"]
@@ -84,14 +84,14 @@ class PythonAdvantage(_Model):
 
     type: Literal["python"] = Field(description="A user function named by import path.")
     function: str = Field(description="Import path `package.module:function` of the estimator.", pattern=IMPORT_PATH)
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed on every call.")
+    kwargs: Kwargs = Field(default_factory=dict, description="Keyword arguments passed on every call.")
 
 
 class RegisteredAdvantage(_Model):
     """An estimator a plugin registered (`@register_estimator(name)` in a module of `plugins:`)."""
 
     type: str = Field(description="The registered name.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed on every call.")
+    kwargs: Kwargs = Field(default_factory=dict, description="Keyword arguments passed on every call.")
 
     @field_validator("type")
     @classmethod
@@ -157,14 +157,14 @@ class PythonLoss(_Model):
 
     type: Literal["python"] = Field(description="A user function named by import path.")
     function: str = Field(description="Import path `package.module:function` of the loss.", pattern=IMPORT_PATH)
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed on every call.")
+    kwargs: Kwargs = Field(default_factory=dict, description="Keyword arguments passed on every call.")
 
 
 class RegisteredLoss(_Model):
     """A policy loss a plugin registered (`@register_loss(name)` in a module of `plugins:`)."""
 
     type: str = Field(description="The registered name.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments passed on every call.")
+    kwargs: Kwargs = Field(default_factory=dict, description="Keyword arguments passed on every call.")
 
     @field_validator("type")
     @classmethod

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Union
 from urllib.parse import urlsplit, urlunsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Tag
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Tag
 
 from rl_engine.errors import UserError
 
@@ -47,12 +47,14 @@ _SECRET_KEYS = {
     "fsspec_s3_key",
 }
 _SECRET_SUFFIXES = ("_secret", "_token", "_password", "_api_key", "_secret_access_key", "_credentials")
+# A tokenizer's special tokens end in `_token` too (a reward's or workflow's `eos_token` kwarg).
+_TOKENIZER_TOKENS = {f"{t}_token" for t in ("eos", "bos", "pad", "unk", "sep", "cls", "mask", "stop", "end", "start")}
 
 
 def is_secret_name(key: Any) -> bool:
     """Whether a key names a credential (`secret`, `AWS_SECRET_ACCESS_KEY`, `HF_TOKEN`, ...)."""
     name = str(key).lower()
-    return name in _SECRET_KEYS or name.endswith(_SECRET_SUFFIXES)
+    return name in _SECRET_KEYS or (name.endswith(_SECRET_SUFFIXES) and name not in _TOKENIZER_TOKENS)
 
 
 def redact(value: Any, key: Any = None) -> Any:
@@ -184,6 +186,22 @@ def find_secret(options: Any, prefix: str = "") -> str | None:
             if found:
                 return found
     return None
+
+
+def _no_credentials(kwargs: dict[str, Any]) -> dict[str, Any]:
+    found = find_secret(kwargs)
+    if found:
+        raise ValueError(
+            f"kwargs.{found} names a credential, and the config is saved with the run (config.yaml) and shown as the flow run's "
+            "parameters in the Prefect UI. Read it in your code from the environment instead (os.environ[...]), set where the "
+            "code runs (the shell of `rft run`, or every worker's environment under placement deployments)"
+        )
+    return kwargs
+
+
+# The keyword arguments a config passes to user or plugin code (rewards, workflows, estimators,
+# losses, task makers): any JSON value, but no credential, which would be stored with the run.
+Kwargs = Annotated[dict[str, Any], AfterValidator(_no_credentials)]
 
 
 def variants(*models: type[_Model], registered: type[_Model]) -> Any:

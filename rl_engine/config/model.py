@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rl_engine.config.base import _Model, check_registered, variants
+from rl_engine.config.base import Kwargs, _Model, check_registered, variants
 from rl_engine.config.workflow import SingleTurnWorkflow, UserCodeConfig, WorkflowConfig
 from rl_engine.registry import IMPORT_PATH, REWARDS, TASKS
 
@@ -161,7 +161,7 @@ class PythonReward(_Model):
     function: str = Field(
         description="Import path `package.module:function` of the reward callable.", pattern=IMPORT_PATH
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+    kwargs: Kwargs = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
     batch: bool = Field(
         default=False,
         description="The function scores a whole step's samples in one call (a list of (prompt, response, task, finish_reason)) and returns one reward or None per sample.",
@@ -178,7 +178,7 @@ class RegisteredReward(_Model):
     in the user-code pool like a `python` reward."""
 
     type: str = Field(description="The registered name.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
+    kwargs: Kwargs = Field(default_factory=dict, description="Extra keyword arguments passed to the function.")
     batch: bool = Field(
         default=False, description="As for `type: python`: the function scores a whole step's samples at once."
     )
@@ -209,7 +209,7 @@ class MakeTasksConfig(_Model):
     )
     n: int | None = Field(default=None, ge=1, description="Rows to make; null: the maker's own default.")
     seed: int = Field(default=0, ge=0, description="The maker's seed: the same arguments make the same rows.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="The maker's other parameters.")
+    kwargs: Kwargs = Field(default_factory=dict, description="The maker's other parameters.")
 
     @model_validator(mode="after")
     def _known(self) -> MakeTasksConfig:

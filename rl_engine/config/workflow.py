@@ -9,11 +9,11 @@ processes with a per-call timeout and a hard kill (`rl_engine.rewards.isolation`
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from rl_engine.config.base import _Model, check_registered, variants
+from rl_engine.config.base import Kwargs, _Model, check_registered, variants
 from rl_engine.registry import IMPORT_PATH, WORKFLOWS
 
 
@@ -51,7 +51,7 @@ class PythonWorkflow(_Model):
     function: str = Field(
         description="Import path `package.module:name` of the workflow function or class.", pattern=IMPORT_PATH
     )
-    kwargs: dict[str, Any] = Field(
+    kwargs: Kwargs = Field(
         default_factory=dict, description="Extra keyword arguments passed to the function (or the class)."
     )
 
@@ -60,7 +60,7 @@ class RegisteredWorkflow(_Model):
     """A workflow a plugin registered (`@register_workflow(name)` in a module of `plugins:`)."""
 
     type: str = Field(description="The registered name.")
-    kwargs: dict[str, Any] = Field(
+    kwargs: Kwargs = Field(
         default_factory=dict, description="Extra keyword arguments passed to the function (or the class)."
     )
 

@@ -48,6 +48,7 @@ SETS = {
     "not-yaml-under-a-secret-key": [f"buffer.storage.options.token=[{SECRET}"],
     "duplicate-key": [f"buffer.storage.options={{secret: {SECRET}, secret: {SECRET}}}"],
     "no-equals": [f"HF_TOKEN {SECRET}"],
+    "reward-kwargs": ["taskset.reward={type: python, function: 'm:f'}", f"taskset.reward.kwargs.api_key={SECRET}"],
     "a-value-not-a-section": [f"buffer.storage.options={{token: {SECRET}}}", "buffer.storage.options.token.x=1"],
     "bad-value-beside-it": [f"buffer.storage.options.secret={SECRET}", "trainer.total_steps=-1"],
     "switch-drops-it": [  # a variant switch that would drop a field holding it
@@ -66,6 +67,13 @@ DATA = {
     "url-password": {"monitor": {"trackers": [{"type": "mlflow", "tracking_uri": f"http://rft:{SECRET}@host:5000"}]}},
     "under-a-field-of-another-type": {"trainer": {"lr": {"token": SECRET}}},
     "url-in-a-field-of-another-type": {"taskset": {"path": [f"https://rft:{SECRET}@host/tasks.jsonl"]}},
+    "reward-kwargs": {"taskset": {"reward": {"type": "python", "function": "m:f", "kwargs": {"api_key": SECRET}}}},
+    "workflow-kwargs": {
+        "taskset": {"workflow": {"type": "python", "function": "m:f", "kwargs": {"auth": {"HF_TOKEN": SECRET}}}}
+    },
+    "estimator-kwargs": {
+        "algorithm": {"advantage": {"type": "python", "function": "m:f", "kwargs": {"password": SECRET}}}
+    },
 }
 
 
@@ -138,3 +146,14 @@ def test_redact_override_hides_exactly_the_credential():
     assert secrets_in_override(f"b.password={tricky}") == {tricky}
     shown = scrub(repr([f"b.password={tricky}"]), {tricky})
     assert "<redacted>" in shown and tricky not in shown and repr(tricky)[1:-1] not in shown
+
+
+def test_user_code_kwargs_refuse_a_credential_naming_it_and_the_fix_but_take_tokenizer_tokens():
+    reward = {"type": "python", "function": "m:f", "kwargs": {"eos_token": "</s>", "stop_token": "\\n", "n": 2}}
+    cfg = validate_config(merge(base(), {"taskset": {"reward": reward}}), "cfg")
+    assert cfg.taskset.reward.kwargs["eos_token"] == "</s>"
+    with pytest.raises(ConfigError) as e:
+        validate_config(merge(base(), {"taskset": {"reward": {**reward, "kwargs": {"hf_token": SECRET}}}}), "cfg")
+    msg = str(e.value)
+    assert "taskset.reward" in msg and "kwargs.hf_token names a credential" in msg and "os.environ" in msg
+    assert SECRET not in msg
