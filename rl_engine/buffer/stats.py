@@ -2,8 +2,10 @@
 
 Counts per explorer, per explorer step and per policy version (the oldest token version of an
 experience), reward / length / finish-reason / segment-count summaries, files that are written
-but not committed, corrupt files, and how far the trainer's latest saved cursor got. Only
-committed files are counted, each checked against its commit record like the reader does.
+but not committed, corrupt files, and how far the trainer got: the newest committed trainer state
+(`trainer_state/step=<t>/state.json`, what a resume loads) with the buffer cursor it holds, and a
+cursor saved on its own under `buffer/cursor/` (`save_cursor`) where one exists. Only committed
+files are counted, each checked against its commit record like the reader does.
 With partial rollouts it also reads each explorer's continuation store (read only): pending
 groups and generations (cut, or finished and waiting for their group), tokens so far, the oldest
 pending segment's explorer step, the manifest URI, and a staged batch (outbox) with whether the
@@ -32,9 +34,13 @@ import pyarrow.compute as pc
 
 from rl_engine.buffer import _files
 from rl_engine.buffer.continuations import UNFINISHED, ContinuationStore, store_explorer_ids
-from rl_engine.buffer.cursor import list_cursor_steps, load_cursor
+from rl_engine.buffer.cursor import ConsumedSet, list_cursor_steps, load_cursor
 from rl_engine.errors import UserError
-from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options
+from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options, read_json
+
+# The committed trainer states, as rl_engine.run.state finds them (trainer_state/step=<t>/, whole
+# once COMMITTED exists); named here because that module imports torch and this command does not.
+_STATE_DIR, _STATE_COMMITTED = "trainer_state", "COMMITTED"
 
 
 def committed_files(fs: Any, root: str) -> list[str]:
@@ -107,7 +113,8 @@ def collect(run_url: str, storage_options: dict[str, Any] | None = None) -> dict
         "finish_reasons": dict(sorted(finish.items())),
         "num_segments": {str(n): int(c) for n, c in sorted(Counter(cols["segments"].tolist()).items())},
         "continuations": continuations(fs, root, last_committed(records)),
-        "trainer_cursor": _cursor_summary(fs, root),
+        "trainer_state": _trainer_state_summary(fs, root, records),
+        "buffer_cursor": _cursor_summary(fs, root, records),
     }
 
 
@@ -205,15 +212,46 @@ def _summary(x: np.ndarray) -> dict[str, float] | None:
     }
 
 
-def _cursor_summary(fs: Any, root: str) -> dict[str, Any] | None:
+def _trainer_state_summary(fs: Any, root: str, records) -> dict[str, Any] | None:
+    """The newest committed trainer state: its step, version and what its buffer cursor consumed."""
+    steps = [
+        int(p.rsplit("step=", 1)[1].split("/")[0]) for p in fs.glob(join(root, _STATE_DIR, "step=*", _STATE_COMMITTED))
+    ]
+    if not steps:
+        return None
+    step = max(steps)
+    meta = read_json(fs, join(root, _STATE_DIR, f"step={step}", "state.json"))
+    cursor = meta.get("extra", {}).get("cursor")
+    return {
+        "trainer_step": step,
+        "version": meta.get("version"),
+        "path": f"{_STATE_DIR}/step={step}",
+        **(_consumption(cursor, records) if cursor else {}),
+    }
+
+
+def _cursor_summary(fs: Any, root: str, records) -> dict[str, Any] | None:
+    """The newest cursor saved on its own under buffer/cursor/ (`save_cursor`), or None."""
     steps = list_cursor_steps(fs, root)
     if not steps:
         return None
-    counters = (load_cursor(fs, root, steps[-1]) or {}).get("counters", {})
-    return {
-        "trainer_step": steps[-1],
-        **{k: counters.get(k, 0) for k in ("consumed", "dropped_stale", "skipped_corrupt")},
-    }
+    return {"trainer_step": steps[-1], **_consumption(load_cursor(fs, root, steps[-1]) or {}, records)}
+
+
+def _consumption(cursor: dict[str, Any], records) -> dict[str, int]:
+    """A reader cursor's counters, and how many committed experiences it has not decided yet
+    (neither consumed, dropped nor skipped: what a resume from it would still read)."""
+    counters = cursor.get("counters", {})
+    decided = ConsumedSet.from_json(cursor.get("consumed", {}))
+    unread = sum(int((~decided.decided_rows(k, r["num_rows"])).sum()) for k, r in records)
+    return {**{k: counters.get(k, 0) for k in ("consumed", "dropped_stale", "skipped_corrupt")}, "unread": unread}
+
+
+def _consumed_line(c: dict[str, Any]) -> str:
+    return (
+        f"{c['consumed']} consumed, {c['dropped_stale']} dropped as stale, {c['skipped_corrupt']} corrupt files"
+        f" skipped; {c['unread']} committed experiences not read yet"
+    )
 
 
 def render(s: dict[str, Any], max_steps: int = 20) -> str:
@@ -252,12 +290,15 @@ def render(s: dict[str, Any], max_steps: int = 20) -> str:
     out.append(
         "num segments:     " + "  ".join(f"{k}: {n} ({100 * n / total:.0f}%)" for k, n in s["num_segments"].items())
     )
-    c = s["trainer_cursor"]
-    out.append(
-        f"trainer cursor:   step {c['trainer_step']}: {c['consumed']} consumed, {c['dropped_stale']} dropped as stale, {c['skipped_corrupt']} corrupt files skipped"
-        if c
-        else "trainer cursor:   none saved yet"
-    )
+    t = s["trainer_state"]
+    if t is None:
+        out.append("trainer state:    none committed yet (a resume starts at the first step)")
+    elif "consumed" in t:
+        out.append(f"trainer state:    {t['path']} (version {t['version']}): {_consumed_line(t)}")
+    else:
+        out.append(f"trainer state:    {t['path']} (version {t['version']}): no buffer cursor in it")
+    if c := s["buffer_cursor"]:  # a cursor saved on its own (save_cursor); the trainer resumes from its state above
+        out.append(f"buffer cursor:    buffer/cursor/ step {c['trainer_step']}: {_consumed_line(c)}")
     out += _render_continuations(s["continuations"])
     return "\n".join(out)
 

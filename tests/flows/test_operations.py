@@ -115,6 +115,33 @@ def test_artifacts_under_stable_keys_with_the_run_in_the_description(done_run):
     )
 
 
+def test_buffer_stats_reports_the_finished_runs_trainer_state(done_run, capsys):
+    """`rft buffer stats RUN` on a finished run reads the trainer's newest committed state
+    (trainer_state/step=2/state.json, the cursor a resume loads), not the buffer/cursor/ the
+    trainer never writes: every experience the run trained is consumed, none left unread."""
+    from rl_engine.buffer.stats import main
+
+    summary = done_run["summary"]
+    assert main([summary["run"], "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    trained = summary["experiences"]["trained"]
+    assert trained > 0 and s["experiences"] == summary["experiences"]["generated"]
+    assert s["trainer_state"] == {
+        "trainer_step": 2,
+        "version": 2,
+        "path": "trainer_state/step=2",
+        "consumed": trained,
+        "dropped_stale": 0,
+        "skipped_corrupt": 0,
+        "unread": s["experiences"] - trained,
+    }
+    assert s["buffer_cursor"] is None
+    assert main([summary["run"]]) == 0
+    out = capsys.readouterr().out
+    assert f"trainer state:    trainer_state/step=2 (version 2): {trained} consumed" in out
+    assert "none committed" not in out and "buffer cursor" not in out
+
+
 def test_the_trainer_moves_the_progress_artifact_every_step(prefect_server, base_cfg):
     """The trainer's step callback (tasks/report.py) moves the run's progress artifact to t/T at every step t."""
     from prefect import flow

@@ -52,7 +52,49 @@ def test_stats_json(tmp_path, capsys):
     assert s["response_tokens"]["min"] == 10 and s["response_tokens"]["max"] == 11
     assert s["finish_reasons"] == {"length": 18, "stop": 18}
     assert s["num_segments"] == {"1": 36} and s["continuations"] == []  # no partial rollouts: no store
-    assert s["trainer_cursor"] == {"trainer_step": 1, "consumed": 8, "dropped_stale": 0, "skipped_corrupt": 0}
+    assert s["buffer_cursor"] == {
+        "trainer_step": 1,
+        "consumed": 8,
+        "dropped_stale": 0,
+        "skipped_corrupt": 0,
+        "unread": 28,
+    }
+    assert s["trainer_state"] is None  # no trainer ran: nothing under trainer_state/
+
+
+def test_stats_reads_the_newest_committed_trainer_state_beside_a_buffer_cursor(tmp_path, capsys):
+    """The trainer keeps its cursor in trainer_state/step=<t>/state.json (`extra.cursor`, written
+    by DeepSpeedTrainer.save_state); stats reads the newest state with COMMITTED, as a resume
+    does, and shows a buffer/cursor/ one as well, each labelled with where it came from. A real
+    run's: tests/flows/test_operations.py::test_buffer_stats_reports_the_finished_runs_trainer_state."""
+    run = _run(tmp_path)  # its buffer/cursor/ holds step 1: 8 consumed
+    reader = BufferReader(*open_storage(run, {}))
+    reader.read_batch(12, timeout_s=0)
+    for step, committed in ((2, True), (3, False)):  # step 3's save did not finish: not loaded
+        d = Path(run, "trainer_state", f"step={step}")
+        d.mkdir(parents=True)
+        (d / "state.json").write_text(json.dumps({"version": step, "extra": {"cursor": reader.state_dict()}}))
+        if committed:
+            (d / "COMMITTED").write_text(json.dumps({"version": step}))
+    assert main([run, "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["trainer_state"] == {
+        "trainer_step": 2,
+        "version": 2,
+        "path": "trainer_state/step=2",
+        "consumed": 12,
+        "dropped_stale": 0,
+        "skipped_corrupt": 0,
+        "unread": 24,
+    }
+    assert s["buffer_cursor"]["trainer_step"] == 1 and s["buffer_cursor"]["consumed"] == 8
+    assert main([run]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "trainer state:    trainer_state/step=2 (version 2): 12 consumed, 0 dropped as stale, 0 corrupt files skipped;"
+        " 24 committed experiences not read yet" in out
+    )
+    assert "buffer cursor:    buffer/cursor/ step 1: 8 consumed" in out and "none committed" not in out
 
 
 def test_stats_text_and_corrupt(tmp_path, capsys):
@@ -64,7 +106,9 @@ def test_stats_text_and_corrupt(tmp_path, capsys):
     assert "32 experiences in 6 committed files (1 corrupt, 1 written but not committed)" in out
     assert f"corrupt: file://{victim}: size" in out
     assert "reward:" in out and "finish reasons:   length 16 (50%)  stop 16 (50%)" in out
-    assert "trainer cursor:   step 1: 8 consumed" in out
+    assert (
+        "trainer state:    none committed yet" in out and "buffer cursor:    buffer/cursor/ step 1: 8 consumed" in out
+    )
     assert "num segments:     1: 32 (100%)" in out and "continuations:    none (no partial rollouts pending)" in out
 
 
