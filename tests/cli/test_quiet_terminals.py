@@ -4,7 +4,9 @@ before and after the run printed vLLM's, Triton's and nanobind's lines, ~120 of 
 send what they and their child processes print to a log file, named first; the terminal shows a
 line per held-out scoring (its stages, then its result), the run's progress and summary, and the
 results. No engine here: the scoring and the run are stand-ins that print as vLLM does, on the
-process's file descriptors and from a child process.
+process's file descriptors and from a child process. `make demo` and `make demo-real` set what
+keeps Prefect's first-import telemetry notice and DeepSpeed's accelerator guess off a terminal
+(issue 49), checked on a pseudo-terminal with the libraries themselves.
 
     .venv/bin/python -m pytest tests/cli/test_quiet_terminals.py
 """
@@ -13,9 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from harness.runs import small_config
 from rl_engine.config import validate_config
@@ -104,3 +111,63 @@ def test_rft_eval_shows_a_line_per_version_and_logs_the_engine(tiny_model_dir, t
     ], out
     assert json.loads(out.splitlines()[-1]) == {"versions": [{"version": 0, "heldout/pass@1": 0.5}]}
     assert all(n in Path(log).read_text() for n in (*NOISE, "nanobind"))
+
+
+# What a terminal showed from `make demo` before the Makefile set DO_NOT_TRACK and DS_ACCELERATOR.
+LIBRARY_NOTICES = (
+    "Prefect collects anonymous usage data",  # printed once per PREFECT_HOME, on a TTY only
+    "Setting accelerator to CPU",  # DeepSpeed's warning when it guesses the accelerator
+)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _on_a_terminal(cmd: list[str], env: dict[str, str], timeout_s: float = 120) -> str:
+    """What `cmd` prints on a pseudo-terminal (stdout and stderr both on it, as in a shell)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    out, deadline = b"", time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 1.0)[0]:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif proc.poll() is not None:
+                break
+        assert proc.wait(timeout=max(1.0, deadline - time.monotonic())) == 0, out.decode(errors="replace")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.parametrize("target", ["demo", "demo-real"])
+def test_make_demo_keeps_the_library_notices_off_the_terminal(target, tmp_path):
+    """`make demo`'s environment, with a stand-in `rft` that does what printed the notices in the
+    demo's terminal: import Prefect for the first time under a fresh PREFECT_HOME (its client
+    prints its telemetry notice on a TTY unless DO_NOT_TRACK is set) and let DeepSpeed pick its
+    accelerator (the warm start's trainer; unset, it warns that it guessed the CPU)."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    rft = venv / "bin" / "rft"
+    rft.write_text(
+        f"#!/bin/sh\nexec {sys.executable} -c 'import prefect; "
+        'from deepspeed.accelerator import get_accelerator; print("accelerator", get_accelerator().device_name())\'\n'
+    )
+    rft.chmod(0o755)
+    (venv / ".setup-done").touch()  # newer than pyproject.toml and the lock: `setup` has nothing to do
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DO_NOT_TRACK", "DS_ACCELERATOR", "CI", "GITHUB_ACTIONS")
+    }  # as a user's shell has it (Prefect keeps quiet in CI of itself)
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    out = _on_a_terminal(["make", "-s", target, f"VENV={venv}"], env)
+    assert "accelerator cpu" in out, out  # the stand-in ran, the libraries with it
+    shown = [n for n in LIBRARY_NOTICES if n in out]
+    assert not shown, out
