@@ -175,6 +175,7 @@ REWARDS = Registry(
         "countdown": "rl_engine.demos.countdown:CountdownRewardFn",
         "final_answer": "rl_engine.demos.word_arithmetic:FinalAnswerRewardFn",
         "code_tests": "rl_engine.rewards.code_tests:CodeTestsRewardFn",
+        "model": "rl_engine.rewards.reward_model:ModelRewardFn",
     },
 )
 WORKFLOWS = Registry(

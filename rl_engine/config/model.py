@@ -153,6 +153,46 @@ class CodeTestsReward(_Model):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Limits and isolation of each run.")
 
 
+class ModelReward(_Model):
+    """A Hugging Face sequence classifier with one output scores each (prompt, response), rendered
+    with its tokenizer's chat template (else prompt + response), in a reward service process the
+    run's explorers share (rl_engine.rewards.reward_model)."""
+
+    type: Literal["model"] = Field(description="Reward variant selector.")
+    path: str = Field(
+        description="Local directory of a Hugging Face *ForSequenceClassification model with num_labels 1 and its tokenizer; preflight checks its config.json."
+    )
+    batch_size: int = Field(
+        default=16,
+        ge=1,
+        le=4096,
+        description="Most (prompt, response) pairs the service scores in one forward pass; a step's samples are sent this many at a time.",
+    )
+    max_length: int = Field(
+        default=1024,
+        ge=8,
+        le=1_048_576,
+        description="Tokens of a rendered pair the model reads; a longer one keeps its last max_length tokens (the score is read at the last).",
+    )
+    normalize: Literal["none", "running"] = Field(
+        default="none",
+        description="`running`: each score becomes (score - mean) / std over all scores this explorer has seen (Welford); `none`: the raw score.",
+    )
+    timeout_s: float = Field(
+        default=60.0,
+        gt=0.0,
+        description="Longest a request of batch_size pairs may wait for its scores (another explorer's batch may run first); past it the step's remaining samples fail as on_failure says.",
+    )
+    on_failure: Literal["failed_reward", "fail"] = Field(
+        default="failed_reward",
+        description="Samples the service did not score (timed out, service dead or failing): `failed_reward` scores them `taskset.user_code.failed_reward` (null: left out), counted; `fail` fails the step with an error naming the service.",
+    )
+    device: str = Field(default="cpu", description="torch device of the service's model: cpu, cuda, cuda:1, ...")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="float32", description="Parameter dtype of the service's model; scores are returned as float32."
+    )
+
+
 class PythonReward(_Model):
     """A user reward `module:function(prompt, response, task[, finish_reason], **kwargs) -> float | dict[str, float]`
     (`rl_engine.api.Reward`), or with `batch: true` `function(samples, **kwargs) -> list` (`rl_engine.api.BatchReward`)."""
@@ -191,9 +231,15 @@ class RegisteredReward(_Model):
 
 
 RewardConfig = variants(
-    ArithmeticReward, CountdownReward, FinalAnswerReward, CodeTestsReward, PythonReward, registered=RegisteredReward
+    ArithmeticReward,
+    CountdownReward,
+    FinalAnswerReward,
+    CodeTestsReward,
+    ModelReward,
+    PythonReward,
+    registered=RegisteredReward,
 )
-_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "code_tests", "python", "registered")
+_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "code_tests", "model", "python", "registered")
 
 
 class MakeTasksConfig(_Model):

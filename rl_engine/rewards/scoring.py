@@ -16,7 +16,8 @@ the caller's thread (tests, `rft` tools): a timeout is counted the same way, but
 abandoned, still running (Python cannot kill a thread), and a crash takes the process down.
 Built-in rewards always run in the caller's thread: they are trusted and take microseconds, but
 for `code_tests`, which runs each sample's code in a sandbox process of its own, `workers` at a
-time (its `score_samples`, which adds its `reward/sandbox/...` counts to the metrics).
+time (its `score_samples`, which adds its `reward/sandbox/...` counts to the metrics), and for
+`model`, which sends them to its reward service process (reward_model.py: `reward/model/...`).
 
 The step fails, as a `RewardError` (a UserError) naming the reward, only when nothing could be
 scored: a reward that raised on every sample (it is broken, not unlucky, and a step with nothing
@@ -416,6 +417,9 @@ class _Tally:
 
 
 def _describe(reward_fn: Any) -> str:
+    # A built-in that names itself (the model reward: its service and field).
+    if described := getattr(reward_fn, "describe", None):
+        return str(described)
     spec = getattr(reward_fn, "spec", None)
     return f"taskset.reward.function = {spec!r}" if spec else type(reward_fn).__name__
 

@@ -313,6 +313,8 @@ class Explorer:
                 for k, v in reward_metrics.items()
                 if k.startswith("reward/sandbox/")
             },
+            # the model reward: its service's latency_ms, batch_size, samples_per_s, failures, timeouts
+            **{k: v for k, v in reward_metrics.items() if k.startswith("reward/model/")},
             **({"partial": self._partial_metrics(reward_metrics)} if self.partial is not None else {}),
             **({k: reward_metrics[k] for k in WORKFLOW_METRICS} if self.workflow is not None else {}),
         }
@@ -421,5 +423,7 @@ class Explorer:
         self.timeline.flush()
         if self.pool is not None:
             self.pool.close()
+        if hasattr(self.reward_fn, "close"):  # the model reward's service: the last client stops it
+            self.reward_fn.close()
         self.receiver.close()
         ENGINES.release(self.run, self.explorer_id, self.engine)

@@ -59,7 +59,7 @@ REGISTERED = {
     "taskset.workflow": "two_tries",
 }
 # A value for each field a variant requires besides its key (`type: python`'s function).
-REQUIRED = {"function": "my_plugin:reinforce"}
+REQUIRED = {"function": "my_plugin:reinforce", "path": "runs/models/rm"}  # model reward: a classifier
 
 
 @dataclass(frozen=True)

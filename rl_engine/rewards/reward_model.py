@@ -1,0 +1,301 @@
+"""`reward: {type: model}`: a Hugging Face sequence classifier (one score) as the reward, served by
+a reward service process (rl_engine.rewards.reward_model_server) that the run's explorers share.
+
+    reward: {type: model, path: runs/models/rm, batch_size: 16, max_length: 1024, timeout_s: 60}
+
+`ModelRewardFn` is the explorer's side. Building it only checks `path` (preflight builds one: a
+directory that is not a sequence classifier with one label fails the run before anything starts);
+the service is started on the first scoring call. Services are kept per process, one per model
+setting (`SERVICES`): every explorer of a run under `placement: local` (the roles are threads of one
+process) shares one service, which holds the model once and packs their requests into batches; it
+stops when the last client closes, at this process's exit, or, should this process be killed, by
+itself (it watches its owner: rl_engine.proc.owner_watch). Under `placement: deployments` each
+explorer's process starts its own.
+
+A step's samples go to the service `batch_size` at a time, one request after another; each must
+be answered within `timeout_s` of being sent (it may wait behind another explorer's batch). A
+request that times out, or that finds the service dead or failing, fails its samples and every
+later one of the step at once, so a step waits at most `timeout_s` for a broken service. What a
+failed sample becomes is `on_failure`'s: `failed_reward` hands it to the run's failure rule
+(`taskset.user_code.failed_reward`: scored that value, or left out; counted as reward/timeouts or
+reward/crashes), `fail` fails the step with a RewardError naming the service. A dead service is
+started again on the next step.
+
+`normalize: running` turns each score into (score - mean) / std over every score this explorer
+has seen so far, this step's included (Welford's running moments; std 0 leaves the score centred).
+Each step reports `reward/model/...`: latency_ms (mean time of a request), batch_size (mean pairs
+per batch the service ran them in), samples_per_s, failures and timeouts (samples).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rl_engine.errors import UserError
+from rl_engine.proc.owner_watch import OWNER_PID_ENV
+from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
+from rl_engine.rewards.scoring import RewardError
+
+START_TIMEOUT_S = 300.0  # importing torch and loading a model on a busy CPU
+_STOP_GRACE_S = 5.0
+
+
+def check_classifier(path: str, field: str = "taskset.reward.path") -> None:
+    """UserError naming `field` unless `path` is a Hugging Face sequence-classification model with
+    one label (read from its config.json: nothing is loaded)."""
+    fix = (
+        "point it at a sequence classifier with one output, e.g. one saved by "
+        "AutoModelForSequenceClassification.from_pretrained(BASE, num_labels=1).save_pretrained(DIR) "
+        "(and its tokenizer's save_pretrained(DIR)) after training it as a reward model"
+    )
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise UserError(f"{field} = {path!r}: no config.json there, not a Hugging Face model directory; {fix}")
+    try:
+        cfg = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{field} = {path!r}: cannot read its config.json ({e}); {fix}") from None
+    archs = cfg.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in archs):
+        raise UserError(f"{field} = {path!r}: its architectures {archs} hold no *ForSequenceClassification; {fix}")
+    labels = cfg.get("num_labels", len(cfg.get("id2label") or {}) or 2)
+    if labels != 1:
+        raise UserError(
+            f"{field} = {path!r}: a classifier with {labels} labels, a reward needs exactly one score; {fix}"
+        )
+
+
+class RunningMoments:
+    """Welford's running mean and variance of every value added."""
+
+    def __init__(self) -> None:
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (x - self.mean)
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / self.n) if self.n else 0.0
+
+    def normalize(self, x: float) -> float:
+        std = self.std
+        return (x - self.mean) / std if std > 1e-8 else x - self.mean
+
+
+class _Service:
+    """One reward service process and its address."""
+
+    def __init__(self, settings: dict[str, Any]):
+        env = {**os.environ, OWNER_PID_ENV: str(os.getpid())}
+        cmd = [sys.executable, "-m", "rl_engine.rewards.reward_model_server", json.dumps(settings)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, close_fds=True)
+        self.refs = 0
+        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
+        line = self.proc.stdout.readline().decode() if ready else ""
+        self.proc.stdout.close()
+        if not line.startswith("listening "):
+            self.stop()
+            raise RewardError(
+                f"the reward service of taskset.reward.path = {settings['path']!r} did not start within {START_TIMEOUT_S:g} s "
+                f"({'exit code ' + str(self.proc.returncode) if self.proc.returncode is not None else 'no answer'}); its error is above in the log"
+            )
+        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(_STOP_GRACE_S)
+
+
+class ServiceRegistry:
+    """This process's reward services, one per setting, counted by their clients."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._services: dict[str, _Service] = {}
+
+    def acquire(self, settings: dict[str, Any], held: _Service | None) -> _Service:
+        """The live service of `settings` (started if there is none, or if the one there died),
+        counting the caller once (`held`: the one it already counts)."""
+        key = json.dumps(settings, sort_keys=True)
+        with self._lock:
+            svc = self._services.get(key)
+            if svc is None or not svc.alive:
+                if svc is not None:
+                    svc.stop()
+                svc = self._services[key] = _Service(settings)
+            if svc is not held:
+                svc.refs += 1
+            return svc
+
+    def release(self, svc: _Service) -> None:
+        with self._lock:
+            svc.refs -= 1
+            if svc.refs > 0:
+                return
+            for k, v in list(self._services.items()):
+                if v is svc:
+                    del self._services[k]
+        svc.stop()
+
+    def stop_all(self) -> None:
+        with self._lock:
+            services = list(self._services.values())
+            self._services.clear()
+        for svc in services:
+            svc.stop()
+
+
+SERVICES = ServiceRegistry()
+atexit.register(SERVICES.stop_all)
+
+
+class ModelRewardFn:
+    """The `model` reward (see the module docstring); built from its config variant's fields."""
+
+    def __init__(
+        self,
+        path: str,
+        batch_size: int = 16,
+        max_length: int = 1024,
+        normalize: str = "none",
+        timeout_s: float = 60.0,
+        on_failure: str = "failed_reward",
+        device: str = "cpu",
+        dtype: str = "float32",
+    ):
+        check_classifier(path)
+        self.settings = {
+            "path": str(Path(path).resolve()),
+            "batch_size": int(batch_size),
+            "max_length": int(max_length),
+            "device": device,
+            "dtype": dtype,
+        }
+        self.path, self.timeout_s, self.normalize, self.on_failure = path, float(timeout_s), normalize, on_failure
+        self.moments = RunningMoments()
+        self._service: _Service | None = None
+        self._http: Any = None
+
+    @property
+    def describe(self) -> str:  # how scoring's messages name this reward
+        return f"the reward service of taskset.reward.path = {self.path!r}"
+
+    def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
+        (outcome,), _ = self.score_samples([(prompt, response, task, finish_reason)])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome[0]
+
+    def score_samples(
+        self, samples: Sequence[Any]
+    ) -> tuple[list[tuple[float, dict[str, float]] | Exception], dict[str, Any]]:
+        """(reward, components) or the exception of each (prompt, response, task, finish_reason)
+        sample, in order, and the step's `reward/model/...` metrics."""
+        started = time.monotonic()
+        pairs = [(str(s[0]), str(s[1])) for s in samples]
+        scores: list[float | Exception] = []
+        latencies: list[float] = []
+        sizes: list[int] = []
+        failure: Exception | None = None
+        step = self.settings["batch_size"]
+        for i in range(0, len(pairs), step):
+            chunk = pairs[i : i + step]
+            if failure is None:
+                sent = time.monotonic()
+                try:
+                    got = self._post(chunk)
+                    latencies.append(1000 * (time.monotonic() - sent))
+                    sizes += got["batch_sizes"]
+                    scores += [float(x) for x in got["scores"]]
+                    continue
+                except (UserCodeTimeout, UserCodeCrashed) as e:
+                    failure = e
+            scores += [failure] * len(chunk)
+        if failure is not None and self.on_failure == "fail":
+            raise RewardError(
+                f"{self.describe} failed ({failure}); taskset.reward.on_failure = fail stops the run here. "
+                "Set on_failure: failed_reward to score such samples as taskset.user_code.failed_reward says instead, "
+                "or raise taskset.reward.timeout_s if it is only slow"
+            )
+        outcomes: list[Any] = [self._reward(s) if not isinstance(s, Exception) else s for s in scores]
+        failed = [s for s in scores if isinstance(s, Exception)]
+        wall = time.monotonic() - started
+        metrics = {
+            "reward/model/latency_ms": sum(latencies) / len(latencies) if latencies else float("nan"),
+            "reward/model/batch_size": sum(sizes) / len(sizes) if sizes else float("nan"),
+            "reward/model/samples_per_s": (len(pairs) - len(failed)) / wall if wall > 0 else float("nan"),
+            "reward/model/failures": sum(isinstance(s, UserCodeCrashed) for s in failed),
+            "reward/model/timeouts": sum(isinstance(s, UserCodeTimeout) for s in failed),
+        }
+        return outcomes, metrics
+
+    def _reward(self, score: float) -> tuple[float, dict[str, float]]:
+        if self.normalize != "running":
+            return score, {}
+        self.moments.add(score)
+        return self.moments.normalize(score), {}
+
+    def _post(self, chunk: list[tuple[str, str]]) -> dict[str, Any]:
+        """The service's answer for `chunk`; UserCodeTimeout past timeout_s, UserCodeCrashed when
+        the service is dead, cannot start, or fails the request."""
+        import httpx
+
+        try:
+            self._service = SERVICES.acquire(self.settings, self._service)
+        except RewardError as e:
+            raise UserCodeCrashed(str(e)) from None
+        if self._http is None:
+            self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0))
+        try:
+            r = self._http.post(self._service.url + "/score", json={"pairs": chunk, "timeout_s": self.timeout_s})
+        except httpx.TimeoutException:
+            raise UserCodeTimeout(
+                f"{self.describe} did not answer within taskset.reward.timeout_s = {self.timeout_s:g} s"
+            ) from None
+        except httpx.TransportError as e:
+            raise UserCodeCrashed(f"{self.describe} is gone ({type(e).__name__}: {e})") from None
+        if r.status_code == 504:
+            raise UserCodeTimeout(
+                f"{self.describe} did not score within taskset.reward.timeout_s = {self.timeout_s:g} s"
+            )
+        if r.status_code != 200:
+            raise UserCodeCrashed(f"{self.describe} failed the request: HTTP {r.status_code} {r.text[:500]}")
+        return r.json()
+
+    def close(self) -> None:
+        """Done with the service: the last client of it stops it."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self._service is not None:
+            svc, self._service = self._service, None
+            SERVICES.release(svc)
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelRewardFn(path={self.path!r}, batch_size={self.settings['batch_size']}, normalize={self.normalize!r})"
+        )
