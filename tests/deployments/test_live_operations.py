@@ -199,32 +199,66 @@ def test_bad_override_from_rest_fails_naming_the_key(prefect_live, test_deployme
     assert not storage.exists() or not list(storage.iterdir())  # nothing started
 
 
+# One live case per kind of union (tests/rl_engine/config/test_overrides.py checks every variant of
+# every union on files and deployment configs): each `set` switches its union's key alone. The
+# synchronizer's mode is the deployment's own (another mode is refused: test_bad_override...), the
+# workflow's variants need their own task sets (their runs: tests/flows/test_workflow*.py).
+SWITCHES = {
+    "placement.type=deployments": ("placement.type", "deployments"),
+    "algorithm.advantage.type=rloo": ("algorithm.advantage.type", "rloo"),
+    "algorithm.loss.type=cispo": ("algorithm.loss.type", "cispo"),
+    "taskset.reward.type=final_answer": ("taskset.reward.type", "final_answer"),
+    "eval.tasksets.0.reward.type=final_answer": ("eval.tasksets.0.reward.type", "final_answer"),
+    "monitor.trackers.0.type=tensorboard": ("monitor.trackers.0.type", "tensorboard"),
+}
+
+
 @pytest.mark.timeout(900)
-def test_set_placement_type_alone_moves_the_roles_onto_their_deployments(
-    prefect_live, test_deployment, rft_worker, engine_server, heavy_turn
+def test_set_switches_a_variant_of_each_union_kind_on_a_live_run(
+    prefect_live, test_deployment, rft_worker, engine_server, heavy_turn, task_file
 ):
-    """`set: ["placement.type=deployments"]` over REST on a mode deployment whose `cfg` is a whole
-    validated config (placement local, `devices: null`): it failed in 12 s naming
+    """`set: ["placement.type=deployments", ...]` over REST on a mode deployment whose `cfg` is a
+    whole validated config (placement local, `devices: null`): it failed in 12 s naming
     `placement.deployments.devices` (issue 44); the run completes with each role a flow run of
     its deployment (`prefect deploy --all`'s rft-trainer/default, rft-explorer/default), in a
-    process of its own. The explorer generates on the session's engine server (no engine start)."""
+    process of its own, and with the other unions' switched variants (SWITCHES) at their defaults
+    in its stored config: a score each evaluated version under the switched eval reward, and
+    TensorBoard's event files. The explorer generates on the session's engine server (no engine start)."""
     dep, cfg, storage = test_deployment
     cfg = {
         **cfg,
         "explorer": {**cfg["explorer"], "engine": {**cfg["explorer"]["engine"], "servers": [engine_server.url]}},
+        "eval": {
+            "tasksets": [
+                {"name": "heldout", "path": task_file, "reward": {"type": "arithmetic"}, "n": 1, "max_tasks": 2}
+            ]
+        },
+        "monitor": {**cfg["monitor"], "trackers": [{"type": "mlflow"}]},
     }
     cfg = validate_config(cfg).model_dump(mode="json")  # what a deployment made from a validated config holds
     assert cfg["placement"] == {"type": "local", "devices": None, "heartbeat_s": 5.0, "heartbeat_timeout_s": 60.0}
+    assert all(dotted(cfg, key) != value for key, value in SWITCHES.values())
     prefect_live.api("PATCH", f"/deployments/{dep['id']}", json={"parameters": {"cfg": cfg}})
-    run_id = create_run(prefect_live, dep["id"], ["placement.type=deployments"])["id"]
+    run_id = create_run(prefect_live, dep["id"], list(SWITCHES))["id"]
     wait_flow_run(prefect_live, run_id, ["COMPLETED"], timeout_s=780, worker=rft_worker)
     run_dir = storage / prefect_live.flow_run(run_id)["name"]
     stored = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert stored["placement"]["type"] == "deployments" and "devices" not in stored["placement"]
+    assert {key: dotted(stored, key) for key, _ in SWITCHES.values()} == dict(SWITCHES.values())
     summary = json.loads((run_dir / "report" / "summary.json").read_text())
     assert summary["final_version"] == cfg["trainer"]["total_steps"]
     roles = {m.stem: json.loads(m.read_text())["pid"] for m in (run_dir / "control").glob("role-*.json")}
     assert {"role-trainer", "role-explorer-0"} <= set(roles) and len(set(roles.values())) == len(roles), roles
+    scored = json.loads((run_dir / "metrics" / "role=eval" / f"step={summary['final_version']:08d}.json").read_text())
+    assert 0.0 <= scored["heldout/reward_mean"] <= 1.1, scored  # final_answer: 1 + 0.1 at most
+    assert list((run_dir / "trackers" / "tensorboard").rglob("events.out.tfevents.*")), sorted(run_dir.rglob("*"))
+
+
+def dotted(cfg: dict, key: str) -> Any:
+    """The value at a dotted path of a nested config (list items by index)."""
+    for part in key.split("."):
+        cfg = cfg[int(part)] if isinstance(cfg, list) else cfg[part]
+    return cfg
 
 
 def run_processes(control: Path) -> list[psutil.Process]:
