@@ -5,6 +5,8 @@ vLLM's CPU build refuses head_dim 16, so heads are 64 wide (hidden 128 = 2 heads
 
     rft make-tiny-model runs/models/tiny            # ~0.3M parameters
     python -m rl_engine.tiny_model DIR --hidden 512 --layers 4
+
+`make_tiny_classifier` writes a sequence classifier of the same tokenizer (a reward model).
 """
 
 from __future__ import annotations
@@ -86,6 +88,33 @@ def make_tiny_model(
     (out / "generation_config.json").write_text(
         json.dumps({"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id})
     )
+    return out
+
+
+def make_tiny_classifier(out_dir: str | Path, seed: int = 0, num_labels: int = 1, hidden_size: int = 32) -> Path:
+    """Write a randomly initialised Qwen2ForSequenceClassification (2 layers, `num_labels` scores)
+    and the same tokenizer to `out_dir`: a reward model for tests and `bench.rewards --quick`
+    (rl_engine.rewards.reward_model). Served by transformers only, so heads may be 16 wide."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        num_labels=num_labels,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    Qwen2ForSequenceClassification(config).to(torch.float32).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
     return out
 
 

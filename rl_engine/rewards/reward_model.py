@@ -44,6 +44,7 @@ from typing import Any
 
 from rl_engine.errors import UserError
 from rl_engine.proc.owner_watch import OWNER_PID_ENV
+from rl_engine.proc.starts import count_start
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
 from rl_engine.rewards.scoring import RewardError
 
@@ -136,6 +137,7 @@ class ServiceRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._services: dict[str, _Service] = {}
+        self.started = 0  # services this process started (tests: explorers shared one)
 
     def acquire(self, settings: dict[str, Any], held: _Service | None) -> _Service:
         """The live service of `settings` (started if there is none, or if the one there died),
@@ -147,6 +149,8 @@ class ServiceRegistry:
                 if svc is not None:
                     svc.stop()
                 svc = self._services[key] = _Service(settings)
+                self.started += 1
+                count_start("reward_service")
             if svc is not held:
                 svc.refs += 1
             return svc

@@ -21,6 +21,7 @@ from rl_engine.errors import UserError
 from rl_engine.rewards import RewardError, RolloutSample, Task, build_reward, score_rollouts
 from rl_engine.rewards.reward_model import ModelRewardFn, RunningMoments, check_classifier
 from rl_engine.rewards.reward_model_server import DELAY_ENV, format_pair, load_scorer, score_pairs
+from rl_engine.tiny_model import make_tiny_classifier
 
 PAIRS = [
     ("1+1=", "2"),
@@ -33,29 +34,9 @@ PAIRS = [
 ]
 
 
-def make_classifier(out, num_labels: int = 1, seed: int = 0) -> str:
+def make_classifier(out, num_labels: int = 1) -> str:
     """A randomly initialised Qwen2 sequence classifier (hidden 32, 2 layers) with the tiny byte tokenizer."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
-    from rl_engine.tiny_model import build_tokenizer
-
-    tok = build_tokenizer()
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        num_labels=num_labels,
-        pad_token_id=tok.pad_token_id,
-    )
-    Qwen2ForSequenceClassification(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return str(out)
+    return str(make_tiny_classifier(out, num_labels=num_labels))
 
 
 @pytest.fixture(scope="module")
