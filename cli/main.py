@@ -281,6 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         ("timeline", "rl_engine.run.timeline", "render a run's Gantt chart and utilization summary"),
         (
+            "export",
+            "rl_engine.run.export",
+            "copy a run's trained model (final, best or a kept version), or a LoRA run's adapter, to a new directory",
+        ),
+        (
             "eval",
             "rl_engine.roles.evaluate_run",
             "held-out evaluation (avg@k, pass@k) of a model directory, or of every saved version of a run",

@@ -115,6 +115,10 @@ EXERCISED: dict[str, list[str]] = {
         "tests/flows/test_engine_server_flow.py::test_synchronous_runs_on_a_served_engine_one_after_another",  # runs with explorer.engine.servers
     ],
     "rft timeline": ["tests/rl_engine/run/test_timeline.py::test_cli_main_on_run_dir"],
+    "rft export": [
+        "tests/flows/test_lora_run.py::test_a_lora_run_syncs_the_adapter_the_engine_agrees_with",
+        "tests/flows/test_evaluation_flows.py::test_async_run_evaluates_exact_versions_and_keeps_the_best",
+    ],
     "prefect server": [
         "tests/deployments/test_live_prefect.py::test_work_pool_create_and_worker_start"
     ],  # its fixture starts `prefect server start` (harness/prefect_live.py)

@@ -98,6 +98,14 @@ def test_async_run_evaluates_exact_versions_and_keeps_the_best(prefect_server, t
     assert kept == ([best["version"]] if best["version"] else [])  # every other saved version deleted once evaluated
     if best["version"]:
         assert Path(best["model"], "config.json").exists()
+    # `rft export --version best`: that version's model; a full run has no adapter to export.
+    from rl_engine.errors import UserError
+    from rl_engine.run.export import export
+
+    assert export(run.url, str(tmp_path / "best"), version="best")["version"] == best["version"]
+    assert Path(tmp_path, "best", "config.json").exists()
+    with pytest.raises(UserError, match=r"model.lora is null\), so it has no adapter"):
+        export(run.url, str(tmp_path / "adapter"), adapter=True)
     assert summary["best"] == best and [row["version"] for row in summary["evaluations"]] == [0, 2, 4]
     latest = json.loads(Path(tmp_path, "lineages", "evals", "latest.json").read_text())
     assert latest["model"] == best["model"]  # lineage.promote: best

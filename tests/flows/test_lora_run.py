@@ -70,8 +70,51 @@ def test_a_lora_run_syncs_the_adapter_the_engine_agrees_with(sync, prefect_serve
         assert (base - torch.tensor(records[0]["probe"]["logprobs"])).abs().max().item() < 1e-3  # version 0: the base
         moved = merged - hf_probe_logprobs(tiny_model_dir, None, last["ids"])
         assert moved.abs().max().item() > 1e-2  # the adapter moved the model
+        assert_exports(run, tiny_model_dir, records, tmp_path / "exported")
     if sync == "checkpoint-delta":  # full versions in peft's layout: the adapter only, loadable by peft
         full = max(Path(run, "checkpoints").glob("version=*"))
         assert {p.name for p in full.iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
         assert all(".lora_" in n for n in load_file(full / "adapter_model.safetensors"))
         assert list(Path(run, "checkpoints").glob("delta=*")), "no delta version was written"
+
+
+def assert_exports(run: str, base_dir: str, records: list[dict], out: Path) -> None:
+    """`rft export`: the final merged model alone, the adapter alone on the run's base (peft loads
+    it to the merged model's logprobs), version 0 (the base); refusals name the fix."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from cli.main import main as rft
+    from rl_engine.errors import UserError
+    from rl_engine.run.export import export
+    from tests.flows.test_evaluation_flows import hf_probe_logprobs
+
+    assert rft(["export", run, str(out / "model")]) == 0
+    assert not (out / "model" / "adapter").exists()
+    assert load_file(out / "model" / "model.safetensors").keys() == load_file(f"{run}/model/model.safetensors").keys()
+    ids = records[-1]["probe"]["ids"]
+    merged = hf_probe_logprobs(str(out / "model"), None, ids)
+    assert torch.equal(merged, hf_probe_logprobs(f"{run}/model", None, ids))
+
+    assert rft(["export", run, str(out / "adapter"), "--adapter"]) == 0
+    assert {p.name for p in (out / "adapter").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == base_dir
+    peft_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32), out / "adapter"
+    )
+    with torch.no_grad():
+        logits = peft_model(torch.tensor([ids])).logits[0, :-1].float()  # [L-1, V]
+    by_peft = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]  # [L-1]
+    assert (by_peft - merged).abs().max().item() < 1e-4
+
+    # Evaluated versions' weights go once evaluated (no eval.keep_best): 0 (the base) and the final stay.
+    assert export(run, str(out / "v0"), version="0")["version"] == 0
+    probe = records[0]["probe"]
+    assert (hf_probe_logprobs(str(out / "v0"), None, probe["ids"]) - torch.tensor(probe["logprobs"])).abs().max() < 1e-3
+    with pytest.raises(UserError, match=r"no model of that version was kept; the run has versions \[0, 4\]"):
+        export(run, str(out / "v2"), version="2")
+    with pytest.raises(UserError, match="version 0 is the base model"):
+        export(run, str(out / "a0"), version="0", adapter=True)
+    with pytest.raises(UserError, match="is not an empty directory"):
+        export(run, str(out / "model"))
+    assert sorted(p.name for p in out.iterdir()) == ["adapter", "model", "v0"]  # nothing half-written
