@@ -26,6 +26,7 @@ from rl_engine.rewards import load_taskset
 from rl_engine.run import lineage
 from rl_engine.run.context import open_run
 from rl_engine.storage import open_storage
+from tests.flows.test_lora_run import LORA
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +83,11 @@ def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(
     watcher = threading.Thread(target=watch_latest, args=(url, Path(storage), run1, seen, done), daemon=True)
     watcher.start()
     try:
-        second = run_config(validate_config(lineage_config(tiny_model_dir, task_file, storage, name="second")))
+        # With LoRA: it starts from the first run's merged model with a fresh (zero) adapter, and
+        # continues the first run's partial generations with its newer adapters.
+        data = lineage_config(tiny_model_dir, task_file, storage, name="second")
+        data["model"]["lora"] = LORA
+        second = run_config(validate_config(data))
     finally:
         done.set()
         watcher.join(10)
@@ -129,6 +134,9 @@ def test_two_runs_of_a_lineage_continue_and_a_failed_run_leaves_latest(
     assert any(len(r["segments"]) > len(held1[r["experience_id"]]["segments"]) for r in continued)  # given new segments
     still = pending_rows(run2)
     assert set(held1) <= {r["experience_id"] for r in continued} | set(still)  # none lost
+    assert Path(
+        run2, "model", "adapter", "adapter_model.safetensors"
+    ).is_file()  # its model: merged, the adapter beside
     entry2 = lineage.read_runs(url)[-1]
     assert (
         entry2["status"] == "completed"
