@@ -15,7 +15,10 @@ run, and the held-out gain in points; then:
   what the trainer's `named_weights` yields) over full fine-tuning's (every parameter), both in
   model.dtype, from the model's safetensors headers and the adapter's shapes;
 - `sync_s_lora` / `sync_s_full`: the median sync, trainer's send plus explorer's install, per run;
-- `peak_rss_ratio`: LoRA's peak RSS over full's;
+- `peak_rss_ratio`: LoRA's peak RSS over full's; `peak_trainer_gb_*` (this process: the trainer
+  and the flows) and `peak_engine_gb_*` (its children: the vLLM engine) split it, each part's own
+  peak; `peak_rss_ratio_bound` is what the ratio would be with the trainer's saving alone, the
+  engine as large as full fine-tuning's (vLLM's LoRA buffers and kernels are the difference);
 - `heldout_gain_lora` / `heldout_gain_full`: greedy exact-match gain, points;
 - `engine_mem_growth_mb`: a LoRA engine on the model installs 200 adapter versions in place (two
   alternating adapters of random values, by `rft_load_checkpoint` as a checkpoint sync does, after 5
@@ -158,6 +161,8 @@ def main() -> None:
                 "sync_s_explorer": f["sync_s_explorer"],
                 "sync_mb": sync_bytes(bench.cfg) / 2**20,
                 "peak_rss_gb": bench.rss.peak / 2**30,
+                "peak_trainer_gb": bench.rss.peak_self / 2**30,
+                "peak_engine_gb": bench.rss.peak_children / 2**30,
             }
         )
     engine = engine_growth(kept["lora"].cfg, installs, a.root)
@@ -192,6 +197,16 @@ def main() -> None:
             "peak_rss_ratio": round(lora["peak_rss_gb"] / full["peak_rss_gb"], 3),
             "peak_rss_gb_lora": round(lora["peak_rss_gb"], 2),
             "peak_rss_gb_full": round(full["peak_rss_gb"], 2),
+            "peak_trainer_gb_lora": round(lora["peak_trainer_gb"], 2),
+            "peak_trainer_gb_full": round(full["peak_trainer_gb"], 2),
+            "peak_engine_gb_lora": round(lora["peak_engine_gb"], 2),
+            "peak_engine_gb_full": round(full["peak_engine_gb"], 2),
+            # The bound of peak_rss_ratio on this engine: LoRA's run with the plain engine's memory (its
+            # trainer-side saving alone), against full's. The engine's LoRA buffers are the difference.
+            "peak_rss_ratio_bound": round(
+                (lora["peak_trainer_gb"] + full["peak_engine_gb"]) / (full["peak_trainer_gb"] + full["peak_engine_gb"]),
+                3,
+            ),
             "heldout_gain_lora": points(lora["gain_points"]),
             "heldout_gain_full": points(full["gain_points"]),
             "held_out_before": full["held_out_before"],

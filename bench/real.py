@@ -51,25 +51,33 @@ if __name__ == "__main__":
 
 
 class PeakRss:
-    """Largest summed RSS of this process and its descendants, sampled in a daemon thread."""
+    """Largest summed RSS of this process and its descendants, sampled in a daemon thread; also
+    the largest of this process alone (`peak_self`: the trainer and the flows of a local run) and of
+    its descendants alone (`peak_children`: the engines), each at its own moment."""
 
     def __init__(self, every_s: float = 0.5):
         import psutil
 
-        self.peak, self._me, self._every, self._stop = 0, psutil.Process(), every_s, threading.Event()
+        self.peak = self.peak_self = self.peak_children = 0
+        self._me, self._every, self._stop = psutil.Process(), every_s, threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True, name="bench-peak-rss")
 
     def _sample(self) -> None:
         import psutil
 
         while not self._stop.wait(self._every):
-            total = 0
+            own, children = 0, 0
             for p in [self._me, *self._me.children(recursive=True)]:
                 try:
-                    total += p.memory_info().rss
+                    rss = p.memory_info().rss
                 except psutil.Error:
-                    pass  # a child that just exited
-            self.peak = max(self.peak, total)
+                    continue  # a child that just exited
+                if p is self._me:
+                    own = rss
+                else:
+                    children += rss
+            self.peak = max(self.peak, own + children)
+            self.peak_self, self.peak_children = max(self.peak_self, own), max(self.peak_children, children)
 
     def __enter__(self) -> PeakRss:
         self._thread.start()

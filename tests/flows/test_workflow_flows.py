@@ -19,6 +19,7 @@ from harness.runs import MODES, small_config
 from rl_engine.config import validate_config
 from rl_engine.run.timeline import load_spans
 from rl_engine.schedule import rendezvous_version
+from tests.flows.test_lora_run import LORA
 
 pytestmark = pytest.mark.slow
 
@@ -47,6 +48,8 @@ def test_every_mode_runs_a_workflow(mode, prefect_server, tiny_model_dir, task_f
     data = small_config(tiny_model_dir, task_file, str(tmp_path), total_steps=TOTAL, **MODES[mode])
     data["taskset"]["workflow"] = WORKFLOW
     data["explorer"]["sampling"]["max_tokens"] = 3
+    if mode == "multi_explorer":  # LoRA: every explorer's engine plays its episodes with the synced adapter
+        data["model"]["lora"] = LORA
     summary = run_config(validate_config(data))
     rows = stored(summary["run"])
 
@@ -67,3 +70,7 @@ def test_every_mode_runs_a_workflow(mode, prefect_server, tiny_model_dir, task_f
         assert summary["max_staleness_seen"] <= MODES[mode]["max_staleness"]
     turns = [s.turns for s in load_spans(summary["run"]) if s.kind == "rollout"]
     assert turns and all(1 <= t <= WORKFLOW["max_turns"] for t in turns)  # the timeline shows turns
+    if "lora" in data["model"]:
+        from pathlib import Path
+
+        assert Path(summary["run"], "model", "adapter", "adapter_model.safetensors").is_file()
