@@ -1,4 +1,4 @@
-"""Benchmark of the rewards beyond rules (issue 47): the code sandbox.
+"""Benchmark of the rewards beyond rules (issue 47): the code sandbox and the reward model service.
 
     python -m bench.rewards [--quick] [--runs N]
 
@@ -16,12 +16,29 @@ this process, printing 1 GB), each scored by the code_tests reward (2 s timeout)
 its sandbox: contained when it scored 0, counted, within its bound, leaked nothing, connected
 nowhere and this process lived. The goal is 1.0.
 
-Not measured (not built yet, issue 47 items 1 and 2): `rm_samples_per_s` (a reward model
-service's throughput) and `judge_agreement` (an LLM judge against the exact rule reward); the JSON
-line leaves them out. The code demo's held-out pass@1 before and after training is not measured
-here either (`rft run configs/code.yaml` evaluates it at the start and the end).
+`rm_samples_per_s`: the model reward's service (rl_engine.rewards.reward_model) scoring the
+(prompt, response) pairs of SmolLM2's word-arithmetic steps (configs/smollm2.yaml: 4 tasks x 8
+samples = 32 pairs a step, responses of a sentence with the answer) with a 135M classifier: SmolLM2-135M
+(runs/models/smollm2-135m) under AutoModelForSequenceClassification with a fresh random
+one-score head (no trained reward model is on disk; the head does not change the cost), float32
+on CPU, batch_size 16, rendered with its chat template. Service start-up is left out (a warm
+step first). One explorer scores `--steps` steps in turn; then two explorers (threads of one
+process, as under placement local) score theirs at once through the one shared service:
+`rm_samples_per_s` and `rm_samples_per_s_2` are scored pairs per second of wall time,
+`rm_step_s_1` and `rm_step_s_2` the median seconds one explorer step's scoring took, and
+`rm_step_share_1`/`_2` that time's share of a step if added to bench.real's 18.7 s SmolLM2 step
+(`REAL_STEP_S`, measured there, not here: an estimate, not a run); `rm_failed_1`/`_2` count
+pairs not scored within the bench's 900 s timeout (0 unless the machine is far too busy). No goal
+on CPU.
 
---quick: 10 executions per side instead of 40; the hostile cases are the same.
+Not measured (not built yet, issue 47 item 2): `judge_agreement` (an LLM judge against the exact
+rule reward); the JSON line leaves it out. The code demo's held-out pass@1 before and after
+training is not measured here either (`rft run configs/code.yaml` evaluates it at the start and
+the end).
+
+--quick: 10 executions per side instead of 40, and the reward model is the tests' tiny random
+classifier (rl_engine.tiny_model.make_tiny_classifier, no chat template) over 2 steps; the
+hostile cases are the same.
 """
 
 from __future__ import annotations
@@ -31,6 +48,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 from unittest import mock
@@ -41,6 +59,9 @@ from rl_engine.rewards.code_tests import HARNESS, CodeTestsRewardFn
 from rl_engine.rewards.sandbox import Sandbox, SandboxLimits, _python
 
 HOSTILE_LIMITS = {"timeout_s": 2.0, "cpu_s": 2, "memory_mb": 256, "file_size_mb": 8, "disk_mb": 32}
+SMOLLM2 = Path(__file__).resolve().parents[1] / "runs" / "models" / "smollm2-135m"
+REAL_STEP_S = 18.7  # bench.real's SmolLM2 step on the 2-core dev machine (README, docs/guides/real-model.md)
+STEP_PAIRS = 32  # configs/smollm2.yaml: explorer.batch_size 4 x algorithm.repeat_times 8
 
 
 def overhead(runs: int) -> dict[str, float]:
@@ -83,10 +104,93 @@ def hostile() -> list[dict[str, object]]:
     return rows
 
 
+def classifier(out: Path, quick: bool) -> str:
+    """A reward model directory: the tiny random classifier (quick), or SmolLM2-135M with a fresh one-score head."""
+    if quick:
+        from rl_engine.tiny_model import make_tiny_classifier
+
+        return str(make_tiny_classifier(out))
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    if not (SMOLLM2 / "config.json").is_file():
+        raise SystemExit(
+            f"bench.rewards: no {SMOLLM2}; make it with `rft fetch-model smollm2-135m {SMOLLM2}`, or use --quick"
+        )
+    AutoModelForSequenceClassification.from_pretrained(SMOLLM2, num_labels=1).save_pretrained(out)
+    AutoTokenizer.from_pretrained(SMOLLM2).save_pretrained(out)
+    return str(out)
+
+
+def step_samples(step: int, explorer: int) -> list:
+    """One explorer step's (prompt, response) samples: word-arithmetic questions, 8 answers each."""
+    from rl_engine.demos.word_arithmetic import make_word_arithmetic_tasks
+    from rl_engine.rewards import RolloutSample, Task
+
+    rows = make_word_arithmetic_tasks(STEP_PAIRS // 8, seed=1000 * explorer + step)
+    return [
+        RolloutSample(
+            r["question"],
+            f"Adding them gives {int(r['answer']) + k - 4}, so the answer is {int(r['answer']) + k - 4}.",
+            Task(r["id"], r["question"], r["answer"], {}),
+            "stop",
+        )
+        for r in rows
+        for k in range(8)
+    ]
+
+
+def reward_model(quick: bool, steps: int) -> dict[str, float]:
+    """Throughput and step time of the model reward's service with 1, then 2 explorers sharing it."""
+    from rl_engine.rewards.reward_model import ModelRewardFn
+
+    with tempfile.TemporaryDirectory(prefix="bench-rewards-rm-") as root:
+        path = classifier(Path(root, "rm"), quick)
+        # A generous timeout: this measures throughput, and a busy 2-core machine is slow.
+        fns = [ModelRewardFn(path, batch_size=16, max_length=512, timeout_s=900) for _ in range(2)]
+        try:
+            fns[0].score_samples(step_samples(0, 0))  # start the service and warm it with a step: left out
+            out: dict[str, float] = {}
+            for n in (1, 2):
+                times: list[float] = []
+                failed = [0]
+                lock = threading.Lock()
+
+                def explore(i: int) -> None:
+                    for e in range(1, steps + 1):
+                        samples = step_samples(e, i)
+                        started = time.perf_counter()
+                        outcomes, _ = fns[i].score_samples(samples)
+                        took = time.perf_counter() - started
+                        with lock:
+                            times.append(took)
+                            failed[0] += sum(isinstance(o, Exception) for o in outcomes)
+
+                started = time.perf_counter()
+                threads = [threading.Thread(target=explore, args=(i,)) for i in range(n)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                wall = time.perf_counter() - started
+                step_s = statistics.median(times)
+                suffix = "" if n == 1 else "_2"
+                out[f"rm_samples_per_s{suffix}"] = (n * steps * STEP_PAIRS - failed[0]) / wall
+                out[f"rm_failed_{n}"] = failed[0]  # timed out or failed: 0 unless the machine is far too busy
+                out[f"rm_step_s_{n}"] = step_s
+                out[f"rm_step_share_{n}"] = step_s / (REAL_STEP_S + step_s)
+            return out
+        finally:
+            for fn in fns:
+                fn.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10 executions per side (default 40)")
     ap.add_argument("--runs", type=int, default=None, help="executions per side")
+    ap.add_argument(
+        "--steps", type=int, default=None, help="explorer steps the reward model scores (default 3; 2 with --quick)"
+    )
     a = ap.parse_args()
     runs = a.runs or (10 if a.quick else 40)
     o = overhead(runs)
@@ -97,6 +201,20 @@ def main() -> None:
     rows = hostile()
     print_table(rows, title="hostile programs (code_tests reward, 2 s timeout)")
     contained = sum(r["contained"] for r in rows) / len(rows)
+    steps = a.steps or (2 if a.quick else 3)
+    rm = reward_model(a.quick, steps)
+    print_table(
+        [
+            {
+                "explorers": n,
+                "samples_per_s": rm[f"rm_samples_per_s{'' if n == 1 else '_2'}"],
+                "step_s": rm[f"rm_step_s_{n}"],
+                "share_of_step": rm[f"rm_step_share_{n}"],
+            }
+            for n in (1, 2)
+        ],
+        title=f"reward model service ({'tiny random classifier' if a.quick else 'SmolLM2-135M + a one-score head'}, {STEP_PAIRS} pairs a step, {steps} steps each)",
+    )
     emit_json(
         {
             "sandbox_overhead_ms": round(o["overhead_ms"], 1),
@@ -106,6 +224,9 @@ def main() -> None:
             "sandbox_isolation": o["isolation"],
             "hostile_cases": len(rows),
             "runs": runs,
+            **{k: round(v, 4) for k, v in rm.items()},
+            "rm_model": "tiny" if a.quick else "smollm2-135m",
+            "rm_steps": steps,
         }
     )
 

@@ -566,7 +566,11 @@ def test_rewards(tmp_path):
         pytest.skip("the sandbox refuses to run without namespaces here (bench.rewards says so and exits 2)")
     r = run_bench("rewards", "--quick", timeout_s=240, tmp_path=tmp_path)
     has_keys(r, "sandbox_overhead_ms", "sandbox_ms", "bare_ms", "sandbox_contained_fraction", "sandbox_isolation")
-    assert "rm_samples_per_s" not in r and "judge_agreement" not in r  # not built: left out, not faked
+    assert "judge_agreement" not in r  # not built: left out, not faked
+    assert r["rm_model"] == "tiny" and r["rm_steps"] == 2
+    for k in ("rm_samples_per_s", "rm_samples_per_s_2", "rm_step_s_1", "rm_step_s_2"):
+        positive(r[k])
+    assert 0 < r["rm_step_share_1"] < 1 and 0 < r["rm_step_share_2"] < 1
     positive(r["sandbox_ms"])
     positive(r["bare_ms"])
     number(r["sandbox_overhead_ms"])
