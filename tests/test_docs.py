@@ -132,3 +132,18 @@ def test_make_docs_regenerates_the_reference_and_builds_strictly():
 def test_make_docs_serve_serves_the_site():
     out = _dry("docs-serve")
     assert "-m cli.docs_reference" in out and "mkdocs serve" in out
+
+
+def test_the_prefect_screenshots_are_the_ones_their_script_makes():
+    """docs/guides/prefect.md shows each screenshot harness/prefect_screens.py makes (and no
+    other docs/img/prefect-*.png), each a PNG kept small (the script reduces it to a palette)."""
+    from harness.prefect_screens import SHOTS
+
+    page = (REPO / "docs" / "guides" / "prefect.md").read_text()
+    shown = set(re.findall(r"\(\.\./img/(prefect-[^)]+\.png)\)", page))
+    committed = {p.name for p in (REPO / "docs" / "img").glob("prefect-*.png")}
+    assert shown == committed == set(SHOTS), (shown, committed, set(SHOTS))
+    for name in SHOTS:
+        png = (REPO / "docs" / "img" / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) < 300_000, (name, len(png))
+    assert "harness/prefect_screens.py" in page
