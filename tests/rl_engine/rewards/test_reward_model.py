@@ -133,7 +133,9 @@ def test_a_slow_service_times_out_into_failed_reward(rm_dir, monkeypatch):
         scored = score_rollouts(fn, samples(), failed_reward=-1.0)
         assert scored.rewards == [-1.0] * 7
         assert scored.metrics["reward/timeouts"] == scored.metrics["reward/model/timeouts"] == 7
-        with pytest.raises(RewardError, match="did not return within taskset.reward.timeout_s = 0.5"):
+        with pytest.raises(
+            RewardError, match="the reward service of .* did not return within taskset.reward.timeout_s = 0.5"
+        ):
             score_rollouts(fn, samples(PAIRS[:2]))  # no failed_reward: nothing scored fails the step
     finally:
         proc = fn._service.proc
@@ -212,3 +214,29 @@ def test_the_config_variant_builds_the_reward(rm_dir):
     )  # started on first use
     with pytest.raises(Exception, match="normalize"):
         ModelReward(type="model", path=rm_dir, normalize="zscore")
+
+
+OWNER = """
+import os, sys
+from rl_engine.rewards import RolloutSample, Task
+from rl_engine.rewards.reward_model import ModelRewardFn
+fn = ModelRewardFn(sys.argv[1], batch_size=2, max_length=64)
+fn.score_samples([RolloutSample("1+1=", "2", Task("t", "1+1=", None, {}), "stop")])
+print(fn._service.proc.pid, flush=True)
+os.kill(os.getpid(), 9)
+"""
+
+
+@pytest.mark.slow
+def test_the_service_stops_when_the_process_that_started_it_is_killed(rm_dir):
+    import subprocess
+    import sys
+
+    owner = subprocess.run([sys.executable, "-c", OWNER, rm_dir], capture_output=True, text=True, timeout=120)
+    assert owner.returncode == -signal.SIGKILL, owner.stderr[-2000:]
+    try:
+        service = psutil.Process(int(owner.stdout.split()[0]))
+    except psutil.NoSuchProcess:
+        return  # gone already
+    psutil.wait_procs([service], timeout=30)  # its owner watch polls every 0.5 s
+    assert not service.is_running() or service.status() == psutil.STATUS_ZOMBIE
