@@ -1,0 +1,217 @@
+"""Benchmark: rft against the simplest peer, a reference GRPO loop, on the real model (issue 48, item 1).
+
+    python -m bench.peer [--quick | --smoke] [--seeds 42,43,44] [--steps N] [--heldout N] [--root DIR]
+
+For each seed, back to back: rft's real-model demo (cli.demo_real.demo_real, configs/smollm2.yaml
+with `seed` set: synchronous GRPO, vLLM explorer, DeepSpeed trainer, collective sync) and the
+reference loop (bench/reference_loop.py: one process, `transformers.generate` and the plain torch
+step of bench/reference.py, no vLLM, no DeepSpeed, no sync) given the same config: the same model
+(SmolLM2-135M-Instruct), tasks in the same order, prompts, reward, batch (4 tasks x 8 rollouts),
+sampling (T=1, 32 tokens), lr and warm-up, loss (PPO-clip 0.2 / 0.28, token-mean) and steps.
+Both trained models are scored by the same scorer on the same held-out problems (the demo's
+`held_out`: rl_engine.evaluate, greedy exact match on the problems no train task asks); the
+score before is the demo's own (both start from that model, and greedy decoding is seed-free).
+
+Reported per seed and system: held-out before / after and the gain (points), the step time
+(rft: `s_per_step`, engine up to the last trainer step, per step; the reference: its mean
+generate + reward + update), the end-to-end time (rft: the run from its start, Prefect and the
+engine included, to its summary, the final model written; the reference: model load to the
+trained model written; neither includes the held-out scoring), and the held-out gain per second
+of that. The JSON line: `heldout_gain_vs_reference` (mean gain over mean gain; null when the
+reference's mean gain is not positive), `heldout_spread` (rft's held-out after, max - min over
+seeds, points; `heldout_spread_reference` the reference's), `step_over_reference_step` (mean
+step time over the reference's), `end_to_end_over_reference`, `heldout_gain_per_s_vs_reference`
+(mean over seeds of gain / end-to-end seconds, over the reference's; null when the reference's is
+not positive), and the figures they come from.
+
+Not measured here (issue 48's other items; left out of the JSON): `trainer_flops_fraction`,
+`sync_over_reload_floor`, `padding_fraction`.
+
+--quick: 1 seed (the first), 3 steps, 32 held-out problems; --smoke (CI): 1 seed, 1 step of
+2 tasks x 4 rollouts of up to 16 tokens (bench.real's smoke sizes), no held-out scoring (the gains
+are null): it checks that both sides run, and says nothing about learning. Even --smoke runs the
+real model through vLLM (minutes): no test runs it; tests/bench/test_reference_loop.py covers the
+reference loop on the tiny model and tests/rl_engine/trainer/test_reference_step.py its step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+if __name__ == "__main__":
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+class PeerBench:
+    """What bench.peer keeps of one `demo_real` run (its `bench` hooks): the run's wall time, from
+    entering `engines()` (just before the run starts) to `run_done`, and its figures."""
+
+    def engines(self) -> PeerBench:
+        return self
+
+    def __enter__(self) -> PeerBench:
+        self.started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def run_done(self, summary: dict[str, Any]) -> None:
+        from bench.real import run_figures
+
+        self.end_to_end_s = time.perf_counter() - self.started
+        self.summary, self.figures = summary, run_figures(summary)
+
+    def scored(self, cfg: Any, before: dict[str, float] | None, after: dict[str, float] | None) -> None:
+        self.cfg, self.before, self.after = cfg, before, after
+
+
+def rft_row(seed: int, root: str, steps: int, heldout_n: int | None, shrink: list[str]) -> tuple[dict[str, Any], Any]:
+    """One rft run of the demo at `seed`: (its row, its PeerBench)."""
+    from cli.demo_real import demo_real
+
+    bench = PeerBench()
+    overrides = [f"seed={seed}", f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink]
+    if demo_real(root, overrides, heldout_n, bench=bench) != 0:
+        raise SystemExit(1)
+    before, after = bench.before, bench.after
+    row = {
+        "system": "rft",
+        "seed": seed,
+        "held_out_before": None if before is None else before["greedy_exact"],
+        "held_out_after": None if after is None else after["greedy_exact"],
+        "s_per_step": bench.figures["s_per_step"],
+        "end_to_end_s": bench.end_to_end_s,
+    }
+    return row, bench
+
+
+def reference_row(rft: PeerBench, seed: int, root: str, steps: int, heldout_n: int | None) -> dict[str, Any]:
+    """The reference loop on rft's run config (its seed, model, tasks, knobs), scored as the demo scores."""
+    from bench.reference_loop import reference_loop
+    from cli.demo_real import held_out, prepare_real
+
+    out_dir = str(Path(root, "peer", f"reference-seed{seed}"))
+    out = reference_loop(rft.cfg, steps, out_dir)
+    after = None
+    if rft.before is not None:
+        after = held_out(rft.cfg, out_dir, prepare_real(root)[2], heldout_n)["greedy_exact"]
+    return {
+        "system": "reference",
+        "seed": seed,
+        "held_out_before": None if rft.before is None else rft.before["greedy_exact"],
+        "held_out_after": after,
+        "s_per_step": statistics.mean(out["step_s"]),
+        "end_to_end_s": out["end_to_end_s"],
+        "generate_s": statistics.mean(out["generate_s"]),
+        "train_s": statistics.mean(out["train_s"]),
+        "reward_first": out["rewards"][0],
+        "reward_last": out["rewards"][-1],
+    }
+
+
+def with_gains(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with gain_points and gain_per_s (None without held-out scores)."""
+    scored = row["held_out_after"] is not None
+    gain = 100 * (row["held_out_after"] - row["held_out_before"]) if scored else None
+    return {**row, "gain_points": gain, "gain_per_s": None if gain is None else gain / row["end_to_end_s"]}
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON figures of the per-seed rows of both systems (module docstring)."""
+
+    def of(system: str, key: str) -> list[float]:
+        return [r[key] for r in rows if r["system"] == system and r[key] is not None]
+
+    def mean(system: str, key: str) -> float | None:
+        values = of(system, key)
+        return statistics.mean(values) if values else None
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None or b <= 0 else round(a / b, 3)
+
+    def spread(system: str) -> float | None:
+        after = of(system, "held_out_after")
+        return round(100 * (max(after) - min(after)), 1) if after else None
+
+    def r3(x: float | None) -> float | None:
+        return None if x is None else round(x, 3)
+
+    out = {
+        "heldout_gain_vs_reference": ratio(mean("rft", "gain_points"), mean("reference", "gain_points")),
+        "heldout_spread": spread("rft"),
+        "heldout_spread_reference": spread("reference"),
+        "step_over_reference_step": ratio(mean("rft", "s_per_step"), mean("reference", "s_per_step")),
+        "end_to_end_over_reference": ratio(mean("rft", "end_to_end_s"), mean("reference", "end_to_end_s")),
+        "heldout_gain_per_s_vs_reference": ratio(mean("rft", "gain_per_s"), mean("reference", "gain_per_s")),
+    }
+    for system in ("rft", "reference"):
+        out[f"held_out_after_{system}"] = [r3(x) for x in of(system, "held_out_after")]
+        out[f"heldout_gain_{system}"] = r3(mean(system, "gain_points"))
+        out[f"heldout_gain_per_s_{system}"] = None if (g := mean(system, "gain_per_s")) is None else round(g, 5)
+        out[f"s_per_step_{system}"] = r3(mean(system, "s_per_step"))
+        out[f"end_to_end_s_{system}"] = r3(mean(system, "end_to_end_s"))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    size = ap.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="1 seed, 3 trainer steps, 32 held-out problems")
+    size.add_argument("--smoke", action="store_true", help="CI smoke: 1 seed, 1 small step, no held-out scoring")
+    ap.add_argument("--seeds", default="42,43,44", help="comma-separated run seeds (default 42,43,44)")
+    ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 30; 3 with --quick)")
+    ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320)")
+    ap.add_argument("--root", default="runs", help="where the model, tasks and runs go (default ./runs)")
+    a = ap.parse_args()
+    seeds = [int(s) for s in a.seeds.split(",") if s.strip()]
+    if a.quick or a.smoke:
+        seeds = seeds[:1]
+    steps = a.steps or (1 if a.smoke else 3 if a.quick else 30)
+    heldout_n = 0 if a.smoke else a.heldout or (32 if a.quick else None)
+
+    from bench._report import emit_json, print_table
+    from bench.lora import SMOKE
+
+    started, rows = time.time(), []
+    for seed in seeds:
+        row, bench = rft_row(seed, a.root, steps, heldout_n, SMOKE if a.smoke else [])  # bench.lora's smoke sizes
+        rows += [with_gains(row), with_gains(reference_row(bench, seed, a.root, steps, heldout_n))]
+    tasks = None if bench.before is None else int(bench.before["tasks"])
+    print_table(
+        rows,
+        columns=[
+            "system",
+            "seed",
+            "held_out_before",
+            "held_out_after",
+            "gain_points",
+            "s_per_step",
+            "end_to_end_s",
+            "gain_per_s",
+        ],
+        title=f"bench.peer: SmolLM2-135M-Instruct, word arithmetic, {steps} steps, {tasks or 0} held-out problems",
+    )
+    ref = [r for r in rows if r["system"] == "reference"]
+    print_table(
+        ref, columns=["seed", "generate_s", "train_s", "reward_first", "reward_last"], title="the reference's step"
+    )
+    emit_json(
+        {
+            "steps": steps,
+            "seeds": seeds,
+            "heldout_tasks": tasks,
+            "held_out_before": None if bench.before is None else round(bench.before["greedy_exact"], 4),
+            **summarise(rows),
+            "bench_s": round(time.time() - started, 1),
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
