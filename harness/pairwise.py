@@ -21,6 +21,7 @@ import json
 import random
 from typing import Any
 
+from harness.kill_resume import LORA
 from harness.runs import PARTIAL
 
 SEED = 42
@@ -36,6 +37,7 @@ DIMENSIONS: dict[str, list[str]] = {
     "placement": ["local", "deployments"],
     "storage": ["local", "s3"],
     "resume": ["none", "kill"],
+    "lora": ["off", "on"],
 }
 
 # Pairs the config refuses, and the field its error must name.
@@ -169,6 +171,7 @@ def row_overrides(row: dict[str, str], ctx: dict[str, Any]) -> list[str]:
         out.append(f"monitor.trackers={_y(trackers)}")
     else:
         out.append("monitor.trackers=[]")
+    out.append(f"model.lora={_y(LORA)}" if row["lora"] == "on" else "model.lora=null")
     out.append(f"placement.type={row['placement']}")  # the discriminator alone, as a user changes it
     if row["storage"] == "s3":
         url, options = ctx["s3"]

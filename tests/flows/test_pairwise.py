@@ -153,6 +153,10 @@ def test_pairwise_row_end_to_end(i, request, prefect_server, tiny_model_dir, tas
     assert all(v <= total for r in rows for v in r["versions"])
     assert recorded_steps(run, "trainer") == set(range(1, total + 1))
 
+    if row["lora"] == "on":  # the run's model: merged, the adapter beside it (on S3 too)
+        fs, root = run.fs()
+        assert fs.exists(join(root, "model", "adapter", "adapter_config.json"))
+
     if row["eval"] == "on":  # at the start and at the end, each with its @-named metrics; the best kept
         records = load_evaluations(run)
         assert {0, total} <= {r["version"] for r in records}
