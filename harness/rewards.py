@@ -13,3 +13,9 @@ from __future__ import annotations
 def response_length_parity(prompt: str, response: str, task: dict) -> float:
     """1.0 when len(response) is odd, else 0.0."""
     return float(len(response) % 2)
+
+
+def reply_length(text: str) -> float:
+    """A judge parser (`taskset.reward.parser: harness.rewards:reply_length`) that always finds a
+    verdict: the reply's length in characters (a random tiny model never says yes or no)."""
+    return float(len(text))

@@ -176,6 +176,7 @@ REWARDS = Registry(
         "final_answer": "rl_engine.demos.word_arithmetic:FinalAnswerRewardFn",
         "code_tests": "rl_engine.rewards.code_tests:CodeTestsRewardFn",
         "model": "rl_engine.rewards.reward_model:ModelRewardFn",
+        "judge": "rl_engine.rewards.judge:JudgeRewardFn",
     },
 )
 WORKFLOWS = Registry(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import string
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -193,6 +195,87 @@ class ModelReward(_Model):
     )
 
 
+JUDGE_FIELDS = ("prompt", "response", "answer")
+
+
+def template_fields(template: str) -> list[str]:
+    """The placeholders of `template`; ValueError naming the bad one when it is not one of JUDGE_FIELDS."""
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise ValueError(
+            f"taskset.reward.template is not a format string ({e}); write braces as {{{{ and }}}}"
+        ) from None
+    for name in names:
+        if name not in JUDGE_FIELDS:
+            raise ValueError(
+                f"taskset.reward.template has the placeholder {{{name}}}; it may use {{prompt}}, {{response}} and {{answer}} only "
+                "(write a literal brace as {{ or }})"
+            )
+    if "response" not in names:
+        raise ValueError("taskset.reward.template has no {response}: the judge would never see what it judges")
+    return names
+
+
+class JudgeReward(_Model):
+    """A generative model judges each response: `template` filled with the sample, sent to an
+    OpenAI-compatible endpoint, its reply read by `parser` (rl_engine.rewards.judge)."""
+
+    type: Literal["judge"] = Field(description="Reward variant selector.")
+    base_url: str = Field(
+        description="OpenAI-compatible API root the requests go to, e.g. http://127.0.0.1:8100/v1 (a vLLM server: `rft engine serve`, `vllm serve`) or a hosted API's.",
+        pattern=r"^https?://",
+    )
+    model: str = Field(description="Model name the endpoint serves (a vLLM server's: its --model path).")
+    template: str = Field(
+        default="Question: {prompt}\nProposed answer: {response}\nReference answer: {answer}\nIs the proposed answer correct? Answer yes or no.\nAnswer:",
+        description="What the judge is asked per sample: a format string with {response} and optionally {prompt} and {answer} (the task's answer column).",
+    )
+    parser: str = Field(
+        default="yes_no",
+        description="How a reply becomes a reward: `yes_no` (first yes/no word: 1/0), `number` (first number), or `package.module:function` (text -> float or None).",
+    )
+    pattern: str | None = Field(
+        default=None,
+        description="Regular expression whose first group (or match) yes_no or number read instead of the first yes/no word or number.",
+    )
+    chat: bool = Field(
+        default=False,
+        description="Send the filled template as the one user message to /chat/completions; false: as the prompt of /completions.",
+    )
+    max_tokens: int = Field(default=16, ge=1, le=4096, description="Longest reply (greedy, temperature 0).")
+    api_key_env: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Name of the environment variable holding the endpoint's key (sent as a bearer token); never the key itself. null: no key.",
+    )
+    concurrency: int = Field(default=8, ge=1, le=256, description="Requests of a step in flight at once.")
+    timeout_s: float = Field(
+        default=60.0,
+        gt=0.0,
+        description="Longest one request may take; past it the step's requests not yet sent fail at once, as on_failure says.",
+    )
+    on_failure: Literal["failed_reward", "fail"] = Field(
+        default="failed_reward",
+        description="Samples not judged (timed out, endpoint unreachable or erring): `failed_reward` scores them `taskset.user_code.failed_reward` (null: left out), counted; `fail` fails the step naming the endpoint.",
+    )
+
+    @field_validator("template")
+    @classmethod
+    def _placeholders(cls, v: str) -> str:
+        template_fields(v)
+        return v
+
+    @field_validator("parser")
+    @classmethod
+    def _parser(cls, v: str) -> str:
+        if v not in ("yes_no", "number") and not re.match(IMPORT_PATH, v):
+            raise ValueError(
+                f"taskset.reward.parser = {v!r}: use yes_no, number or an import path package.module:function"
+            )
+        return v
+
+
 class PythonReward(_Model):
     """A user reward `module:function(prompt, response, task[, finish_reason], **kwargs) -> float | dict[str, float]`
     (`rl_engine.api.Reward`), or with `batch: true` `function(samples, **kwargs) -> list` (`rl_engine.api.BatchReward`)."""
@@ -236,10 +319,11 @@ RewardConfig = variants(
     FinalAnswerReward,
     CodeTestsReward,
     ModelReward,
+    JudgeReward,
     PythonReward,
     registered=RegisteredReward,
 )
-_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "code_tests", "model", "python", "registered")
+_REWARD_TAGS = ("arithmetic", "countdown", "final_answer", "code_tests", "model", "judge", "python", "registered")
 
 
 class MakeTasksConfig(_Model):

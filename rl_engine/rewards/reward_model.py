@@ -46,6 +46,7 @@ from rl_engine.errors import UserError
 from rl_engine.proc.owner_watch import OWNER_PID_ENV
 from rl_engine.proc.starts import count_start
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
+from rl_engine.rewards.remote import RemoteReward
 from rl_engine.rewards.scoring import RewardError
 
 START_TIMEOUT_S = 300.0  # importing torch and loading a model on a busy CPU
@@ -177,7 +178,7 @@ SERVICES = ServiceRegistry()
 atexit.register(SERVICES.stop_all)
 
 
-class ModelRewardFn:
+class ModelRewardFn(RemoteReward):
     """The `model` reward (see the module docstring); built from its config variant's fields."""
 
     def __init__(
@@ -208,12 +209,6 @@ class ModelRewardFn:
     def describe(self) -> str:  # how scoring's messages name this reward
         return f"the reward service of taskset.reward.path = {self.path!r}"
 
-    def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
-        (outcome,), _ = self.score_samples([(prompt, response, task, finish_reason)])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome[0]
-
     def score_samples(
         self, samples: Sequence[Any]
     ) -> tuple[list[tuple[float, dict[str, float]] | Exception], dict[str, Any]]:
@@ -239,12 +234,7 @@ class ModelRewardFn:
                 except (UserCodeTimeout, UserCodeCrashed) as e:
                     failure = e
             scores += [failure] * len(chunk)
-        if failure is not None and self.on_failure == "fail":
-            raise RewardError(
-                f"{self.describe} failed ({failure}); taskset.reward.on_failure = fail stops the run here. "
-                "Set on_failure: failed_reward to score such samples as taskset.user_code.failed_reward says instead, "
-                "or raise taskset.reward.timeout_s if it is only slow"
-            )
+        self.check_failure(failure)
         outcomes: list[Any] = [self._reward(s) if not isinstance(s, Exception) else s for s in scores]
         failed = [s for s in scores if isinstance(s, Exception)]
         wall = time.monotonic() - started
@@ -274,14 +264,7 @@ class ModelRewardFn:
             raise UserCodeCrashed(str(e)) from None
         if self._http is None:
             self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0))
-        try:
-            r = self._http.post(self._service.url + "/score", json={"pairs": chunk, "timeout_s": self.timeout_s})
-        except httpx.TimeoutException:
-            raise UserCodeTimeout(
-                f"{self.describe} did not answer within taskset.reward.timeout_s = {self.timeout_s:g} s"
-            ) from None
-        except httpx.TransportError as e:
-            raise UserCodeCrashed(f"{self.describe} is gone ({type(e).__name__}: {e})") from None
+        r = self.post(self._http, self._service.url + "/score", {"pairs": chunk, "timeout_s": self.timeout_s})
         if r.status_code == 504:
             raise UserCodeTimeout(
                 f"{self.describe} did not score within taskset.reward.timeout_s = {self.timeout_s:g} s"

@@ -313,8 +313,8 @@ class Explorer:
                 for k, v in reward_metrics.items()
                 if k.startswith("reward/sandbox/")
             },
-            # the model reward: its service's latency_ms, batch_size, samples_per_s, failures, timeouts
-            **{k: v for k, v in reward_metrics.items() if k.startswith("reward/model/")},
+            # the model reward's service and the judge: latency_ms, samples_per_s, failures, timeouts, ...
+            **{k: v for k, v in reward_metrics.items() if k.startswith(("reward/model/", "reward/judge/"))},
             **({"partial": self._partial_metrics(reward_metrics)} if self.partial is not None else {}),
             **({k: reward_metrics[k] for k in WORKFLOW_METRICS} if self.workflow is not None else {}),
         }

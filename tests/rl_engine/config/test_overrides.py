@@ -59,7 +59,12 @@ REGISTERED = {
     "taskset.workflow": "two_tries",
 }
 # A value for each field a variant requires besides its key (`type: python`'s function).
-REQUIRED = {"function": "my_plugin:reinforce", "path": "runs/models/rm"}  # model reward: a classifier
+REQUIRED = {
+    "function": "my_plugin:reinforce",
+    "path": "runs/models/rm",  # the model reward: a classifier
+    "base_url": "http://127.0.0.1:8100/v1",  # the judge: an endpoint and its model
+    "model": "judge",
+}
 
 
 @dataclass(frozen=True)

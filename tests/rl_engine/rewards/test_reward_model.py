@@ -167,7 +167,9 @@ def test_a_killed_service_scores_failed_reward_or_fails_the_step(rm_dir):
         assert score_rollouts(failing, samples(PAIRS[:2])).ok == [True, True]
         assert failing._service is not first and failing._service.refs == 1
         kill_service(failing)
-        with pytest.raises(RewardError, match="the reward service of taskset.reward.path = .* failed .*is gone"):
+        with pytest.raises(
+            RewardError, match="the reward service of taskset.reward.path = .* failed .*cannot be reached"
+        ):
             score_rollouts(failing, samples(), failed_reward=0.0)
     finally:
         scoring.close()

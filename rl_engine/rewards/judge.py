@@ -1,0 +1,194 @@
+"""`reward: {type: judge}`: a generative model judges each response, asked through an
+OpenAI-compatible endpoint (a vLLM server: `rft engine serve`, `vllm serve`; or a hosted API).
+
+    reward: {type: judge, base_url: http://127.0.0.1:8100/v1, model: runs/models/judge,
+             template: "Question: {prompt}\\nAnswer: {response}\\nReference: {answer}\\nCorrect (yes or no)?",
+             parser: yes_no, api_key_env: null, concurrency: 8, timeout_s: 60}
+
+Each sample's `template` is filled with its `{prompt}`, `{response}` and `{answer}` (the task's
+answer column; empty when it has none) and sent as one request: `/completions` with the text as
+the prompt, or with `chat: true` `/chat/completions` with it as the one user message; greedy
+(temperature 0), at most `max_tokens` tokens. The reply's text goes to the parser:
+
+- `yes_no`: the first `yes` or `no` (a word, any case) is 1 or 0;
+- `number`: the first number (`-3`, `0.75`) is the reward;
+- `package.module:function`: `function(text) -> float | None`, imported here;
+
+`pattern`, when set, is a regular expression whose first group (or whole match) is what
+yes_no or number read instead. A reply the parser finds nothing in (or a function returning None)
+leaves its sample out, counted as reward/errors and reward/judge/unparsed.
+
+The key, when the endpoint needs one, comes from the environment variable `api_key_env` names
+(read when the reward is built; a missing variable fails preflight naming it) and is sent as a
+bearer token; it is never in the config, a log line or an error message.
+
+A step's samples are sent `concurrency` at a time (the server batches what arrives together);
+each request must be answered within `timeout_s`. Once one times out, or the endpoint cannot be
+reached or answers with an error, the requests not yet sent fail at once, so a step waits about
+`timeout_s` for a broken judge, not once per sample. Failed samples follow `on_failure` as the
+model reward's (rl_engine.rewards.reward_model): `failed_reward` hands them to
+`taskset.user_code.failed_reward` (counted as reward/timeouts or reward/crashes), `fail` fails
+the step naming the endpoint. Each step reports `reward/judge/...`: latency_ms (mean per
+request), samples_per_s, failures, timeouts and unparsed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rl_engine.config.model import template_fields
+from rl_engine.errors import UserError
+from rl_engine.registry import load_object
+from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
+from rl_engine.rewards.remote import RemoteReward
+
+_PATTERNS = {"yes_no": r"\b(yes|no)\b", "number": r"-?\d+(?:\.\d+)?"}
+
+
+def build_parser(parser: str, pattern: str | None) -> Callable[[str], float | None]:
+    """The function from a reply's text to a reward (None: nothing found)."""
+    if parser in _PATTERNS:
+        regex = re.compile(pattern or _PATTERNS[parser], re.IGNORECASE)
+
+        def parse(text: str) -> float | None:
+            m = regex.search(text)
+            if m is None:
+                return None
+            found = (m.group(1) if m.groups() else m.group(0)).strip().lower()
+            if parser == "yes_no":
+                return {"yes": 1.0, "no": 0.0}.get(found)
+            try:
+                return float(found)
+            except ValueError:
+                return None
+
+        return parse
+    fn = load_object(parser, "taskset.reward.parser")
+    if not callable(fn):
+        raise UserError(f"taskset.reward.parser = {parser!r}: it is a {type(fn).__name__}, not a function")
+    return fn
+
+
+class JudgeRewardFn(RemoteReward):
+    """The `judge` reward (see the module docstring); built from its config variant's fields."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        template: str,
+        parser: str = "yes_no",
+        pattern: str | None = None,
+        chat: bool = False,
+        max_tokens: int = 16,
+        api_key_env: str | None = None,
+        concurrency: int = 8,
+        timeout_s: float = 60.0,
+        on_failure: str = "failed_reward",
+    ):
+        try:
+            template_fields(template)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        self.parse = build_parser(parser, pattern)
+        if api_key_env is not None and not os.environ.get(api_key_env):
+            raise UserError(
+                f"taskset.reward.api_key_env = {api_key_env!r}: that environment variable is not set (or empty) in this process; "
+                "export it where the run's explorers start, or set api_key_env: null for an endpoint without a key"
+            )
+        self.base_url, self.model, self.template, self.chat = base_url.rstrip("/"), model, template, chat
+        self.max_tokens, self.concurrency, self.timeout_s = max_tokens, max(1, concurrency), float(timeout_s)
+        self.on_failure, self.api_key_env = on_failure, api_key_env
+
+    @property
+    def describe(self) -> str:  # how scoring's messages name this reward
+        return f"the judge at taskset.reward.base_url = {self.base_url!r}"
+
+    def render(self, prompt: str, response: str, answer: Any) -> str:
+        return self.template.format(prompt=prompt, response=response, answer="" if answer is None else answer)
+
+    def score_samples(
+        self, samples: Sequence[Any]
+    ) -> tuple[list[tuple[float, dict[str, float]] | Exception], dict[str, Any]]:
+        """(reward, components) or the exception of each (prompt, response, task, finish_reason)
+        sample, in order, and the step's `reward/judge/...` metrics."""
+        import httpx
+
+        started = time.monotonic()
+        texts = [self.render(s[0], s[1], getattr(s[2], "answer", None)) for s in samples]
+        broken = threading.Event()
+        first: list[Exception] = []
+        latencies: list[float] = []
+        headers = {"Authorization": f"Bearer {os.environ[self.api_key_env]}"} if self.api_key_env else {}
+
+        def ask(client: httpx.Client, text: str) -> str | Exception:
+            if broken.is_set():  # the judge already failed this step: do not wait on it again
+                return first[0]
+            sent = time.monotonic()
+            try:
+                reply = self._request(client, text)
+            except (UserCodeTimeout, UserCodeCrashed) as e:
+                if not broken.is_set():
+                    first.append(e)
+                    broken.set()
+                return e
+            latencies.append(1000 * (time.monotonic() - sent))
+            return reply
+
+        with (
+            httpx.Client(headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0)) as client,
+            ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(texts))), thread_name_prefix="judge") as ex,
+        ):
+            replies = list(ex.map(lambda t: ask(client, t), texts))
+        self.check_failure(first[0] if first else None)
+        outcomes: list[Any] = []
+        unparsed = 0
+        for reply in replies:
+            if isinstance(reply, Exception):
+                outcomes.append(reply)
+                continue
+            value = self.parse(reply)
+            if value is None:
+                unparsed += 1
+                outcomes.append(ValueError(f"the judge's reply has no verdict the parser reads: {reply[:200]!r}"))
+            else:
+                outcomes.append((float(value), {}))
+        wall = time.monotonic() - started
+        failed = [r for r in replies if isinstance(r, Exception)]
+        metrics = {
+            "reward/judge/latency_ms": sum(latencies) / len(latencies) if latencies else float("nan"),
+            "reward/judge/samples_per_s": (len(replies) - len(failed)) / wall if wall > 0 else float("nan"),
+            "reward/judge/failures": sum(isinstance(r, UserCodeCrashed) for r in failed),
+            "reward/judge/timeouts": sum(isinstance(r, UserCodeTimeout) for r in failed),
+            "reward/judge/unparsed": unparsed,
+        }
+        return outcomes, metrics
+
+    def _request(self, client: Any, text: str) -> str:
+        """The reply's text; UserCodeTimeout past timeout_s, UserCodeCrashed when the endpoint
+        cannot be reached or answers with an error."""
+
+        body: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens, "temperature": 0.0}
+        if self.chat:
+            path, body["messages"] = "/chat/completions", [{"role": "user", "content": text}]
+        else:
+            path, body["prompt"] = "/completions", text
+        r = self.post(client, self.base_url + path, body)
+        if r.status_code != 200:
+            raise UserCodeCrashed(f"{self.describe} answered HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            choice = r.json()["choices"][0]
+            return choice["message"]["content"] if self.chat else choice["text"]
+        except (ValueError, KeyError, IndexError, TypeError) as e:
+            raise UserCodeCrashed(
+                f"{self.describe} answered what is not a completion ({type(e).__name__}: {e})"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"JudgeRewardFn(base_url={self.base_url!r}, model={self.model!r})"

@@ -1,0 +1,54 @@
+"""What the rewards that ask another process share (the model reward's service, reward_model.py;
+the judge's endpoint, judge.py): a step's samples scored together by `score_samples`, a single
+sample by calling the reward like any other, and the error that fails a step under
+`on_failure: fail`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
+from rl_engine.rewards.scoring import RewardError
+
+
+class RemoteReward:
+    """A reward whose `score_samples(samples) -> (outcomes, metrics)` asks a service; subclasses
+    set `describe` (how messages name it: its service and config field) and `on_failure`."""
+
+    describe: str
+    on_failure: str
+    timeout_s: float
+
+    def score_samples(self, samples: Any) -> tuple[list[Any], dict[str, Any]]:
+        raise NotImplementedError
+
+    def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
+        (outcome,), _ = self.score_samples([(prompt, response, task, finish_reason)])
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome[0]
+
+    def check_failure(self, failure: Exception | None) -> None:
+        """RewardError naming the service when it failed (timed out, gone, erring) and
+        `on_failure` is `fail`; nothing otherwise (the failed samples go to failed_reward)."""
+        if failure is not None and self.on_failure == "fail":
+            raise RewardError(
+                f"{self.describe} failed ({failure}); taskset.reward.on_failure = fail stops the run here. "
+                "Set on_failure: failed_reward to score such samples as taskset.user_code.failed_reward says instead, "
+                "or raise taskset.reward.timeout_s if it is only slow"
+            )
+
+    def post(self, client: Any, url: str, body: dict[str, Any]) -> Any:
+        """`client.post(url, json=body)` (an httpx.Client): the response, whatever its status;
+        UserCodeTimeout past the client's timeout, UserCodeCrashed when nothing answers, which
+        scoring counts as reward/timeouts and reward/crashes."""
+        import httpx
+
+        try:
+            return client.post(url, json=body)
+        except httpx.TimeoutException:
+            raise UserCodeTimeout(
+                f"{self.describe} did not answer within taskset.reward.timeout_s = {self.timeout_s:g} s"
+            ) from None
+        except httpx.TransportError as e:
+            raise UserCodeCrashed(f"{self.describe} cannot be reached ({type(e).__name__}: {e})") from None
