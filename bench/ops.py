@@ -304,7 +304,6 @@ class Probe(threading.Thread):
         self.ms: dict[str, list[float]] = {"read_flow_runs": [], "create_flow_run": []}
         self.errors = self.calls = 0
         self.load: list[float] = []
-        self.created: list[str] = []
         self.flow_id = self.client.post("/flows/", json={"name": PROBE_FLOW}).raise_for_status().json()["id"]
 
     def _call(self, what: str, path: str, body: dict[str, Any]) -> dict[str, Any] | list | None:
@@ -327,24 +326,36 @@ class Probe(threading.Thread):
             t0 = time.monotonic()
             self.calls += 2
             self._call("read_flow_runs", "/flow_runs/filter", {"limit": 20, "sort": "EXPECTED_START_TIME_DESC"})
-            made = self._call(
+            self._call(
                 "create_flow_run", "/flow_runs/", {"flow_id": self.flow_id, "name": f"probe-{i}", "tags": [PROBE_FLOW]}
             )
-            if isinstance(made, dict) and "id" in made:
-                self.created.append(made["id"])
             self.load.append(os.getloadavg()[0])
             i += 1
             self.done.wait(max(0.0, PROBE_PERIOD_S - (time.monotonic() - t0)))
+
+    def _delete_probe_runs(self, tries: int = 10) -> None:
+        """Every flow run of PROBE_FLOW, found by its tag: a create whose answer timed out here may
+        still have made one, and SQLite answers a busy delete 503, so each round deletes what is
+        left until nothing is (a few rounds at most, backing off)."""
+        import httpx
+
+        body = {"flow_runs": {"tags": {"all_": [PROBE_FLOW]}}, "limit": 200}
+        for attempt in range(tries):
+            try:
+                left = self.client.post("/flow_runs/filter", json=body).raise_for_status().json()
+                for run in left:
+                    self.client.delete(f"/flow_runs/{run['id']}")
+            except httpx.HTTPError:
+                left = [None]  # the server was busy: look again
+            if not left:
+                return
+            time.sleep(min(0.2 * 2**attempt, 5.0))
 
     def stop(self) -> dict[str, float]:
         """End the probe, delete its flow runs; its figures (ms, counts)."""
         self.done.set()
         self.join()
-        for run_id in self.created:
-            try:
-                self.client.delete(f"/flow_runs/{run_id}")
-            except Exception:  # noqa: BLE001 - a probe run left behind harms no measurement
-                pass
+        self._delete_probe_runs()
         self.client.close()
         out: dict[str, float] = {}
         for what, ms in self.ms.items():
