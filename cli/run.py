@@ -6,7 +6,9 @@ parameter is the config model itself, so deployments get it as a form in the Pre
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -202,12 +204,28 @@ def demo_inputs(root: str = "runs") -> tuple[Path, Path]:
     from rl_engine.demos.warmstart import main as warmstart
 
     model, tasks = Path(root, "models", "tiny-arith-sft"), Path(root, "data", "arith-train.jsonl")
-    if not is_model_dir(model):
+    if not _demo_model_current(model):
+        if model.exists():  # an earlier version's: its SFT drew the held-out problems too
+            shutil.rmtree(model)
         print(f"building the demo model (tiny Qwen2 + SFT warm start) in {model} ...")
         warmstart([str(model)])
-    if not tasks.exists():
-        write_arithmetic_taskset(str(tasks), n=2000, seed=1)
+    if not _demo_tasks_current(tasks):
+        write_arithmetic_taskset(str(tasks), n=2000, seed=1, split="train")
     return model, tasks
+
+
+# An earlier version's demo model and tasks drew the held-out problems too: they are made again.
+def _demo_model_current(model: Path) -> bool:
+    made = model / "warmstart.json"
+    return is_model_dir(model) and made.is_file() and json.loads(made.read_text()).get("sft_split") == "train"
+
+
+def _demo_tasks_current(tasks: Path) -> bool:
+    if not tasks.is_file():
+        return False
+    with tasks.open() as f:
+        first = json.loads(f.readline() or "{}")
+    return str(first.get("id", "")).startswith("add-train-")
 
 
 def demo(root: str = "runs") -> int:
@@ -227,12 +245,14 @@ def demo(root: str = "runs") -> int:
     print_summary(summary)
     from transformers.utils import logging as hf_logging
 
+    from rl_engine.demos.arithmetic import arithmetic_pairs
     from rl_engine.demos.warmstart import evaluate_dir
 
     hf_logging.disable_progress_bar()  # its "Loading weights" bars would follow the summary
     before, after = evaluate_dir(str(model)), evaluate_dir(f"{summary['run']}/model")
     print(
-        f"exact answers over all {21 * 21} problems: {before['expected_exact_t1']:.1%} at temperature 1 ({before['greedy_exact']:.1%} greedy) before GRPO, "
+        f"exact answers over the {len(arithmetic_pairs('heldout'))} held-out problems (never trained on): "
+        f"{before['expected_exact_t1']:.1%} at temperature 1 ({before['greedy_exact']:.1%} greedy) before GRPO, "
         f"{after['expected_exact_t1']:.1%} ({after['greedy_exact']:.1%} greedy) after; trained model: {summary['run']}/model"
     )
     return 0

@@ -4,11 +4,12 @@ GRPO needs a policy that sometimes answers correctly (a group whose rewards are 
 no signal). This builds the tiny Qwen2 model (`make_tiny_model`) and trains it with the SFT
 loss through the same DeepSpeed trainer as RL (its `TrainerSettings` built from the arguments
 here, `sft_settings`: no RL config): prompt "12+7=", target "19" + EOS, loss on the
-target tokens only. It stops after a fixed number of steps (deterministic for a seed), chosen
-so the model is partly right: with the defaults (360 steps of 64 examples, lr 1e-3) seed 0
-reaches 43% expected exact-match at temperature 1 and 60% greedy, seed 1 32% / 40%, in ~15 s on
-two idle cores (a few minutes on a busy machine). It saves a Hugging Face directory plus
-`warmstart.json` (settings and accuracy).
+target tokens only, on the task's train split (rl_engine.demos.arithmetic.is_heldout). It stops
+after a fixed number of steps (deterministic for a seed), chosen so the model is partly right:
+with the defaults (360 steps of 64 examples, lr 1e-3) seed 0 reaches 31% expected exact-match at
+temperature 1 and 46% greedy on the 57 held-out problems it never saw, in seconds on two idle
+cores (198 s on a busy machine). It saves a Hugging Face directory plus `warmstart.json` (settings,
+`sft_split`, and the held-out accuracy).
 
 `--task countdown` warm-starts on the long-tail countdown task of partial rollouts instead
 ("13..1=" -> "13 12 ... 1", rl_engine/demos/countdown.py), with its own defaults (COUNTDOWN:
@@ -108,11 +109,16 @@ def all_problems(max_operand: int) -> list[dict[str, str]]:
 def task_problems(
     task: str, max_operand: int = DEFAULTS["max_operand"], max_n: int = DEFAULT_MAX_N, alpha: float = DEFAULT_ALPHA
 ) -> tuple[list[dict[str, str]], list[float] | None]:
-    """Every problem of `task`'s range and how often its task set draws each (None: uniform)."""
+    """The problems a warm start of `task` is measured on and how often each counts (None: uniform):
+    arithmetic's held-out problems, which neither its SFT nor the demo's RL draws; every countdown
+    problem, weighted as its task set draws them."""
+    from rl_engine.demos.arithmetic import arithmetic_pairs
     from rl_engine.demos.countdown import countdown_problem, countdown_weights
 
     if task == "arithmetic":
-        return all_problems(max_operand), None
+        return [
+            {"question": f"{a}+{b}=", "answer": str(a + b)} for a, b in arithmetic_pairs("heldout", max_operand)
+        ], None
     return [countdown_problem(k) for k in range(1, max_n + 1)], countdown_weights(max_n, alpha)
 
 
@@ -124,12 +130,12 @@ def task_rows(
     max_n: int = DEFAULT_MAX_N,
     alpha: float = DEFAULT_ALPHA,
 ) -> list[dict[str, str]]:
-    """`n` training examples of `task`, drawn as its task set draws them."""
+    """`n` training examples of `task`, drawn as its task set draws them (arithmetic: its train split)."""
     from rl_engine.demos.arithmetic import make_arithmetic_tasks
     from rl_engine.demos.countdown import make_countdown_tasks
 
     if task == "arithmetic":
-        return make_arithmetic_tasks(n, seed=seed, max_operand=max_operand)
+        return make_arithmetic_tasks(n, seed=seed, max_operand=max_operand, split="train")
     return make_countdown_tasks(n, seed=seed, max_n=max_n, alpha=alpha)
 
 
@@ -225,8 +231,8 @@ def evaluate_calculator(trainer: Any, pairs: list[tuple[int, int]]) -> dict[str,
 def evaluate_dir(
     model_dir: str, max_operand: int = DEFAULTS["max_operand"], task: str = "arithmetic"
 ) -> dict[str, float]:
-    """`evaluate` of a saved model directory (e.g. a run's final `model/`) on every problem of
-    `task` (calculator: `evaluate_calculator` on the held-out problems)."""
+    """`evaluate` of a saved model directory (e.g. a run's final `model/`) on `task_problems(task)`
+    (arithmetic: the held-out problems; calculator: `evaluate_calculator` on its held-out problems)."""
     from rl_engine.trainer import build_trainer
 
     # Logprobs only, 16 rows per forward pass; the optimizer values are never used.
@@ -302,7 +308,7 @@ def warmstart(
         "warmup_steps": warmup_steps,
         "seed": seed,
         **(
-            {"max_operand": max_operand}
+            {"max_operand": max_operand, "sft_split": "train", "measured_on": "held-out problems"}
             if task == "arithmetic"
             else {"max_n": max_n, "alpha": alpha}
             if task == "countdown"

@@ -83,3 +83,20 @@ def test_build_reward_uses_config_weights():
 def test_arithmetic_reward_needs_an_answer():
     with pytest.raises(ValueError, match="no answer"):
         ArithmeticRewardFn()("1+1=", "2", _task(answer=None), "stop")
+
+
+def test_the_held_out_split_is_disjoint_from_train_and_whole(tmp_path):
+    from rl_engine.demos.arithmetic import arithmetic_pairs, is_heldout
+
+    held, train = set(arithmetic_pairs("heldout")), set(arithmetic_pairs("train"))
+    assert not held & train and held | train == set(arithmetic_pairs("all")) and len(held) == 57
+    assert all(is_heldout(b, a) for a, b in held)  # 12+7 held out with 7+12: no commuted twin to learn from
+    rows = make_arithmetic_tasks(500, seed=2, split="train")
+    assert {r["question"] for r in rows} <= {f"{a}+{b}=" for a, b in train}
+    out = tmp_path / "heldout.jsonl"
+    assert main([str(out), "--split", "heldout"]) == 0  # the docs' `rft make-tasks ... --split heldout`
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["question"] for r in written) == sorted(f"{a}+{b}=" for a, b in held)  # each once
+    assert all(r["answer"] == str(sum(map(int, r["question"][:-1].split("+")))) for r in written)
+    with pytest.raises(UserError, match="--split 'test': use all, train or heldout"):
+        make_arithmetic_tasks(10, split="test")
