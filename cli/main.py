@@ -315,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # The ephemeral server's telemetry service races its own SQLite start-up ("database is locked").
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect's client prints a 3-line telemetry notice on a terminal's first import (per
+    # PREFECT_HOME) unless told not to track: the ephemeral server above sends nothing either.
+    os.environ.setdefault("DO_NOT_TRACK", "1")
     # Prefect gives its ephemeral server 20 s to come up; a laptop busy with other work (or a CI
     # machine running tests beside it) can take longer, and the run would fail before it starts.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")

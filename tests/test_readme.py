@@ -275,11 +275,7 @@ MADE_BY_DEMO = {"runs/models/tiny-arith-sft", "runs/data/arith-train.jsonl", RUN
 MADE_BY_DEMO_REAL = {"runs/models/smollm2-135m", "runs/data/words-train.jsonl", "runs/data/words-heldout.jsonl", RUN}
 # Gaps reported, not fixed here: pages others are writing now (issue 49). An entry goes once its
 # page shows the step (or links the page that has it).
-REPORTED_GAPS = {
-    "docs/guides/tasks-and-rewards.md": {
-        "rft run configs/code.yaml: runs/models/smollm2-135m"
-    },  # rft fetch-model first
-}
+REPORTED_GAPS: dict[str, set[str]] = {}  # page -> reads known to lack their step (none now)
 CONFIG_PATHS = (("model", "path"), ("taskset", "path"))  # what `rft run` reads of its config, besides eval.tasksets
 
 
