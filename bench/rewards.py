@@ -1,6 +1,7 @@
-"""Benchmark of the rewards beyond rules (issue 47): the code sandbox and the reward model service.
+"""Benchmark of the rewards beyond rules (issue 47): the code sandbox, the reward model service
+and the judge.
 
-    python -m bench.rewards [--quick] [--runs N]
+    python -m bench.rewards [--quick] [--runs N] [--steps N] [--judge-pairs N]
 
 `sandbox_overhead_ms`: what the sandbox adds to one execution (rl_engine.rewards.sandbox: its own
 PID, network, mount, IPC and UTS namespaces, a root of its own, no rights, rlimits, a clean
@@ -31,10 +32,18 @@ process, as under placement local) score theirs at once through the one shared s
 pairs not scored within the bench's 900 s timeout (0 unless the machine is far too busy). No goal
 on CPU.
 
-Not measured (not built yet, issue 47 item 2): `judge_agreement` (an LLM judge against the exact
-rule reward); the JSON line leaves it out. The code demo's held-out pass@1 before and after
-training is not measured here either (`rft run configs/code.yaml` evaluates it at the start and
-the end).
+`judge_agreement`: SmolLM2-135M-Instruct as a judge (rl_engine.rewards.judge, `chat: true`, the
+default yes/no template and parser) of its own greedy answers (at most 32 tokens, as
+configs/smollm2.yaml) to `--judge-pairs` held-out word-arithmetic problems (320), both served by one
+`rft engine serve` of runs/models/smollm2-135m: the fraction of the pairs on which the judge's
+verdict is the exact rule reward's (`final_answer`: the last number of a response ended by a stop
+is the answer), an unparsed verdict counting as a disagreement; `judge_confusion` is the
+confusion matrix (rule correct / wrong x judge yes / no / unparsed) and `judge_s` the judging's
+wall time. A measurement of the judge, not a goal. --quick leaves it out (it needs SmolLM2 and
+a vLLM server, minutes on 2 cores).
+
+The code demo's held-out pass@1 before and after training is not measured here (`rft run
+configs/code.yaml` evaluates it at the start and the end).
 
 --quick: 10 executions per side instead of 40, and the reward model is the tests' tiny random
 classifier (rl_engine.tiny_model.make_tiny_classifier, no chat template) over 2 steps; the
@@ -50,11 +59,13 @@ import subprocess
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
 from bench._report import emit_json, print_table
 from harness.hostile_code import ADD, CASES, TESTS, baited, contain
+from rl_engine.config import JudgeReward
 from rl_engine.rewards.code_tests import HARNESS, CodeTestsRewardFn
 from rl_engine.rewards.sandbox import Sandbox, SandboxLimits, _python
 
@@ -184,12 +195,75 @@ def reward_model(quick: bool, steps: int) -> dict[str, float]:
                 fn.close()
 
 
+def judge_agreement(pairs: int, log_dir: Path) -> dict[str, object]:
+    """SmolLM2 judging its own held-out answers against the exact rule reward (see the module docstring)."""
+    import httpx
+    import yaml
+
+    from harness.engine_server import engine_server
+    from rl_engine.demos.word_arithmetic import FinalAnswerRewardFn, make_word_arithmetic_tasks
+    from rl_engine.rewards import Task
+    from rl_engine.rewards.judge import JudgeRewardFn
+
+    if not (SMOLLM2 / "config.json").is_file():
+        raise SystemExit(f"bench.rewards: no {SMOLLM2}; make it with `rft fetch-model smollm2-135m {SMOLLM2}`")
+    config = log_dir / "judge-engine.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(SMOLLM2), "max_model_len": 512},
+                "taskset": {"path": "unused.jsonl"},
+                "explorer": {"engine": {"kv_cache_space_gib": 1}},
+            }
+        )
+    )
+    rows = make_word_arithmetic_tasks(pairs, split="heldout")
+    tasks = [Task(r["id"], r["question"], r["answer"], {}) for r in rows]
+    with engine_server(config, log_dir) as srv, httpx.Client(timeout=600) as client:
+
+        def answer(task: Task) -> tuple[str, str]:
+            body = {"model": str(SMOLLM2), "messages": [{"role": "user", "content": task.prompt}], "max_tokens": 32}
+            choice = client.post(f"{srv.url}/v1/chat/completions", json={**body, "temperature": 0.0}).json()["choices"][
+                0
+            ]
+            return choice["message"]["content"], choice["finish_reason"]
+
+        with ThreadPoolExecutor(16) as ex:
+            answers = list(ex.map(answer, tasks))
+        rule = FinalAnswerRewardFn(correct_weight=1.0, format_weight=0.0)
+        correct = [rule(t.prompt, text, t, why)["final_answer"] == 1.0 for t, (text, why) in zip(tasks, answers)]
+        judge = JudgeRewardFn(
+            base_url=f"{srv.url}/v1", model=str(SMOLLM2), template=JudgeReward.model_fields["template"].default,
+            chat=True, max_tokens=4, concurrency=16, timeout_s=600,
+        )  # fmt: skip
+        started = time.perf_counter()
+        outcomes, _ = judge.score_samples([(t.prompt, text, t, why) for t, (text, why) in zip(tasks, answers)])
+        judge_s = time.perf_counter() - started
+    verdicts = ["unparsed" if isinstance(o, Exception) else ("yes" if o[0] == 1.0 else "no") for o in outcomes]
+    confusion = {
+        ("rule_correct" if c else "rule_wrong"): {
+            v: sum(1 for ci, vi in zip(correct, verdicts) if ci == c and vi == v) for v in ("yes", "no", "unparsed")
+        }
+        for c in (True, False)
+    }
+    agree = sum(1 for c, v in zip(correct, verdicts) if (c and v == "yes") or (not c and v == "no"))
+    return {
+        "judge_agreement": agree / len(tasks),
+        "judge_confusion": confusion,
+        "judge_pairs": len(tasks),
+        "judge_s": judge_s,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="10 executions per side (default 40)")
     ap.add_argument("--runs", type=int, default=None, help="executions per side")
     ap.add_argument(
         "--steps", type=int, default=None, help="explorer steps the reward model scores (default 3; 2 with --quick)"
+    )
+    ap.add_argument(
+        "--judge-pairs", type=int, default=320, help="held-out problems the judge judges (not with --quick)"
     )
     a = ap.parse_args()
     runs = a.runs or (10 if a.quick else 40)
@@ -215,6 +289,14 @@ def main() -> None:
         ],
         title=f"reward model service ({'tiny random classifier' if a.quick else 'SmolLM2-135M + a one-score head'}, {STEP_PAIRS} pairs a step, {steps} steps each)",
     )
+    judged: dict[str, object] = {}
+    if not a.quick:
+        with tempfile.TemporaryDirectory(prefix="bench-rewards-judge-") as logs:
+            judged = judge_agreement(a.judge_pairs, Path(logs))
+        print_table(
+            [{"rule": k, **v} for k, v in judged["judge_confusion"].items()],
+            title=f"SmolLM2-135M-Instruct judging its {judged['judge_pairs']} held-out answers: agreement {judged['judge_agreement']:.3f}",
+        )
     emit_json(
         {
             "sandbox_overhead_ms": round(o["overhead_ms"], 1),
@@ -227,6 +309,7 @@ def main() -> None:
             **{k: round(v, 4) for k, v in rm.items()},
             "rm_model": "tiny" if a.quick else "smollm2-135m",
             "rm_steps": steps,
+            **{k: round(v, 4) if isinstance(v, float) else v for k, v in judged.items()},
         }
     )
 

@@ -566,7 +566,7 @@ def test_rewards(tmp_path):
         pytest.skip("the sandbox refuses to run without namespaces here (bench.rewards says so and exits 2)")
     r = run_bench("rewards", "--quick", timeout_s=240, tmp_path=tmp_path)
     has_keys(r, "sandbox_overhead_ms", "sandbox_ms", "bare_ms", "sandbox_contained_fraction", "sandbox_isolation")
-    assert "judge_agreement" not in r  # not built: left out, not faked
+    assert "judge_agreement" not in r  # --quick leaves the judge out (SmolLM2 behind a vLLM server: minutes)
     assert r["rm_model"] == "tiny" and r["rm_steps"] == 2
     for k in ("rm_samples_per_s", "rm_samples_per_s_2", "rm_step_s_1", "rm_step_s_2"):
         positive(r[k])
