@@ -22,7 +22,8 @@ reward/crashes), `fail` fails the step with a RewardError naming the service. A 
 started again on the next step.
 
 `normalize: running` turns each score into (score - mean) / std over every score this explorer
-has seen so far, this step's included (Welford's running moments; std 0 leaves the score centred).
+has seen so far, the whole of this step's included (Welford's running moments; std 0 leaves the
+score centred).
 Each step reports `reward/model/...`: latency_ms (mean time of a request), batch_size (mean pairs
 per batch the service ran them in), samples_per_s, failures and timeouts (samples).
 """
@@ -235,7 +236,7 @@ class ModelRewardFn(RemoteReward):
                     failure = e
             scores += [failure] * len(chunk)
         self.check_failure(failure)
-        outcomes: list[Any] = [self._reward(s) if not isinstance(s, Exception) else s for s in scores]
+        outcomes = self._rewards(scores)
         failed = [s for s in scores if isinstance(s, Exception)]
         wall = time.monotonic() - started
         metrics = {
@@ -247,11 +248,15 @@ class ModelRewardFn(RemoteReward):
         }
         return outcomes, metrics
 
-    def _reward(self, score: float) -> tuple[float, dict[str, float]]:
-        if self.normalize != "running":
-            return score, {}
-        self.moments.add(score)
-        return self.moments.normalize(score), {}
+    def _rewards(self, scores: list[float | Exception]) -> list[tuple[float, dict[str, float]] | Exception]:
+        """Each score's reward, in order: the score, or with `normalize: running` its z-score under
+        the moments of every score so far, this step's all included (their order does not matter)."""
+        running = self.normalize == "running"
+        if running:
+            for x in scores:
+                if not isinstance(x, Exception):
+                    self.moments.add(x)
+        return [x if isinstance(x, Exception) else (self.moments.normalize(x) if running else x, {}) for x in scores]
 
     def _post(self, chunk: list[tuple[str, str]]) -> dict[str, Any]:
         """The service's answer for `chunk`; UserCodeTimeout past timeout_s, UserCodeCrashed when

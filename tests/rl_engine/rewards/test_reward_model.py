@@ -204,6 +204,20 @@ def test_running_normalization_is_welfords():
     assert out[-1] == pytest.approx((0.0 - np.mean(xs)) / np.std(xs))
 
 
+def test_running_normalization_counts_the_whole_step(rm_dir):
+    from rl_engine.rewards.isolation import UserCodeTimeout
+
+    fn = ModelRewardFn(rm_dir, normalize="running")  # no service: the rewards of given scores
+    timeout = UserCodeTimeout("slow")
+    assert fn._rewards([1.0, 3.0, timeout]) == [
+        (-1.0, {}),
+        (1.0, {}),
+        timeout,
+    ]  # mean 2, std 1: the failure counts nowhere
+    assert fn._rewards([2.0]) == [(0.0, {})]  # mean of 1, 3, 2
+    assert ModelRewardFn(rm_dir)._rewards([1.5, timeout]) == [(1.5, {}), timeout]  # normalize none: the raw score
+
+
 def test_the_config_variant_builds_the_reward(rm_dir):
     from rl_engine.config import RFTConfig
 
