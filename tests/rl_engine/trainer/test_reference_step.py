@@ -5,7 +5,8 @@ an environment span inside one response masked out of the loss, behavior logprob
 by row-dependent noise so that some ratios clip) and the same starting weights (the tests' tiny
 model) go through `DeepSpeedTrainer.train_step` and `ReferenceTrainer.step`, for every loss type
 (ppo_clip, gspo, cispo, kimi, each with rft's default knobs; ppo_clip with configs/smollm2.yaml's
-0.2 / 0.28), token-mean aggregation (the config's), 1 and 4 micro-batches. Compared:
+0.2 / 0.28), token-mean aggregation (the config's), 1 and 4 micro-batches; then the gspo, kimi and
+dr_grpo presets' own aggregation and advantages at 4 micro-batches. Compared:
 
 - the loss, the gradient norm before clipping, the clip fraction;
 - the gradient itself, after clipping, as the optimizer receives it: rft's is read by a step
@@ -18,7 +19,11 @@ so a gradient entry's fp32 error scales with the largest terms summed into its t
 the entry: the floor is 1e-5 x the tensor's largest entry. A weight after AdamW's first step
 moved by lr * g / (|g| + 1e-8): an entry whose gradient is a few ulps of its tensor's largest
 (all but exactly 0) moves by up to lr either way on noise, so the post-step weights are compared
-where the reference's gradient is above the gradient floor, and by the gradient itself elsewhere.
+where the reference's gradient is above the gradient floor (to 1% of one update step: measured
+0.3% at most; the gradients within 1.3e-6 of their tensor's largest entry), and by the gradient
+itself elsewhere. A
+per-sequence mean in place of token-mean moves the gradient by 78% of its tensor's largest entry
+and the weights by 2 lr: it fails here.
 
     cd tests/rl_engine/trainer && ../../../.venv/bin/pytest -q test_reference_step.py
 """
@@ -73,13 +78,13 @@ def same_batch(trainer) -> dict[str, torch.Tensor]:
     return batch
 
 
-def rft_step(model_dir: str, loss: str, micro: int):
-    """(metrics, gradients after clipping, weights after) of rft's first train_step on the batch."""
+def rft_step(model_dir: str, algorithm: dict, micro: int):
+    """(config, batch, metrics, gradients after clipping, weights after) of rft's first train_step on the batch."""
     from rl_engine.trainer import build_trainer, trainer_settings
 
     cfg = make_cfg(
         model_dir,
-        algorithm={"repeat_times": 4, "loss": LOSSES[loss], "aggregation": "token-mean"},
+        algorithm={"repeat_times": 4, **algorithm},
         explorer={"batch_size": 3, "sampling": {"temperature": TEMPERATURE}},
         trainer={"micro_batch_size": micro, "lr": LR, "warmup_steps": 2, "grad_clip": 1.0},
     )
@@ -104,7 +109,7 @@ def reference_step(model_dir: str, cfg, batch, micro: int):
     t = cfg.trainer
     ref = ReferenceTrainer(
         model,
-        RefAlgo.from_config(cfg.algorithm),
+        RefAlgo.from_config(cfg.algorithm, cfg.explorer.sampling.max_tokens),
         t.lr,
         t.warmup_steps,
         t.grad_clip,
@@ -133,15 +138,15 @@ def max_differences(rft: dict, ref: dict, ref_grads: dict, lr: float) -> dict[st
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("micro", [12, 3], ids=["1-micro-batch", "4-micro-batches"])
-@pytest.mark.parametrize("loss", list(LOSSES))
-def test_rft_step_equals_reference_step(tiny_model_dir, loss, micro):
-    cfg, batch, m, grads, weights = rft_step(tiny_model_dir, loss, micro)
-    ref, ref_weights = reference_step(tiny_model_dir, cfg, batch, micro)
-    # The batch exercises what it is meant to: the global-norm clip binds, and each clipped loss clips some tokens, not all.
-    assert m["grad_norm"] > cfg.trainer.grad_clip
-    if loss != "kimi":
+def assert_same_step(
+    cfg, m, grads, weights, ref, ref_weights, clipping: bool, norm_clipped: bool = True
+) -> dict[str, float]:
+    """rft's step (metrics m, gradients, weights) equals the reference's (ref, ref_weights); returns
+    the largest differences (`max_differences`)."""
+    # The batch exercises what it is meant to: the global-norm clip binds (or not), a clipped loss
+    # clips some tokens, not all.
+    assert (m["grad_norm"] > cfg.trainer.grad_clip) == norm_clipped
+    if clipping:
         assert 0 < ref["clip_frac"] < 1
     # abs 1e-7: fp32's resolution of the O(1) per-token terms summed into a loss that may cancel to near 0
     assert m["loss"] == pytest.approx(ref["loss"], rel=1e-5, abs=1e-7)
@@ -158,7 +163,34 @@ def test_rft_step_equals_reference_step(tiny_model_dir, loss, micro):
         )
     d = max_differences({"grads": grads, "weights": weights}, {"weights": ref_weights}, ref["grads"], LR / 2)
     assert d["noise_entries"] < 1e-3 * sum(w.numel() for w in weights.values())  # nearly every entry is compared
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("micro", [12, 3], ids=["1-micro-batch", "4-micro-batches"])
+@pytest.mark.parametrize("loss", list(LOSSES))
+def test_rft_step_equals_reference_step(tiny_model_dir, loss, micro):
+    """Each loss type with the config's token-mean aggregation and GRPO advantages."""
+    cfg, batch, m, grads, weights = rft_step(tiny_model_dir, {"loss": LOSSES[loss], "aggregation": "token-mean"}, micro)
+    ref, ref_weights = reference_step(tiny_model_dir, cfg, batch, micro)
+    d = assert_same_step(cfg, m, grads, weights, ref, ref_weights, clipping=loss != "kimi")
     print(f"{loss} x{12 // micro}: loss {m['loss']:.7g} vs {ref['loss']:.7g}, {d}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["gspo", "kimi", "dr_grpo"])
+def test_presets_equal_the_reference_step(tiny_model_dir, preset):
+    """The presets' other knobs, 4 micro-batches: gspo's seq-mean-token-mean, kimi's and dr_grpo's
+    advantages without the std, dr_grpo's seq-mean-token-sum over the token budget (the gradient
+    below the clip: the update unclipped)."""
+    cfg, batch, m, grads, weights = rft_step(tiny_model_dir, {"preset": preset}, 3)
+    ref, ref_weights = reference_step(tiny_model_dir, cfg, batch, 3)
+    # dr_grpo: each response's token sum / the token budget (64), over 12 responses, where token-mean
+    # divides by the batch's 48 tokens: a 16x smaller gradient, under the clip
+    d = assert_same_step(
+        cfg, m, grads, weights, ref, ref_weights, clipping=preset != "kimi", norm_clipped=preset != "dr_grpo"
+    )
+    print(f"preset {preset}: loss {m['loss']:.7g} vs {ref['loss']:.7g}, {d}")
 
 
 def test_ppo_clip_token_mean_by_hand():
