@@ -21,9 +21,8 @@ moved by lr * g / (|g| + 1e-8): an entry whose gradient is a few ulps of its ten
 (all but exactly 0) moves by up to lr either way on noise, so the post-step weights are compared
 where the reference's gradient is above the gradient floor (to 1% of one update step: measured
 0.3% at most; the gradients within 1.3e-6 of their tensor's largest entry), and by the gradient
-itself elsewhere. A
-per-sequence mean in place of token-mean moves the gradient by 78% of its tensor's largest entry
-and the weights by 2 lr: it fails here.
+itself elsewhere. A per-sequence mean in place of token-mean moves the gradient by 78% of its
+tensor's largest entry and the weights by 2 lr: it fails here.
 
     cd tests/rl_engine/trainer && ../../../.venv/bin/pytest -q test_reference_step.py
 """
