@@ -19,3 +19,8 @@ def reply_length(text: str) -> float:
     """A judge parser (`taskset.reward.parser: harness.rewards:reply_length`) that always finds a
     verdict: the reply's length in characters (a random tiny model never says yes or no)."""
     return float(len(text))
+
+
+def strict_verdict(text: str) -> float:
+    """A judge parser that raises on anything but a bare yes or no (a parser's own failure)."""
+    return {"yes": 1.0, "no": 0.0}[text.strip().strip(".").lower()]

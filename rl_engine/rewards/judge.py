@@ -12,7 +12,9 @@ the prompt, or with `chat: true` `/chat/completions` with it as the one user mes
 
 - `yes_no`: the first `yes` or `no` (a word, any case) is 1 or 0;
 - `number`: the first number (`-3`, `0.75`) is the reward;
-- `package.module:function`: `function(text) -> float | None`, imported here;
+- `package.module:function`: `function(text) -> float | None`, imported and called in the
+  explorer's process (a parser is trusted code, like a built-in: it is not run in the user-code
+  pool), one that raises leaves that sample out (reward/errors);
 
 `pattern`, when set, is a regular expression whose first group (or whole match) is what
 yes_no or number read instead. A reply the parser finds nothing in (or a function returning None)
@@ -34,6 +36,7 @@ request), samples_per_s, failures, timeouts and unparsed.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -153,12 +156,19 @@ class JudgeRewardFn(RemoteReward):
             if isinstance(reply, Exception):
                 outcomes.append(reply)
                 continue
-            value = self.parse(reply)
-            if value is None:
+            try:
+                value = self.parse(reply)
+                verdict = None if value is None else float(value)
+            except Exception as e:  # noqa: BLE001 - a parser failing on one reply leaves that sample out
+                outcomes.append(
+                    ValueError(f"the parser failed on the judge's reply {reply[:200]!r}: {type(e).__name__}: {e}")
+                )
+                continue
+            if verdict is None or not math.isfinite(verdict):
                 unparsed += 1
                 outcomes.append(ValueError(f"the judge's reply has no verdict the parser reads: {reply[:200]!r}"))
             else:
-                outcomes.append((float(value), {}))
+                outcomes.append((verdict, {}))
         wall = time.monotonic() - started
         failed = [r for r in replies if isinstance(r, Exception)]
         metrics = {

@@ -135,6 +135,13 @@ def test_an_unparsed_reply_is_left_out_and_counted(judge_server):
     assert "no verdict the parser reads" in result.errors[0]
 
 
+def test_a_parser_that_raises_leaves_its_sample_out(judge_server):
+    fn = judge(judge_server.url, parser="harness.rewards:strict_verdict")
+    result = score_rollouts(fn, samples(ANSWERS[:2] + [("q", "mumble", "x")]))
+    assert result.rewards == [1.0, 0.0, None]  # " Yes." and " no" parse; "hmm, hard to say" raises KeyError
+    assert result.metrics["reward/errors"] == 1 and "the parser failed" in result.errors[2]
+
+
 def test_requests_of_a_step_are_in_flight_together(judge_server):
     judge_server.barrier = threading.Barrier(4, timeout=20)  # sent one by one, the first would wait in vain
     result = score_rollouts(judge(judge_server.url, concurrency=4), samples(ANSWERS[:4]))
