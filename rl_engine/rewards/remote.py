@@ -1,7 +1,8 @@
 """What the rewards that ask another process share (the model reward's service, reward_model.py;
 the judge's endpoint, judge.py): a step's samples scored together by `score_samples`, a single
-sample by calling the reward like any other, and the error that fails a step under
-`on_failure: fail`."""
+sample by calling the reward like any other, the error that fails a step under
+`on_failure: fail`, and `TimedReward`, which records each step's scoring as a `reward` span of the
+explorer's timeline (a slow service shows there, not hidden in the rollout)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,24 @@ class RemoteReward:
             ) from None
         except httpx.TransportError as e:
             raise UserCodeCrashed(f"{self.describe} cannot be reached ({type(e).__name__}: {e})") from None
+
+
+class TimedReward:
+    """`reward` (a RemoteReward) with each `score_samples` call recorded as a span of kind `reward`
+    on `timeline` (an rl_engine.run.timeline.TimelineRecorder), marked with `step` and `version`
+    (the caller sets them before each step); everything else is the reward's own."""
+
+    def __init__(self, reward: RemoteReward, timeline: Any):
+        self.reward, self.timeline = reward, timeline
+        self.step: int | None = None
+        self.version: int | None = None
+
+    def score_samples(self, samples: Any) -> tuple[list[Any], dict[str, Any]]:
+        with self.timeline.span("reward", step=self.step, version=self.version):
+            return self.reward.score_samples(samples)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> float:
+        return self.reward(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.reward, name)

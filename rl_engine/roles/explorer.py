@@ -38,6 +38,7 @@ from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.experience import ExperienceBatch
 from rl_engine.proc.failpoints import failpoint
 from rl_engine.rewards import TaskIterator, build_reward, encode_task, load_taskset
+from rl_engine.rewards.remote import RemoteReward, TimedReward
 from rl_engine.roles.episodes import explore_episodes
 from rl_engine.roles.groups import Group, group_id, one_step_generation, score_groups
 from rl_engine.roles.partial import PartialRollouts, PartialSettings
@@ -234,6 +235,8 @@ class Explorer:
             tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle
         )
         self.reward_fn = build_reward(cfg.taskset.reward)
+        if isinstance(self.reward_fn, RemoteReward):  # a service's scoring is a span of its own (timeline)
+            self.reward_fn = TimedReward(self.reward_fn, self.timeline)
         self.workflow = build_workflow(cfg.taskset.workflow)  # None: single-turn rollouts
         self.pool = build_user_code_pool(cfg.taskset, self.name)
         self.fence = fence or Fence(*run.fs(), None)
@@ -260,6 +263,8 @@ class Explorer:
     def step(self, e: int) -> dict[str, Any]:
         """Explorer step e: rollout -> reward -> buffer; returns its metrics."""
         v, started = self.engine.version, time.time()
+        if isinstance(self.reward_fn, TimedReward):
+            self.reward_fn.step, self.reward_fn.version = e, v
         with self.timeline.span("rollout", step=e, version=v) as span:
             if self.workflow is not None:
                 batch, reward_metrics = explore_episodes(

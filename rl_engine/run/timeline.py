@@ -1,5 +1,5 @@
 """Timeline of a run: every component records spans (engine_start, rollout, train, sync, wait,
-write), they are stored as JSON lines under `<run>/timeline/`, and rendered as a Gantt chart plus
+write, eval; reward: a reward service's scoring of a step, inside its rollout), they are stored as JSON lines under `<run>/timeline/`, and rendered as a Gantt chart plus
 a utilization summary: the picture a user compares sync modes by.
 
 `engine_start` is a role building its engine before its first step (an explorer's vLLM engine
@@ -43,7 +43,7 @@ from typing import Any
 from rl_engine.errors import UserError
 from rl_engine.storage import add_storage_options_arg, join, open_storage, parse_storage_options, write_bytes_atomic
 
-KINDS = ("engine_start", "rollout", "train", "sync", "wait", "write", "eval")
+KINDS = ("engine_start", "rollout", "train", "sync", "wait", "write", "eval", "reward")
 STARTUP = "engine_start"
 SYNC_METHODS = ("collective", "checkpoint")
 _COMPONENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -311,6 +311,7 @@ _STYLE = {
     "sync": ("sync", "#9C755F", None),
     "write": ("buffer write", "#EDC948", None),
     "eval": ("evaluation", "#E15759", None),
+    "reward": ("reward service", "#FF9DA7", None),
     "wait": ("waiting", "#E0E0E0", "///"),
 }
 _DARK = {"rollout", "train", "sync:collective", "sync:checkpoint", "sync", "eval"}
