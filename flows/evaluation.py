@@ -16,9 +16,10 @@ from prefect.cache_policies import NO_CACHE
 from flows.common import output_to_run_log
 from rl_engine.config import EvalTasksetConfig
 from rl_engine.errors import UserError
-from rl_engine.roles.evaluate_run import evaluate_versions, saved_versions
+from rl_engine.roles.evaluate_run import evaluate_versions
 from rl_engine.run.context import open_run
 from rl_engine.run.logs import role_log_name
+from rl_engine.run.versions import saved_versions
 from tasks.evaluation import artifact_prefix, evaluations_card
 
 

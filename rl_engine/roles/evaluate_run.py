@@ -24,28 +24,8 @@ from typing import Any, TextIO
 
 from rl_engine.errors import UserError
 from rl_engine.model_dir import is_model_dir
+from rl_engine.run.versions import saved_versions
 from rl_engine.storage import join, local_dir, open_storage
-
-
-def saved_versions(run: Any) -> list[tuple[int, str]]:
-    """(version, weights directory URL) of every version of `run` whose weights are there, by version."""
-    from rl_engine.roles.evaluation import COMMITTED
-    from rl_engine.run.report import EVAL_DIR, load_metrics
-    from rl_engine.sync.checkpoint import COMMIT
-
-    fs, root = run.fs()
-    fs.invalidate_cache()
-    found: dict[int, str] = {0: run.cfg.model.path}
-    for marker in fs.glob(join(root, "checkpoints", "version=*", COMMIT)):
-        v = int(marker.split("version=")[1].split("/")[0])
-        found[v] = f"{run.url}/checkpoints/version={v}"
-    for marker in fs.glob(join(root, EVAL_DIR, "version=*", COMMITTED)):
-        v = int(marker.split("version=")[1].split("/")[0])
-        found[v] = f"{run.url}/{EVAL_DIR}/version={v}/model"
-    if fs.exists(join(root, "model", "config.json")):
-        trainer, _ = load_metrics(run)
-        found[max((m["version"] for m in trainer), default=run.cfg.trainer.total_steps)] = f"{run.url}/model"
-    return sorted(found.items())
 
 
 def evaluate_versions(

@@ -44,12 +44,11 @@ from rl_engine.evaluate import _exact, set_metrics
 from rl_engine.experience import ExperienceBatch
 from rl_engine.rewards import Task, build_reward, load_taskset
 from rl_engine.run.context import RunContext
-from rl_engine.run.report import BEST, EVAL_DIR, EVAL_ROLE, METRICS_DIR, read_best, record_step
+from rl_engine.run.report import BEST, EVAL_COMMITTED, EVAL_DIR, EVAL_ROLE, METRICS_DIR, read_best, record_step
 from rl_engine.storage import join, write_json
 
 log = logging.getLogger(__name__)
 
-COMMITTED = "COMMITTED"
 _SEED_STEP = 1_000_000  # evaluation seeds start here: apart from every explorer step's
 _WAIT_S = 2.0  # how often `finish` looks for the trainer's saved weights
 OnEval = Callable[[dict[str, Any]], Any]
@@ -84,7 +83,7 @@ def save_due_weights(run: RunContext, trainer: Any, start: int) -> str | None:
     url = weights_url(run.url, v)
     with trainer.timeline.span("write", step=v, version=v):
         trainer.trainer.save_hf(f"{url}/model", run.storage_options)
-    write_json(fs, join(root, EVAL_DIR, f"version={v}", COMMITTED), {"version": v, "time": time.time()})
+    write_json(fs, join(root, EVAL_DIR, f"version={v}", EVAL_COMMITTED), {"version": v, "time": time.time()})
     return url
 
 
@@ -119,7 +118,7 @@ class Evaluator:
     def _committed(self, v: int) -> bool:
         fs, root = self.run.fs()
         fs.invalidate_cache()
-        return fs.exists(join(root, EVAL_DIR, f"version={v}", COMMITTED))
+        return fs.exists(join(root, EVAL_DIR, f"version={v}", EVAL_COMMITTED))
 
     def after_install(self) -> None:
         """The engine holds a new version (or the start's): evaluate it now if it is due."""
@@ -241,7 +240,7 @@ class Evaluator:
         fs, root = self.run.fs()
         where = join(root, EVAL_DIR, f"version={version}")
         if fs.exists(where):
-            fs.rm(join(where, COMMITTED))  # the marker first: never a committed half-deleted directory
+            fs.rm(join(where, EVAL_COMMITTED))  # the marker first: never a committed half-deleted directory
             fs.rm(where, recursive=True)
 
 

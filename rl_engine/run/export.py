@@ -26,6 +26,7 @@ import tempfile
 from typing import Any
 
 from rl_engine.errors import UserError
+from rl_engine.run.versions import saved_versions
 from rl_engine.storage import join, open_storage
 
 ADAPTER_DIR = "adapter"  # beside a LoRA run's merged model (DeepSpeedTrainer.save_hf)
@@ -33,8 +34,6 @@ ADAPTER_DIR = "adapter"  # beside a LoRA run's merged model (DeepSpeedTrainer.sa
 
 def model_versions(run: Any) -> dict[int, str]:
     """{version: Hugging Face directory URL} of every version of `run` kept as a model."""
-    from rl_engine.roles.evaluate_run import saved_versions
-
     return {v: url for v, url in saved_versions(run) if "/checkpoints/version=" not in url}
 
 

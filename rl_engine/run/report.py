@@ -48,6 +48,7 @@ METRICS_DIR = "metrics"
 
 EVAL_ROLE = "eval"  # the metrics role of the evaluation records
 EVAL_DIR = "eval"  # <run>/eval/: saved weights of due versions, best.json
+EVAL_COMMITTED = "COMMITTED"  # <run>/eval/version=<v>/COMMITTED: that version's saved weights are whole
 BEST = "best.json"
 _CURVE = ("pass@1",)  # the metric drawn per set (avg@n is pass@1's estimate too)
 
