@@ -18,7 +18,10 @@ run, and the held-out gain in points; then:
 - `peak_rss_ratio`: LoRA's peak RSS over full's; `peak_trainer_gb_*` (this process: the trainer
   and the flows) and `peak_engine_gb_*` (its children: the vLLM engine) split it, each part's own
   peak; `peak_rss_ratio_bound` is what the ratio would be with the trainer's saving alone, the
-  engine as large as full fine-tuning's (vLLM's LoRA buffers and kernels are the difference);
+  engine as large as full fine-tuning's (vLLM's LoRA buffers and kernels are the difference); both
+  runs share this process, full first, so LoRA's figures carry what the full run left allocated;
+- `trainer_rss_gb_*`, `trainer_rss_ratio`: each trainer alone, in a process of its own, after two
+  steps of the config's batch shape (not with --smoke);
 - `heldout_gain_lora` / `heldout_gain_full`: greedy exact-match gain, points;
 - `engine_mem_growth_mb`: a LoRA engine on the model installs 200 adapter versions in place (two
   alternating adapters of random values, by `rft_load_checkpoint` as a checkpoint sync does, after 5
@@ -119,6 +122,58 @@ def engine_growth(cfg: Any, installs: int, root: str) -> dict[str, float]:
         engine.close()
 
 
+def trainer_rss(config: str, steps: int = 2) -> float:
+    """Resident memory (GB) of this process after `steps` trainer steps of `config` on its real
+    batch shape (explorer.batch_size x repeat_times sequences of a 45-token prompt and the
+    sampling's max_tokens), the trainer alone: what LoRA saves on the trainer's side. Run in a
+    process of its own (`--trainer-rss CONFIG`), so nothing else's memory is counted."""
+    import psutil
+    import torch
+
+    from rl_engine.config import load_config
+    from rl_engine.trainer import build_trainer, trainer_settings
+
+    cfg = load_config(config, ["model.path=runs/models/smollm2-135m", "taskset.path=unused.jsonl"])
+    trainer = build_trainer(trainer_settings(cfg))
+    rows, prompt, response = cfg.explorer.batch_size * cfg.algorithm.repeat_times, 45, cfg.explorer.sampling.max_tokens
+    g = torch.Generator().manual_seed(0)
+    length = prompt + response
+    mask = torch.zeros(rows, length)
+    mask[:, prompt:] = 1
+    batch = {
+        "input_ids": torch.randint(3, 40000, (rows, length), generator=g),  # [B, L]
+        "attention_mask": torch.ones(rows, length, dtype=torch.long),
+        "loss_mask": mask,
+        "behavior_logprobs": torch.zeros(rows, length),
+        "versions": torch.where(mask > 0, 0, -1).long(),
+        "rewards": torch.rand(rows, generator=g),
+        "group_index": torch.arange(rows) // cfg.algorithm.repeat_times,
+        "response_start": torch.full((rows,), prompt, dtype=torch.long),
+        "response_len": torch.full((rows,), response, dtype=torch.long),
+        "truncated": torch.zeros(rows, dtype=torch.long),
+    }
+    peak = 0
+    for _ in range(steps):
+        trainer.train_step(batch)
+        peak = max(peak, psutil.Process().memory_info().rss)
+    return peak / 2**30
+
+
+def trainer_rss_alone(config: str) -> float:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.lora", "--trainer-rss", str(config)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=900,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])["trainer_rss_gb"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
@@ -127,7 +182,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 30; 8 with --quick)")
     ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320)")
     ap.add_argument("--root", default="runs", help="where the model, tasks and runs go (default ./runs)")
+    ap.add_argument("--trainer-rss", metavar="CONFIG", help=argparse.SUPPRESS)  # one trainer's memory alone
     a = ap.parse_args()
+    if a.trainer_rss:
+        import json
+
+        print(json.dumps({"trainer_rss_gb": trainer_rss(a.trainer_rss)}))
+        return
     steps = a.steps or (1 if a.smoke else 8 if a.quick else 30)
     heldout_n = 0 if a.smoke else a.heldout or (64 if a.quick else None)
     installs = 20 if a.smoke else 200
@@ -166,6 +227,11 @@ def main() -> None:
             }
         )
     engine = engine_growth(kept["lora"].cfg, installs, a.root)
+    alone = (
+        {}
+        if a.smoke
+        else {name: trainer_rss_alone(config) for name, config in (("full", REAL_CONFIG), ("lora", LORA_CONFIG))}
+    )
     full, lora = rows
     heldout_tasks = int(kept["full"].before["tasks"]) if kept["full"].before is not None else 0
     print_table(
@@ -206,6 +272,15 @@ def main() -> None:
             "peak_rss_ratio_bound": round(
                 (lora["peak_trainer_gb"] + full["peak_engine_gb"]) / (full["peak_trainer_gb"] + full["peak_engine_gb"]),
                 3,
+            ),
+            **(
+                {
+                    "trainer_rss_gb_full": round(alone["full"], 2),
+                    "trainer_rss_gb_lora": round(alone["lora"], 2),
+                    "trainer_rss_ratio": round(alone["lora"] / alone["full"], 3),
+                }
+                if alone
+                else {}
             ),
             "heldout_gain_lora": points(lora["gain_points"]),
             "heldout_gain_full": points(full["gain_points"]),
