@@ -189,6 +189,7 @@ EXERCISED: dict[str, list[str]] = {
         "tests/deployments/test_live_operations.py::test_bench_ops"
     ],  # --smoke --attach: the module's server, worker, deployments and engine server
     "python -m bench.lora": ["tests/flows/test_demo_real.py::test_bench_lora_smoke_runs_both_and_installs_in_place"],
+    "python -m bench.peer": ["tests/flows/test_demo_real.py::test_bench_peer_smoke_runs_rft_and_the_reference"],
     "python -m bench.real": [  # one run with `rft demo --model smollm2`'s test: bench.real runs the demo's code
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",
         "tests/flows/test_demo_real.py::test_bench_real_set_reaches_the_config",  # --set synchronizer.mode=one_step_off_policy ...

@@ -268,3 +268,19 @@ def test_bench_lora_smoke_runs_both_and_installs_in_place(smollm2_dir, real_mode
     positive(r["install_s"])
     number(r["engine_mem_growth_mb"])
     assert r["installs"] == 20 and r["steps"] == 1
+
+
+def test_bench_peer_smoke_runs_rft_and_the_reference(smollm2_dir, real_model_turn, tmp_path):
+    """bench.peer --smoke: one step of the real model's demo and one of the reference loop (bench/
+    reference_loop.py) on the same config, no held-out scoring; its JSON line has the issue's keys.
+    The ratios of gains are null (nothing scored); the step ratio is a positive number."""
+    root = tmp_path / "runs"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)
+    r = run_bench("peer", "--smoke", "--root", str(root), timeout_s=540, tmp_path=tmp_path)
+    has_keys(
+        r, "heldout_gain_vs_reference", "heldout_spread", "step_over_reference_step", "heldout_gain_per_s_vs_reference"
+    )
+    assert r["steps"] == 1 and len(r["seeds"]) == 1
+    assert r["heldout_gain_vs_reference"] is None and r["heldout_gain_per_s_vs_reference"] is None
+    positive(r["step_over_reference_step"])
