@@ -242,8 +242,8 @@ FEATURE_CASES: list[Case] = [
     Case(
         "reward type nobody registered",
         "plugin",
-        _validate("taskset.reward={type: judge}"),
-        r"taskset\.reward\.type = 'judge': no reward of that name; registered: arithmetic, .*final_answer",
+        _validate("taskset.reward={type: rubric}"),
+        r"taskset\.reward\.type = 'rubric': no reward of that name; registered: arithmetic, .*final_answer",
         r"@register_reward",
         "new",
     ),
