@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 ADAPTER = "default"  # peft's adapter name
 PREFIX = "base_model.model."  # peft's prefix before the HF model's own parameter names
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"  # peft's layout
+MODEL_SUBDIR = "adapter"  # a LoRA run's saved model directory keeps its adapter in this subdirectory
 ENGINE_ADAPTER_ID = 1  # vLLM's lora_int_id of the one adapter an engine serving a LoRA policy holds
 
 

@@ -553,10 +553,19 @@ def local_dir(url: str, storage_options: dict[str, Any] | None = None) -> Iterat
         return
     tmp = tempfile.mkdtemp(prefix="rft-dir-")
     try:
-        for path in fs.find(root):
-            dest = os.path.join(tmp, path[len(root.rstrip("/")) + 1 :])
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            fs.get_file(path, dest)
+        download_dir(fs, root, tmp)
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def download_dir(fs: Any, root: str, dest: str, skip: Callable[[str], bool] = lambda rel: False) -> None:
+    """Every file under `root` on `fs` into the local directory `dest`, at its path relative to
+    `root` (`skip(rel)`: leave that file out)."""
+    for path in fs.find(root):
+        rel = path[len(root.rstrip("/")) + 1 :]
+        if skip(rel):
+            continue
+        target = os.path.join(dest, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fs.get_file(path, target)

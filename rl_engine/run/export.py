@@ -25,11 +25,10 @@ import shutil
 import tempfile
 from typing import Any
 
+from rl_engine.adapter import CONFIG_FILE, MODEL_SUBDIR
 from rl_engine.errors import UserError
 from rl_engine.run.versions import saved_versions
-from rl_engine.storage import join, open_storage
-
-ADAPTER_DIR = "adapter"  # beside a LoRA run's merged model (DeepSpeedTrainer.save_hf)
+from rl_engine.storage import download_dir, join, open_storage
 
 
 def model_versions(run: Any) -> dict[int, str]:
@@ -75,8 +74,7 @@ def export(run_url: str, out_dir: str, version: str = "final", adapter: bool = F
         raise UserError(f"rft export: {out_dir} exists and is not an empty directory; give a new directory")
     run = open_run(run_url)
     v, url = pick_version(run, version)
-    lora = run.cfg.model.lora
-    if adapter and lora is None:
+    if adapter and run.cfg.model.lora is None:
         raise UserError(
             f"rft export {run_url} --adapter: the run trained the whole model (model.lora is null), so it has no adapter; "
             "export the model without --adapter"
@@ -85,7 +83,7 @@ def export(run_url: str, out_dir: str, version: str = "final", adapter: bool = F
         raise UserError(
             f"rft export {run_url} --adapter: version 0 is the base model ({run.cfg.model.path}), trained no adapter yet"
         )
-    source = join(url, ADAPTER_DIR) if adapter else url
+    source = join(url, MODEL_SUBDIR) if adapter else url
     fs, root = open_storage(source, run.storage_options)
     if not fs.exists(root):
         raise UserError(f"rft export {run_url}: {source} is missing (the run's files were moved or pruned)")
@@ -93,15 +91,10 @@ def export(run_url: str, out_dir: str, version: str = "final", adapter: bool = F
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".rft-export-", dir=parent)
     try:
-        for path in fs.find(root):
-            rel = path[len(root.rstrip("/")) + 1 :]
-            if not adapter and rel.split("/", 1)[0] == ADAPTER_DIR:
-                continue  # the merged model alone
-            dest = os.path.join(tmp, rel)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            fs.get_file(path, dest)
+        # the merged model alone, or the adapter alone
+        download_dir(fs, root, tmp, skip=lambda rel: not adapter and rel.split("/", 1)[0] == MODEL_SUBDIR)
         if adapter:
-            _point_at_base(os.path.join(tmp, "adapter_config.json"), run.cfg.model.path)
+            _point_at_base(os.path.join(tmp, CONFIG_FILE), run.cfg.model.path)
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # empty (checked above): replaced whole
         os.rename(tmp, out_dir)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from rl_engine.adapter import ENGINE_ADAPTER_ID as ADAPTER_ID
-from rl_engine.adapter import is_adapter_tensor
+from rl_engine.adapter import MODEL_SUBDIR, is_adapter_tensor
 from rl_engine.proc.owner_watch import start_owner_watch
 
 
@@ -270,9 +270,9 @@ class RFTWorkerExtension:
         """Load every *.safetensors file of a local checkpoint directory in place; returns (version, tensors)."""
         from safetensors import safe_open
 
-        if self._rft_serves_adapter() and (Path(local_dir) / "adapter").is_dir():
+        if self._rft_serves_adapter() and (Path(local_dir) / MODEL_SUBDIR).is_dir():
             # a LoRA run's saved model: its adapter beside the merged weights
-            local_dir = str(Path(local_dir) / "adapter")
+            local_dir = str(Path(local_dir) / MODEL_SUBDIR)
         files = sorted(Path(local_dir).glob("*.safetensors"))
         if not files:
             raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {local_dir}")

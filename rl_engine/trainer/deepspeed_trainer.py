@@ -377,6 +377,7 @@ class DeepSpeedTrainer:
         adapter in peft's layout (adapter_model.safetensors, adapter_config.json)."""
         import tempfile
 
+        from rl_engine.adapter import MODEL_SUBDIR
         from rl_engine.storage import join
 
         weights = lora.merged_weights(self.engine.module) if self.settings.lora is not None else self.named_weights()
@@ -390,8 +391,8 @@ class DeepSpeedTrainer:
             self.tokenizer.save_pretrained(tmp)
             ckpt.upload_dir(tmp, url, storage_options)
             if self.settings.lora is not None:
-                lora.save_adapter(module, f"{tmp}/adapter")
-                ckpt.upload_dir(f"{tmp}/adapter", join(url, "adapter"), storage_options)
+                lora.save_adapter(module, f"{tmp}/{MODEL_SUBDIR}")
+                ckpt.upload_dir(f"{tmp}/{MODEL_SUBDIR}", join(url, MODEL_SUBDIR), storage_options)
 
     def save_state(
         self, url: str, storage_options: dict[str, Any] | None = None, extra: dict[str, Any] | None = None
