@@ -128,30 +128,16 @@ def trainer_rss(config: str, steps: int = 2) -> float:
     sampling's max_tokens), the trainer alone: what LoRA saves on the trainer's side. Run in a
     process of its own (`--trainer-rss CONFIG`), so nothing else's memory is counted."""
     import psutil
-    import torch
 
+    from bench.train import synthetic_batch
     from rl_engine.config import load_config
     from rl_engine.trainer import build_trainer, trainer_settings
 
     cfg = load_config(config, ["model.path=runs/models/smollm2-135m", "taskset.path=unused.jsonl"])
     trainer = build_trainer(trainer_settings(cfg))
-    rows, prompt, response = cfg.explorer.batch_size * cfg.algorithm.repeat_times, 45, cfg.explorer.sampling.max_tokens
-    g = torch.Generator().manual_seed(0)
-    length = prompt + response
-    mask = torch.zeros(rows, length)
-    mask[:, prompt:] = 1
-    batch = {
-        "input_ids": torch.randint(3, 40000, (rows, length), generator=g),  # [B, L]
-        "attention_mask": torch.ones(rows, length, dtype=torch.long),
-        "loss_mask": mask,
-        "behavior_logprobs": torch.zeros(rows, length),
-        "versions": torch.where(mask > 0, 0, -1).long(),
-        "rewards": torch.rand(rows, generator=g),
-        "group_index": torch.arange(rows) // cfg.algorithm.repeat_times,
-        "response_start": torch.full((rows,), prompt, dtype=torch.long),
-        "response_len": torch.full((rows,), response, dtype=torch.long),
-        "truncated": torch.zeros(rows, dtype=torch.long),
-    }
+    rows, prompt = cfg.explorer.batch_size * cfg.algorithm.repeat_times, 45
+    length = prompt + cfg.explorer.sampling.max_tokens
+    batch = synthetic_batch(rows, length, trainer.pad_token_id, prompt=prompt, group=cfg.algorithm.repeat_times)
     peak = 0
     for _ in range(steps):
         trainer.train_step(batch)

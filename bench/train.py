@@ -56,14 +56,15 @@ def _threads(ranks: int) -> int:
     return max(1, (os.cpu_count() or 2) // ranks)
 
 
-def _batch(rows: int, length: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """A right-padded GRPO batch ([B, L]): prompt of 16 tokens, responses of varied length, groups of 4."""
+def synthetic_batch(rows: int, length: int, pad_id: int, prompt: int = 16, group: int = 4) -> dict[str, torch.Tensor]:
+    """A right-padded GRPO batch ([B, L]): a prompt of `prompt` tokens, responses of varied length
+    (from half the row, at most the rest of it), groups of `group`."""
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 200, (rows, length), generator=g)  # [B, L]
-    lengths = torch.randint(length // 2, length - 16 + 1, (rows,), generator=g)  # [B] response tokens
-    am = (torch.arange(length)[None, :] < (16 + lengths)[:, None]).long()  # [B, L]
+    lengths = torch.randint(min(length // 2, length - prompt), length - prompt + 1, (rows,), generator=g)  # [B]
+    am = (torch.arange(length)[None, :] < (prompt + lengths)[:, None]).long()  # [B, L]
     lm = am.float()
-    lm[:, :16] = 0
+    lm[:, :prompt] = 0
     ids = torch.where(am > 0, ids, pad_id)
     return {
         "input_ids": ids,
@@ -72,8 +73,8 @@ def _batch(rows: int, length: int, pad_id: int) -> dict[str, torch.Tensor]:
         "behavior_logprobs": torch.zeros(rows, length),
         "versions": torch.where(lm > 0, 0, -1).long(),
         "rewards": torch.rand(rows, generator=g),
-        "group_index": torch.arange(rows) // 4,
-        "response_start": torch.full((rows,), 16, dtype=torch.long),
+        "group_index": torch.arange(rows) // group,
+        "response_start": torch.full((rows,), prompt, dtype=torch.long),
         "response_len": lengths,
         "truncated": torch.zeros(rows, dtype=torch.long),
     }
@@ -94,7 +95,7 @@ def worker(model_dir: str, rows: int, length: int, micro: int, steps: int, out: 
         _leave_group()
         return
     trainer = build_trainer(settings)
-    batch = _batch(rows, length, trainer.pad_token_id)
+    batch = synthetic_batch(rows, length, trainer.pad_token_id)
     times, tokens = [], 0.0
     for step in range(steps + 1):
         t0 = time.perf_counter()
