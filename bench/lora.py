@@ -28,9 +28,10 @@ run, and the held-out gain in points; then:
   warm-up installs): the resident memory of its worker after, minus before; `install_s` the median
   install.
 
---quick: 8 trainer steps, 64 held-out problems; --smoke (CI): 1 step of 2 tasks x 4 rollouts of up
-to 16 tokens (bench.real's smoke sizes), no held-out scoring (bench.real's smoke scores: the same
-code; the gains are null), 20 installs; its figures say nothing about learning.
+--quick: 8 trainer steps, 64 held-out problems; --smoke (CI): the LoRA run alone (bench.real's smoke
+runs the full one: the same code), 1 step of 2 tasks x 4 rollouts of up to 16 tokens (bench.real's
+smoke sizes), no held-out scoring (the gains are null), 20 installs; the full run's figures are
+null but its sync bytes, which come from the model's shapes. Its figures say nothing about learning.
 """
 
 from __future__ import annotations
@@ -75,18 +76,19 @@ class LoraBench:
         self.cfg, self.before, self.after = cfg, before, after
 
 
-def sync_bytes(cfg: Any) -> int:
-    """Bytes of one weight sync of `cfg`'s run: every parameter, or with LoRA's `sync: adapter` the adapter's tensors."""
+def sync_bytes(model: Any) -> int:
+    """Bytes of one weight sync of a run of `model` (a config's `model` section): every parameter,
+    or with LoRA's `sync: adapter` the adapter's tensors."""
     import math
 
     import torch
 
     from rl_engine.adapter import adapter_shapes, model_shapes, synced_adapter
 
-    shapes = model_shapes(cfg.model.path)
-    if (lora := synced_adapter(cfg.model.lora)) is not None:
+    shapes = model_shapes(model.path)
+    if (lora := synced_adapter(model.lora)) is not None:
         shapes = adapter_shapes(shapes, lora)
-    size = torch.empty(0, dtype=getattr(torch, cfg.model.dtype)).element_size()
+    size = torch.empty(0, dtype=getattr(torch, model.dtype)).element_size()
     return sum(size * math.prod(s) for s in shapes.values())
 
 
@@ -182,8 +184,9 @@ def main() -> None:
     from bench._report import emit_json, print_table
     from cli.demo_real import LORA_CONFIG, REAL_CONFIG, demo_real
 
-    started, rows, kept = time.time(), [], {}
-    for name, config in (("full", REAL_CONFIG), ("lora", LORA_CONFIG)):
+    started, rows, kept = time.time(), {}, {}
+    runs = (("lora", LORA_CONFIG),) if a.smoke else (("full", REAL_CONFIG), ("lora", LORA_CONFIG))
+    for name, config in runs:
         bench = LoraBench()
         rc = demo_real(
             a.root,
@@ -196,32 +199,36 @@ def main() -> None:
             raise SystemExit(rc)
         kept[name] = bench
         f, scored = bench.figures, bench.before is not None
-        rows.append(
-            {
-                "run": name,
-                "held_out_before": bench.before["greedy_exact"] if scored else None,
-                "held_out_after": bench.after["greedy_exact"] if scored else None,
-                "gain_points": 100 * (bench.after["greedy_exact"] - bench.before["greedy_exact"]) if scored else None,
-                "s_per_step": f["s_per_step"],
-                "trainer_step_s": f["trainer_step_s"],
-                "sync_s_trainer": f["sync_s_trainer"],
-                "sync_s_explorer": f["sync_s_explorer"],
-                "sync_mb": sync_bytes(bench.cfg) / 2**20,
-                "peak_rss_gb": bench.rss.peak / 2**30,
-                "peak_trainer_gb": bench.rss.peak_self / 2**30,
-                "peak_engine_gb": bench.rss.peak_children / 2**30,
-            }
-        )
+        rows[name] = {
+            "run": name,
+            "held_out_before": bench.before["greedy_exact"] if scored else None,
+            "held_out_after": bench.after["greedy_exact"] if scored else None,
+            "gain_points": 100 * (bench.after["greedy_exact"] - bench.before["greedy_exact"]) if scored else None,
+            "s_per_step": f["s_per_step"],
+            "trainer_step_s": f["trainer_step_s"],
+            "sync_s_trainer": f["sync_s_trainer"],
+            "sync_s_explorer": f["sync_s_explorer"],
+            "sync_mb": sync_bytes(bench.cfg.model) / 2**20,
+            "peak_rss_gb": bench.rss.peak / 2**30,
+            "peak_trainer_gb": bench.rss.peak_self / 2**30,
+            "peak_engine_gb": bench.rss.peak_children / 2**30,
+        }
+    if "full" not in rows:  # --smoke: the full run's sync bytes alone, from the model's shapes
+        model = kept["lora"].cfg.model
+        rows["full"] = dict.fromkeys(rows["lora"]) | {
+            "run": "full (not run)",
+            "sync_mb": sync_bytes(model.model_copy(update={"lora": None})) / 2**20,
+        }
     engine = engine_growth(kept["lora"].cfg, installs, a.root)
     alone = (
         {}
         if a.smoke
         else {name: trainer_rss_alone(config) for name, config in (("full", REAL_CONFIG), ("lora", LORA_CONFIG))}
     )
-    full, lora = rows
-    heldout_tasks = int(kept["full"].before["tasks"]) if kept["full"].before is not None else 0
+    full, lora = rows["full"], rows["lora"]
+    heldout_tasks = int(kept["lora"].before["tasks"]) if kept["lora"].before is not None else 0
     print_table(
-        rows,
+        [full, lora],
         title=f"bench.lora: SmolLM2-135M-Instruct, word arithmetic, {steps} trainer steps, {heldout_tasks} held-out problems",
     )
     print_table([engine], title=f"a LoRA engine installing {installs} adapter versions in place")
@@ -233,6 +240,12 @@ def main() -> None:
     def points(x: float | None) -> float | None:
         return None if x is None else round(x, 1)
 
+    def num(x: float | None, digits: int = 2) -> float | None:  # --smoke's full figures are null
+        return None if x is None else round(x, digits)
+
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else round(a / b, 3)
+
     emit_json(
         {
             "steps": steps,
@@ -243,21 +256,22 @@ def main() -> None:
             "sync_s_lora": sync_s(lora),
             "sync_s_full": sync_s(full),
             "trainer_step_s_lora": round(lora["trainer_step_s"], 3),
-            "trainer_step_s_full": round(full["trainer_step_s"], 3),
+            "trainer_step_s_full": num(full["trainer_step_s"], 3),
             "s_per_step_lora": round(lora["s_per_step"], 3),
-            "s_per_step_full": round(full["s_per_step"], 3),
-            "peak_rss_ratio": round(lora["peak_rss_gb"] / full["peak_rss_gb"], 3),
+            "s_per_step_full": num(full["s_per_step"], 3),
+            "peak_rss_ratio": ratio(lora["peak_rss_gb"], full["peak_rss_gb"]),
             "peak_rss_gb_lora": round(lora["peak_rss_gb"], 2),
-            "peak_rss_gb_full": round(full["peak_rss_gb"], 2),
+            "peak_rss_gb_full": num(full["peak_rss_gb"]),
             "peak_trainer_gb_lora": round(lora["peak_trainer_gb"], 2),
-            "peak_trainer_gb_full": round(full["peak_trainer_gb"], 2),
+            "peak_trainer_gb_full": num(full["peak_trainer_gb"]),
             "peak_engine_gb_lora": round(lora["peak_engine_gb"], 2),
-            "peak_engine_gb_full": round(full["peak_engine_gb"], 2),
+            "peak_engine_gb_full": num(full["peak_engine_gb"]),
             # The bound of peak_rss_ratio on this engine: LoRA's run with the plain engine's memory (its
             # trainer-side saving alone), against full's. The engine's LoRA buffers are the difference.
-            "peak_rss_ratio_bound": round(
-                (lora["peak_trainer_gb"] + full["peak_engine_gb"]) / (full["peak_trainer_gb"] + full["peak_engine_gb"]),
-                3,
+            "peak_rss_ratio_bound": None
+            if full["peak_engine_gb"] is None
+            else ratio(
+                lora["peak_trainer_gb"] + full["peak_engine_gb"], full["peak_trainer_gb"] + full["peak_engine_gb"]
             ),
             **(
                 {

@@ -43,6 +43,17 @@ def pytest_configure(config: pytest.Config) -> None:
 _STARTED = pytest.StashKey[float]()
 
 
+def _first_try(report: pytest.TestReport) -> str:
+    """A rerun test's first failure: the crash message's first line, and where the message goes on
+    (a bench's or a child's output tail, which the rerun's passing report does not keep) its last lines."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if not (crash and crash.message):
+        return str(report.longrepr)[-1500:]
+    lines = crash.message.splitlines()
+    more = lines[1:][-20:]
+    return lines[0][:300] + "".join(f"\n    | {line[:300]}" for line in more)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if not _controller(config) or _STARTED not in config.stash:
@@ -66,9 +77,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
             f"{': ' + ', '.join(flaky) if flaky else ''}; {len(reruns) - len(flaky)} failed on the rerun too"
         )
         for r in terminalreporter.stats.get("rerun", []):  # what the first try failed on: the flake to fix
-            crash = getattr(r.longrepr, "reprcrash", None)
-            why = crash.message.splitlines()[0][:300] if crash and crash.message else str(r.longrepr)[-300:]
-            write(f"  {r.nodeid} ({r.when}): {why}")
+            write(f"  {r.nodeid} ({r.when}): {_first_try(r)}")
     else:
         write("reruns: none")
     # The budget is the whole suite's: a subset (paths, -k, -m) is reported, never called over it.

@@ -188,7 +188,7 @@ EXERCISED: dict[str, list[str]] = {
     "python -m bench.ops": [
         "tests/deployments/test_live_operations.py::test_bench_ops"
     ],  # --smoke --attach: the module's server, worker, deployments and engine server
-    "python -m bench.lora": ["tests/flows/test_demo_real.py::test_bench_lora_smoke_runs_both_and_installs_in_place"],
+    "python -m bench.lora": ["tests/flows/test_demo_real.py::test_bench_lora_smoke_runs_lora_and_installs_in_place"],
     "python -m bench.peer": ["tests/flows/test_demo_real.py::test_bench_peer_smoke_runs_rft_and_the_reference"],
     "python -m bench.real": [  # one run with `rft demo --model smollm2`'s test: bench.real runs the demo's code
         "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",

@@ -147,11 +147,11 @@ def test_host_snapshot_is_a_copy_in_host_memory():
 
 
 @pytest.mark.slow
-def test_save_state_peak_extra_memory_per_parameter(tmp_path_factory):
+def test_save_state_peak_extra_memory_per_parameter(tmp_path):
     """Peak RSS rise during save_state of a 28.6M-parameter model (fp32 weights + Adam state: 12
     bytes per parameter), measured in a fresh process: built in memory as one blob it was 20.6
     bytes per parameter; streamed it is about one tensor (< 1 byte per parameter)."""
-    tmp = tmp_path_factory.mktemp("streaming")
+    tmp = tmp_path
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, __file__, str(tmp / "model"), str(tmp / "out")],
