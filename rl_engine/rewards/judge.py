@@ -49,7 +49,7 @@ from rl_engine.config.model import template_fields
 from rl_engine.errors import UserError
 from rl_engine.registry import load_object
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
-from rl_engine.rewards.remote import RemoteReward
+from rl_engine.rewards.remote import ServiceCalls, score_one
 
 _PATTERNS = {"yes_no": r"\b(yes|no)\b", "number": r"-?\d+(?:\.\d+)?"}
 
@@ -78,7 +78,7 @@ def build_parser(parser: str, pattern: str | None) -> Callable[[str], float | No
     return fn
 
 
-class JudgeRewardFn(RemoteReward):
+class JudgeRewardFn:
     """The `judge` reward (see the module docstring); built from its config variant's fields."""
 
     def __init__(
@@ -107,11 +107,12 @@ class JudgeRewardFn(RemoteReward):
             )
         self.base_url, self.model, self.template, self.chat = base_url.rstrip("/"), model, template, chat
         self.max_tokens, self.concurrency, self.timeout_s = max_tokens, max(1, concurrency), float(timeout_s)
-        self.on_failure, self.api_key_env = on_failure, api_key_env
+        self.api_key_env = api_key_env
+        self.calls = ServiceCalls(f"the judge at taskset.reward.base_url = {self.base_url!r}", on_failure, timeout_s)
+        self.describe = self.calls.describe  # how scoring's messages name this reward
 
-    @property
-    def describe(self) -> str:  # how scoring's messages name this reward
-        return f"the judge at taskset.reward.base_url = {self.base_url!r}"
+    def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
+        return score_one(self, prompt, response, task, finish_reason)
 
     def render(self, prompt: str, response: str, answer: Any) -> str:
         return self.template.format(prompt=prompt, response=response, answer="" if answer is None else answer)
@@ -149,7 +150,7 @@ class JudgeRewardFn(RemoteReward):
             ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(texts))), thread_name_prefix="judge") as ex,
         ):
             replies = list(ex.map(lambda t: ask(client, t), texts))
-        self.check_failure(first[0] if first else None)
+        self.calls.check_failure(first[0] if first else None)
         outcomes: list[Any] = []
         unparsed = 0
         for reply in replies:
@@ -189,15 +190,15 @@ class JudgeRewardFn(RemoteReward):
             path, body["messages"] = "/chat/completions", [{"role": "user", "content": text}]
         else:
             path, body["prompt"] = "/completions", text
-        r = self.post(client, self.base_url + path, body)
+        r = self.calls.post(client, self.base_url + path, body)
         if r.status_code != 200:
-            raise UserCodeCrashed(f"{self.describe} answered HTTP {r.status_code}: {r.text[:300]}")
+            raise UserCodeCrashed(f"{self.calls.describe} answered HTTP {r.status_code}: {r.text[:300]}")
         try:
             choice = r.json()["choices"][0]
             return choice["message"]["content"] if self.chat else choice["text"]
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise UserCodeCrashed(
-                f"{self.describe} answered what is not a completion ({type(e).__name__}: {e})"
+                f"{self.calls.describe} answered what is not a completion ({type(e).__name__}: {e})"
             ) from None
 
     def __repr__(self) -> str:

@@ -1,8 +1,9 @@
-"""What the rewards that ask another process share (the model reward's service, reward_model.py;
-the judge's endpoint, judge.py): a step's samples scored together by `score_samples`, a single
-sample by calling the reward like any other, the error that fails a step under
-`on_failure: fail`, and `TimedReward`, which records each step's scoring as a `reward` span of the
-explorer's timeline (a slow service shows there, not hidden in the rollout)."""
+"""What the rewards that score a step's samples together share (the model reward's service,
+reward_model.py; the judge's endpoint, judge.py; the sandboxed code tests, code_tests.py):
+`score_one`, a single sample scored through the reward's `score_samples`; `ServiceCalls`, the
+requests to a service and the error that fails a step under `on_failure: fail`; and
+`TimedReward`, which records each step's scoring as a `reward` span of the explorer's timeline
+(a slow service shows there, not hidden in the rollout)."""
 
 from __future__ import annotations
 
@@ -12,22 +13,21 @@ from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
 from rl_engine.rewards.scoring import RewardError
 
 
-class RemoteReward:
-    """A reward whose `score_samples(samples) -> (outcomes, metrics)` asks a service; subclasses
-    set `describe` (how messages name it: its service and config field) and `on_failure`."""
+def score_one(reward: Any, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
+    """One sample's reward through `reward.score_samples` (a RewardFn call on a batch reward);
+    its failure is raised."""
+    (outcome,), _ = reward.score_samples([(prompt, response, task, finish_reason)])
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome[0]
 
-    describe: str
-    on_failure: str
-    timeout_s: float
 
-    def score_samples(self, samples: Any) -> tuple[list[Any], dict[str, Any]]:
-        raise NotImplementedError
+class ServiceCalls:
+    """Requests to one reward service: `describe` is how messages name it (its service and config
+    field), `on_failure` and `timeout_s` its config's."""
 
-    def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
-        (outcome,), _ = self.score_samples([(prompt, response, task, finish_reason)])
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome[0]
+    def __init__(self, describe: str, on_failure: str, timeout_s: float):
+        self.describe, self.on_failure, self.timeout_s = describe, on_failure, float(timeout_s)
 
     def check_failure(self, failure: Exception | None) -> None:
         """RewardError naming the service when it failed (timed out, gone, erring) and
@@ -56,11 +56,11 @@ class RemoteReward:
 
 
 class TimedReward:
-    """`reward` (a RemoteReward) with each `score_samples` call recorded as a span of kind `reward`
-    on `timeline` (an rl_engine.run.timeline.TimelineRecorder), marked with `step` and `version`
-    (the caller sets them before each step); everything else is the reward's own."""
+    """`reward` (one with `score_samples`) with each `score_samples` call recorded as a span of kind
+    `reward` on `timeline` (an rl_engine.run.timeline.TimelineRecorder), marked with `step` and
+    `version` (the caller sets them before each step); everything else is the reward's own."""
 
-    def __init__(self, reward: RemoteReward, timeline: Any):
+    def __init__(self, reward: Any, timeline: Any):
         self.reward, self.timeline = reward, timeline
         self.step: int | None = None
         self.version: int | None = None

@@ -47,7 +47,7 @@ from rl_engine.errors import UserError
 from rl_engine.proc.owner_watch import OWNER_PID_ENV
 from rl_engine.proc.starts import count_start
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
-from rl_engine.rewards.remote import RemoteReward
+from rl_engine.rewards.remote import ServiceCalls, score_one
 from rl_engine.rewards.scoring import RewardError
 
 START_TIMEOUT_S = 300.0  # importing torch and loading a model on a busy CPU
@@ -179,7 +179,7 @@ SERVICES = ServiceRegistry()
 atexit.register(SERVICES.stop_all)
 
 
-class ModelRewardFn(RemoteReward):
+class ModelRewardFn:
     """The `model` reward (see the module docstring); built from its config variant's fields."""
 
     def __init__(
@@ -201,14 +201,15 @@ class ModelRewardFn(RemoteReward):
             "device": device,
             "dtype": dtype,
         }
-        self.path, self.timeout_s, self.normalize, self.on_failure = path, float(timeout_s), normalize, on_failure
+        self.path, self.timeout_s, self.normalize = path, float(timeout_s), normalize
+        self.calls = ServiceCalls(f"the reward service of taskset.reward.path = {path!r}", on_failure, timeout_s)
+        self.describe = self.calls.describe  # how scoring's messages name this reward
         self.moments = RunningMoments()
         self._service: _Service | None = None
         self._http: Any = None
 
-    @property
-    def describe(self) -> str:  # how scoring's messages name this reward
-        return f"the reward service of taskset.reward.path = {self.path!r}"
+    def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
+        return score_one(self, prompt, response, task, finish_reason)
 
     def score_samples(
         self, samples: Sequence[Any]
@@ -235,7 +236,7 @@ class ModelRewardFn(RemoteReward):
                 except (UserCodeTimeout, UserCodeCrashed) as e:
                     failure = e
             scores += [failure] * len(chunk)
-        self.check_failure(failure)
+        self.calls.check_failure(failure)
         outcomes = self._rewards(scores)
         failed = [s for s in scores if isinstance(s, Exception)]
         wall = time.monotonic() - started
@@ -269,13 +270,13 @@ class ModelRewardFn(RemoteReward):
             raise UserCodeCrashed(str(e)) from None
         if self._http is None:
             self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0))
-        r = self.post(self._http, self._service.url + "/score", {"pairs": chunk, "timeout_s": self.timeout_s})
+        r = self.calls.post(self._http, self._service.url + "/score", {"pairs": chunk, "timeout_s": self.timeout_s})
         if r.status_code == 504:
             raise UserCodeTimeout(
-                f"{self.describe} did not score within taskset.reward.timeout_s = {self.timeout_s:g} s"
+                f"{self.calls.describe} did not score within taskset.reward.timeout_s = {self.timeout_s:g} s"
             )
         if r.status_code != 200:
-            raise UserCodeCrashed(f"{self.describe} failed the request: HTTP {r.status_code} {r.text[:500]}")
+            raise UserCodeCrashed(f"{self.calls.describe} failed the request: HTTP {r.status_code} {r.text[:500]}")
         return r.json()
 
     def close(self) -> None:

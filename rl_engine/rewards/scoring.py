@@ -417,7 +417,7 @@ class _Tally:
 
 
 def _describe(reward_fn: Any) -> str:
-    # A built-in that names itself (the model reward: its service and field).
+    # A built-in that names itself (the model reward, the judge: its service and field).
     if described := getattr(reward_fn, "describe", None):
         return str(described)
     spec = getattr(reward_fn, "spec", None)

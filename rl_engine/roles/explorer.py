@@ -38,7 +38,7 @@ from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.experience import ExperienceBatch
 from rl_engine.proc.failpoints import failpoint
 from rl_engine.rewards import TaskIterator, build_reward, encode_task, load_taskset
-from rl_engine.rewards.remote import RemoteReward, TimedReward
+from rl_engine.rewards.remote import TimedReward
 from rl_engine.roles.episodes import explore_episodes
 from rl_engine.roles.groups import Group, group_id, one_step_generation, score_groups
 from rl_engine.roles.partial import PartialRollouts, PartialSettings
@@ -235,7 +235,7 @@ class Explorer:
             tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle
         )
         self.reward_fn = build_reward(cfg.taskset.reward)
-        if isinstance(self.reward_fn, RemoteReward):  # a service's scoring is a span of its own (timeline)
+        if hasattr(self.reward_fn, "score_samples"):  # a service's or sandbox's scoring is a span of its own (timeline)
             self.reward_fn = TimedReward(self.reward_fn, self.timeline)
         self.workflow = build_workflow(cfg.taskset.workflow)  # None: single-turn rollouts
         self.pool = build_user_code_pool(cfg.taskset, self.name)
