@@ -1,5 +1,6 @@
 """What `rft run` and `rft demo` show on the terminal while a run goes: one progress line (trainer
-step / total, latest reward, seconds per step, ETA) instead of the engines' and libraries' logs,
+step / total, latest reward, seconds per step, ETA, and with a reward that asks a service, the
+service's latest time per request) instead of the engines' and libraries' logs,
 which go to `<run>/logs/engines.log`; and a line for work in stages (`StageLine`: `rft demo
 --model smollm2`'s held-out scoring).
 
@@ -43,6 +44,7 @@ class ProgressLine:
         self.started = clock()
         self.first: tuple[float, int] | None = None  # (time, step) of the first step seen: the rate excludes start-up
         self.step, self.reward, self.seen_at = 0, None, self.started
+        self.service: str | None = None  # the reward service's latest figures (reward_service_text)
         self.printed = -1  # the step of the last plain line (non-TTY)
 
     def seen(self, step: int, reward: float | None) -> None:
@@ -66,7 +68,8 @@ class ProgressLine:
         reward = "-" if self.reward is None else f"{self.reward:.3f}"
         eta = "--:--:--" if sps is None else fmt_duration(sps * max(self.total - self.step, 0))
         rate = "" if sps is None else f"  {sps:.1f} s/step"
-        return f"step {self.step}/{self.total} [{'#' * done}{'.' * (self.WIDTH - done)}] {100 * self.step // self.total:3d}%  reward {reward}{rate}  ETA {eta}"
+        service = "" if self.service is None else f"  {self.service}"
+        return f"step {self.step}/{self.total} [{'#' * done}{'.' * (self.WIDTH - done)}] {100 * self.step // self.total:3d}%  reward {reward}{rate}{service}  ETA {eta}"
 
     def draw(self, final: bool = False) -> None:
         """TTY: redraw in place. Otherwise: a line at the first step, every `every` steps and at the end."""
@@ -90,6 +93,37 @@ def latest_trainer_step(fs: Any, root: str) -> tuple[int, float | None] | None:
     return int(m.get("step", max(paths).rsplit("=", 1)[-1].split(".")[0])), m.get("reward_mean")
 
 
+# A reward that asks a service reports its latency per request (and the model's batch size) in
+# the explorer's step metrics (rl_engine/rewards/reward_model.py, judge.py, code_tests.py).
+SERVICE_REWARDS = ("model", "judge", "code_tests")  # taskset.reward.type
+SERVICES = {
+    "reward/model/": ("reward model", "latency_ms", "batch_size"),
+    "reward/judge/": ("judge", "latency_ms", None),
+    "reward/sandbox/": ("sandbox", "run_ms_mean", None),
+}
+
+
+def reward_service_text(metrics: dict[str, Any]) -> str | None:
+    """What the progress line says of the reward service in an explorer step's metrics (e.g.
+    `reward model 85 ms/request, batch 16`); None for a reward without a service, or no figure yet."""
+    import math
+
+    for prefix, (label, latency, batch) in SERVICES.items():
+        ms = metrics.get(prefix + latency)
+        if isinstance(ms, (int, float)) and math.isfinite(ms):
+            size = metrics.get(prefix + batch) if batch else None
+            per = "run" if prefix == "reward/sandbox/" else "request"
+            text = f"{label} {ms:.0f} ms/{per}"
+            return text + (f", batch {size:.0f}" if isinstance(size, (int, float)) and math.isfinite(size) else "")
+    return None
+
+
+def latest_explorer_metrics(fs: Any, root: str) -> dict[str, Any] | None:
+    """The newest step metrics of explorer 0, or None before its first step."""
+    paths = fs.glob(join(root, METRICS_DIR, "role=explorer-0", "step=*.json"))
+    return read_json(fs, max(paths)) if paths else None
+
+
 @contextlib.contextmanager
 def follow(
     run_url: str,
@@ -98,8 +132,10 @@ def follow(
     every: int,
     out: TextIO,
     poll_s: float | None = None,
+    reward_service: bool = False,
 ) -> Iterator[ProgressLine]:
-    """Draw the run's progress on `out` from a background thread until the block ends, then once more."""
+    """Draw the run's progress on `out` from a background thread until the block ends, then once
+    more; with `reward_service` (the run's reward asks a service) the line also shows its latency."""
     fs, root = open_storage(run_url, storage_options)
     line = ProgressLine(out, total, every, out.isatty())
     poll = poll_s if poll_s is not None else (0.5 if is_local(fs) else 2.0)
@@ -109,6 +145,8 @@ def follow(
         try:
             if (latest := latest_trainer_step(fs, root)) is not None:
                 line.seen(*latest)
+            if reward_service and (explorer := latest_explorer_metrics(fs, root)) is not None:
+                line.service = reward_service_text(explorer) or line.service
         except Exception:  # noqa: BLE001 - a file being written, or a storage hiccup: the next tick reads it
             pass
         line.draw()

@@ -49,14 +49,15 @@ def run_watched(cfg: RFTConfig, resume: str | None = None, term: TextIO | None =
     that routed the output already (`run_output` around more than the run)."""
     import logging
 
-    from cli.progress import follow
+    from cli.progress import SERVICE_REWARDS, follow
 
     cfg = named(cfg, resume)
     if term is None:
         with run_output(cfg, resume) as terminal:
             return run_watched(cfg, resume, terminal)
     url, opts = run_url(cfg, resume)
-    with follow(url, opts, cfg.trainer.total_steps, cfg.monitor.log_every, term):
+    service = cfg.taskset.reward.type in SERVICE_REWARDS
+    with follow(url, opts, cfg.trainer.total_steps, cfg.monitor.log_every, term, reward_service=service):
         try:
             return run_config(cfg, resume)
         finally:

@@ -197,3 +197,43 @@ def test_a_failing_run_shows_its_error_on_the_terminal(tiny_model_dir, task_file
     log = re.search(r"^the run's engine and library logs: (\S+)$", res.stderr, re.MULTILINE).group(1)
     assert "lineage 'busy' is busy" in Path(log).read_text()
     assert "Traceback" not in res.stdout + res.stderr
+
+
+def test_the_line_shows_the_reward_service_from_the_explorer_metrics(tmp_path):
+    """With a reward that asks a service, the line carries the explorer's latest figure of it (read
+    from the run's storage, as the steps are): the model's ms per request and batch size, the
+    judge's ms per request, the sandbox's ms per run; a step without a figure keeps the last one."""
+    import json
+
+    from cli.progress import reward_service_text
+    from rl_engine.run.report import METRICS_DIR
+
+    assert reward_service_text({"reward/model/latency_ms": 85.2, "reward/model/batch_size": 16.0}) == (
+        "reward model 85 ms/request, batch 16"
+    )
+    assert reward_service_text({"reward/judge/latency_ms": 1210.0}) == "judge 1210 ms/request"
+    assert reward_service_text({"reward/sandbox/run_ms_mean": 41.0}) == "sandbox 41 ms/run"
+    assert reward_service_text({"reward/model/latency_ms": float("nan")}) is None  # every request failed
+    assert reward_service_text({"reward_mean": 0.5}) is None
+
+    def write(role: str, step: int, metrics: dict) -> None:
+        d = tmp_path / METRICS_DIR / f"role={role}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"step={step:08d}.json").write_text(json.dumps({"step": step, **metrics}))
+
+    write("trainer", 1, {"reward_mean": 0.5})
+    write("explorer-0", 1, {"reward/model/latency_ms": 85.2, "reward/model/batch_size": 16.0})
+    out = Sink(tty=False)
+    with follow(str(tmp_path), None, 4, 1, out, poll_s=0.05, reward_service=True) as line:
+        deadline = time.monotonic() + 10
+        while line.service is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        write("explorer-0", 2, {"reward/model/latency_ms": float("nan")})  # a step whose requests all failed
+        write("trainer", 2, {"reward_mean": 0.7})
+        while line.step < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert out.text.splitlines()[-1].startswith("step 2/4 ") and "reward model 85 ms/request, batch 16  ETA" in out.text
+    out = Sink(tty=False)
+    with follow(str(tmp_path), None, 4, 1, out, poll_s=0.05):  # a rule reward: no service read
+        pass
+    assert "ms/request" not in out.text
