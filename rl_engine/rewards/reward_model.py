@@ -6,7 +6,7 @@ a reward service process (rl_engine.rewards.reward_model_server) that the run's 
 `ModelRewardFn` is the explorer's side. Building it only checks `path` (preflight builds one: a
 directory that is not a sequence classifier with one label fails the run before anything starts);
 the service is started on the first scoring call. Services are kept per process, one per model
-setting (`SERVICES`): every explorer of a run under `placement: local` (the roles are threads of one
+setting (rl_engine.rewards.services.SERVICES): every explorer of a run under `placement: local` (the roles are threads of one
 process) shares one service, which holds the model once and packs their requests into batches; it
 stops when the last client closes, at this process's exit, or, should this process be killed, by
 itself (it watches its owner: rl_engine.proc.owner_watch). Under `placement: deployments` each
@@ -30,28 +30,18 @@ per batch the service ran them in), samples_per_s, failures and timeouts (sample
 
 from __future__ import annotations
 
-import atexit
 import json
 import math
-import os
-import select
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rl_engine.errors import UserError
-from rl_engine.proc.owner_watch import OWNER_PID_ENV
-from rl_engine.proc.starts import count_start
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
 from rl_engine.rewards.remote import ServiceCalls, score_one
-from rl_engine.rewards.scoring import RewardError
-
-START_TIMEOUT_S = 300.0  # importing torch and loading a model on a busy CPU
-_STOP_GRACE_S = 5.0
+from rl_engine.rewards.services import SERVICES, Service, acquire_service, start_service
 
 
 def check_classifier(path: str, field: str = "taskset.reward.path") -> None:
@@ -100,85 +90,6 @@ class RunningMoments:
         return (x - self.mean) / std if std > 1e-8 else x - self.mean
 
 
-class _Service:
-    """One reward service process and its address."""
-
-    def __init__(self, settings: dict[str, Any]):
-        env = {**os.environ, OWNER_PID_ENV: str(os.getpid())}
-        cmd = [sys.executable, "-m", "rl_engine.rewards.reward_model_server", json.dumps(settings)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, close_fds=True)
-        self.refs = 0
-        ready, _, _ = select.select([self.proc.stdout], [], [], START_TIMEOUT_S)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        self.proc.stdout.close()
-        if not line.startswith("listening "):
-            self.stop()
-            raise RewardError(
-                f"the reward service of taskset.reward.path = {settings['path']!r} did not start within {START_TIMEOUT_S:g} s "
-                f"({'exit code ' + str(self.proc.returncode) if self.proc.returncode is not None else 'no answer'}); its error is above in the log"
-            )
-        self.url = f"http://127.0.0.1:{int(line.split()[1])}"
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(_STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(_STOP_GRACE_S)
-
-
-class ServiceRegistry:
-    """This process's reward services, one per setting, counted by their clients."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._services: dict[str, _Service] = {}
-        self.started = 0  # services this process started (tests: explorers shared one)
-
-    def acquire(self, settings: dict[str, Any], held: _Service | None) -> _Service:
-        """The live service of `settings` (started if there is none, or if the one there died),
-        counting the caller once (`held`: the one it already counts)."""
-        key = json.dumps(settings, sort_keys=True)
-        with self._lock:
-            svc = self._services.get(key)
-            if svc is None or not svc.alive:
-                if svc is not None:
-                    svc.stop()
-                svc = self._services[key] = _Service(settings)
-                self.started += 1
-                count_start("reward_service")
-            if svc is not held:
-                svc.refs += 1
-            return svc
-
-    def release(self, svc: _Service) -> None:
-        with self._lock:
-            svc.refs -= 1
-            if svc.refs > 0:
-                return
-            for k, v in list(self._services.items()):
-                if v is svc:
-                    del self._services[k]
-        svc.stop()
-
-    def stop_all(self) -> None:
-        with self._lock:
-            services = list(self._services.values())
-            self._services.clear()
-        for svc in services:
-            svc.stop()
-
-
-SERVICES = ServiceRegistry()
-atexit.register(SERVICES.stop_all)
-
-
 class ModelRewardFn:
     """The `model` reward (see the module docstring); built from its config variant's fields."""
 
@@ -205,7 +116,7 @@ class ModelRewardFn:
         self.calls = ServiceCalls(f"the reward service of taskset.reward.path = {path!r}", on_failure, timeout_s)
         self.describe = self.calls.describe  # how scoring's messages name this reward
         self.moments = RunningMoments()
-        self._service: _Service | None = None
+        self._service: Service | None = None
         self._http: Any = None
 
     def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
@@ -264,10 +175,7 @@ class ModelRewardFn:
         the service is dead, cannot start, or fails the request."""
         import httpx
 
-        try:
-            self._service = SERVICES.acquire(self.settings, self._service)
-        except RewardError as e:
-            raise UserCodeCrashed(str(e)) from None
+        self._service = acquire_service(self.settings, self._start, self._service)
         if self._http is None:
             self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0))
         r = self.calls.post(self._http, self._service.url + "/score", {"pairs": chunk, "timeout_s": self.timeout_s})
@@ -278,6 +186,10 @@ class ModelRewardFn:
         if r.status_code != 200:
             raise UserCodeCrashed(f"{self.calls.describe} failed the request: HTTP {r.status_code} {r.text[:500]}")
         return r.json()
+
+    def _start(self) -> Service:
+        cmd = [sys.executable, "-m", "rl_engine.rewards.reward_model_server", json.dumps(self.settings)]
+        return start_service(cmd, f"the reward service of taskset.reward.path = {self.settings['path']!r}")
 
     def close(self) -> None:
         """Done with the service: the last client of it stops it."""

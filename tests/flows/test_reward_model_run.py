@@ -15,7 +15,7 @@ import pytest
 from cli.run import run_config
 from harness.runs import MODES, small_config
 from rl_engine.config import RFTConfig
-from rl_engine.rewards.reward_model import SERVICES
+from rl_engine.rewards.services import SERVICES
 from rl_engine.run.context import open_run
 from rl_engine.run.report import load_metrics
 from rl_engine.run.timeline import load_spans
