@@ -2,9 +2,12 @@
 
 The mode's flow starts the trainer and every explorer with `run_deployment(timeout=0,
 as_subflow=True)` (each on the pool that serves its deployment, with per-role job variables),
-then watches them: a role whose flow run fails or crashes, or that goes silent on the board
-(heartbeats), or that never starts, stops the others within seconds and fails the run with a
-message naming it; cancelling the mode's flow run cancels the roles' runs.
+and the reward role when the run's reward is a model (its service, which the explorers share:
+rl_engine.rewards.run_service), then watches them: a role whose flow run fails or crashes, or
+that goes silent on the board (heartbeats), or that never starts, stops the others within seconds
+and fails the run with a message naming it; cancelling the mode's flow run cancels the roles'
+runs. The reward role ends after the explorers it serves; should it still run once every other
+role has ended, the run's stop is requested, and after GRACE_S it is cancelled.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from prefect.states import Cancelling
 
 from rl_engine.board import STOP_KEY, request_stop, role_name, silent_roles
 from rl_engine.config import DeploymentsPlacement
+from rl_engine.rewards.run_service import REWARD_ROLE, has_reward_role
 from rl_engine.run.context import RunContext
 
 POLL_S = 1.0
@@ -34,18 +38,23 @@ def _job_variables(p: DeploymentsPlacement, role: str) -> dict[str, Any]:
     return {**general, **p.job_variables.get(role, {})}
 
 
+def _deployment(p: DeploymentsPlacement, role: str) -> str:
+    return {"trainer": p.trainer_deployment, REWARD_ROLE: p.reward_deployment}.get(role, p.explorer_deployment)
+
+
 def start_roles(run: RunContext, progress_id: str | None = None) -> dict[str, Any]:
-    """{role: its flow run}, each started on its deployment (returns at once); the trainer moves
-    the run's progress artifact `progress_id`."""
-    p = run.cfg.placement
-    params: dict[str, dict[str, Any]] = {
-        "trainer": {"run_url": run.url, "storage_options": run.storage_options, "progress_id": progress_id}
-    }
+    """{role: its flow run}, each started on its deployment (returns at once): the trainer, which
+    moves the run's progress artifact `progress_id`, every explorer, and the reward role when the
+    run has one."""
+    p, handles = run.cfg.placement, {"run_url": run.url, "storage_options": run.storage_options}
+    params: dict[str, dict[str, Any]] = {"trainer": {**handles, "progress_id": progress_id}}
     for i in range(run.cfg.explorer.count):
-        params[role_name(i)] = {"run_url": run.url, "explorer_id": i, "storage_options": run.storage_options}
+        params[role_name(i)] = {**handles, "explorer_id": i}
+    if has_reward_role(run.cfg):
+        params[REWARD_ROLE] = handles
     return {
         role: run_deployment(
-            p.trainer_deployment if role == "trainer" else p.explorer_deployment,
+            _deployment(p, role),
             parameters=kw,
             timeout=0,
             as_subflow=True,
@@ -85,6 +94,8 @@ def run_deployments(run: RunContext, attempt: str, progress_id: str | None = Non
                     break
                 if (problem := _problem(run, attempt, states, started_at)) is not None:
                     request_stop(board, "failed", problem, by="flow")
+                if _nothing_left_to_serve(states):
+                    request_stop(board, "finished", "the trainer and every explorer have ended", by="flow")
                 if stop_seen is None and board.get(STOP_KEY) is not None:
                     stop_seen = time.monotonic()
                 if stop_seen is not None and not cancelled_children and time.monotonic() - stop_seen > GRACE_S:
@@ -105,6 +116,12 @@ def run_deployments(run: RunContext, attempt: str, progress_id: str | None = Non
             if s.is_crashed() and not stop["reason"].startswith(r)
         ]
         raise RoleFailed(f"run {run.url} failed: {'; '.join(crashed + [stop['reason']])}")
+
+
+def _nothing_left_to_serve(states: dict[str, Any]) -> bool:
+    """The reward role still runs, every role it serves has ended."""
+    served = [s for role, s in states.items() if role != REWARD_ROLE]
+    return REWARD_ROLE in states and not states[REWARD_ROLE].is_final() and all(s.is_final() for s in served)
 
 
 def _cancel(client: Any, children: dict[str, Any], states: dict[str, Any]) -> None:

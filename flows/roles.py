@@ -1,6 +1,7 @@
 """The roles as flows of their own: with `placement: {type: deployments}` the mode's flow starts
 each role as a flow run of these flows' deployments (`rft-explorer/default`, `rft-trainer/default`
-in prefect.yaml), so each runs in its own process on whatever work pool serves it.
+in prefect.yaml; `rft-reward/default` too when the run's reward is a model), so each runs in its
+own process on whatever work pool serves it.
 
 They take handles only (the run's URL, the explorer id, non-secret storage options); everything
 else comes from the run's storage, which each opens once (its RunContext) for the role and its callbacks. A role ends its own child processes (vLLM engine cores) on
@@ -16,6 +17,7 @@ from prefect import flow
 
 from flows.common import end_cancelled, output_to_run_log
 from rl_engine.board import role_name
+from rl_engine.rewards.run_service import REWARD_ROLE
 from rl_engine.roles import entry as roles
 from rl_engine.run.context import open_run
 from rl_engine.run.logs import role_log_name
@@ -53,3 +55,12 @@ def trainer_role(run_url: str, storage_options: dict[str, Any] | None = None, pr
         with off_the_loop(trainer_step_done(run, progress_id)) as on_step:
             result = roles.trainer_role(run, on_step=on_step)
         return _outcome("trainer", run_url, result)
+
+
+@flow(name="rft-reward", log_prints=True)
+def reward_role(run_url: str, storage_options: dict[str, Any] | None = None) -> Any:
+    """The reward service of the run at `run_url`, which its explorers score with (started by the
+    run's mode flow when its reward is `{type: model}`); it ends after the run's explorers."""
+    with output_to_run_log(run_url, storage_options, role_log_name(REWARD_ROLE)):
+        run = open_run(run_url, storage_options)
+        return _outcome(REWARD_ROLE, run_url, roles.reward_role(run))

@@ -15,7 +15,8 @@ pid, host, state, refreshed every heartbeat) live here too; `rl_engine.roles.ent
 
 Key schema: the run-level keys are defined below and nowhere else (`START_KEY`, `STOP_KEY`,
 `TRAINER_KEY`, `role_key`, with role names from `role_name`); a weight-sync method's handshake
-keys belong to that method and live in `rl_engine/sync/` (its callers never read them).
+keys belong to that method and live in `rl_engine/sync/` (its callers never read them); the
+reward role's name and the key of its service's address live in `rl_engine/rewards/run_service.py`.
 """
 
 from __future__ import annotations
@@ -349,16 +350,16 @@ class RoleSignals:
         self.board.post(role_key(self.role), {**self._marker, "state": state, "error": error})
 
 
-def silent_roles(board: Board, roles: list[str], attempt: str, timeout_s: float) -> list[str]:
-    """Roles of `attempt` still marked running whose heartbeat is older than `timeout_s`."""
-    now, out = time.time(), []
+def running_roles(board: Board, roles: list[str], attempt: str) -> dict[str, float]:
+    """{role: seconds since its last heartbeat} of the roles of `attempt` still marked running."""
+    now, out = time.time(), {}
     for role in roles:
         m = board.get(role_key(role))
-        if (
-            m is not None
-            and m.get("attempt") == attempt
-            and m.get("state") == "running"
-            and now - m["time"] > timeout_s
-        ):
-            out.append(role)
+        if m is not None and m.get("attempt") == attempt and m.get("state") == "running":
+            out[role] = now - m["time"]
     return out
+
+
+def silent_roles(board: Board, roles: list[str], attempt: str, timeout_s: float) -> list[str]:
+    """Roles of `attempt` still marked running whose heartbeat is older than `timeout_s`."""
+    return [role for role, age in running_roles(board, roles, attempt).items() if age > timeout_s]

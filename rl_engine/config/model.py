@@ -193,6 +193,22 @@ class ModelReward(_Model):
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         default="float32", description="Parameter dtype of the service's model; scores are returned as float32."
     )
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        description="The address the service binds and explorers reach it at: loopback keeps it on one machine; under placement "
+        "deployments, the reward role's machine's address the explorers' machines reach (not 0.0.0.0: explorers connect to it). "
+        "Anyone who reaches it can make it compute.",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _reachable(cls, v: str) -> str:
+        if v in ("0.0.0.0", "::", "[::]"):
+            raise ValueError(
+                f"host {v!r} binds every interface but is no address to connect to; give the machine's address the explorers reach"
+            )
+        return v
 
 
 JUDGE_FIELDS = ("prompt", "response", "answer")

@@ -62,9 +62,13 @@ class DeploymentsPlacement(_Model):
         default="rft-trainer/default",
         description="Deployment (`flow-name/deployment-name`) that runs the trainer role.",
     )
+    reward_deployment: str = Field(
+        default="rft-reward/default",
+        description="Deployment (`flow-name/deployment-name`) that runs the reward role: the run's reward service, started when `taskset.reward.type` is `model`.",
+    )
     job_variables: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="Work-pool job variables per role: key `trainer`, `explorer` (every explorer) or `explorer-<i>`, e.g. {explorer-1: {env: {CUDA_VISIBLE_DEVICES: '1'}}}.",
+        description="Work-pool job variables per role: key `trainer`, `explorer` (every explorer), `explorer-<i>` or `reward` (the reward role), e.g. {explorer-1: {env: {CUDA_VISIBLE_DEVICES: '1'}}}.",
     )
     start_timeout_s: float = Field(
         default=600.0, gt=0.0, description="Longest a role's flow run may wait for a worker before the run fails."
@@ -80,8 +84,8 @@ class DeploymentsPlacement(_Model):
     @classmethod
     def _roles(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for key in v:
-            if key not in ("trainer", "explorer") and not (key.startswith("explorer-") and key[9:].isdigit()):
-                raise ValueError(f"job_variables key {key!r}: use `trainer`, `explorer` or `explorer-<i>`")
+            if key not in ("trainer", "explorer", "reward") and not (key.startswith("explorer-") and key[9:].isdigit()):
+                raise ValueError(f"job_variables key {key!r}: use `trainer`, `explorer`, `explorer-<i>` or `reward`")
         found = find_secret(v)
         if found:
             raise ValueError(

@@ -9,8 +9,9 @@ the service is started on the first scoring call. Services are kept per process,
 setting (rl_engine.rewards.services.SERVICES): every explorer of a run under `placement: local` (the roles are threads of one
 process) shares one service, which holds the model once and packs their requests into batches; it
 stops when the last client closes, at this process's exit, or, should this process be killed, by
-itself (it watches its owner: rl_engine.proc.owner_watch). Under `placement: deployments` each
-explorer's process starts its own.
+itself (it watches its owner: rl_engine.proc.owner_watch). Under `placement: deployments` the run's
+reward role starts the run's one service and posts where it listens (rl_engine.rewards.run_service);
+the explorers' ModelRewardFn is built with `locate`, which finds it, and starts none of its own.
 
 A step's samples go to the service `batch_size` at a time, one request after another; each must
 be answered within `timeout_s` of being sent (it may wait behind another explorer's batch). A
@@ -19,7 +20,8 @@ later one of the step at once, so a step waits at most `timeout_s` for a broken 
 failed sample becomes is `on_failure`'s: `failed_reward` hands it to the run's failure rule
 (`taskset.user_code.failed_reward`: scored that value, or left out; counted as reward/timeouts or
 reward/crashes), `fail` fails the step with a RewardError naming the service. A dead service is
-started again on the next step.
+started again on the next step (with `locate`, the next step looks it up again: the reward role
+restarts it).
 
 `normalize: running` turns each score into (score - mean) / std over every score this explorer
 has seen so far, the whole of this step's included (Welford's running moments; std 0 leaves the
@@ -34,14 +36,41 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rl_engine.errors import UserError
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
 from rl_engine.rewards.remote import ServiceCalls, score_one
+from rl_engine.rewards.scoring import RewardError
 from rl_engine.rewards.services import SERVICES, Service, acquire_service, start_service
+
+# What makes a service (one process per distinct setting); the variant's other fields (normalize,
+# timeout_s, on_failure) are each client's own.
+SERVICE_FIELDS = ("path", "batch_size", "max_length", "device", "dtype", "host")
+
+
+def service_settings(
+    path: str, batch_size: int, max_length: int, device: str = "cpu", dtype: str = "float32", host: str = "127.0.0.1"
+) -> dict[str, Any]:
+    """The settings a classifier service is started with (reward_model_server.py's argument)."""
+    return {
+        "path": str(Path(path).resolve()),
+        "batch_size": int(batch_size),
+        "max_length": int(max_length),
+        "device": device,
+        "dtype": dtype,
+        "host": host,
+    }
+
+
+def start_model_service(settings: dict[str, Any]) -> Service:
+    """A classifier service of `settings` (service_settings), started and ready; RewardError naming it if it is not."""
+    cmd = [sys.executable, "-m", "rl_engine.rewards.reward_model_server", json.dumps(settings)]
+    return start_service(
+        cmd, f"the reward service of taskset.reward.path = {settings['path']!r}", host=settings["host"]
+    )
 
 
 def check_classifier(path: str, field: str = "taskset.reward.path") -> None:
@@ -103,20 +132,20 @@ class ModelRewardFn:
         on_failure: str = "failed_reward",
         device: str = "cpu",
         dtype: str = "float32",
+        host: str = "127.0.0.1",
+        locate: Callable[[], str] | None = None,
     ):
+        """`locate`: returns the URL of a service started elsewhere (the run's reward role), used
+        instead of one of this process's; None: this process's (SERVICES), started when needed."""
         check_classifier(path)
-        self.settings = {
-            "path": str(Path(path).resolve()),
-            "batch_size": int(batch_size),
-            "max_length": int(max_length),
-            "device": device,
-            "dtype": dtype,
-        }
+        self.settings = service_settings(path, batch_size, max_length, device, dtype, host)
+        self.locate = locate
         self.path, self.timeout_s, self.normalize = path, float(timeout_s), normalize
         self.calls = ServiceCalls(f"the reward service of taskset.reward.path = {path!r}", on_failure, timeout_s)
         self.describe = self.calls.describe  # how scoring's messages name this reward
         self.moments = RunningMoments()
         self._service: Service | None = None
+        self._located: str | None = None  # the URL `locate` gave, until a request fails
         self._http: Any = None
 
     def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
@@ -147,6 +176,8 @@ class ModelRewardFn:
                 except (UserCodeTimeout, UserCodeCrashed) as e:
                     failure = e
             scores += [failure] * len(chunk)
+        if failure is not None:
+            self._located = None  # the next step looks the service up again: its role may have restarted it
         self.calls.check_failure(failure)
         outcomes = self._rewards(scores)
         failed = [s for s in scores if isinstance(s, Exception)]
@@ -172,13 +203,13 @@ class ModelRewardFn:
 
     def _post(self, chunk: list[tuple[str, str]]) -> dict[str, Any]:
         """The service's answer for `chunk`; UserCodeTimeout past timeout_s, UserCodeCrashed when
-        the service is dead, cannot start, or fails the request."""
+        the service is dead, cannot start (or be located), or fails the request."""
         import httpx
 
-        self._service = acquire_service(self.settings, self._start, self._service)
+        url = self._url()
         if self._http is None:
             self._http = httpx.Client(timeout=httpx.Timeout(self.timeout_s, connect=10.0))
-        r = self.calls.post(self._http, self._service.url + "/score", {"pairs": chunk, "timeout_s": self.timeout_s})
+        r = self.calls.post(self._http, url + "/score", {"pairs": chunk, "timeout_s": self.timeout_s})
         if r.status_code == 504:
             raise UserCodeTimeout(
                 f"{self.calls.describe} did not score within taskset.reward.timeout_s = {self.timeout_s:g} s"
@@ -187,12 +218,20 @@ class ModelRewardFn:
             raise UserCodeCrashed(f"{self.calls.describe} failed the request: HTTP {r.status_code} {r.text[:500]}")
         return r.json()
 
-    def _start(self) -> Service:
-        cmd = [sys.executable, "-m", "rl_engine.rewards.reward_model_server", json.dumps(self.settings)]
-        return start_service(cmd, f"the reward service of taskset.reward.path = {self.settings['path']!r}")
+    def _url(self) -> str:
+        """Where the service answers: the located one (waited for), or this process's, started if needed."""
+        if self.locate is None:
+            self._service = acquire_service(self.settings, lambda: start_model_service(self.settings), self._service)
+            return self._service.url
+        if self._located is None:
+            try:
+                self._located = self.locate()
+            except RewardError as e:  # not posted in time: counted as reward/crashes, as a service that cannot start
+                raise UserCodeCrashed(str(e)) from None
+        return self._located
 
     def close(self) -> None:
-        """Done with the service: the last client of it stops it."""
+        """Done with the service: the last client of this process's stops it (a located one is its role's)."""
         if self._http is not None:
             self._http.close()
             self._http = None

@@ -3,10 +3,10 @@
 
     python -m rl_engine.rewards.reward_model_server '{"path": "runs/models/rm", "batch_size": 16, ...}'
 
-It binds an ephemeral port on 127.0.0.1 (loopback only: anyone who reaches it can make it
-compute), loads the model, prints `listening <port>` on stdout (the one line it ever writes
-there; its logs go to stderr) and serves until SIGTERM, or until the process that started it is
-gone (`RFT_ENGINE_OWNER_PID`, rl_engine.proc.owner_watch), so it never outlives its run.
+It binds an ephemeral port on the settings' `host` (taskset.reward.host, default 127.0.0.1:
+loopback keeps it on one machine; anyone who reaches it can make it compute), loads the model,
+prints `listening <port>` on stdout (the one line it ever writes there; its logs go to stderr)
+and serves until SIGTERM, or until the process that started it is gone (`RFT_ENGINE_OWNER_PID`, rl_engine.proc.owner_watch), so it never outlives its run.
 
     POST /score  {"pairs": [[prompt, response], ...]}
               -> {"scores": [float, ...], "batch_sizes": [int, ...], "compute_ms": float}
@@ -205,7 +205,7 @@ def main(argv: list[str]) -> None:
     args = json.loads(argv[0])
     model, tokenizer = load_scorer(args["path"], args.get("device", "cpu"), args.get("dtype", "float32"))
     batcher = Batcher(model, tokenizer, int(args["batch_size"]), int(args["max_length"]))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(batcher, args["path"]))
+    server = ThreadingHTTPServer((args.get("host", "127.0.0.1"), 0), _handler(batcher, args["path"]))
     server.daemon_threads = True
     print(f"listening {server.server_address[1]}", flush=True)
     sys.stdout.close()

@@ -46,25 +46,30 @@ class Service:
                 self.proc.wait(_STOP_GRACE_S)
 
 
-def start_service(argv: list[str], what: str, env: dict[str, str] | None = None, port: int | None = None) -> Service:
+def start_service(
+    argv: list[str], what: str, env: dict[str, str] | None = None, port: int | None = None, host: str = "127.0.0.1"
+) -> Service:
     """Start `argv` (with `env` added to this process's environment and this process as its owner)
     and wait until it is ready: with `port` None, until it prints `listening <port>` on stdout (the
     one line it writes there); with a `port`, until GET /health there answers 200 (a vLLM server,
-    whose output goes where this process's does). RewardError naming `what` when it is not ready
-    within START_TIMEOUT_S or exits first."""
+    whose output goes where this process's does). Its URL is on `host` (where it listens). A ready
+    one counts as a `reward_service` start (rl_engine.proc.starts). RewardError naming `what` when
+    it is not ready within START_TIMEOUT_S or exits first."""
     env = {**os.environ, **(env or {}), OWNER_PID_ENV: str(os.getpid())}
     out = subprocess.PIPE if port is None else None
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, env=env, close_fds=True)
     svc = Service(proc, "")
     if port is None:
-        ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
-        line = proc.stdout.readline().decode() if ready else ""
+        readable, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+        line = proc.stdout.readline().decode() if readable else ""
         proc.stdout.close()
-        if line.startswith("listening "):
-            svc.url = f"http://127.0.0.1:{int(line.split()[1])}"
-            return svc
-    elif _healthy(proc, f"http://127.0.0.1:{port}/health"):
-        svc.url = f"http://127.0.0.1:{port}"
+        ready = line.startswith("listening ")
+        port = int(line.split()[1]) if ready else None
+    else:
+        ready = _healthy(proc, f"http://{host}:{port}/health")
+    if ready:
+        svc.url = f"http://{host}:{port}"
+        count_start("reward_service")
         return svc
     svc.stop()
     raise RewardError(
@@ -115,7 +120,6 @@ class ServiceRegistry:
                     svc.stop()
                 svc = self._services[key] = start()
                 self.started += 1
-                count_start("reward_service")
             if svc is not held:
                 svc.refs += 1
             return svc

@@ -1,4 +1,5 @@
-"""The roles of a run, explorer i and the trainer: each one plain loop behind one entry point.
+"""The roles of a run, explorer i and the trainer (and, under placement `deployments` with a model
+reward, the reward role serving the run's reward service): each one plain loop behind one entry point.
 
 A role is started with handles only: the run's URL (plus its non-secret storage options) and
 its id. Its entry (a Prefect task, tasks/roles.py, or flow, flows/roles.py) opens the run once
@@ -14,6 +15,7 @@ machine (placement `deployments`). Prefect-free; the flows wrap these functions.
     post_start(run.board, ResumePoint(0, {0: 1}))        # the run's driver, once per attempt
     trainer_role(open_run("runs/my-run"))                # in one thread / process / machine
     explorer_role(open_run("runs/my-run"), 0)            # in another
+    reward_role(open_run("runs/my-run"))                 # placement deployments, taskset.reward type model
 
 The loops follow the modes' schedules (docs/concepts/modes.md): rendezvous (synchronous, one_step_off_policy: the
 explorer syncs after step e iff e > m and (e - m) % k == 0, receiving version e - m) and
@@ -30,8 +32,9 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rl_engine.board import STOP_KEY, RoleSignals, Stopped, restate_failure, role_name
+from rl_engine.board import STOP_KEY, RoleSignals, Stopped, restate_failure, role_name, running_roles
 from rl_engine.config import RendezvousSync
+from rl_engine.rewards.run_service import REWARD_ROLE, serve
 from rl_engine.roles.evaluation import Evaluator, OnEval, save_due_weights
 from rl_engine.roles.explorer import Explorer
 from rl_engine.roles.trainer import TrainerRole
@@ -221,6 +224,26 @@ def trainer_loop(run: RunContext, on_step: OnStep | None = None, local_device: i
             trainer.close()
         if trainer.version >= run.cfg.trainer.total_steps:
             role.stop.request_stop("finished", f"trainer reached version {trainer.version}")  # decoupled explorers end
+    return role.result()
+
+
+def reward_role(run: RunContext) -> RoleResult:
+    """The reward role of `run` (placement deployments, a model reward; opened by the role's
+    entry): the run's reward service (rl_engine.rewards.run_service.serve), up until the run has
+    stopped and no explorer of this attempt still runs (explorer 0's last evaluation may score
+    with it after the trainer's end; an explorer silent for placement.heartbeat_timeout_s is gone)."""
+    role = Role(run, REWARD_ROLE, None)
+    explorers = role_names(run.cfg.explorer.count)[1:]
+    timeout_s = run.cfg.placement.heartbeat_timeout_s
+
+    def done() -> bool:
+        if not role.stop.is_set():
+            return False  # no reads of the explorers' markers while the run goes on
+        running = running_roles(role.board, explorers, role.attempt)
+        return all(age > timeout_s for age in running.values())
+
+    with role.running():
+        serve(role.board, run.cfg.taskset.reward, done)
     return role.result()
 
 

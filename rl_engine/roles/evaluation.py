@@ -40,9 +40,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rl_engine.board import Board
 from rl_engine.evaluate import _exact, set_metrics
 from rl_engine.experience import ExperienceBatch
-from rl_engine.rewards import Task, build_reward, load_taskset
+from rl_engine.rewards import Task, load_taskset
+from rl_engine.rewards.run_service import run_reward
 from rl_engine.run.context import RunContext
 from rl_engine.run.report import BEST, EVAL_COMMITTED, EVAL_DIR, EVAL_ROLE, METRICS_DIR, read_best, record_step
 from rl_engine.storage import join, write_json
@@ -178,7 +180,7 @@ class Evaluator:
     def score_set(self, s: Any, version: int) -> dict[str, float]:
         x = self.explorer
         if s.name not in self._sets:
-            self._sets[s.name] = eval_tasks(self.cfg, s, self.run.storage_options)
+            self._sets[s.name] = eval_tasks(self.cfg, s, self.run.storage_options, self.run.board)
         return score_set(x.engine, self.cfg, s, self._sets[s.name], version, x.workflow, x.pool)
 
     def evaluate(self, version: int) -> dict[str, Any]:
@@ -209,7 +211,7 @@ class Evaluator:
         of the weights it evaluated with, which a check can recompute from a saved version."""
         s = self.cfg.eval.tasksets[0]
         if s.name not in self._sets:
-            self._sets[s.name] = eval_tasks(self.cfg, s, self.run.storage_options)
+            self._sets[s.name] = eval_tasks(self.cfg, s, self.run.storage_options, self.run.board)
         ids = self.explorer.engine.tokenizer.encode(self._sets[s.name][0][0].prompt, add_special_tokens=False)[
             : self.cfg.model.max_model_len - 1
         ]
@@ -244,10 +246,16 @@ class Evaluator:
             fs.rm(where, recursive=True)
 
 
-def eval_tasks(cfg: Any, s: Any, storage_options: dict[str, Any] | None) -> tuple[list[Task], Any]:
-    """(tasks, reward function) of eval set `s`: its file's first `max_tasks` tasks, its reward or the run's."""
+def eval_tasks(
+    cfg: Any, s: Any, storage_options: dict[str, Any] | None, board: Board | None = None
+) -> tuple[list[Task], Any]:
+    """(tasks, reward function) of eval set `s`: its file's first `max_tasks` tasks, its reward or the
+    run's. With the run's `board` (evaluation during training) a model reward of the run's reward
+    service's settings scores with the reward role's service (placement deployments); any other
+    model reward, and every one without a board (`rft eval`, the after-run flow), starts a service
+    of its own in this process (rl_engine.rewards.run_service.run_reward)."""
     tasks = load_taskset(cfg.taskset.model_copy(update={"path": s.path}), storage_options)
-    return tasks[: s.max_tasks] if s.max_tasks else tasks, build_reward(s.reward or cfg.taskset.reward)
+    return tasks[: s.max_tasks] if s.max_tasks else tasks, run_reward(s.reward or cfg.taskset.reward, cfg, board)
 
 
 def score_set(

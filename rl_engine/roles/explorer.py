@@ -37,8 +37,9 @@ from rl_engine.board import TRAINER_KEY, StopSignal, role_name
 from rl_engine.buffer import BufferWriter, ContinuationStore
 from rl_engine.experience import ExperienceBatch
 from rl_engine.proc.failpoints import failpoint
-from rl_engine.rewards import TaskIterator, build_reward, encode_task, load_taskset
+from rl_engine.rewards import TaskIterator, encode_task, load_taskset
 from rl_engine.rewards.remote import TimedReward
+from rl_engine.rewards.run_service import run_reward
 from rl_engine.roles.episodes import explore_episodes
 from rl_engine.roles.groups import Group, group_id, one_step_generation, score_groups
 from rl_engine.roles.partial import PartialRollouts, PartialSettings
@@ -234,7 +235,8 @@ class Explorer:
         self.tasks = TaskIterator(
             tasks, cfg.explorer.batch_size, seed=cfg.seed + 1000 * explorer_id, shuffle=cfg.taskset.shuffle
         )
-        self.reward_fn = build_reward(cfg.taskset.reward)
+        # Under placement deployments a model reward is the reward role's service, found on the board.
+        self.reward_fn = run_reward(cfg.taskset.reward, cfg, self.board, stop)
         if hasattr(self.reward_fn, "score_samples"):  # a service's or sandbox's scoring is a span of its own (timeline)
             self.reward_fn = TimedReward(self.reward_fn, self.timeline)
         self.workflow = build_workflow(cfg.taskset.workflow)  # None: single-turn rollouts

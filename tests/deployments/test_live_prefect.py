@@ -56,6 +56,7 @@ def test_deploy_all_from_repo_root(deployed):
         "multi-explorer/multi-explorer",
         "rft-explorer/default",
         "rft-trainer/default",
+        "rft-reward/default",
         "rft-eval/default",
     }
     by_entry = {d["entrypoint"]: d for d in SPEC["deployments"]}
@@ -82,6 +83,7 @@ def test_deploy_all_from_repo_root(deployed):
     for role, params in {
         "rft-explorer/default": {"run_url", "explorer_id"},
         "rft-trainer/default": {"run_url"},
+        "rft-reward/default": {"run_url"},
     }.items():
         schema = deployed[role]["parameter_openapi_schema"]
         assert params <= set(schema["properties"]) and schema["required"] == ["run_url"], (role, schema)
@@ -276,7 +278,7 @@ def test_synchronous_deployment_runs_on_the_worker(
 
 @pytest.mark.timeout(180)
 def test_serve_registers_mode_and_roles(prefect_live, tiny_model_dir, tmp_path):
-    """`python -m deployments.serve CONFIG --name served` serves the mode's flow and both roles."""
+    """`python -m deployments.serve CONFIG --name served` serves the mode's flow and the roles."""
     cfg_path = tmp_path / "cfg.yaml"
     cfg = yaml.safe_load((REPO / "configs" / "synchronous.yaml").read_text())
     cfg["model"]["path"] = tiny_model_dir
@@ -293,7 +295,7 @@ def test_serve_registers_mode_and_roles(prefect_live, tiny_model_dir, tmp_path):
             start_new_session=True,
         )
     try:
-        want = {"synchronous/served", "rft-explorer/served", "rft-trainer/served"}
+        want = {"synchronous/served", "rft-explorer/served", "rft-trainer/served", "rft-reward/served"}
         deadline = time.monotonic() + 120
         while True:
             found = {
@@ -310,7 +312,7 @@ def test_serve_registers_mode_and_roles(prefect_live, tiny_model_dir, tmp_path):
         assert served["parameters"]["cfg"]["model"]["path"] == tiny_model_dir and served["work_pool_name"] is None
     finally:
         kill_process_group(proc)
-        for name in ("synchronous/served", "rft-explorer/served", "rft-trainer/served"):
+        for name in want:
             dep = prefect_live.api("GET", f"/deployments/name/{name}", ok=(200, 404))
             if dep.get("id"):
                 prefect_live.api("DELETE", f"/deployments/{dep['id']}")

@@ -20,7 +20,7 @@ from rl_engine.config import validate_config
 REPO = Path(__file__).resolve().parents[2]
 SPEC = yaml.safe_load((REPO / "prefect.yaml").read_text())
 MODES = [d for d in SPEC["deployments"] if "cfg" in (d.get("parameters") or {})]
-ROLES = {"rft-explorer": {"run_url", "explorer_id"}, "rft-trainer": {"run_url"}}
+ROLES = {"rft-explorer": {"run_url", "explorer_id"}, "rft-trainer": {"run_url"}, "rft-reward": {"run_url"}}
 
 
 def load_flow(entrypoint: str):
@@ -46,6 +46,7 @@ def test_one_deployment_per_mode_and_role():
         "multi-explorer/multi-explorer",
         "rft-explorer/default",
         "rft-trainer/default",
+        "rft-reward/default",
         "rft-eval/default",
     }
 

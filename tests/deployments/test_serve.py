@@ -1,4 +1,4 @@
-"""deployments/serve.py: the config's mode flow with its `cfg`, plus the two role flows."""
+"""deployments/serve.py: the config's mode flow with its `cfg`, plus the role flows."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from rl_engine.config import load_config
 def test_build_deployments(mode, tiny_model_dir):
     cfg = load_config(REPO / "configs" / f"{mode}.yaml", [f"model.path={tiny_model_dir}"])
     deps = build_deployments(cfg, "default", cron="0 3 * * *")
-    assert [d.flow_name for d in deps] == [mode.replace("_", "-"), "rft-explorer", "rft-trainer"]
+    assert [d.flow_name for d in deps] == [mode.replace("_", "-"), "rft-explorer", "rft-trainer", "rft-reward"]
     assert {d.name for d in deps} == {"default"}
     assert deps[0].parameters["cfg"]["synchronizer"]["mode"] == mode
-    assert deps[0].schedules and not deps[1].schedules and not deps[2].schedules
-    assert deps[1].parameters == {} and deps[2].parameters == {}
+    assert deps[0].schedules and not any(d.schedules for d in deps[1:])
+    assert all(d.parameters == {} for d in deps[1:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import math
 import os
 import subprocess
 import threading
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pyarrow.dataset as ds
 import pytest
 
 from cli.run import run_config
@@ -113,11 +115,15 @@ def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 30.0) -> Non
     assert not alive, f"processes of the run left behind: {[(p.pid, p.name()) for p in alive]}"
 
 
-def assert_roles_ran_apart(live, run_url: str, num_explorers: int, options: dict | None = None) -> None:
-    """Every role ran to its end in an OS process of its own, none of them this (the test's)
-    process, as a completed flow run of its deployment named after the run."""
+def assert_roles_ran_apart(
+    live, run_url: str, num_explorers: int, options: dict | None = None, reward: bool = False
+) -> None:
+    """Every role (the reward role too, with `reward`) ran to its end in an OS process of its own,
+    none of them this (the test's) process, as a completed flow run of its deployment named after the run."""
     markers = role_markers(run_url, options)
-    assert set(markers) == {"trainer"} | {f"explorer-{i}" for i in range(num_explorers)}
+    assert set(markers) == {"trainer"} | {f"explorer-{i}" for i in range(num_explorers)} | (
+        {"reward"} if reward else set()
+    )
     pids = {m["pid"] for m in markers.values()}
     assert len(pids) == len(markers) and os.getpid() not in pids, markers
     assert {m["state"] for m in markers.values()} == {"done"}
@@ -260,6 +266,60 @@ def test_every_role_in_its_own_process(
     }
     leaks += [where for where, text in shown.items() if secret in text]
     assert len(logs) > 10 and len(arts) >= 5 and not leaks, leaks
+
+
+def test_a_model_reward_is_a_role_of_its_own_the_explorers_share(on_live_server, tiny_model_dir, task_file, tmp_path):
+    """`taskset.reward: {type: model}` under placement deployments: the run's reward service is the
+    reward role's (`rft-reward/default`, a flow run and OS process of its own), which both explorers
+    score with. One service is started for the run, by the reward role; every experience's reward is
+    the classifier's score of its prompt and response; the role ends with the run, its service too."""
+    from rl_engine.proc.starts import ENV as STARTS_ENV
+    from rl_engine.rewards.run_service import SERVICE_KEY
+    from rl_engine.run.report import load_metrics
+    from rl_engine.tiny_model import make_tiny_classifier
+    from tests.rl_engine.rewards.test_reward_model import direct_scores
+
+    live = on_live_server
+    rm = str(make_tiny_classifier(tmp_path / "rm"))
+    name = "rm-role"
+    data = deployments_config(
+        tiny_model_dir,
+        task_file,
+        tmp_path,
+        name=name,
+        mode="multi_explorer",
+        sync_method="checkpoint",
+        sync_interval=1,
+        total_steps=2,
+        count=2,
+        max_staleness=2,
+    )
+    data["taskset"]["reward"] = {"type": "model", "path": rm, "batch_size": 4}
+    tally = Path(os.environ[STARTS_ENV])  # every process of the session appends its starts here
+    summary = run_config(validate_config(data))
+    assert summary["final_version"] == 2
+    run_url = summary["run"]
+    assert_roles_ran_apart(live, run_url, 2, reward=True)
+    markers = role_markers(run_url)
+    service = json.loads(Path(run_url, "control", f"{SERVICE_KEY}.json").read_text())
+    assert service["starts"] == 1 and service["url"].startswith("http://127.0.0.1:")
+    # One reward service for the run, started by the reward role's process; none by an explorer's.
+    started_by = [
+        int(pid) for kind, pid in (line.split() for line in tally.read_text().splitlines()) if kind == "reward_service"
+    ]
+    assert [pid for pid in started_by if pid in {m["pid"] for m in markers.values()}] == [markers["reward"]["pid"]]
+
+    rows = ds.dataset(f"{run_url}/buffer", format="ipc", partitioning="hive", exclude_invalid_files=True).to_table()
+    rows = rows.select(["prompt_text", "response_text", "reward"]).to_pylist()
+    assert rows and all(math.isfinite(r["reward"]) for r in rows)
+    want = direct_scores(rm, [(r["prompt_text"], r["response_text"]) for r in rows])
+    assert [r["reward"] for r in rows] == pytest.approx(want, abs=1e-4)  # the classifier's own scores
+    _, explorer = load_metrics(open_run(run_url))
+    assert explorer and all(m["reward_errors"] == m["reward/model/failures"] == 0 for m in explorer)
+
+    # Nothing of the reward role is left: its process, its service.
+    assert_all_gone([psutil.Process(p) for p in (markers["reward"]["pid"], service["pid"]) if psutil.pid_exists(p)])
+    assert Path(run_url, "logs", "engines-reward.log").exists()
 
 
 def _run_in_thread(cfg, resume=None) -> tuple[threading.Thread, list]:

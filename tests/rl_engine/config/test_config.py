@@ -186,7 +186,11 @@ BAD = [
     ({"placement": {"type": "kubernetes"}}, ["placement", "'kubernetes'", "local", "deployments"]),
     (
         {"placement": {"type": "deployments", "job_variables": {"explorer0": {}}}},
-        ["placement.deployments.job_variables", "explorer0", "explorer-<i>"],
+        ["placement.deployments.job_variables", "explorer0", "explorer-<i>", "`reward`"],
+    ),
+    (
+        {"taskset": {"reward": {"type": "model", "path": "runs/models/rm", "host": "0.0.0.0"}}},
+        ["taskset.reward", "host '0.0.0.0'", "no address to connect to"],
     ),
     (
         {"placement": {"type": "local", "heartbeat_timeout_s": 0}},
@@ -367,6 +371,16 @@ def test_job_variables_without_credentials_pass():
         }
     }
     assert DeploymentsPlacement(type="deployments", job_variables=jv).job_variables == jv
+
+
+def test_the_reward_role_has_a_deployment_and_job_variables():
+    p = DeploymentsPlacement(type="deployments", job_variables={"reward": {"env": {"CUDA_VISIBLE_DEVICES": "3"}}})
+    assert p.reward_deployment == "rft-reward/default"
+    assert p.job_variables["reward"] == {"env": {"CUDA_VISIBLE_DEVICES": "3"}}
+    with pytest.raises(
+        ValueError, match="job_variables key 'rewards': use `trainer`, `explorer`, `explorer-<i>` or `reward`"
+    ):
+        DeploymentsPlacement(type="deployments", job_variables={"rewards": {}})
 
 
 def test_missing_required_sections_are_named(tmp_path):

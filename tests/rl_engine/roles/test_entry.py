@@ -228,3 +228,27 @@ def test_a_role_whose_driver_lost_the_lease_posts_nothing_on_the_board(run):
         assert Board.at(run.url).get(role_key("trainer"))["state"] == "running"  # its last word was its heartbeat
     finally:
         new.release()
+
+
+def test_the_reward_role_serves_until_the_run_stopped_and_no_explorer_runs(run, monkeypatch):
+    """The reward role (placement deployments, a model reward) keeps serving after the trainer's
+    end while an explorer still runs (explorer 0's last evaluation may score with it); its service
+    itself is rl_engine.rewards.run_service.serve's (tests/rl_engine/rewards/test_run_service.py)."""
+    from rl_engine.roles import entry
+
+    board = Board.at(run.url)
+    attempt, _, _ = read_start(board, timeout_s=5)
+    seen = []
+
+    def serve(role_board, reward, done):
+        board.post(role_key("explorer-0"), {"pid": 1, "host": "h", "state": "running", "attempt": attempt})
+        seen.append(done())  # the run goes on
+        request_stop(board, "finished", "trainer reached version 2", by="trainer")
+        seen.append(wait_until(done, timeout_s=0.5))  # the trainer ended, explorer-0 runs on
+        board.post(role_key("explorer-0"), {"pid": 1, "host": "h", "state": "done", "attempt": attempt})
+        seen.append(wait_until(done))
+
+    monkeypatch.setattr(entry, "serve", serve)
+    result = entry.reward_role(run)
+    assert seen == [False, False, True]
+    assert board.get(role_key("reward"))["state"] == "done" and result.stopped_by is None
