@@ -238,11 +238,28 @@ class JudgeReward(_Model):
     OpenAI-compatible endpoint, its reply read by `parser` (rl_engine.rewards.judge)."""
 
     type: Literal["judge"] = Field(description="Reward variant selector.")
-    base_url: str = Field(
-        description="OpenAI-compatible API root the requests go to, e.g. http://127.0.0.1:8100/v1 (a vLLM server: `rft engine serve`, `vllm serve`) or a hosted API's.",
+    base_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible API root the requests go to, e.g. http://127.0.0.1:8100/v1 (a vLLM server: `rft engine serve`, `vllm serve`) or a hosted API's; or set path instead.",
         pattern=r"^https?://",
     )
-    model: str = Field(description="Model name the endpoint serves (a vLLM server's: its --model path).")
+    model: str | None = Field(
+        default=None,
+        description="Model name the endpoint at base_url serves (a vLLM server's: its --model path); with path, the path.",
+    )
+    path: str | None = Field(
+        default=None,
+        description="Local Hugging Face model directory of a judge the run serves itself: a vLLM engine of its own on loopback, started at the first step and shared by the explorers of a process; instead of base_url.",
+    )
+    max_model_len: int = Field(
+        default=1024,
+        ge=16,
+        le=1_048_576,
+        description="With path: the judge engine's longest prompt plus reply, in tokens.",
+    )
+    kv_cache_space_gib: float = Field(
+        default=1.0, gt=0.0, description="With path: the judge engine's KV cache on CPU, GiB (on GPU vLLM sizes it)."
+    )
     template: str = Field(
         default="Question: {prompt}\nProposed answer: {response}\nReference answer: {answer}\nIs the proposed answer correct? Answer yes or no.\nAnswer:",
         description="What the judge is asked per sample: a format string with {response} and optionally {prompt} and {answer} (the task's answer column).",
@@ -281,6 +298,18 @@ class JudgeReward(_Model):
     def _placeholders(cls, v: str) -> str:
         template_fields(v)
         return v
+
+    @model_validator(mode="after")
+    def _one_endpoint(self) -> JudgeReward:
+        if (self.base_url is None) == (self.path is None):
+            raise ValueError(
+                "taskset.reward: set base_url (an OpenAI-compatible endpoint, with model) or path (a model directory the run serves on an engine of its own), one of them"
+            )
+        if self.base_url is not None and not self.model:
+            raise ValueError(
+                f"taskset.reward.model: the judge at base_url = {self.base_url!r} needs the model name it serves (a vLLM server's --model)"
+            )
+        return self
 
     @field_validator("parser")
     @classmethod

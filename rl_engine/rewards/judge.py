@@ -1,9 +1,18 @@
 """`reward: {type: judge}`: a generative model judges each response, asked through an
-OpenAI-compatible endpoint (a vLLM server: `rft engine serve`, `vllm serve`; or a hosted API).
+OpenAI-compatible endpoint (a vLLM server: `rft engine serve`, `vllm serve`; or a hosted API), or
+served by the run itself on a vLLM engine of its own (`path`).
 
     reward: {type: judge, base_url: http://127.0.0.1:8100/v1, model: runs/models/judge,
              template: "Question: {prompt}\\nAnswer: {response}\\nReference: {answer}\\nCorrect (yes or no)?",
              parser: yes_no, api_key_env: null, concurrency: 8, timeout_s: 60}
+    reward: {type: judge, path: runs/models/judge, max_model_len: 1024, kv_cache_space_gib: 1}
+
+With `path`, the first step starts vLLM's OpenAI-compatible server for that model directory on a
+free loopback port (rl_engine.rollout.server.serve_command: an explorer engine's settings, greedy
+replies need no more), as a reward service (rl_engine.rewards.services): one per process and
+setting, shared by the process's explorers, stopped by the last to close, at exit, or by itself
+when this process dies. An engine that does not start fails the step's samples as a dead
+endpoint does (below), and the next step tries again.
 
 Each sample's `template` is filled with its `{prompt}`, `{response}` and `{answer}` (the task's
 answer column; empty when it has none) and sent as one request: `/completions` with the text as
@@ -50,6 +59,7 @@ from rl_engine.errors import UserError
 from rl_engine.registry import load_object
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
 from rl_engine.rewards.remote import ServiceCalls, score_one
+from rl_engine.rewards.services import SERVICES, Service, acquire_service, free_port, start_service
 
 _PATTERNS = {"yes_no": r"\b(yes|no)\b", "number": r"-?\d+(?:\.\d+)?"}
 
@@ -83,9 +93,12 @@ class JudgeRewardFn:
 
     def __init__(
         self,
-        base_url: str,
-        model: str,
         template: str,
+        base_url: str | None = None,
+        model: str | None = None,
+        path: str | None = None,
+        max_model_len: int = 1024,
+        kv_cache_space_gib: float = 1.0,
         parser: str = "yes_no",
         pattern: str | None = None,
         chat: bool = False,
@@ -105,10 +118,15 @@ class JudgeRewardFn:
                 f"taskset.reward.api_key_env = {api_key_env!r}: that environment variable is not set (or empty) in this process; "
                 "export it where the run's explorers start, or set api_key_env: null for an endpoint without a key"
             )
-        self.base_url, self.model, self.template, self.chat = base_url.rstrip("/"), model, template, chat
+        self.engine = None if path is None else judge_engine_config(path, max_model_len, kv_cache_space_gib)
+        if self.engine is not None:  # vLLM serves the model under the name of its --model
+            base_url, model = "", self.engine.model.path
+        self.base_url, self.model, self.template, self.chat = str(base_url).rstrip("/"), model, template, chat
         self.max_tokens, self.concurrency, self.timeout_s = max_tokens, max(1, concurrency), float(timeout_s)
         self.api_key_env = api_key_env
-        self.calls = ServiceCalls(f"the judge at taskset.reward.base_url = {self.base_url!r}", on_failure, timeout_s)
+        where = f"taskset.reward.base_url = {self.base_url!r}" if path is None else f"taskset.reward.path = {path!r}"
+        self.calls = ServiceCalls(f"the judge at {where}", on_failure, timeout_s)
+        self._service: Service | None = None
         self.describe = self.calls.describe  # how scoring's messages name this reward
 
     def __call__(self, prompt: str, response: str, task: Any, finish_reason: str = "stop") -> float:
@@ -145,8 +163,14 @@ class JudgeRewardFn:
             latencies.append(1000 * (time.monotonic() - sent))
             return reply
 
+        try:
+            base = self._base_url()
+        except UserCodeCrashed as e:  # its engine did not start: every sample fails with it
+            base = ""
+            first.append(e)
+            broken.set()
         with (
-            httpx.Client(headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0)) as client,
+            httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=10.0)) as client,
             ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(texts))), thread_name_prefix="judge") as ex,
         ):
             replies = list(ex.map(lambda t: ask(client, t), texts))
@@ -190,7 +214,7 @@ class JudgeRewardFn:
             path, body["messages"] = "/chat/completions", [{"role": "user", "content": text}]
         else:
             path, body["prompt"] = "/completions", text
-        r = self.calls.post(client, self.base_url + path, body)
+        r = self.calls.post(client, path, body)
         if r.status_code != 200:
             raise UserCodeCrashed(f"{self.calls.describe} answered HTTP {r.status_code}: {r.text[:300]}")
         try:
@@ -201,5 +225,42 @@ class JudgeRewardFn:
                 f"{self.calls.describe} answered what is not a completion ({type(e).__name__}: {e})"
             ) from None
 
+    def _base_url(self) -> str:
+        """The endpoint's API root: base_url, or that of this process's engine of `path` (started
+        if there is none); UserCodeCrashed when the engine cannot start."""
+        if self.engine is None:
+            return self.base_url
+        self._service = acquire_service(self.engine.model_dump(mode="json"), self._start_engine, self._service)
+        return self._service.url + "/v1"
+
+    def _start_engine(self) -> Service:
+        from rl_engine.rollout.server import serve_command
+
+        port = free_port()
+        argv, env = serve_command(self.engine, "127.0.0.1", port)
+        return start_service(argv, self.calls.describe, env=env, port=port)
+
+    def close(self) -> None:
+        """Done with the judge: the last client of its own engine stops it."""
+        if self._service is not None:
+            svc, self._service = self._service, None
+            SERVICES.release(svc)
+
     def __repr__(self) -> str:
         return f"JudgeRewardFn(base_url={self.base_url!r}, model={self.model!r})"
+
+
+def judge_engine_config(path: str, max_model_len: int, kv_cache_space_gib: float) -> Any:
+    """The settings of a judge engine of its own for the model directory `path`: an explorer
+    engine's (rl_engine.rollout.server.serve_command takes them) with that model, length and KV cache."""
+    from rl_engine.config import RFTConfig
+    from rl_engine.model_dir import require_model_dir
+
+    path = require_model_dir(path, "taskset.reward.path")
+    return RFTConfig.model_validate(
+        {
+            "model": {"path": path, "max_model_len": max_model_len},
+            "taskset": {"path": "unused.jsonl"},  # not read: the engine's settings are all it gives
+            "explorer": {"engine": {"kv_cache_space_gib": kv_cache_space_gib}},
+        }
+    )

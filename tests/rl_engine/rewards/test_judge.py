@@ -204,6 +204,9 @@ def test_config_refuses_a_bad_template_or_parser(tmp_path):
         ({"parser": "maybe"}, "use yes_no, number or an import path"),
         ({"api_key_env": "sk-abc"}, "taskset.reward.api_key_env"),
         ({"base_url": "127.0.0.1:8100"}, "taskset.reward.base_url"),
+        ({"path": "runs/models/judge"}, "set base_url (an OpenAI-compatible endpoint, with model) or path"),
+        ({"base_url": None}, "set base_url (an OpenAI-compatible endpoint, with model) or path"),
+        ({"model": None}, "taskset.reward.model: the judge at base_url = 'http://h/v1' needs the model name"),
     ]
     for change, message in cases:
         data = json.loads(json.dumps(base))
@@ -227,3 +230,37 @@ def test_a_real_vllm_engine_server_judges(engine_server, tiny_model_dir):
     assert result.metrics["reward/judge/failures"] == result.metrics["reward/judge/timeouts"] == 0
     again = score_rollouts(fn, samples([("1+", "1=", "2"), ("2+", "2=", "4"), ("3+", "3=", "6")]))
     assert again.rewards == result.rewards  # greedy: the same verdicts
+
+
+@pytest.mark.slow
+def test_a_judge_on_an_engine_of_its_own(engine_server, tiny_model_dir, tmp_path):
+    """`path` instead of base_url: the judge starts a vLLM engine of its own for the model directory
+    (one per process and setting, shared by its clients), whose greedy replies are those of the
+    same model served by `rft engine serve`; the last client's close stops it, children included;
+    a directory that is no model fails the reward's build naming the field."""
+    import psutil
+
+    from rl_engine.rewards.services import SERVICES
+
+    asked = dict(template="{prompt}{response}", parser="harness.rewards:reply_length", max_tokens=4, timeout_s=300)
+    pairs = [("1+", "1=", "2"), ("2+", "2=", "4"), ("3+", "3=", "6")]
+    served = build_reward(JudgeReward(type="judge", base_url=engine_server.url + "/v1", model=tiny_model_dir, **asked))
+    own = JudgeReward(type="judge", path=tiny_model_dir, max_model_len=128, kv_cache_space_gib=0.25, **asked)
+    a, b = build_reward(own), build_reward(own)
+    started = SERVICES.started
+    try:
+        got = score_rollouts(a, samples(pairs))
+        assert got.ok == [True] * 3 and got.rewards == score_rollouts(served, samples(pairs)).rewards
+        assert score_rollouts(b, samples(pairs)).rewards == got.rewards
+        assert SERVICES.started == started + 1  # one engine for both clients
+        engine = a._service.proc
+        root = psutil.Process(engine.pid)
+        tree = [root, *root.children(recursive=True)]  # the server and its engine core
+    finally:
+        a.close()
+        assert engine.poll() is None  # b still uses it
+        b.close()
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert not alive, alive
+    with pytest.raises(UserError, match="taskset.reward.path = .*no config.json"):
+        build_reward(JudgeReward(type="judge", path=str(tmp_path), **asked))

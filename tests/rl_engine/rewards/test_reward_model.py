@@ -256,3 +256,54 @@ def test_the_service_stops_when_the_process_that_started_it_is_killed(rm_dir):
         return  # gone already
     psutil.wait_procs([service], timeout=30)  # its owner watch polls every 0.5 s
     assert not service.is_running() or service.status() == psutil.STATUS_ZOMBIE
+
+
+class Recorded:
+    """A batch reward's samples and outcomes as scoring asks for them (the real reward underneath)."""
+
+    def __init__(self, reward):
+        self.reward, self.samples, self.outcomes = reward, [], []
+
+    def score_samples(self, samples):
+        outcomes, metrics = self.reward.score_samples(samples)
+        self.samples += list(samples)
+        self.outcomes += outcomes
+        return outcomes, metrics
+
+    def __call__(self, *args, **kwargs):
+        return self.reward(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.reward, name)
+
+
+@pytest.mark.slow
+def test_an_eval_set_scored_by_the_reward_model(rm_dir, engine, tiny_model_dir, task_file):
+    """`eval.tasksets[].reward: {type: model}`: the set's samples, drawn on the (shared) engine,
+    are scored by the classifier's service (each reward the model's own score of that prompt and
+    response), and the set's reward_mean is their mean; the run's own reward stays the rule."""
+    from rl_engine.roles.evaluation import eval_tasks, score_set
+    from tests.rl_engine.rollout.engines import make_config
+
+    cfg = make_config(
+        tiny_model_dir,
+        taskset={"path": task_file},
+        eval={
+            "tasksets": [
+                {"name": "rm", "path": task_file, "n": 2, "max_tasks": 3, "reward": {"type": "model", "path": rm_dir}}
+            ]
+        },
+    )
+    (s,) = cfg.eval.tasksets
+    tasks, fn = eval_tasks(cfg, s, None)
+    assert isinstance(fn, ModelRewardFn) and len(tasks) == 3
+    recorded = Recorded(fn)
+    try:
+        metrics = score_set(engine, cfg, s, (tasks, recorded), engine.version)
+    finally:
+        fn.close()
+    assert len(recorded.samples) == 6 and all(not isinstance(o, Exception) for o in recorded.outcomes)
+    got = [o[0] for o in recorded.outcomes]
+    assert got == pytest.approx(direct_scores(rm_dir, [(x[0], x[1]) for x in recorded.samples]), abs=1e-5)
+    assert metrics["reward_mean"] == pytest.approx(sum(got) / len(got), abs=1e-6)
+    assert cfg.taskset.reward.type != "model"
