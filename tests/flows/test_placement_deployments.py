@@ -9,6 +9,7 @@ from the server (flow-run states), never from in-memory state.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import math
@@ -110,6 +111,15 @@ def process_tree(pid: int) -> list[psutil.Process]:
     return [p, *p.children(recursive=True)]
 
 
+def processes(*pids: int) -> list[psutil.Process]:
+    """The processes of `pids` that still exist."""
+    out = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            out.append(psutil.Process(pid))
+    return out
+
+
 def assert_all_gone(procs: list[psutil.Process], timeout_s: float = 30.0) -> None:
     _, alive = psutil.wait_procs(procs, timeout=timeout_s)
     assert not alive, f"processes of the run left behind: {[(p.pid, p.name()) for p in alive]}"
@@ -170,7 +180,9 @@ def test_readme_command_runs_every_role_on_the_worker(live, tiny_model_dir, task
 # - multi_explorer/checkpoint, on S3: test_every_role_in_its_own_process (below);
 # - one_step_off_policy/collective (small_config's default method): test_killed_explorer_fails_the_run_then_resume_loses_nothing;
 # - multi_explorer/collective: test_cancelling_the_mode_flow_cancels_every_role (it reaches version 2 by broadcasts);
-# - synchronous: test_readme_command_runs_every_role_on_the_worker.
+# - synchronous: test_readme_command_runs_every_role_on_the_worker;
+# - multi_explorer/checkpoint with a model reward, whose service is a role of its own:
+#   test_a_model_reward_is_a_role_of_its_own_the_explorers_share.
 # fully_async/collective is no run of its own: fully_async and multi_explorer are one mode flow
 # (flows/decoupled.py: run_mode), multi_explorer with one explorer, and collective sync across
 # processes runs in the kill and cancel tests; fully_async in one process: tests/flows/test_modes.py.
@@ -304,9 +316,8 @@ def test_a_model_reward_is_a_role_of_its_own_the_explorers_share(on_live_server,
     service = json.loads(Path(run_url, "control", f"{SERVICE_KEY}.json").read_text())
     assert service["starts"] == 1 and service["url"].startswith("http://127.0.0.1:")
     # One reward service for the run, started by the reward role's process; none by an explorer's.
-    started_by = [
-        int(pid) for kind, pid in (line.split() for line in tally.read_text().splitlines()) if kind == "reward_service"
-    ]
+    tallied = [line.split() for line in tally.read_text().splitlines()]
+    started_by = [int(t[1]) for t in tallied if len(t) == 2 and t[0] == "reward_service"]
     assert [pid for pid in started_by if pid in {m["pid"] for m in markers.values()}] == [markers["reward"]["pid"]]
 
     rows = ds.dataset(f"{run_url}/buffer", format="ipc", partitioning="hive", exclude_invalid_files=True).to_table()
@@ -318,7 +329,7 @@ def test_a_model_reward_is_a_role_of_its_own_the_explorers_share(on_live_server,
     assert explorer and all(m["reward_errors"] == m["reward/model/failures"] == 0 for m in explorer)
 
     # Nothing of the reward role is left: its process, its service.
-    assert_all_gone([psutil.Process(p) for p in (markers["reward"]["pid"], service["pid"]) if psutil.pid_exists(p)])
+    assert_all_gone(processes(markers["reward"]["pid"], service["pid"]))
     assert Path(run_url, "logs", "engines-reward.log").exists()
 
 
