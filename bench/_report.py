@@ -109,3 +109,15 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def scratch_dir(prefix: str) -> str:
+    """A new temporary directory for a bench's models, tasks and runs, removed when the process
+    exits (a smoke run in the suite writes tens of MB; a full run, GBs)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path

@@ -45,12 +45,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from statistics import mean, median
+
+from bench._report import scratch_dir
 
 if __name__ == "__main__":
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -177,7 +178,7 @@ def demo_workload(prefix: str, model: str | None, smoke: bool) -> tuple[str, str
     from rl_engine.demos.warmstart import evaluate_dir
     from rl_engine.demos.warmstart import main as warmstart
 
-    root = tempfile.mkdtemp(prefix=prefix)
+    root = scratch_dir(prefix)
     if model is None:
         model = f"{root}/tiny-arith-sft"
         warmstart([model] + (["--steps", str(SMOKE_WARMSTART_STEPS)] if smoke else []))

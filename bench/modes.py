@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from statistics import mean
 
+from bench._report import scratch_dir
 from rl_engine.run.timeline import STARTUP
 
 if __name__ == "__main__":
@@ -194,7 +194,7 @@ def main() -> None:
     from rl_engine.tiny_model import make_tiny_model
 
     steps = 3 if a.smoke else 6 if a.quick else 12
-    root = tempfile.mkdtemp(prefix="bench-modes-")
+    root = scratch_dir("bench-modes-")
     model = str(make_tiny_model(f"{root}/model"))
     tasks = f"{root}/tasks.jsonl"
     write_arithmetic_taskset(tasks, n=500, seed=0)

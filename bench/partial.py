@@ -41,11 +41,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 import time
 from pathlib import Path
 from statistics import mean
 
+from bench._report import scratch_dir
 from rl_engine.storage import open_storage
 
 if __name__ == "__main__":
@@ -152,9 +152,7 @@ def isolated_step_s(run_url: str, steps: int, skip: int) -> float:
         reward_fn = build_reward(cfg.taskset.reward)
         partial = None
         if cfg.explorer.partial.enabled:
-            store = ContinuationStore(
-                *open_storage(tempfile.mkdtemp(prefix="bench-partial-isolated-"), {}), 0, fsync=False
-            )
+            store = ContinuationStore(*open_storage(scratch_dir("bench-partial-isolated-"), {}), 0, fsync=False)
             partial = PartialRollouts(engine, store, tasks, reward_fn, partial_settings(cfg, 0), first_step=1)
         times = []
         for e in range(1, steps + 1):
@@ -201,7 +199,7 @@ def main() -> None:
     from rl_engine.demos.warmstart import COUNTDOWN, DEFAULTS, evaluate_dir, warmstart
     from rl_engine.roles.explorer import ENGINES
 
-    root = tempfile.mkdtemp(prefix="bench-partial-")
+    root = scratch_dir("bench-partial-")
     model = a.model
     if model is None:
         model = f"{root}/tiny-countdown-sft"

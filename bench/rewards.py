@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from unittest import mock
 
-from bench._report import emit_json, print_table
+from bench._report import emit_json, print_table, scratch_dir
 from harness.hostile_code import ADD, CASES, TESTS, baited, contain
 from rl_engine.config import JudgeReward
 from rl_engine.rewards.code_tests import HARNESS, CodeTestsRewardFn
@@ -79,7 +79,7 @@ def overhead(runs: int) -> dict[str, float]:
     """Median ms per execution of the code_tests program in the sandbox and bare, and the difference."""
     files = {"main.py": HARNESS.format(tests=TESTS), "solution.py": ADD}
     box = Sandbox(SandboxLimits())
-    bare_dir = tempfile.mkdtemp(prefix="bench-rewards-bare-")
+    bare_dir = scratch_dir("bench-rewards-bare-")
     for name, text in files.items():
         Path(bare_dir, name).write_text(text)
     sandboxed, bare = [], []

@@ -27,10 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from statistics import mean
+
+from bench._report import scratch_dir
 
 if __name__ == "__main__":
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -144,7 +145,7 @@ def main() -> None:
     from rl_engine.run.context import RunContext, open_run
     from rl_engine.run.report import load_metrics
 
-    root = tempfile.mkdtemp(prefix="bench-workflows-")
+    root = scratch_dir("bench-workflows-")
     model = a.model
     if model is None:
         model = f"{root}/tiny-calc-sft"

@@ -38,6 +38,8 @@ from rl_engine.trainer.checkpoint import COMMIT_MARKER
 RFT = str(Path(sys.executable).with_name("rft"))  # the venv's, next to its python
 POINTS = ("rollout", "checkpoint", "continuation", "sync")  # where a trial kills the run
 EARLY = "before_checkpoint"  # a trainer step done, no trainer state saved yet: the resumed trainer starts at version 0
+REWARD_POINT = "reward"  # while the reward model's service holds the explorer's request (feature reward_model)
+REWARD_DELAY_S = 1.0  # the service holds every batch this long: most of an explorer step is its scoring
 SCOPES = ("group", "main")  # the whole process group, or only the `rft run` process
 TOTAL_STEPS = 6
 # Bounds that add up to less than test_kill_resume's own timeout (900 s), so a slow trial fails here and
@@ -68,8 +70,9 @@ WORKFLOW = {"type": "guess_number", "max_turns": 2}
 # Features a trial may turn on together (`kill_trial(features=...)`), as a user's run would:
 # delta checkpoint sync (a full checkpoint every 3 versions), bf16 weights, evaluation every 2
 # versions, a TensorBoard tracker, the multi-turn workflow instead of partial rollouts, LoRA adapters
-# (synced as adapters into engines serving the base model).
-FEATURES = ("delta", "bf16", "eval", "trackers", "workflow", "lora")
+# (synced as adapters into engines serving the base model), a reward model (a tiny sequence
+# classifier in its reward service, which holds every batch REWARD_DELAY_S).
+FEATURES = ("delta", "bf16", "eval", "trackers", "workflow", "lora", "reward_model")
 LORA = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 DELTA_POINT = "delta_marker"  # killed by the failpoint between the file and the marker of version 2's delta
 
@@ -100,6 +103,13 @@ def trial_config(
         data["monitor"]["trackers"] = ["tensorboard"]
     if "lora" in features:
         data["model"]["lora"] = dict(LORA)
+    if "reward_model" in features:
+        from rl_engine.tiny_model import make_tiny_classifier
+
+        rm = root / "reward-model"
+        if not (rm / "config.json").exists():
+            make_tiny_classifier(rm, num_labels=1)
+        data["taskset"]["reward"] = {"type": "model", "path": str(rm), "timeout_s": 60}
     if workflow or "workflow" in features:
         del data["explorer"]["partial"]
         data["taskset"]["workflow"] = dict(WORKFLOW)
@@ -160,6 +170,12 @@ def wait_for_point(point: str, run_dir: Path, proc: subprocess.Popen, log: Path,
     )
     if point == "rollout":  # somewhere in the next step or two (a step takes ~0.5 s): rollouts, writes, syncs
         time.sleep(rng.uniform(0.0, 0.5))
+    elif point == REWARD_POINT:  # after the next sync the explorer generates (~0.2 s), then waits on the service
+        version = _trainer_version(run_dir)
+        _wait("the next trainer version", lambda: _trainer_version(run_dir) > version, proc, log, POINT_TIMEOUT_S)
+        time.sleep(rng.uniform(0.3, 0.9))
+        if not any("reward_model_server" in " ".join(_cmdline(p)) for p in process_tree(proc.pid)):
+            raise AssertionError(f"no reward service in the run's processes at the {REWARD_POINT} kill point")
     elif point == "checkpoint":  # the moment a new trainer state is committed
         seen = _state_steps(run_dir)
         _wait("a new checkpoint", lambda: _state_steps(run_dir) - seen, proc, log, POINT_TIMEOUT_S)
@@ -175,6 +191,13 @@ def wait_for_point(point: str, run_dir: Path, proc: subprocess.Popen, log: Path,
     else:  # a weight sync that has begun
         marks = _sync_marks(run_dir)
         _wait("a weight sync", lambda: _sync_marks(run_dir) != marks, proc, log, POINT_TIMEOUT_S)
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -252,6 +275,10 @@ def kill_trial(
     interval = TOTAL_STEPS if point == EARLY else 2
     config = trial_config(model, tasks, root, mode, name, workflow, checkpoint_interval=interval, features=features)
     env = run_env(root)
+    if "reward_model" in features:
+        from rl_engine.rewards.reward_model_server import DELAY_ENV
+
+        env[DELAY_ENV] = str(REWARD_DELAY_S)
     if point == DELTA_POINT:
         env[FAILPOINT_ENV] = f"{DELTA_FAILPOINT}@2"
     started = time.monotonic()

@@ -31,6 +31,7 @@ from harness.kill_resume import (
     EARLY,
     GONE_TIMEOUT_S,
     POINTS,
+    REWARD_POINT,
     TOTAL_STEPS,
     kill_trial,
     prompt_order_breaks,
@@ -43,7 +44,8 @@ pytestmark = pytest.mark.slow
 
 # CI's reduced matrix: every mode killed once, both scopes, both sync methods (fully async syncs by
 # checkpoint, the others collectively), features on together as users turn them on: synchronous
-# with LoRA (adapter sync by broadcast); one-step
+# with LoRA (adapter sync by broadcast) and a reward model, killed while its service holds the
+# explorer's request; one-step
 # off-policy with a multi-turn workflow, evaluation and a tracker; fully async with delta sync in
 # bf16, evaluation and a tracker, killed between a delta's file and its marker. The soak matrix
 # below (`make test-soak`) kills every feature at every point; bench.faults runs the modes' full
@@ -56,17 +58,18 @@ CASES = [
 ]
 WORKFLOW_CASES = {("one_step_off_policy", "main")}
 FEATURES = {
-    ("synchronous", "group"): frozenset({"lora"}),
+    ("synchronous", "group"): frozenset({"lora", "reward_model"}),
     ("one_step_off_policy", "main"): frozenset({"eval", "trackers"}),
     ("fully_async", "main"): frozenset({"delta", "bf16", "eval", "trackers"}),
 }
-FIXED_POINTS = {("fully_async", "main"): DELTA_POINT}
+FIXED_POINTS = {("fully_async", "main"): DELTA_POINT, ("synchronous", "group"): REWARD_POINT}
 
 
 def kill_points(seed: int) -> dict[tuple[str, str], str]:
     """A kill point per case: multi-explorer before its first trainer state (its resumed trainer
-    starts at version 0, which once left the run stuck: issue 27), the others seeded random
-    points, a different three of the four each seed."""
+    starts at version 0, which once left the run stuck: issue 27), synchronous while its reward
+    service holds the explorer's request, fully async between a delta's file and its marker
+    (FIXED_POINTS), one-step off-policy at a seeded random point."""
     rest = [c for c in CASES if c[0] != "multi_explorer"]
     points = dict(zip(rest, random.Random(seed).sample(POINTS, k=len(rest))))
     for case in WORKFLOW_CASES:  # no continuations without partial rollouts: kill mid-rollout instead
