@@ -26,7 +26,9 @@ LORA = {"rank": 4, "alpha": 16.0, "target_modules": ["q_proj", "v_proj", "down_p
 
 
 @pytest.mark.parametrize("sync", ["collective", "checkpoint-delta"])
-def test_a_lora_run_syncs_the_adapter_the_engine_agrees_with(sync, prefect_server, tiny_model_dir, task_file, tmp_path):
+def test_a_lora_run_syncs_the_adapter_the_engine_agrees_with(
+    sync, prefect_server, tiny_model_dir, task_file, tmp_path, capsys
+):
     total = 4
     data = small_config(tiny_model_dir, task_file, str(tmp_path), mode="synchronous", total_steps=total)
     data["model"]["lora"] = LORA
@@ -70,12 +72,28 @@ def test_a_lora_run_syncs_the_adapter_the_engine_agrees_with(sync, prefect_serve
         assert (base - torch.tensor(records[0]["probe"]["logprobs"])).abs().max().item() < 1e-3  # version 0: the base
         moved = merged - hf_probe_logprobs(tiny_model_dir, None, last["ids"])
         assert moved.abs().max().item() > 1e-2  # the adapter moved the model
+        assert_rft_eval(run, records, capsys)
         assert_exports(run, tiny_model_dir, records, tmp_path / "exported")
     if sync == "checkpoint-delta":  # full versions in peft's layout: the adapter only, loadable by peft
         full = max(Path(run, "checkpoints").glob("version=*"))
         assert {p.name for p in full.iterdir()} >= {"adapter_model.safetensors", "adapter_config.json"}
         assert all(".lora_" in n for n in load_file(full / "adapter_model.safetensors"))
         assert list(Path(run, "checkpoints").glob("delta=*")), "no delta version was written"
+
+
+def assert_rft_eval(run: str, records: list[dict], capsys: pytest.CaptureFixture) -> None:
+    """`rft eval RUN` on a LoRA run: its engine is the run's (the base with LoRA on) and loads each
+    kept version's adapter, as evaluation during training did; so it scores version 0 (the base)
+    and the final version (model/adapter) as the run's own evaluations of them did, metric for metric."""
+    from cli.main import main as rft
+
+    capsys.readouterr()
+    assert rft(["eval", run]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["versions"]
+    assert [r["version"] for r in got] == [0, 4]  # evaluated versions' weights go once evaluated
+    for mine, theirs in zip(got, (records[0], records[-1])):
+        scores = {k: v for k, v in mine.items() if k.startswith("heldout/")}
+        assert scores and scores == {k: theirs[k] for k in scores}, (mine["version"], scores, theirs)
 
 
 def assert_exports(run: str, base_dir: str, records: list[dict], out: Path) -> None:
