@@ -15,11 +15,11 @@ run, and the held-out gain in points; then:
   what the trainer's `named_weights` yields) over full fine-tuning's (every parameter), both in
   model.dtype, from the model's safetensors headers and the adapter's shapes;
 - `sync_s_lora` / `sync_s_full`: the median sync, trainer's send plus explorer's install, per run;
-- `peak_rss_ratio`: LoRA's peak RSS over full's; `peak_trainer_gb_*` (this process: the trainer
-  and the flows) and `peak_engine_gb_*` (its children: the vLLM engine) split it, each part's own
-  peak; `peak_rss_ratio_bound` is what the ratio would be with the trainer's saving alone, the
-  engine as large as full fine-tuning's (vLLM's LoRA buffers and kernels are the difference); both
-  runs share this process, full first, so LoRA's figures carry what the full run left allocated;
+- `peak_rss_ratio`: LoRA's peak RSS over full's, each run in a process of its own (the run's
+  trainer and flows, and its children: the vLLM engine); `peak_trainer_gb_*` (the process) and
+  `peak_engine_gb_*` (its children) split it, each part's own peak; `peak_rss_ratio_bound` is what
+  the ratio would be with the trainer's saving alone, the engine as large as full fine-tuning's
+  (vLLM's LoRA buffers and kernels are the difference);
 - `trainer_rss_gb_*`, `trainer_rss_ratio`: each trainer alone, in a process of its own, after two
   steps of the config's batch shape (not with --smoke);
 - `heldout_gain_lora` / `heldout_gain_full`: greedy exact-match gain, points;
@@ -37,8 +37,10 @@ null but its sync bytes, which come from the model's shapes. Its figures say not
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -148,9 +150,7 @@ def trainer_rss(config: str, steps: int = 2) -> float:
 
 
 def trainer_rss_alone(config: str) -> float:
-    import json
     import subprocess
-    import sys
 
     out = subprocess.run(
         [sys.executable, "-m", "bench.lora", "--trainer-rss", str(config)],
@@ -162,6 +162,61 @@ def trainer_rss_alone(config: str) -> float:
     return json.loads(out.strip().splitlines()[-1])["trainer_rss_gb"]
 
 
+RESULT = "bench.lora run: "  # the line a run's process ends with (its row as JSON)
+
+
+def one_run(name: str, root: str, steps: int, heldout_n: int | None, smoke: bool) -> dict[str, Any]:
+    """One `demo_real` run of `name`'s config (full or lora) measured: its table row, its run
+    directory and the held-out problems scored."""
+    from cli.demo_real import LORA_CONFIG, REAL_CONFIG, demo_real
+
+    bench = LoraBench()
+    rc = demo_real(
+        root,
+        [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *(SMOKE if smoke else [])],
+        heldout_n,
+        bench=bench,
+        config={"full": REAL_CONFIG, "lora": LORA_CONFIG}[name],
+    )
+    if rc != 0:
+        raise SystemExit(rc)
+    f, scored = bench.figures, bench.before is not None
+    row = {
+        "run": name,
+        "held_out_before": bench.before["greedy_exact"] if scored else None,
+        "held_out_after": bench.after["greedy_exact"] if scored else None,
+        "gain_points": 100 * (bench.after["greedy_exact"] - bench.before["greedy_exact"]) if scored else None,
+        "s_per_step": f["s_per_step"],
+        "trainer_step_s": f["trainer_step_s"],
+        "sync_s_trainer": f["sync_s_trainer"],
+        "sync_s_explorer": f["sync_s_explorer"],
+        "sync_mb": sync_bytes(bench.cfg.model) / 2**20,
+        "peak_rss_gb": bench.rss.peak / 2**30,
+        "peak_trainer_gb": bench.rss.peak_self / 2**30,
+        "peak_engine_gb": bench.rss.peak_children / 2**30,
+    }
+    return {"row": row, "run": bench.summary["run"], "heldout_tasks": int(bench.before["tasks"]) if scored else 0}
+
+
+def run_alone(name: str, argv: list[str]) -> dict[str, Any]:
+    """`one_run(name)` in a process of its own (this command's arguments, and `--one name`), its
+    output passed through; what it measured."""
+    import subprocess
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.lora", *argv, "--one", name], stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    last = None
+    for line in proc.stdout:
+        if line.startswith(RESULT):
+            last = json.loads(line[len(RESULT) :])
+        else:
+            sys.stdout.write(line)
+    if proc.wait() != 0 or last is None:
+        raise SystemExit(f"bench.lora: the {name} run failed (exit code {proc.returncode}); its output is above")
+    return last
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
@@ -171,10 +226,9 @@ def main() -> None:
     ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320)")
     ap.add_argument("--root", default="runs", help="where the model, tasks and runs go (default ./runs)")
     ap.add_argument("--trainer-rss", metavar="CONFIG", help=argparse.SUPPRESS)  # one trainer's memory alone
+    ap.add_argument("--one", choices=("full", "lora"), help=argparse.SUPPRESS)  # one run, in a process of its own
     a = ap.parse_args()
     if a.trainer_rss:
-        import json
-
         print(json.dumps({"trainer_rss_gb": trainer_rss(a.trainer_rss)}))
         return
     steps = a.steps or (1 if a.smoke else 8 if a.quick else 30)
@@ -182,51 +236,31 @@ def main() -> None:
     installs = 20 if a.smoke else 200
 
     from bench._report import emit_json, print_table
-    from cli.demo_real import LORA_CONFIG, REAL_CONFIG, demo_real
+    from cli.demo_real import LORA_CONFIG, REAL_CONFIG
+    from rl_engine.run.context import open_run
 
-    started, rows, kept = time.time(), {}, {}
-    runs = (("lora", LORA_CONFIG),) if a.smoke else (("full", REAL_CONFIG), ("lora", LORA_CONFIG))
-    for name, config in runs:
-        bench = LoraBench()
-        rc = demo_real(
-            a.root,
-            [f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *(SMOKE if a.smoke else [])],
-            heldout_n,
-            bench=bench,
-            config=config,
-        )
-        if rc != 0:
-            raise SystemExit(rc)
-        kept[name] = bench
-        f, scored = bench.figures, bench.before is not None
-        rows[name] = {
-            "run": name,
-            "held_out_before": bench.before["greedy_exact"] if scored else None,
-            "held_out_after": bench.after["greedy_exact"] if scored else None,
-            "gain_points": 100 * (bench.after["greedy_exact"] - bench.before["greedy_exact"]) if scored else None,
-            "s_per_step": f["s_per_step"],
-            "trainer_step_s": f["trainer_step_s"],
-            "sync_s_trainer": f["sync_s_trainer"],
-            "sync_s_explorer": f["sync_s_explorer"],
-            "sync_mb": sync_bytes(bench.cfg.model) / 2**20,
-            "peak_rss_gb": bench.rss.peak / 2**30,
-            "peak_trainer_gb": bench.rss.peak_self / 2**30,
-            "peak_engine_gb": bench.rss.peak_children / 2**30,
-        }
+    if a.one:  # one run in this process of its own: its row on the last line
+        print(RESULT + json.dumps(one_run(a.one, a.root, steps, heldout_n, a.smoke)), flush=True)
+        return
+    started = time.time()
+    # Each run in a process of its own, so its peak RSS is its own: one after another in one
+    # process, the second carried what the first left allocated (1.11x for LoRA after full).
+    results = {name: run_alone(name, sys.argv[1:]) for name in (("lora",) if a.smoke else ("full", "lora"))}
+    rows = {name: r["row"] for name, r in results.items()}
+    lora_cfg = open_run(results["lora"]["run"]).cfg
     if "full" not in rows:  # --smoke: the full run's sync bytes alone, from the model's shapes
-        model = kept["lora"].cfg.model
         rows["full"] = dict.fromkeys(rows["lora"]) | {
             "run": "full (not run)",
-            "sync_mb": sync_bytes(model.model_copy(update={"lora": None})) / 2**20,
+            "sync_mb": sync_bytes(lora_cfg.model.model_copy(update={"lora": None})) / 2**20,
         }
-    engine = engine_growth(kept["lora"].cfg, installs, a.root)
+    engine = engine_growth(lora_cfg, installs, a.root)
     alone = (
         {}
         if a.smoke
         else {name: trainer_rss_alone(config) for name, config in (("full", REAL_CONFIG), ("lora", LORA_CONFIG))}
     )
     full, lora = rows["full"], rows["lora"]
-    heldout_tasks = int(kept["lora"].before["tasks"]) if kept["lora"].before is not None else 0
+    heldout_tasks = results["lora"]["heldout_tasks"]
     print_table(
         [full, lora],
         title=f"bench.lora: SmolLM2-135M-Instruct, word arithmetic, {steps} trainer steps, {heldout_tasks} held-out problems",
