@@ -85,10 +85,12 @@ def service_locator(board: Board, placement: Any, stop: StopSignal | None = None
     return locate
 
 
-def serve(board: Board, reward: Any, done: Callable[[], bool]) -> None:
+def serve(board: Board, reward: Any, done: Callable[[], bool], before_post: Callable[[], None] | None = None) -> None:
     """The reward role's work: the service of `reward`'s settings (a ModelReward) started and posted
     on `board`, started again (and posted again) whenever it died, until `done()`; then stopped.
-    A service that cannot start raises RewardError naming it."""
+    `before_post` is called before each post (the role's fence: a role of an attempt a newer driver
+    replaced must not point that attempt's explorers at its service). A service that cannot start
+    raises RewardError naming it."""
     settings = service_settings(**reward.model_dump(include=set(SERVICE_FIELDS)))
     service: Service | None = None
     starts = 0
@@ -103,6 +105,8 @@ def serve(board: Board, reward: Any, done: Callable[[], bool]) -> None:
                     )
                 service = start_model_service(settings)
                 starts += 1
+                if before_post is not None:
+                    before_post()
                 board.post(
                     SERVICE_KEY,
                     {"url": service.url, "pid": service.proc.pid, "starts": starts, "path": settings["path"]},

@@ -243,7 +243,7 @@ def reward_role(run: RunContext) -> RoleResult:
         return all(age > timeout_s for age in running.values())
 
     with role.running():
-        serve(role.board, run.cfg.taskset.reward, done)
+        serve(role.board, run.cfg.taskset.reward, done, before_post=role.fence.check)
     return role.result()
 
 

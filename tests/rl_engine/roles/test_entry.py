@@ -240,7 +240,8 @@ def test_the_reward_role_serves_until_the_run_stopped_and_no_explorer_runs(run, 
     attempt, _, _ = read_start(board, timeout_s=5)
     seen = []
 
-    def serve(role_board, reward, done):
+    def serve(role_board, reward, done, before_post):
+        before_post()  # the role's fence: this driver's attempt
         board.post(role_key("explorer-0"), {"pid": 1, "host": "h", "state": "running", "attempt": attempt})
         seen.append(done())  # the run goes on
         request_stop(board, "finished", "trainer reached version 2", by="trainer")
