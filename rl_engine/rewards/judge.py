@@ -8,7 +8,7 @@ served by the run itself on a vLLM engine of its own (`path`).
     reward: {type: judge, path: runs/models/judge, max_model_len: 1024, kv_cache_space_gib: 1}
 
 With `path`, the first step starts vLLM's OpenAI-compatible server for that model directory on a
-free loopback port (rl_engine.rollout.server.serve_command: an explorer engine's settings, greedy
+free loopback port (`python -m rl_engine.rollout.server`: an explorer engine's settings, greedy
 replies need no more), as a reward service (rl_engine.rewards.services): one per process and
 setting, shared by the process's explorers, stopped by the last to close, at exit, or by itself
 when this process dies. An engine that does not start fails the step's samples as a dead
@@ -45,9 +45,11 @@ request), samples_per_s, failures, timeouts and unparsed.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +58,7 @@ from typing import Any
 
 from rl_engine.config.model import template_fields
 from rl_engine.errors import UserError
+from rl_engine.model_dir import require_model_dir
 from rl_engine.registry import load_object
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
 from rl_engine.rewards.remote import ServiceCalls, score_one
@@ -118,9 +121,11 @@ class JudgeRewardFn:
                 f"taskset.reward.api_key_env = {api_key_env!r}: that environment variable is not set (or empty) in this process; "
                 "export it where the run's explorers start, or set api_key_env: null for an endpoint without a key"
             )
-        self.engine = None if path is None else judge_engine_config(path, max_model_len, kv_cache_space_gib)
-        if self.engine is not None:  # vLLM serves the model under the name of its --model
-            base_url, model = "", self.engine.model.path
+        self.engine = None  # with path: the settings of its own engine (rl_engine.rollout.server's main)
+        if path is not None:
+            path = require_model_dir(path, "taskset.reward.path")
+            self.engine = {"path": path, "max_model_len": max_model_len, "kv_cache_space_gib": kv_cache_space_gib}
+            base_url, model = "", path  # vLLM serves the model under the name of its --model
         self.base_url, self.model, self.template, self.chat = str(base_url).rstrip("/"), model, template, chat
         self.max_tokens, self.concurrency, self.timeout_s = max_tokens, max(1, concurrency), float(timeout_s)
         self.api_key_env = api_key_env
@@ -230,15 +235,15 @@ class JudgeRewardFn:
         if there is none); UserCodeCrashed when the engine cannot start."""
         if self.engine is None:
             return self.base_url
-        self._service = acquire_service(self.engine.model_dump(mode="json"), self._start_engine, self._service)
+        self._service = acquire_service(self.engine, self._start_engine, self._service)
         return self._service.url + "/v1"
 
     def _start_engine(self) -> Service:
-        from rl_engine.rollout.server import serve_command
-
+        # A process of its own that becomes vLLM's server (rl_engine.rollout.server's main: an
+        # explorer engine's settings for the model), so stopping it stops the server.
         port = free_port()
-        argv, env = serve_command(self.engine, "127.0.0.1", port)
-        return start_service(argv, self.calls.describe, env=env, port=port)
+        argv = [sys.executable, "-m", "rl_engine.rollout.server", json.dumps(self.engine), str(port)]
+        return start_service(argv, self.calls.describe, port=port)
 
     def close(self) -> None:
         """Done with the judge: the last client of its own engine stops it."""
@@ -248,19 +253,3 @@ class JudgeRewardFn:
 
     def __repr__(self) -> str:
         return f"JudgeRewardFn(base_url={self.base_url!r}, model={self.model!r})"
-
-
-def judge_engine_config(path: str, max_model_len: int, kv_cache_space_gib: float) -> Any:
-    """The settings of a judge engine of its own for the model directory `path`: an explorer
-    engine's (rl_engine.rollout.server.serve_command takes them) with that model, length and KV cache."""
-    from rl_engine.config import RFTConfig
-    from rl_engine.model_dir import require_model_dir
-
-    path = require_model_dir(path, "taskset.reward.path")
-    return RFTConfig.model_validate(
-        {
-            "model": {"path": path, "max_model_len": max_model_len},
-            "taskset": {"path": "unused.jsonl"},  # not read: the engine's settings are all it gives
-            "explorer": {"engine": {"kv_cache_space_gib": kv_cache_space_gib}},
-        }
-    )

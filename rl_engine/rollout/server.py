@@ -111,15 +111,18 @@ def serve_command(
     return argv, env
 
 
+def _server_env(changes: dict[str, str]) -> dict[str, str]:
+    """This process's environment with `changes`, less VLLM_CPU_KVCACHE_SPACE: the config's size
+    wins (see VLLMRolloutEngine)."""
+    return {**{k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}, **changes}
+
+
 def serve(cfg: RFTConfig, host: str, port: int, explorer_id: int = 0) -> int:
     """Run the engine server of `cfg`'s explorer `explorer_id` in the foreground until it is stopped."""
     import subprocess
 
     argv, changes = serve_command(cfg, host, port, explorer_id)
-    env = {
-        k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"
-    }  # the config's size wins (see VLLMRolloutEngine)
-    env.update(changes)
+    env = _server_env(changes)
     print(
         f"engine server of explorer {explorer_id}: http://{host}:{port} ({cfg.model.path}); use it with --set 'explorer.engine.servers=[\"http://{host}:{port}\"]'",
         flush=True,
@@ -344,3 +347,25 @@ def build_server_engine(cfg: RFTConfig, explorer_id: int, owner: str | None = No
         owner or f"rft-{uuid.uuid4().hex[:8]}",
         explorer_id,
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m rl_engine.rollout.server SETTINGS PORT`: this process becomes the vLLM server
+    (exec: stopping it stops the server) of a model on loopback, with an explorer engine's settings:
+    SETTINGS is JSON {path, max_model_len, kv_cache_space_gib}. How a judge with a model directory
+    of its own is served (rl_engine.rewards.judge); the reward service that starts it owns it."""
+    settings, port = argv or sys.argv[1:]
+    s = json.loads(settings)
+    cfg = RFTConfig.model_validate(
+        {
+            "model": {"path": s["path"], "max_model_len": s["max_model_len"]},
+            "taskset": {"path": "unused.jsonl"},  # not read: the engine's settings are all that is used
+            "explorer": {"engine": {"kv_cache_space_gib": s["kv_cache_space_gib"]}},
+        }
+    )
+    command, changes = serve_command(cfg, "127.0.0.1", int(port))
+    os.execve(command[0], command, _server_env(changes))
+
+
+if __name__ == "__main__":
+    main()

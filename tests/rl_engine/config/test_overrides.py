@@ -65,6 +65,9 @@ REQUIRED = {
     "base_url": "http://127.0.0.1:8100/v1",  # the judge: an endpoint and its model
     "model": "judge",
 }
+# Fields a variant needs by a rule across its fields rather than one by one: the judge needs an
+# endpoint (base_url and model) or a model directory of its own (path); the switch gives the first.
+NEEDED = {"judge": ("base_url", "model")}
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def switch(union: str, variant: str) -> list[str]:
     required = [
         f"{union}.{name}={REQUIRED[name]}"
         for name, f in model.model_fields.items()
-        if f.is_required() and name != u.key
+        if (f.is_required() or name in NEEDED.get(variant, ())) and name != u.key
     ]
     return [*plugins, f"{union}.{u.key}={variant}", *required]
 
