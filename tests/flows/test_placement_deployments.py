@@ -177,12 +177,11 @@ def test_readme_command_runs_every_role_on_the_worker(live, tiny_model_dir, task
 
 
 # One mode/sync pair per run here; the suite's time goes to what nothing else covers across processes:
-# - multi_explorer/checkpoint, on S3: test_every_role_in_its_own_process (below);
+# - multi_explorer/checkpoint, on S3, with a model reward whose service is a role of its own:
+#   test_every_role_in_its_own_process (below);
 # - one_step_off_policy/collective (small_config's default method): test_killed_explorer_fails_the_run_then_resume_loses_nothing;
 # - multi_explorer/collective: test_cancelling_the_mode_flow_cancels_every_role (it reaches version 2 by broadcasts);
-# - synchronous: test_readme_command_runs_every_role_on_the_worker;
-# - multi_explorer/checkpoint with a model reward, whose service is a role of its own:
-#   test_a_model_reward_is_a_role_of_its_own_the_explorers_share.
+# - synchronous: test_readme_command_runs_every_role_on_the_worker.
 # fully_async/collective is no run of its own: fully_async and multi_explorer are one mode flow
 # (flows/decoupled.py: run_mode), multi_explorer with one explorer, and collective sync across
 # processes runs in the kill and cancel tests; fully_async in one process: tests/flows/test_modes.py.
@@ -191,13 +190,19 @@ def test_every_role_in_its_own_process(
     mode, method, on_live_server, prefect_worker, tiny_model_dir, task_file, s3_bucket, tmp_path
 ):
     """Every role its own flow run and OS process on a worker, the schedule held across processes,
-    on S3 storage. The same run checks issue 28: credentials go to the workers' environment, never
+    on S3 storage. The run's reward is a model (`taskset.reward: {type: model}`), whose service is
+    the reward role's (a flow run and OS process of its own), which both explorers score with: one
+    service is started for the run, by the reward role; every experience's reward is the
+    classifier's score of its prompt and response; the role ends with the run, its service too.
+    The same run checks issue 28: credentials go to the workers' environment, never
     the config; a run on S3 whose roles run on a worker holding them leaves them in none of the
     run's objects (config.yaml, logs, report, checkpoints), the worker's terminal, the flow runs'
     logs, parameters or artifacts."""
     from prefect.artifacts import Artifact
 
     from rl_engine.config import ConfigError
+    from rl_engine.proc.starts import ENV as STARTS_ENV
+    from rl_engine.tiny_model import make_tiny_classifier
 
     live = on_live_server
     url, options = s3_bucket
@@ -216,6 +221,8 @@ def test_every_role_in_its_own_process(
         max_staleness=3,
     )
     data["buffer"]["storage"] = {"url": url, "options": options}
+    rm = str(make_tiny_classifier(tmp_path / "rm"))
+    data["taskset"]["reward"] = {"type": "model", "path": rm, "batch_size": 4}
     with pytest.raises(
         ConfigError, match="job_variables.trainer.env.AWS_SECRET_ACCESS_KEY: credentials must not be in the config"
     ) as refused:
@@ -234,14 +241,20 @@ def test_every_role_in_its_own_process(
     worker = prefect_worker(
         "rft-s3", AWS_ACCESS_KEY_ID="rft-test-key", AWS_SECRET_ACCESS_KEY=secret
     )  # creates the pool
-    for role in ("rft-trainer", "rft-explorer"):
+    for role in ("rft-trainer", "rft-explorer", "rft-reward"):
         _copy_deployment(live, f"{role}/default", name, "rft-s3")
-    data["placement"] |= {"trainer_deployment": f"rft-trainer/{name}", "explorer_deployment": f"rft-explorer/{name}"}
+    data["placement"] |= {
+        "trainer_deployment": f"rft-trainer/{name}",
+        "explorer_deployment": f"rft-explorer/{name}",
+        "reward_deployment": f"rft-reward/{name}",
+    }
     cfg = validate_config(data)
+    tally = Path(os.environ[STARTS_ENV])  # every process of the session appends its starts here
     summary = run_config(cfg)
     assert summary["final_version"] == total
     assert summary["run"].rstrip("/").endswith(f"/{name}"), summary["run"]
-    assert_roles_ran_apart(live, summary["run"], cfg.explorer.count, options)
+    assert_roles_ran_apart(live, summary["run"], cfg.explorer.count, options, reward=True)
+    assert_one_reward_service(summary["run"], options, rm, tally)
     progress = Artifact.get(
         f"{mode.replace('_', '-')}-progress"
     )  # the mode flow run's, moved by the trainer's flow run
@@ -259,7 +272,7 @@ def test_every_role_in_its_own_process(
 
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
     objects = fs.find(f"{url}/{name}")
-    logs_of_roles = {f"logs/engines-{r}.log" for r in ("trainer", "explorer-0", "explorer-1")}
+    logs_of_roles = {f"logs/engines-{r}.log" for r in ("trainer", "explorer-0", "explorer-1", "reward")}
     assert {"config.yaml", "report/summary.json", *logs_of_roles} <= {o.split(f"/{name}/", 1)[1] for o in objects}
     leaks = [o for o in objects if secret.encode() in fs.cat_file(o)]
     runs = live.api("POST", "/flow_runs/filter", json={"flow_runs": {"name": {"like_": name}}, "limit": 50})
@@ -280,57 +293,33 @@ def test_every_role_in_its_own_process(
     assert len(logs) > 10 and len(arts) >= 5 and not leaks, leaks
 
 
-def test_a_model_reward_is_a_role_of_its_own_the_explorers_share(on_live_server, tiny_model_dir, task_file, tmp_path):
-    """`taskset.reward: {type: model}` under placement deployments: the run's reward service is the
-    reward role's (`rft-reward/default`, a flow run and OS process of its own), which both explorers
-    score with. One service is started for the run, by the reward role; every experience's reward is
-    the classifier's score of its prompt and response; the role ends with the run, its service too."""
-    from rl_engine.proc.starts import ENV as STARTS_ENV
+def assert_one_reward_service(run_url: str, options: dict, rm: str, tally: Path) -> None:
+    """The run's one reward service was the reward role's (started by its process, none by an
+    explorer's), every stored reward is the classifier `rm`'s own score of its prompt and response,
+    no explorer step failed a request, and nothing of the role is left (its process, its service)."""
+    import s3fs
+
     from rl_engine.rewards.run_service import SERVICE_KEY
     from rl_engine.run.report import load_metrics
-    from rl_engine.tiny_model import make_tiny_classifier
     from tests.rl_engine.rewards.test_reward_model import direct_scores
 
-    live = on_live_server
-    rm = str(make_tiny_classifier(tmp_path / "rm"))
-    name = "rm-role"
-    data = deployments_config(
-        tiny_model_dir,
-        task_file,
-        tmp_path,
-        name=name,
-        mode="multi_explorer",
-        sync_method="checkpoint",
-        sync_interval=1,
-        total_steps=2,
-        count=2,
-        max_staleness=2,
-    )
-    data["taskset"]["reward"] = {"type": "model", "path": rm, "batch_size": 4}
-    tally = Path(os.environ[STARTS_ENV])  # every process of the session appends its starts here
-    summary = run_config(validate_config(data))
-    assert summary["final_version"] == 2
-    run_url = summary["run"]
-    assert_roles_ran_apart(live, run_url, 2, reward=True)
-    markers = role_markers(run_url)
-    service = json.loads(Path(run_url, "control", f"{SERVICE_KEY}.json").read_text())
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+    markers = role_markers(run_url, options)
+    service = json.loads(fs.cat_file(f"{run_url}/control/{SERVICE_KEY}.json"))
     assert service["starts"] == 1 and service["url"].startswith("http://127.0.0.1:")
-    # One reward service for the run, started by the reward role's process; none by an explorer's.
     tallied = [line.split() for line in tally.read_text().splitlines()]
     started_by = [int(t[1]) for t in tallied if len(t) == 2 and t[0] == "reward_service"]
     assert [pid for pid in started_by if pid in {m["pid"] for m in markers.values()}] == [markers["reward"]["pid"]]
 
-    rows = ds.dataset(f"{run_url}/buffer", format="ipc", partitioning="hive", exclude_invalid_files=True).to_table()
-    rows = rows.select(["prompt_text", "response_text", "reward"]).to_pylist()
+    path = f"{run_url.removeprefix('s3://')}/buffer"
+    table = ds.dataset(path, filesystem=fs, format="ipc", partitioning="hive", exclude_invalid_files=True).to_table()
+    rows = table.select(["prompt_text", "response_text", "reward"]).to_pylist()
     assert rows and all(math.isfinite(r["reward"]) for r in rows)
     want = direct_scores(rm, [(r["prompt_text"], r["response_text"]) for r in rows])
     assert [r["reward"] for r in rows] == pytest.approx(want, abs=1e-4)  # the classifier's own scores
-    _, explorer = load_metrics(open_run(run_url))
+    _, explorer = load_metrics(open_run(run_url, options))
     assert explorer and all(m["reward_errors"] == m["reward/model/failures"] == 0 for m in explorer)
-
-    # Nothing of the reward role is left: its process, its service.
     assert_all_gone(processes(markers["reward"]["pid"], service["pid"]))
-    assert Path(run_url, "logs", "engines-reward.log").exists()
 
 
 def _run_in_thread(cfg, resume=None) -> tuple[threading.Thread, list]:
