@@ -3,8 +3,8 @@
     python -m bench.lora [--quick | --smoke] [--steps N] [--heldout N] [--root DIR]
 
 Two runs of the real model's demo, the same tasks, seed, steps and held-out problems:
-configs/smollm2.yaml (full fine-tuning) and configs/smollm2-lora.yaml (rank-16 adapters on the
-attention projections, the learning rate ten times full's), each through `rft demo --model
+configs/smollm2.yaml (full fine-tuning) and configs/smollm2-lora.yaml (rank-8 adapters on every
+linear projection, the learning rate twenty times full's), each through `rft demo --model
 smollm2`'s own code (cli.demo_real.demo_real: held-out greedy exact match before and after, on
 problems no train task asks). Reported per run: `s_per_step`, the median weight sync
 (`sync_s_trainer`: the trainer's send; `sync_s_explorer`: an explorer's receive and install),
