@@ -83,23 +83,28 @@ class ProgressLine:
         self.out.flush()
 
 
+def latest_metrics(fs: Any, root: str, role: str) -> tuple[str, dict[str, Any]] | None:
+    """(path, metrics) of `role`'s newest step metrics on the run's storage, or None before its first step."""
+    paths = fs.glob(join(root, METRICS_DIR, f"role={role}", "step=*.json"))
+    return (max(paths), read_json(fs, max(paths))) if paths else None
+
+
 def latest_trainer_step(fs: Any, root: str) -> tuple[int, float | None] | None:
     """(step, reward_mean) of the newest trainer metrics on the run's storage, or None before step 1."""
     fs.invalidate_cache()
-    paths = fs.glob(join(root, METRICS_DIR, "role=trainer", "step=*.json"))
-    if not paths:
+    if (latest := latest_metrics(fs, root, "trainer")) is None:
         return None
-    m = read_json(fs, max(paths))
-    return int(m.get("step", max(paths).rsplit("=", 1)[-1].split(".")[0])), m.get("reward_mean")
+    path, m = latest
+    return int(m.get("step", path.rsplit("=", 1)[-1].split(".")[0])), m.get("reward_mean")
 
 
 # A reward that asks a service reports its latency per request (and the model's batch size) in
 # the explorer's step metrics (rl_engine/rewards/reward_model.py, judge.py, code_tests.py).
 SERVICE_REWARDS = ("model", "judge", "code_tests")  # taskset.reward.type
-SERVICES = {
-    "reward/model/": ("reward model", "latency_ms", "batch_size"),
-    "reward/judge/": ("judge", "latency_ms", None),
-    "reward/sandbox/": ("sandbox", "run_ms_mean", None),
+SERVICES = {  # metric prefix: (label, its time per unit, the unit, its batch size)
+    "reward/model/": ("reward model", "latency_ms", "request", "batch_size"),
+    "reward/judge/": ("judge", "latency_ms", "request", None),
+    "reward/sandbox/": ("sandbox", "run_ms_mean", "run", None),
 }
 
 
@@ -108,20 +113,13 @@ def reward_service_text(metrics: dict[str, Any]) -> str | None:
     `reward model 85 ms/request, batch 16`); None for a reward without a service, or no figure yet."""
     import math
 
-    for prefix, (label, latency, batch) in SERVICES.items():
+    for prefix, (label, latency, per, batch) in SERVICES.items():
         ms = metrics.get(prefix + latency)
         if isinstance(ms, (int, float)) and math.isfinite(ms):
             size = metrics.get(prefix + batch) if batch else None
-            per = "run" if prefix == "reward/sandbox/" else "request"
             text = f"{label} {ms:.0f} ms/{per}"
             return text + (f", batch {size:.0f}" if isinstance(size, (int, float)) and math.isfinite(size) else "")
     return None
-
-
-def latest_explorer_metrics(fs: Any, root: str) -> dict[str, Any] | None:
-    """The newest step metrics of explorer 0, or None before its first step."""
-    paths = fs.glob(join(root, METRICS_DIR, "role=explorer-0", "step=*.json"))
-    return read_json(fs, max(paths)) if paths else None
 
 
 @contextlib.contextmanager
@@ -145,8 +143,8 @@ def follow(
         try:
             if (latest := latest_trainer_step(fs, root)) is not None:
                 line.seen(*latest)
-            if reward_service and (explorer := latest_explorer_metrics(fs, root)) is not None:
-                line.service = reward_service_text(explorer) or line.service
+            if reward_service and (explorer := latest_metrics(fs, root, "explorer-0")) is not None:
+                line.service = reward_service_text(explorer[1]) or line.service
         except Exception:  # noqa: BLE001 - a file being written, or a storage hiccup: the next tick reads it
             pass
         line.draw()

@@ -7,7 +7,7 @@ Where things live (bottom up, as the floors below stack them):
                   workflow, task maker, estimator, loss) and the decorators that register an extension
     registry.py   the registries of the extension points, the built-ins listed by import path
     proc/         process utilities: failpoints, owner watch, reaper, start tally, a process's
-                  stdout/stderr to a log file, exit codes in words
+                  stdout/stderr to a log file, exit codes in words, a free loopback port
     schedule.py   the sync schedules as pure functions;  conformance.py  does a class implement a Protocol
     tiny_model.py the tiny Qwen2 model the tests, benchmarks and demos build;  fetch_model.py  `rft fetch-model`
     config/       one pydantic model per component (a module each), composed into RFTConfig; loading,

@@ -59,10 +59,11 @@ from typing import Any
 from rl_engine.config.model import template_fields
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
+from rl_engine.proc.ports import free_port
 from rl_engine.registry import load_object
 from rl_engine.rewards.isolation import UserCodeCrashed, UserCodeTimeout
 from rl_engine.rewards.remote import ServiceCalls, score_one
-from rl_engine.rewards.services import SERVICES, Service, acquire_service, free_port, start_service
+from rl_engine.rewards.services import SERVICES, Service, acquire_service, start_service
 
 _PATTERNS = {"yes_no": r"\b(yes|no)\b", "number": r"-?\d+(?:\.\d+)?"}
 

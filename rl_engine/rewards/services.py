@@ -93,15 +93,6 @@ def _healthy(proc: subprocess.Popen, url: str) -> bool:
     return False
 
 
-def free_port() -> int:
-    """A TCP port on loopback nobody listens on now."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServiceRegistry:
     """This process's services, one per key (a service's settings), counted by their clients."""
 

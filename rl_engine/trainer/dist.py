@@ -12,20 +12,14 @@ import fcntl
 import glob
 import logging
 import os
-import socket
 import sys
 import sysconfig
 import time
 from collections.abc import Iterator
 
+from rl_engine.proc.ports import free_port  # tests, bench and harness import it from here too
+
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now: the one helper for it (tests and bench import it from here)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 OWNER = "RFT_DIST_ENV_OWNER"  # pid of the process that filled in the variables below for itself
