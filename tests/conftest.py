@@ -23,7 +23,8 @@ from harness.prefect_live import start_server, start_worker  # noqa: E402 - afte
 from rl_engine.proc.starts import count_start  # noqa: E402
 from rl_engine.trainer.dist import free_port  # noqa: E402
 
-pytest_plugins = ["tests.suite_report"]  # the suite's time, starts and reruns, printed at the end of a run
+# the suite's time, starts and reruns, printed at the end of a run; which worker runs which files
+pytest_plugins = ["tests.suite_report", "tests.schedule"]
 
 
 def pytest_collection_modifyitems(config, items):
