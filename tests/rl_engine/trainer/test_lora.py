@@ -8,14 +8,18 @@ model is the merged weights (base + scaled B @ A), state holds the adapter.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from trainer_helpers import grpo_case, make_batch, make_cfg
 
 from rl_engine.errors import UserError
 from rl_engine.trainer import build_trainer, trainer_settings
+
+REPO = Path(__file__).resolve().parents[3]
 
 pytestmark = pytest.mark.slow
 
@@ -267,6 +271,24 @@ def test_preflight_names_missing_target_modules(tiny_model_dir):
     check_lora_targets(make_cfg(tiny_model_dir, model={"lora": LORA}).model, weights)  # all present: passes
     with pytest.raises(ValueError, match="greater than 0"):
         make_cfg(tiny_model_dir, model={"lora": {**LORA, "rank": 0}})
+
+
+def test_the_defaults_adapt_every_linear_projection_of_the_model(tiny_model_dir):
+    """`model.lora: {}` is docs/guides/gpus.md's line: rank 8, alpha 16, every linear projection
+    (configs/smollm2-lora.yaml's adapters, which learned as full fine-tuning does); preflight finds
+    each in a Qwen2 model."""
+    from rl_engine.run.preflight import check_lora_targets, check_model_dir
+
+    lora = make_cfg(tiny_model_dir, model={"lora": {}}).model.lora
+    assert (lora.rank, lora.alpha, lora.dropout, lora.sync) == (8, 16.0, 0.0, "adapter")
+    assert lora.target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    shipped = yaml.safe_load((REPO / "configs" / "smollm2-lora.yaml").read_text())["model"]["lora"]
+    assert {k: shipped[k] for k in ("rank", "alpha", "target_modules")} == {
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "target_modules": lora.target_modules,
+    }
+    check_lora_targets(make_cfg(tiny_model_dir, model={"lora": {}}).model, check_model_dir(tiny_model_dir)[1])
 
 
 def test_adapter_shapes_are_what_the_trainer_state_holds(stepped, tiny_model_dir):
