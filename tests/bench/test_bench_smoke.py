@@ -576,3 +576,5 @@ def test_rewards(tmp_path):
     number(r["sandbox_overhead_ms"])
     assert r["sandbox_isolation"] == "namespaces" and r["hostile_cases"] == 9 and r["runs"] == 10
     assert r["sandbox_contained_fraction"] == 1.0  # every hostile program contained: a behaviour, not a figure
+    has_keys(r, "code_pass1_before", "code_pass1_after")  # null: the code demo runs with --code-demo only
+    assert r["code_pass1_before"] is None and r["code_pass1_after"] is None

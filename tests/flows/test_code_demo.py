@@ -3,7 +3,7 @@ task's tests in the sandbox) as a real flow run on the tiny model: 2 synchronous
 `rft make-tasks --task python-functions` tasks, held-out pass@1 at the start and the end. The
 tiny model writes no working Python (its rewards are 0); what is checked is the machinery: every
 sample ran in the sandbox and was counted in the step's metrics, and the evaluation scored the
-held-out set with the same reward.
+held-out set with the same reward, which bench.rewards --code-run reports.
 
     .venv/bin/python -m pytest tests/flows/test_code_demo.py
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.rewards import code_demo
 from cli.run import run_config
 from rl_engine.config import load_config
 from rl_engine.rewards.make_tasks import main as make_tasks
@@ -60,3 +61,11 @@ def test_code_config_runs_with_the_sandboxed_reward(prefect_server, tiny_model_d
     evals = load_evaluations(run)
     assert [r["version"] for r in evals] == [0, 2]
     assert all(r["heldout/tasks"] == 4 and 0.0 <= r["heldout/pass@1"] <= 1.0 for r in evals)
+    # `python -m bench.rewards --code-run RUN` reports this run's held-out pass@1, first and last
+    assert code_demo(summary["run"]) == {
+        "code_pass1_before": round(evals[0]["heldout/pass@1"], 4),
+        "code_pass1_after": round(evals[1]["heldout/pass@1"], 4),
+        "code_steps": 2,
+        "code_heldout_tasks": 4,
+        "code_run_s": None,
+    }
