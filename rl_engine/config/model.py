@@ -12,7 +12,6 @@ from rl_engine.config.base import Kwargs, _Model, check_registered, variants
 from rl_engine.config.workflow import SingleTurnWorkflow, UserCodeConfig, WorkflowConfig
 from rl_engine.registry import IMPORT_PATH, REWARDS, TASKS
 
-
 # Every linear projection of a Llama-, Qwen- or Mistral-style decoder layer (attention and MLP).
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
