@@ -138,7 +138,9 @@ def test_installs_reuse_one_slot_and_the_base_model_comes_back(lora_engine, tiny
         lora_engine.rpc("rft_load_checkpoint", str(d), v)
     grown = lora_engine.worker_rss() - rss
     kept_each = sum(t.numel() * t.element_size() for t in adapter.values())  # one version's adapter, bytes
-    print(f"engine RSS growth over 1,000 adapter installs: {grown / 2**20:.2f} MB (an adapter: {kept_each / 2**10:.0f} KB)")
+    print(
+        f"engine RSS growth over 1,000 adapter installs: {grown / 2**20:.2f} MB (an adapter: {kept_each / 2**10:.0f} KB)"
+    )
     assert grown < 0.25 * 1000 * kept_each
     [last] = lora_engine.rpc("rft_adapter_probe")
     assert last == first and last["adapters"] == [1] and last["slots"] == [1] and last["adapter_objects"] == 1
