@@ -149,7 +149,16 @@ def kill_trials(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[st
             root = Path(tmp) / f"trial-{i:02d}"
             root.mkdir()
             try:
-                t = kill_trial(model, tasks, root, mode, scope, point, random.Random(rng.random()))
+                t = kill_trial(
+                    model,
+                    tasks,
+                    root,
+                    mode,
+                    scope,
+                    point,
+                    random.Random(rng.random()),
+                    prefect_home=Path(tmp, "prefect-home"),
+                )
             except (
                 AssertionError,
                 OSError,

@@ -51,13 +51,15 @@ RESUME_TIMEOUT_S = 450.0
 POLL_S = 0.002  # short: a continuation save is a file write and a manifest write apart
 
 
-def run_env(root: Path) -> dict[str, str]:
-    """The environment of a user's shell: no test Prefect server, a Prefect home of the trial's own."""
+def run_env(root: Path, prefect_home: Path | None = None) -> dict[str, str]:
+    """The environment of a user's shell: no test Prefect server; `prefect_home`, which trials in
+    turn share as a user's runs share ~/.prefect (its database migrated once: ~5 s of each trial's
+    first start on 2 cores), else a Prefect home of the trial's own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
     # A fresh Prefect home migrates its database first: more than the default 20 s on a busy machine.
     return {
         **env,
-        "PREFECT_HOME": str(root / "prefect-home"),
+        "PREFECT_HOME": str(prefect_home or root / "prefect-home"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     }
 
@@ -260,10 +262,12 @@ def kill_trial(
     rng: random.Random,
     workflow: bool = False,
     features: frozenset[str] = frozenset(),
+    prefect_home: Path | None = None,
 ) -> dict[str, Any]:
     """One trial: start, kill at `point`, check what survives, resume to the end. Returns what
     the test asserts on (bench.faults counts the same). `workflow`: multi-turn episodes
-    (`WORKFLOW`) instead of partial rollouts; `features`: others of FEATURES on too. At
+    (`WORKFLOW`) instead of partial rollouts; `features`: others of FEATURES on too; `prefect_home`:
+    `run_env`'s. At
     DELTA_POINT the run kills itself (a failpoint, the main process: `scope` main) between the
     file and the marker of version 2's delta (the chain: 1 full, 2 and 3 deltas, 4 full, ...)."""
     tag = "".join(f"-{f}" for f in sorted(features))
@@ -274,7 +278,7 @@ def kill_trial(
     # miss; with none before the last step it spans the run.
     interval = TOTAL_STEPS if point == EARLY else 2
     config = trial_config(model, tasks, root, mode, name, workflow, checkpoint_interval=interval, features=features)
-    env = run_env(root)
+    env = run_env(root, prefect_home)
     if "reward_model" in features:
         from rl_engine.rewards.reward_model_server import DELAY_ENV
 

@@ -30,8 +30,11 @@ MODES = {"synchronous", "one_step_off_policy", "fully_async", "multi_explorer"}
 pytestmark = pytest.mark.slow
 
 
-def run_bench(module: str, *args: str, timeout_s: float, tmp_path: Path) -> dict[str, Any]:
-    """`python -m bench.<module> ARGS` from the repository root; its last stdout line, parsed as JSON.
+def run_bench(
+    module: str, *args: str, timeout_s: float, tmp_path: Path, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """`python -m bench.<module> ARGS` from the repository root, in this environment or `env`;
+    its last stdout line, parsed as JSON.
 
     Output goes to files, not pipes, so that a child that outlives the benchmark (an engine
     process) cannot keep the read open; at the end the whole process group is killed.
@@ -40,7 +43,9 @@ def run_bench(module: str, *args: str, timeout_s: float, tmp_path: Path) -> dict
     cmd = [sys.executable, "-m", f"bench.{module}", *args]
     started = time.monotonic()
     with open(out, "wb") as o, open(err, "wb") as e:
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=o, stderr=e, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=o, stderr=e, stdin=subprocess.DEVNULL, start_new_session=True
+        )
         try:
             rc: int | None = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -202,8 +207,8 @@ def test_sync(tmp_path):
     )  # fewer bfloat16 elements move at a smaller lr
 
 
-def test_modes_synthetic(tmp_path):
-    r = run_bench("modes", "--smoke", "--synthetic", timeout_s=300, tmp_path=tmp_path)
+def test_modes_synthetic(tmp_path, prefect_live):
+    r = run_bench("modes", "--smoke", "--synthetic", timeout_s=300, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
         r,
         "workload",
@@ -264,8 +269,8 @@ def test_device_cuda_is_refused_without_cuda(module):
     )
 
 
-def test_partial(tmp_path):
-    r = run_bench("partial", "--smoke", timeout_s=540, tmp_path=tmp_path)
+def test_partial(tmp_path, prefect_live):
+    r = run_bench("partial", "--smoke", timeout_s=540, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
         r,
         "steps",
@@ -298,9 +303,9 @@ def test_partial(tmp_path):
     per(r, "batch_reward_last", {"off", "on"}, number)
 
 
-def test_learning(tmp_path):
+def test_learning(tmp_path, prefect_live):
     png = tmp_path / "learning.png"
-    r = run_bench("learning", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path)
+    r = run_bench("learning", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
         r,
         "steps",
@@ -345,9 +350,9 @@ def test_learning(tmp_path):
     assert r["floor_train_s"] == min(r["trainer_step_s"], r["reference_step_s"])
 
 
-def test_algorithms(tmp_path):
+def test_algorithms(tmp_path, prefect_live):
     png = tmp_path / "algorithms.png"
-    r = run_bench("algorithms", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path)
+    r = run_bench("algorithms", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
         r,
         "steps",
@@ -483,8 +488,8 @@ def test_logits_memory(tiny_model_dir, tmp_path):
     assert r["max_logprob_diff"] < 1e-5
 
 
-def test_workflows(tmp_path):
-    r = run_bench("workflows", "--smoke", timeout_s=540, tmp_path=tmp_path)
+def test_workflows(tmp_path, prefect_live):
+    r = run_bench("workflows", "--smoke", timeout_s=540, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
         r,
         "steps",
@@ -514,9 +519,9 @@ def test_workflows(tmp_path):
     assert r["masked_grad_max"] == 0.0 and r["trained_grad_max"] > 0  # the mask, not a dead loss
 
 
-def test_scale(tmp_path):
+def test_scale(tmp_path, prefect_live):
     png = tmp_path / "scale.png"
-    r = run_bench("scale", "--smoke", "--png", str(png), timeout_s=240, tmp_path=tmp_path)
+    r = run_bench("scale", "--smoke", "--png", str(png), timeout_s=240, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
         r,
         "overhead_per_step",

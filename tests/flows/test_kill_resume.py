@@ -80,9 +80,15 @@ def kill_points(seed: int) -> dict[tuple[str, str], str]:
 SEED = int(os.environ.get("RFT_KILL_SEED", "13"))
 
 
+@pytest.fixture(scope="module")
+def prefect_home(tmp_path_factory):
+    """One Prefect home for the module's trials, which run in turn (harness.kill_resume.run_env)."""
+    return tmp_path_factory.mktemp("prefect-home")
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode,scope", CASES)
-def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, task_file, tmp_path):
+def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, task_file, tmp_path, prefect_home):
     point = kill_points(SEED)[(mode, scope)]
     trial = kill_trial(
         tiny_model_dir,
@@ -94,6 +100,7 @@ def test_kill_anywhere_then_resume_exactly_once(mode, scope, tiny_model_dir, tas
         random.Random(f"{SEED}-{mode}-{scope}"),
         workflow=(mode, scope) in WORKFLOW_CASES,
         features=FEATURES.get((mode, scope), frozenset()),
+        prefect_home=prefect_home,
     )
     check_trial(trial, (mode, scope) in WORKFLOW_CASES)
 
@@ -127,7 +134,9 @@ SOAK = (
 @pytest.mark.parametrize(
     "mode,scope,point,features", SOAK, ids=lambda x: "+".join(sorted(x)) if isinstance(x, frozenset) else str(x)
 )
-def test_soak_kill_features_then_resume_exactly_once(mode, scope, point, features, tiny_model_dir, task_file, tmp_path):
+def test_soak_kill_features_then_resume_exactly_once(
+    mode, scope, point, features, tiny_model_dir, task_file, tmp_path, prefect_home
+):
     workflow = "workflow" in features
     rng = random.Random(f"{SEED}-{mode}-{scope}-{point}")
     trial = kill_trial(
@@ -140,6 +149,7 @@ def test_soak_kill_features_then_resume_exactly_once(mode, scope, point, feature
         rng,
         workflow=workflow,
         features=features - {"workflow"},
+        prefect_home=prefect_home,
     )
     check_trial(trial, workflow)
 
