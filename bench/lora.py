@@ -1,6 +1,6 @@
 """Benchmark: LoRA against full fine-tuning, back to back in one invocation (issue 46).
 
-    python -m bench.lora [--quick | --smoke] [--steps N] [--heldout N] [--root DIR]
+    python -m bench.lora [--quick | --smoke] [--steps N] [--heldout N] [--root DIR] [--png FILE]
 
 Two runs of the real model's demo, the same tasks, seed, steps and held-out problems:
 configs/smollm2.yaml (full fine-tuning) and configs/smollm2-lora.yaml (rank-8 adapters on every
@@ -27,6 +27,9 @@ run, and the held-out gain in points; then:
   alternating adapters of random values, by `rft_load_checkpoint` as a checkpoint sync does, after 5
   warm-up installs): the resident memory of its worker after, minus before; `install_s` the median
   install.
+
+The PNG (--png, default runs/bench-lora.png) draws each figure of both runs side by side: sync
+bytes, sync time, trainer step, peak RSS and held-out gain.
 
 --quick: 8 trainer steps, 64 held-out problems; --smoke (CI): the LoRA run alone (bench.real's smoke
 runs the full one: the same code), 1 step of 2 tasks x 4 rollouts of up to 16 tokens (bench.real's
@@ -198,6 +201,43 @@ def one_run(name: str, root: str, steps: int, heldout_n: int | None, smoke: bool
     return {"row": row, "run": bench.summary["run"], "heldout_tasks": int(bench.before["tasks"]) if scored else 0}
 
 
+PANELS = (  # (JSON key stem, axis label): a panel each, full fine-tuning beside LoRA
+    ("sync_mb", "MB a weight sync sends"),
+    ("sync_s", "s a weight sync (send + install)"),
+    ("trainer_step_s", "s a trainer step"),
+    ("peak_rss_gb", "peak RSS of the run, GB"),
+    ("heldout_gain", "held-out gain, points"),
+)
+
+
+COLOURS = {"full": "tab:gray", "lora": "tab:blue"}
+
+
+def write_png(figures: dict[str, Any], title: str, path: str) -> None:
+    """One bar panel per PANELS figure (`<stem>_full`, `<stem>_lora` of the JSON line); a figure a
+    run lacks (--smoke's full run) is left out of its panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(3.2 * len(PANELS), 3.4))
+    for ax, (stem, label) in zip(axes, PANELS):
+        bars = [(name, figures[f"{stem}_{name}"]) for name in ("full", "lora") if figures[f"{stem}_{name}"] is not None]
+        ax.bar([n for n, _ in bars], [v for _, v in bars], color=[COLOURS[n] for n, _ in bars])
+        for i, (_, v) in enumerate(bars):
+            ax.annotate(f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=8)
+        if not bars:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([]), ax.set_yticks([])
+        ax.set_title(label, fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def run_alone(name: str, argv: list[str]) -> dict[str, Any]:
     """`one_run(name)` in a process of its own (this command's arguments, and `--one name`), its
     output passed through; what it measured."""
@@ -225,6 +265,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="trainer steps per run (default 30; 8 with --quick)")
     ap.add_argument("--heldout", type=int, default=None, help="held-out problems scored (default all 320)")
     ap.add_argument("--root", default="runs", help="where the model, tasks and runs go (default ./runs)")
+    ap.add_argument(
+        "--png", default="runs/bench-lora.png", help="the figures as bar charts (default runs/bench-lora.png)"
+    )
     ap.add_argument("--trainer-rss", metavar="CONFIG", help=argparse.SUPPRESS)  # one trainer's memory alone
     ap.add_argument("--one", choices=("full", "lora"), help=argparse.SUPPRESS)  # one run, in a process of its own
     a = ap.parse_args()
@@ -280,51 +323,50 @@ def main() -> None:
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or b is None else round(a / b, 3)
 
-    emit_json(
-        {
-            "steps": steps,
-            "heldout_tasks": heldout_tasks,
-            "adapter_sync_bytes_ratio": round(lora["sync_mb"] / full["sync_mb"], 4),
-            "sync_mb_lora": round(lora["sync_mb"], 2),
-            "sync_mb_full": round(full["sync_mb"], 2),
-            "sync_s_lora": sync_s(lora),
-            "sync_s_full": sync_s(full),
-            "trainer_step_s_lora": round(lora["trainer_step_s"], 3),
-            "trainer_step_s_full": num(full["trainer_step_s"], 3),
-            "s_per_step_lora": round(lora["s_per_step"], 3),
-            "s_per_step_full": num(full["s_per_step"], 3),
-            "peak_rss_ratio": ratio(lora["peak_rss_gb"], full["peak_rss_gb"]),
-            "peak_rss_gb_lora": round(lora["peak_rss_gb"], 2),
-            "peak_rss_gb_full": num(full["peak_rss_gb"]),
-            "peak_trainer_gb_lora": round(lora["peak_trainer_gb"], 2),
-            "peak_trainer_gb_full": num(full["peak_trainer_gb"]),
-            "peak_engine_gb_lora": round(lora["peak_engine_gb"], 2),
-            "peak_engine_gb_full": num(full["peak_engine_gb"]),
-            # The bound of peak_rss_ratio on this engine: LoRA's run with the plain engine's memory (its
-            # trainer-side saving alone), against full's. The engine's LoRA buffers are the difference.
-            "peak_rss_ratio_bound": None
-            if full["peak_engine_gb"] is None
-            else ratio(
-                lora["peak_trainer_gb"] + full["peak_engine_gb"], full["peak_trainer_gb"] + full["peak_engine_gb"]
-            ),
-            **(
-                {
-                    "trainer_rss_gb_full": round(alone["full"], 2),
-                    "trainer_rss_gb_lora": round(alone["lora"], 2),
-                    "trainer_rss_ratio": round(alone["lora"] / alone["full"], 3),
-                }
-                if alone
-                else {}
-            ),
-            "heldout_gain_lora": points(lora["gain_points"]),
-            "heldout_gain_full": points(full["gain_points"]),
-            "held_out_before": full["held_out_before"],
-            "engine_mem_growth_mb": round(engine["engine_mem_growth_mb"], 2),
-            "install_s": round(engine["install_s"], 4),
-            "installs": installs,
-            "bench_s": round(time.time() - started, 1),
-        }
-    )
+    figures = {
+        "steps": steps,
+        "heldout_tasks": heldout_tasks,
+        "adapter_sync_bytes_ratio": round(lora["sync_mb"] / full["sync_mb"], 4),
+        "sync_mb_lora": round(lora["sync_mb"], 2),
+        "sync_mb_full": round(full["sync_mb"], 2),
+        "sync_s_lora": sync_s(lora),
+        "sync_s_full": sync_s(full),
+        "trainer_step_s_lora": round(lora["trainer_step_s"], 3),
+        "trainer_step_s_full": num(full["trainer_step_s"], 3),
+        "s_per_step_lora": round(lora["s_per_step"], 3),
+        "s_per_step_full": num(full["s_per_step"], 3),
+        "peak_rss_ratio": ratio(lora["peak_rss_gb"], full["peak_rss_gb"]),
+        "peak_rss_gb_lora": round(lora["peak_rss_gb"], 2),
+        "peak_rss_gb_full": num(full["peak_rss_gb"]),
+        "peak_trainer_gb_lora": round(lora["peak_trainer_gb"], 2),
+        "peak_trainer_gb_full": num(full["peak_trainer_gb"]),
+        "peak_engine_gb_lora": round(lora["peak_engine_gb"], 2),
+        "peak_engine_gb_full": num(full["peak_engine_gb"]),
+        # The bound of peak_rss_ratio on this engine: LoRA's run with the plain engine's memory (its
+        # trainer-side saving alone), against full's. The engine's LoRA buffers are the difference.
+        "peak_rss_ratio_bound": None
+        if full["peak_engine_gb"] is None
+        else ratio(lora["peak_trainer_gb"] + full["peak_engine_gb"], full["peak_trainer_gb"] + full["peak_engine_gb"]),
+        **(
+            {
+                "trainer_rss_gb_full": round(alone["full"], 2),
+                "trainer_rss_gb_lora": round(alone["lora"], 2),
+                "trainer_rss_ratio": round(alone["lora"] / alone["full"], 3),
+            }
+            if alone
+            else {}
+        ),
+        "heldout_gain_lora": points(lora["gain_points"]),
+        "heldout_gain_full": points(full["gain_points"]),
+        "held_out_before": full["held_out_before"],
+        "engine_mem_growth_mb": round(engine["engine_mem_growth_mb"], 2),
+        "install_s": round(engine["install_s"], 4),
+        "installs": installs,
+        "bench_s": round(time.time() - started, 1),
+    }
+    write_png(figures, f"LoRA against full fine-tuning, SmolLM2-135M-Instruct, {steps} steps", a.png)
+    print(f"bars: {a.png}")
+    emit_json(figures)
 
 
 if __name__ == "__main__":

@@ -250,7 +250,9 @@ def test_bench_lora_smoke_runs_lora_and_installs_in_place(smollm2_dir, real_mode
     root = tmp_path / "runs"
     (root / "models").mkdir(parents=True)
     (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)
-    r = run_bench("lora", "--smoke", "--root", str(root), timeout_s=540, tmp_path=tmp_path)
+    png = tmp_path / "bench-lora.png"
+    r = run_bench("lora", "--smoke", "--root", str(root), "--png", str(png), timeout_s=540, tmp_path=tmp_path)
+    assert png.stat().st_size > 0
     has_keys(
         r,
         "adapter_sync_bytes_ratio",
