@@ -16,6 +16,10 @@ the `overrides`). Reported:
   `startup_s` apart; `gen_tokens_per_s`: response tokens over the rollout spans' time;
   `train_tokens_per_s`: the trained tokens over the train spans' time; `sync_s_trainer` /
   `sync_s_explorer`: the median weight sync (the trainer's send; an explorer's receive and load);
+- the trainer against the machine's FLOP rate (`trainer_flops`): `padding_fraction` (padding's
+  share of the batch positions), `trainer_gflops` (6 x parameters x real tokens over the train
+  spans' time), `matmul_gflops` (an fp32 2048^3 GEMM on the trainer's threads, measured in the
+  same run) and `trainer_flops_fraction`, the ratio (issue 48's goal: >= 0.6);
 - `logprob_gap_fp32` / `logprob_gap_bf16`: mean |vLLM - trainer| logprob per response token with
   both in that dtype (harness.real_model.logprob_gap);
 - `peak_rss_gb`: the largest resident memory of this process and all its children together
@@ -106,7 +110,58 @@ def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
         "gen_tokens_per_s": sum(m["tokens"] for m in explorer_metrics) / sum(s.duration for s in rollout),
         "train_tokens_per_s": sum(m["tokens"] for m in trainer_metrics) / sum(s.duration for s in train),
         **{f"sync_s_{side}": _median_sync(spans, side) for side in ("trainer", "explorer")},
+        **trainer_flops(summary["run"]),
     }
+
+
+def trainer_flops(run_url: str) -> dict[str, float | None]:
+    """The trainer against this machine's FLOP rate (issue 48), of a finished run:
+    `padding_fraction` (the batch positions that were padding, over all trainer steps),
+    `trainer_gflops` (6 x parameters x attended tokens, a forward and a backward of every real
+    token, over the train spans' time: a lower bound where the algorithm adds forwards, a
+    recomputed proximal policy or a KL reference), `matmul_gflops` (`matmul_gflops` of the run's
+    dtype on the trainer's threads, measured now) and their ratio `trainer_flops_fraction`. Null for a run whose trainer recorded no positions."""
+    import math
+
+    from rl_engine.adapter import model_shapes
+    from rl_engine.run.context import open_run
+    from rl_engine.run.report import load_metrics
+    from rl_engine.run.timeline import load_spans
+
+    run = open_run(run_url)
+    steps = [m for m in load_metrics(run)[0] if m.get("positions")]
+    if not steps:
+        return dict.fromkeys(("padding_fraction", "trainer_gflops", "matmul_gflops", "trainer_flops_fraction"))
+    attended = sum(m["attended"] for m in steps)
+    params = sum(math.prod(shape) for shape in model_shapes(run.cfg.model.path).values())
+    train_s = sum(s.duration for s in load_spans(run_url) if s.component == "trainer" and s.kind == "train")
+    achieved = 6 * params * attended / train_s / 1e9
+    peak = matmul_gflops(run.cfg.trainer.num_threads or os.cpu_count() or 1, run.cfg.model.dtype)
+    return {
+        "padding_fraction": 1 - attended / sum(m["positions"] for m in steps),
+        "trainer_gflops": achieved,
+        "matmul_gflops": peak,
+        "trainer_flops_fraction": achieved / peak,
+    }
+
+
+def matmul_gflops(threads: int, dtype: str = "float32", n: int = 2048, repeats: int = 5) -> float:
+    """GFLOP/s of the best of `repeats` n x n x n matrix products in `dtype` on `threads` threads."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        a, b = (torch.randn(n, n).to(getattr(torch, dtype)) for _ in range(2))
+        a @ b  # the first call allocates and picks its kernel
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            a @ b
+            best = min(best, time.perf_counter() - t0)
+        return 2 * n**3 / best / 1e9
+    finally:
+        torch.set_num_threads(before)
 
 
 def _median_sync(spans: list, side: str) -> float | None:

@@ -193,7 +193,7 @@ class DeepSpeedTrainer:
                 f"train batch has {n} rows; this rank trains {self.local_batch_size} per step (train_batch_size / world size)"
             )
         mask = b["mask"]
-        counts = self._batch_counts(mask)
+        counts = self._batch_counts(mask, b["attention_mask"])
         sums: dict[str, float] = {}
         grad_norm = float("nan")
         lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves it after)
@@ -219,6 +219,10 @@ class DeepSpeedTrainer:
             "grad_norm": grad_norm,
             "lr": lr,
             "tokens": counts["tokens"] * self.world,
+            # the batch as the model runs it: positions (rows x padded length) and the real tokens
+            # among them (prompt and response), whole batch: padding's share of the step's compute
+            "positions": counts["positions"] * self.world,
+            "attended": counts["attended"] * self.world,
             "version": float(self.version),
         }
         for k in ("pg_loss", "kl"):
@@ -230,17 +234,25 @@ class DeepSpeedTrainer:
                 out[{"clipped": "clip_frac", "is_weight": "is_weight_mean"}.get(k, k + "_frac")] = out.pop(k)
         return out
 
-    def _batch_counts(self, mask: Tensor) -> dict[str, float]:
+    def _batch_counts(self, mask: Tensor, attention: Tensor) -> dict[str, float]:
         """Trained tokens and sequences of the whole batch (all ranks) / world size: DeepSpeed
         averages the ranks' gradients, so each rank's loss sum over this gives the whole batch's
-        mean, whatever each rank's share of the tokens."""
-        counts = torch.stack([mask.sum(), (mask.sum(-1) > 0).sum().to(mask.dtype)]).double()  # [2]
+        mean, whatever each rank's share of the tokens. Also the batch's positions and attended
+        (non-padding) tokens, the same way (metrics only)."""
+        counts = torch.stack(
+            [
+                mask.sum().double(),
+                (mask.sum(-1) > 0).sum().double(),
+                torch.tensor(float(attention.numel()), dtype=torch.float64, device=mask.device),
+                attention.sum().double(),
+            ]
+        )  # [4]
         if self.world > 1:
             import torch.distributed as dist
 
             dist.all_reduce(counts)  # the default group: DeepSpeed's data-parallel ranks
-        tokens, seqs = (float(x) / self.world for x in counts.tolist())
-        return {"tokens": tokens, "seqs": seqs}
+        tokens, seqs, positions, attended = (float(x) / self.world for x in counts.tolist())
+        return {"tokens": tokens, "seqs": seqs, "positions": positions, "attended": attended}
 
     def _summed_over_ranks(self, sums: dict[str, float]) -> dict[str, float]:
         """Metric sums of the whole batch. Losses were normalised per rank by counts / world

@@ -132,6 +132,8 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
         "train_step_over_reference",
         "sync_s_trainer",
         "sync_s_explorer",
+        "padding_fraction",
+        "trainer_flops_fraction",
     )
     assert r["steps"] == 2 and r["heldout_tasks"] == 8
     assert [r[k] for k in ("held_out_before", "held_out_after", "held_out_before_t1", "held_out_after_t1")] == [
@@ -152,8 +154,12 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
         "floor_reload_s",
         "trainer_step_s",
         "step_over_floor",
+        "trainer_gflops",
+        "matmul_gflops",
     ):
         positive(r[k])
+    assert 0 < r["padding_fraction"] < 1  # 2 x 4 responses of up to 16 tokens padded to the longest
+    assert r["trainer_flops_fraction"] == pytest.approx(r["trainer_gflops"] / r["matmul_gflops"], abs=2e-3)
     assert r["step_floor_s"] == pytest.approx(
         r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-3
     )

@@ -37,6 +37,7 @@ def test_grpo_step_hand_computed_changes_weights_and_lowers_loss(shared_trainer)
     assert m1["clip_frac"] == 0.0 and m1["approx_kl"] == pytest.approx(0.0, abs=1e-6)
     assert m1["logprob_diff"] == pytest.approx(0.0, abs=1e-6)
     assert m1["tokens"] == 16 and m1["lr"] == pytest.approx(1e-3) and m1["grad_norm"] > 0
+    assert m1["positions"] == 4 * 9 and m1["attended"] == 4 * 4 + 16  # rows x (4 + 5); prompts + responses
     assert tr.version == v0 + 1 and m1["version"] == v0 + 1
     after = weights(tr)
     changed = [k for k in before if not torch.equal(before[k], after[k])]
