@@ -32,6 +32,7 @@ the `overrides`). Reported:
   `floor_reload_s` (the engine's in-place reload of the weights, which every weight sync ends
   with: `sync_s_explorer` cannot go below it), their sum `step_floor_s`, and `step_over_floor`
   (`s_per_step` over it; a synchronous step runs the three one after another);
+  `sync_over_reload_floor`: `sync_s_explorer` over `floor_reload_s` (issue 48's goal: <= 1.2);
   `train_step_over_reference`: `trainer_step_s` over `reference_step_s`, timed one after the
   other (median of 3 after a warm-up).
 
@@ -303,6 +304,9 @@ def main() -> None:
             "peak_rss_gb": round(rss.peak / 2**30, 2),
             **{k: round(v, 3) for k, v in floor.items()},
             "step_over_floor": round(figures["s_per_step"] / floor["step_floor_s"], 3),
+            "sync_over_reload_floor": None
+            if figures["sync_s_explorer"] is None
+            else round(figures["sync_s_explorer"] / floor["floor_reload_s"], 3),
             "train_step_over_reference": round(floor["trainer_step_s"] / floor["reference_step_s"], 3),
             "bench_s": round(time.time() - started, 1),
         }

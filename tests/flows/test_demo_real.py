@@ -160,6 +160,7 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
         positive(r[k])
     assert 0 < r["padding_fraction"] < 1  # 2 x 4 responses of up to 16 tokens padded to the longest
     assert r["trainer_flops_fraction"] == pytest.approx(r["trainer_gflops"] / r["matmul_gflops"], abs=2e-3)
+    assert r["sync_over_reload_floor"] == pytest.approx(r["sync_s_explorer"] / r["floor_reload_s"], rel=0.01)
     assert r["step_floor_s"] == pytest.approx(
         r["floor_generate_s"] + r["floor_train_s"] + r["floor_reload_s"], abs=2e-3
     )
