@@ -24,8 +24,8 @@ step time over the reference's), `end_to_end_over_reference`, `heldout_gain_per_
 (mean over seeds of gain / end-to-end seconds, over the reference's; null when the reference's is
 not positive), and the figures they come from.
 
-Not measured here (issue 48's other items; left out of the JSON): `trainer_flops_fraction`,
-`sync_over_reload_floor`, `padding_fraction`.
+Not in this JSON line: `trainer_flops_fraction`, `padding_fraction` and `sync_over_reload_floor`
+are bench.real's (issue 48 asks them of either).
 
 --quick: 1 seed (the first), 3 steps, 32 held-out problems; --smoke (CI): 1 seed, 1 step of
 2 tasks x 4 rollouts of up to 16 tokens (bench.real's smoke sizes), no held-out scoring (the gains
