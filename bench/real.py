@@ -104,19 +104,20 @@ def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
     t0 = startup_end(spans)
     train = [s for s in spans if s.component == "trainer" and s.kind == "train"]
     rollout = [s for s in spans if s.kind == "rollout"]
-    trainer_metrics, explorer_metrics = load_metrics(open_run(summary["run"]))
+    run = open_run(summary["run"])
+    trainer_metrics, explorer_metrics = load_metrics(run)
     return {
         "s_per_step": (max(s.end for s in train) - t0) / len(train),
         "startup_s": t0 - min(s.start for s in spans),
         "gen_tokens_per_s": sum(m["tokens"] for m in explorer_metrics) / sum(s.duration for s in rollout),
         "train_tokens_per_s": sum(m["tokens"] for m in trainer_metrics) / sum(s.duration for s in train),
         **{f"sync_s_{side}": _median_sync(spans, side) for side in ("trainer", "explorer")},
-        **trainer_flops(summary["run"]),
+        **trainer_flops(run.cfg, trainer_metrics, train),
     }
 
 
-def trainer_flops(run_url: str) -> dict[str, float | None]:
-    """The trainer against this machine's FLOP rate (issue 48), of a finished run:
+def trainer_flops(cfg: Any, trainer_metrics: list[dict], train: list) -> dict[str, float | None]:
+    """The trainer against this machine's FLOP rate (issue 48), of a finished run of `cfg` (its trainer step metrics and train spans, as run_figures reads them):
     `padding_fraction` (the batch positions that were padding, over all trainer steps),
     `trainer_gflops` (6 x parameters x attended tokens, a forward and a backward of every real
     token, over the train spans' time: a lower bound where the algorithm adds forwards, a
@@ -125,19 +126,14 @@ def trainer_flops(run_url: str) -> dict[str, float | None]:
     import math
 
     from rl_engine.adapter import model_shapes
-    from rl_engine.run.context import open_run
-    from rl_engine.run.report import load_metrics
-    from rl_engine.run.timeline import load_spans
 
-    run = open_run(run_url)
-    steps = [m for m in load_metrics(run)[0] if m.get("positions")]
+    steps = [m for m in trainer_metrics if m.get("positions")]
     if not steps:
         return dict.fromkeys(("padding_fraction", "trainer_gflops", "matmul_gflops", "trainer_flops_fraction"))
     attended = sum(m["attended"] for m in steps)
-    params = sum(math.prod(shape) for shape in model_shapes(run.cfg.model.path).values())
-    train_s = sum(s.duration for s in load_spans(run_url) if s.component == "trainer" and s.kind == "train")
-    achieved = 6 * params * attended / train_s / 1e9
-    peak = matmul_gflops(run.cfg.trainer.num_threads or os.cpu_count() or 1, run.cfg.model.dtype)
+    params = sum(math.prod(shape) for shape in model_shapes(cfg.model.path).values())
+    achieved = 6 * params * attended / sum(s.duration for s in train) / 1e9
+    peak = matmul_gflops(cfg.trainer.num_threads or os.cpu_count() or 1, cfg.model.dtype)
     return {
         "padding_fraction": 1 - attended / sum(m["positions"] for m in steps),
         "trainer_gflops": achieved,
