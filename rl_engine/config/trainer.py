@@ -21,7 +21,9 @@ class TrainerConfig(_Model):
         description="Experiences per trainer step; null resolves to explorer.batch_size x algorithm.repeat_times (one explorer step).",
     )
     micro_batch_size: int = Field(
-        default=8, ge=1, description="Experiences per forward/backward pass (gradient accumulation makes up the rest)."
+        default=8,
+        ge=1,
+        description="Experiences per forward/backward pass (gradient accumulation makes up the rest); the batch's rows are sorted by length before they are cut, and each pass runs only up to its longest row.",
     )
     lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")

@@ -9,7 +9,8 @@ already trains at lr / warmup_steps, where DeepSpeed's WarmupLR spends its first
 
 One `train_step` = one optimizer update = one policy version. The batch (`[B, L]` tensors of
 `ExperienceBatch.to_tensors`, B = train_batch_size / world size on this rank) is cut into
-micro-batches of `trainer.micro_batch_size`; each micro-loss is normalised by the token and
+micro-batches of `trainer.micro_batch_size` rows, bucketed by length (rl_engine.trainer.buckets:
+each runs only up to its longest row); each micro-loss is normalised by the token and
 sequence counts of the *whole* batch, over all ranks, and backpropagated unscaled, so
 accumulation and data-parallel ranks give the same update as one big batch. Advantages: `batch["advantages"] [B]` if the caller put them
 there, else GRPO advantages from `rewards` and `group_index` (`rl_engine.algorithms`); with
@@ -37,8 +38,8 @@ from rl_engine.algorithms import policy_loss, prepare_batch_rows, row_metrics, s
 from rl_engine.errors import UserError
 from rl_engine.model_dir import require_model_dir
 from rl_engine.proc.starts import count_start
+from rl_engine.trainer import buckets, lora
 from rl_engine.trainer import checkpoint as ckpt
-from rl_engine.trainer import lora
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
 from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS, head_logprobs, plain_lm_head
 from rl_engine.trainer.settings import TrainerSettings
@@ -193,19 +194,21 @@ class DeepSpeedTrainer:
                 f"train batch has {n} rows; this rank trains {self.local_batch_size} per step (train_batch_size / world size)"
             )
         mask = b["mask"]
-        counts = self._batch_counts(mask, b["attention_mask"])
+        mbs = buckets.micro_batches(b["attention_mask"], self.micro_batch_size)
+        counts = self._batch_counts(mask, b["attention_mask"], buckets.positions(mbs))
         sums: dict[str, float] = {}
         grad_norm = float("nan")
         lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves it after)
         self.engine.train()
-        for start in range(0, n, self.micro_batch_size):
-            mb = {k: v[start : start + self.micro_batch_size] for k, v in b.items() if v.dim() >= 1 and v.shape[0] == n}
-            loss, parts = micro_loss(mb, mask[start : start + self.micro_batch_size], counts)
+        length = mask.shape[1]
+        for i, rows in enumerate(mbs):
+            mb = buckets.take(b, rows, n, length)
+            loss, parts = micro_loss(mb, mb["mask"], counts)
             # Unscaled: the micro-losses already sum to the batch loss (whole-batch counts).
             self.engine.backward(loss, scale_wrt_gas=False)
             for k, v in {"loss": float(loss.detach()), **parts}.items():
                 sums[k] = sums.get(k, 0.0) + v
-            if start + self.micro_batch_size >= n and not _zero_managed_any(self.engine.module):
+            if i == len(mbs) - 1 and not _zero_managed_any(self.engine.module):
                 grad_norm = _grad_norm(self.engine.module)  # stage 0: DeepSpeed does not report it
             self.engine.step()
         if _zero_managed_any(self.engine.module):
@@ -234,16 +237,17 @@ class DeepSpeedTrainer:
                 out[{"clipped": "clip_frac", "is_weight": "is_weight_mean"}.get(k, k + "_frac")] = out.pop(k)
         return out
 
-    def _batch_counts(self, mask: Tensor, attention: Tensor) -> dict[str, float]:
+    def _batch_counts(self, mask: Tensor, attention: Tensor, positions: int) -> dict[str, float]:
         """Trained tokens and sequences of the whole batch (all ranks) / world size: DeepSpeed
         averages the ranks' gradients, so each rank's loss sum over this gives the whole batch's
-        mean, whatever each rank's share of the tokens. Also the batch's positions and attended
-        (non-padding) tokens, the same way (metrics only)."""
+        mean, whatever each rank's share of the tokens. Also the positions the model runs (of
+        the length-bucketed micro-batches) and the attended (non-padding) tokens, the same way
+        (metrics only)."""
         counts = torch.stack(
             [
                 mask.sum().double(),
                 (mask.sum(-1) > 0).sum().double(),
-                torch.tensor(float(attention.numel()), dtype=torch.float64, device=mask.device),
+                torch.tensor(float(positions), dtype=torch.float64, device=mask.device),
                 attention.sum().double(),
             ]
         )  # [4]
@@ -336,16 +340,20 @@ class DeepSpeedTrainer:
         the explorer's), micro-batch by micro-batch."""
         ids = batch["input_ids"].to(self.device)  # [B, L]
         am = batch["attention_mask"].to(self.device)  # [B, L]
-        step = self.micro_batch_size
         if self.settings.lora is not None:
             model.eval()  # no adapter dropout in logprobs compared with the explorer's (_run_step sets train again)
-        parts = [
-            self._token_logprobs(
-                model, forward, ids[i : i + step], am[i : i + step], self.temperature, None, entropy=False
-            )[0]
-            for i in range(0, ids.shape[0], step)
-        ]
-        return torch.cat(parts) if parts else torch.zeros(ids.shape, dtype=torch.float32, device=self.device)
+        out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # [B, L]; 0 past each row's bucket
+        for mb in buckets.micro_batches(am, self.micro_batch_size):
+            out[mb.rows, : mb.length] = self._token_logprobs(
+                model,
+                forward,
+                ids[mb.rows, : mb.length],
+                am[mb.rows, : mb.length],
+                self.temperature,
+                None,
+                entropy=False,
+            )[0].float()  # [b, l]
+        return out
 
     def _token_logprobs(
         self,
