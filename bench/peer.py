@@ -14,13 +14,16 @@ score before is the demo's own (both start from that model, and greedy decoding 
 
 Reported per seed and system: held-out before / after and the gain (points), the step time
 (rft: `s_per_step`, engine up to the last trainer step, per step; the reference: its mean
-generate + reward + update), the end-to-end time (rft: the run from its start, Prefect and the
+generate + reward + update), the start-up (rft: the run's start, Prefect and the engines, to
+the end of its start-up, `rl_engine.run.timeline.startup_end`; the reference: model load to its
+first step), the end-to-end time (rft: the run from its start, Prefect and the
 engine included, to its summary, the final model written; the reference: model load to the
 trained model written; neither includes the held-out scoring), and the held-out gain per second
 of that. The JSON line: `heldout_gain_vs_reference` (mean gain over mean gain; null when the
 reference's mean gain is not positive), `heldout_spread` (rft's held-out after, max - min over
 seeds, points; `heldout_spread_reference` the reference's), `step_over_reference_step` (mean
-step time over the reference's), `end_to_end_over_reference`, `heldout_gain_per_s_vs_reference`
+step time over the reference's), `end_to_end_over_reference`, `startup_over_reference` (goal
+<= 1), `heldout_gain_per_s_vs_reference`
 (mean over seeds of gain / end-to-end seconds, over the reference's; null when the reference's is
 not positive), and the figures they come from.
 
@@ -30,8 +33,9 @@ are bench.real's (issue 48 asks them of either).
 --quick: 1 seed (the first), 3 steps, 32 held-out problems; --smoke (CI): 1 seed, 1 step of
 2 tasks x 4 rollouts of up to 16 tokens (bench.real's smoke sizes), no held-out scoring (the gains
 are null): it checks that both sides run, and says nothing about learning. Even --smoke runs the
-real model through vLLM (minutes): no test runs it; tests/bench/test_reference_loop.py covers the
-reference loop on the tiny model and tests/rl_engine/trainer/test_reference_step.py its step.
+real model through vLLM (a minute and a half): tests/flows/test_demo_real.py runs it in the
+real-model turn; tests/bench/test_reference_loop.py covers the reference loop on the tiny model,
+tests/rl_engine/trainer/test_reference_step.py its step and tests/bench/test_peer.py the figures.
 """
 
 from __future__ import annotations
@@ -55,7 +59,7 @@ class PeerBench:
         return self
 
     def __enter__(self) -> PeerBench:
-        self.started = time.perf_counter()
+        self.started, self.started_wall = time.perf_counter(), time.time()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -63,9 +67,11 @@ class PeerBench:
 
     def run_done(self, summary: dict[str, Any]) -> None:
         from bench.real import run_figures
+        from rl_engine.run.timeline import load_spans, startup_end
 
         self.end_to_end_s = time.perf_counter() - self.started
         self.summary, self.figures = summary, run_figures(summary)
+        self.startup_s = startup_end(load_spans(summary["run"])) - self.started_wall  # the run's clock: time.time()
 
     def scored(self, cfg: Any, before: dict[str, float] | None, after: dict[str, float] | None) -> None:
         self.cfg, self.before, self.after = cfg, before, after
@@ -86,6 +92,7 @@ def rft_row(seed: int, root: str, steps: int, heldout_n: int | None, shrink: lis
         "held_out_before": None if before is None else before["greedy_exact"],
         "held_out_after": None if after is None else after["greedy_exact"],
         "s_per_step": bench.figures["s_per_step"],
+        "startup_s": bench.startup_s,
         "end_to_end_s": bench.end_to_end_s,
     }
     return row, bench
@@ -107,6 +114,7 @@ def reference_row(rft: PeerBench, seed: int, root: str, steps: int, heldout_n: i
         "held_out_before": None if rft.before is None else rft.before["greedy_exact"],
         "held_out_after": after,
         "s_per_step": statistics.mean(out["step_s"]),
+        "startup_s": out["startup_s"],
         "end_to_end_s": out["end_to_end_s"],
         "generate_s": statistics.mean(out["generate_s"]),
         "train_s": statistics.mean(out["train_s"]),
@@ -148,6 +156,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "heldout_spread_reference": spread("reference"),
         "step_over_reference_step": ratio(mean("rft", "s_per_step"), mean("reference", "s_per_step")),
         "end_to_end_over_reference": ratio(mean("rft", "end_to_end_s"), mean("reference", "end_to_end_s")),
+        "startup_over_reference": ratio(mean("rft", "startup_s"), mean("reference", "startup_s")),
         "heldout_gain_per_s_vs_reference": ratio(mean("rft", "gain_per_s"), mean("reference", "gain_per_s")),
     }
     for system in ("rft", "reference"):
@@ -156,6 +165,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"heldout_gain_per_s_{system}"] = None if (g := mean(system, "gain_per_s")) is None else round(g, 5)
         out[f"s_per_step_{system}"] = r3(mean(system, "s_per_step"))
         out[f"end_to_end_s_{system}"] = r3(mean(system, "end_to_end_s"))
+        out[f"startup_s_{system}"] = r3(mean(system, "startup_s"))
     return out
 
 
@@ -192,6 +202,7 @@ def main() -> None:
             "held_out_after",
             "gain_points",
             "s_per_step",
+            "startup_s",
             "end_to_end_s",
             "gain_per_s",
         ],

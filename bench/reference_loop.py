@@ -99,8 +99,8 @@ def to_batch(samples: list[dict[str, Any]], rewards: list[float], n: int, pad_id
 def reference_loop(cfg: Any, steps: int, out_dir: str | None = None) -> dict[str, Any]:
     """`steps` reference GRPO steps on `cfg`'s model, tasks, reward and knobs (module docstring);
     saves the trained model (and tokenizer) to `out_dir` when given. Returns the per-step times
-    (`step_s`, generate + reward + update; `generate_s`, `train_s`), `end_to_end_s` (model load to
-    the trained model written), the mean reward of each step (`rewards`), the step metrics (`metrics`) and its tasks (`task_ids`)."""
+    (`step_s`, generate + reward + update; `generate_s`, `train_s`), `startup_s` (its start to the
+    first step's), `end_to_end_s` (model load to the trained model written), the mean reward of each step (`rewards`), the step metrics (`metrics`) and its tasks (`task_ids`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rl_engine.rewards import TaskIterator, build_reward, encode_task, load_taskset, score_rollouts
@@ -131,6 +131,7 @@ def reference_loop(cfg: Any, steps: int, out_dir: str | None = None) -> dict[str
     out: dict[str, Any] = {"step_s": [], "generate_s": [], "train_s": [], "rewards": [], "metrics": [], "task_ids": []}
     for _ in range(steps):
         t0 = time.perf_counter()
+        out.setdefault("startup_s", t0 - started)  # model load to the first step
         group_tasks = tasks.next_batch()
         encoded = [encode_task(tok, cfg.taskset.template, task, cfg.model.max_model_len) for task in group_tasks]
         model.eval()

@@ -39,7 +39,7 @@ SHRINK = [
 
 @pytest.mark.slow
 @pytest.mark.timeout(720)
-def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, tmp_path):
+def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, prefect_live, tmp_path):
     """The demo's lines, then bench.real's JSON. Its bf16 logprob gap is held within 0.15 (measured
     mean 0.049, max 0.22 over 209 tokens: bf16 rounding on both sides, not a bug); --smoke skips the
     fp32 one, which tests/rl_engine/sync/test_real_model.py holds (mean 9.6e-6)."""
@@ -61,6 +61,7 @@ def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, 
         *(x for s in SHRINK for x in ("--set", s)),
         timeout_s=660,
         tmp_path=tmp_path,
+        env=prefect_live.env(),  # the session's server, as a user's runs share theirs: no temporary one each
     )
     out = (tmp_path / "real.stdout").read_text(errors="replace")
     err = (tmp_path / "real.stderr").read_text(errors="replace")
@@ -247,7 +248,7 @@ def test_bench_real_set_reaches_the_config(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bench_lora_smoke_runs_lora_and_installs_in_place(smollm2_dir, real_model_turn, tmp_path):
+def test_bench_lora_smoke_runs_lora_and_installs_in_place(smollm2_dir, real_model_turn, prefect_live, tmp_path):
     """bench.lora --smoke: the LoRA run of the real model's demo (one step, no held-out scoring; the
     full run is bench.real's smoke's) and 20 adapter installs into a LoRA engine; its JSON line has
     the issue's keys. The bytes ratio is computed from the model's and the adapter's shapes (rank 8
@@ -258,7 +259,17 @@ def test_bench_lora_smoke_runs_lora_and_installs_in_place(smollm2_dir, real_mode
     (root / "models").mkdir(parents=True)
     (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)
     png = tmp_path / "bench-lora.png"
-    r = run_bench("lora", "--smoke", "--root", str(root), "--png", str(png), timeout_s=540, tmp_path=tmp_path)
+    r = run_bench(
+        "lora",
+        "--smoke",
+        "--root",
+        str(root),
+        "--png",
+        str(png),
+        timeout_s=540,
+        tmp_path=tmp_path,
+        env=prefect_live.env(),
+    )
     assert png.stat().st_size > 0
     has_keys(
         r,
@@ -282,17 +293,19 @@ def test_bench_lora_smoke_runs_lora_and_installs_in_place(smollm2_dir, real_mode
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_bench_peer_smoke_runs_rft_and_the_reference(smollm2_dir, real_model_turn, tmp_path):
+def test_bench_peer_smoke_runs_rft_and_the_reference(smollm2_dir, real_model_turn, prefect_live, tmp_path):
     """bench.peer --smoke: one step of the real model's demo and one of the reference loop (bench/
     reference_loop.py) on the same config, no held-out scoring; its JSON line has the issue's keys.
     The ratios of gains are null (nothing scored); the step ratio is a positive number."""
     root = tmp_path / "runs"
     (root / "models").mkdir(parents=True)
     (root / "models" / "smollm2-135m").symlink_to(smollm2_dir)
-    r = run_bench("peer", "--smoke", "--root", str(root), timeout_s=540, tmp_path=tmp_path)
+    r = run_bench("peer", "--smoke", "--root", str(root), timeout_s=540, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
         r, "heldout_gain_vs_reference", "heldout_spread", "step_over_reference_step", "heldout_gain_per_s_vs_reference"
     )
     assert r["steps"] == 1 and len(r["seeds"]) == 1
     assert r["heldout_gain_vs_reference"] is None and r["heldout_gain_per_s_vs_reference"] is None
     positive(r["step_over_reference_step"])
+    positive(r["startup_over_reference"])  # the run's start to its first step, over the reference's
+    assert r["startup_s_rft"] > 0 and r["startup_s_reference"] > 0
