@@ -34,8 +34,8 @@ are bench.real's (issue 48 asks them of either).
 2 tasks x 4 rollouts of up to 16 tokens (bench.real's smoke sizes), no held-out scoring (the gains
 are null): it checks that both sides run, and says nothing about learning. Even --smoke runs the
 real model through vLLM (a minute and a half): tests/flows/test_demo_real.py runs it in the
-real-model turn; tests/bench/test_reference_loop.py covers the reference loop on the tiny model,
-tests/rl_engine/trainer/test_reference_step.py its step and tests/bench/test_peer.py the figures.
+real-model turn; tests/bench/test_reference_loop.py covers the reference loop on the tiny model and these figures,
+tests/rl_engine/trainer/test_reference_step.py its step.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def test_peer_summary_figures():
     """bench.peer's JSON figures from per-seed rows: ratios of means, spreads in points, nulls where undefined."""
     from bench.peer import summarise, with_gains
 
-    def row(system, seed, after, step, e2e):
+    def row(system, seed, after, step, e2e, startup=10.0):
         return with_gains(
             {
                 "system": system,
@@ -83,6 +83,7 @@ def test_peer_summary_figures():
                 "held_out_before": 0.3,
                 "held_out_after": after,
                 "s_per_step": step,
+                "startup_s": startup if system == "rft" else startup / 4,
                 "end_to_end_s": e2e,
             }
         )
@@ -95,5 +96,9 @@ def test_peer_summary_figures():
     assert s["heldout_spread_reference"] == 10.0
     assert s["step_over_reference_step"] == 0.625 and s["end_to_end_over_reference"] == 0.5
     assert s["heldout_gain_per_s_vs_reference"] == 2.4
+    assert s["startup_over_reference"] == 4.0 and s["startup_s_rft"] == 10.0
+    assert s["held_out_after_rft"] == [0.7, 0.5]
+    unlearned = summarise([row("rft", 1, 0.7, 20.0, 100.0), row("reference", 1, 0.2, 40.0, 200.0)])
+    assert unlearned["heldout_gain_vs_reference"] is None and unlearned["heldout_gain_per_s_vs_reference"] is None
     unscored = summarise([row("rft", 1, None, 20.0, 100.0), row("reference", 1, None, 40.0, 200.0)])
     assert unscored["heldout_gain_vs_reference"] is None and unscored["heldout_spread"] is None
