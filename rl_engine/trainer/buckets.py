@@ -24,8 +24,15 @@ class MicroBatch:
 
 
 def micro_batches(attention: Tensor, size: int) -> list[MicroBatch]:
-    """The micro-batches of a batch whose real tokens are `attention` [B, L] (1s then 0s per row)."""
+    """The micro-batches of a batch whose real tokens are `attention` [B, L] (1s then 0s per row).
+    A batch of one micro-batch runs as it is: sorting it saves nothing, and it keeps the order of
+    the loss's sums, so a seeded run of one micro-batch a step (the demo's SFT warm start) stays
+    bit for bit what it was."""
     lengths = attention.sum(-1)  # [B]
+    if len(lengths) <= size:
+        return [
+            MicroBatch(torch.arange(len(lengths), device=lengths.device), int(lengths.max()) if len(lengths) else 0)
+        ]
     order = torch.argsort(lengths, descending=True, stable=True)  # [B]
     return [
         MicroBatch(rows, int(lengths[rows].max())) for rows in (order[i : i + size] for i in range(0, len(order), size))

@@ -201,8 +201,8 @@ class DeepSpeedTrainer:
         lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves it after)
         self.engine.train()
         length = mask.shape[1]
-        for i, rows in enumerate(mbs):
-            mb = buckets.take(b, rows, n, length)
+        for i, part in enumerate(mbs):
+            mb = buckets.take(b, part, n, length)
             loss, parts = micro_loss(mb, mb["mask"], counts)
             # Unscaled: the micro-losses already sum to the batch loss (whole-batch counts).
             self.engine.backward(loss, scale_wrt_gas=False)

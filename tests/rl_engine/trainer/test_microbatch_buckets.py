@@ -26,7 +26,8 @@ def test_rows_sorted_longest_first_each_trimmed_to_its_longest():
     assert [mb.length for mb in mbs] == [9, 5, 2]
     assert positions(mbs) == 2 * 9 + 2 * 5 + 2  # against 5 x 9 padded
     assert positions(micro_batches(am, 1)) == int(am.sum())  # one row each: no padding at all
-    assert positions(micro_batches(am, 5)) == am.numel()  # one micro-batch: the padded batch
+    [whole] = micro_batches(am, 5)  # one micro-batch: the padded batch, its rows in their order
+    assert whole.rows.tolist() == [0, 1, 2, 3, 4] and whole.length == 9 and positions([whole]) == am.numel()
 
 
 def test_take_trims_position_tensors_and_keeps_row_tensors():
