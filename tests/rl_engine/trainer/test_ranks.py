@@ -31,16 +31,27 @@ def _train(model_dir: str, ranks: int, out: Path) -> dict[int, tuple[list[dict],
         "--standalone",
         f"--nproc-per-node={ranks}",
         "--max-restarts=0",
+        f"--log-dir={out / 'logs'}",
+        "--redirects=3",  # each rank's stdout and stderr to its own file: a rank that aborts says why
         str(SCRIPT),
         model_dir,
         ",".join(map(str, STAGES)),
         str(out),
     ]
     done = subprocess.run(cmd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-3000:] + _rank_tails(out / "logs")
     return {
         z: (json.loads((out / f"zero={z}" / "metrics.json").read_text()), _weights(out / f"zero={z}")) for z in STAGES
     }
+
+
+def _rank_tails(log_dir: Path, lines: int = 15) -> str:
+    """The last lines of each rank's stderr (torchrun --redirects), last in the message: the suite
+    report keeps a failure's last lines."""
+    return "".join(
+        f"\n--- {f.relative_to(log_dir)} ---\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:])
+        for f in sorted(log_dir.rglob("stderr.log"))
+    )
 
 
 def _weights(d: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
