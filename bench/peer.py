@@ -34,8 +34,8 @@ are bench.real's (issue 48 asks them of either).
 2 tasks x 4 rollouts of up to 16 tokens (bench.real's smoke sizes), no held-out scoring (the gains
 are null): it checks that both sides run, and says nothing about learning. Even --smoke runs the
 real model through vLLM (a minute and a half): tests/flows/test_demo_real.py runs it in the
-real-model turn; tests/bench/test_reference_loop.py covers the reference loop on the tiny model and these figures,
-tests/rl_engine/trainer/test_reference_step.py its step.
+real-model turn; tests/bench/test_reference_loop.py covers the reference loop on the tiny model
+and these figures, tests/rl_engine/trainer/test_reference_step.py its step.
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ class PeerBench:
         from rl_engine.run.timeline import load_spans, startup_end
 
         self.end_to_end_s = time.perf_counter() - self.started
-        self.summary, self.figures = summary, run_figures(summary)
-        self.startup_s = startup_end(load_spans(summary["run"])) - self.started_wall  # the run's clock: time.time()
+        spans = load_spans(summary["run"])
+        self.summary, self.figures = summary, run_figures(summary, spans)
+        self.startup_s = startup_end(spans) - self.started_wall  # the run's clock: time.time()
 
     def scored(self, cfg: Any, before: dict[str, float] | None, after: dict[str, float] | None) -> None:
         self.cfg, self.before, self.after = cfg, before, after

@@ -93,14 +93,14 @@ class PeakRss:
         self._thread.join(5)
 
 
-def run_figures(summary: dict[str, Any]) -> dict[str, float | None]:
+def run_figures(summary: dict[str, Any], spans: list | None = None) -> dict[str, float | None]:
     """s_per_step, startup_s, gen_tokens_per_s, train_tokens_per_s, and the weight sync's median
     seconds on each side (sync_s_trainer: the send; sync_s_explorer: receive and load) of a finished run."""
     from rl_engine.run.context import open_run
     from rl_engine.run.report import load_metrics
     from rl_engine.run.timeline import load_spans, startup_end
 
-    spans = load_spans(summary["run"])
+    spans = load_spans(summary["run"]) if spans is None else spans  # a caller that has them already
     t0 = startup_end(spans)
     train = [s for s in spans if s.component == "trainer" and s.kind == "train"]
     rollout = [s for s in spans if s.kind == "rollout"]

@@ -129,9 +129,9 @@ def reference_loop(cfg: Any, steps: int, out_dir: str | None = None) -> dict[str
     tasks = TaskIterator(load_taskset(cfg.taskset), cfg.explorer.batch_size, seed=cfg.seed, shuffle=cfg.taskset.shuffle)
     reward_fn = build_reward(cfg.taskset.reward)
     out: dict[str, Any] = {"step_s": [], "generate_s": [], "train_s": [], "rewards": [], "metrics": [], "task_ids": []}
+    out["startup_s"] = time.perf_counter() - started  # model load to the first step
     for _ in range(steps):
         t0 = time.perf_counter()
-        out.setdefault("startup_s", t0 - started)  # model load to the first step
         group_tasks = tasks.next_batch()
         encoded = [encode_task(tok, cfg.taskset.template, task, cfg.model.max_model_len) for task in group_tasks]
         model.eval()

@@ -30,18 +30,18 @@ def micro_batches(attention: Tensor, size: int) -> list[MicroBatch]:
     bit for bit what it was."""
     lengths = attention.sum(-1)  # [B]
     if len(lengths) <= size:
-        return [
-            MicroBatch(torch.arange(len(lengths), device=lengths.device), int(lengths.max()) if len(lengths) else 0)
-        ]
-    order = torch.argsort(lengths, descending=True, stable=True)  # [B]
+        order = torch.arange(len(lengths), device=lengths.device)  # [B]
+    else:
+        order = torch.argsort(lengths, descending=True, stable=True)  # [B]
     return [
         MicroBatch(rows, int(lengths[rows].max())) for rows in (order[i : i + size] for i in range(0, len(order), size))
     ]
 
 
-def take(tensors: dict[str, Tensor], mb: MicroBatch, n: int, length: int) -> dict[str, Tensor]:
-    """The rows of `mb` of every per-row tensor in `tensors` (first dimension `n`), position
-    tensors (second dimension `length`, the batch's) trimmed to `mb.length`."""
+def take(tensors: dict[str, Tensor], mb: MicroBatch) -> dict[str, Tensor]:
+    """The rows of `mb` of every per-row tensor in `tensors` (first dimension the batch's rows, as
+    its `attention_mask` [B, L]), position tensors (second dimension L) trimmed to `mb.length`."""
+    n, length = tensors["attention_mask"].shape
     out = {}
     for k, v in tensors.items():
         if v.dim() >= 1 and v.shape[0] == n:

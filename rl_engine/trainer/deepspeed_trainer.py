@@ -200,9 +200,8 @@ class DeepSpeedTrainer:
         grad_norm = float("nan")
         lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves it after)
         self.engine.train()
-        length = mask.shape[1]
         for i, part in enumerate(mbs):
-            mb = buckets.take(b, part, n, length)
+            mb = buckets.take(b, part)
             loss, parts = micro_loss(mb, mb["mask"], counts)
             # Unscaled: the micro-losses already sum to the batch loss (whole-batch counts).
             self.engine.backward(loss, scale_wrt_gas=False)
@@ -336,8 +335,8 @@ class DeepSpeedTrainer:
         return self._logprobs_with(self.reference, self.reference, batch)
 
     def _logprobs_with(self, model: torch.nn.Module, forward: Callable[..., Any], batch: Batch) -> Tensor:
-        """Logprobs [B, L] of every position (not only the trained ones: callers compare them with
-        the explorer's), micro-batch by micro-batch."""
+        """Logprobs [B, L] of every real position (not only the trained ones: callers compare them
+        with the explorer's), micro-batch by micro-batch; 0 past the length a row's micro-batch runs."""
         ids = batch["input_ids"].to(self.device)  # [B, L]
         am = batch["attention_mask"].to(self.device)  # [B, L]
         if self.settings.lora is not None:

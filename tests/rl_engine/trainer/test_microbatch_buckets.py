@@ -35,7 +35,7 @@ def test_take_trims_position_tensors_and_keeps_row_tensors():
     b = {"attention_mask": am, "ids": torch.arange(27).view(3, 9), "rewards": torch.tensor([0.0, 1.0, 2.0])}
     b["scalar"] = torch.tensor(7.0)  # not per row: left out
     second = micro_batches(am, 2)[1]  # row 0 alone, length 3
-    mb = take(b, second, n=3, length=9)
+    mb = take(b, second)
     assert set(mb) == {"attention_mask", "ids", "rewards"}
     assert mb["ids"].tolist() == [[0, 1, 2]] and mb["rewards"].tolist() == [0.0]
     assert mb["attention_mask"].tolist() == [[1, 1, 1]]
