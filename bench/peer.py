@@ -27,6 +27,12 @@ step time over the reference's), `end_to_end_over_reference`, `startup_over_refe
 (mean over seeds of gain / end-to-end seconds, over the reference's; null when the reference's is
 not positive), and the figures they come from.
 
+The machine's bounds on those goals, measured in the same bench run (`bounds`): rft's step floor
+(bench.step_floor, on the last seed's run and its kept engine) against the reference's step, the
+gain per second rft would reach at that floor if it learned as much as the reference, the vLLM
+engine's own start against the reference's start-up, and the reference's `transformers.generate`
+against rft's rollout and sync (what a colocated generator would trade).
+
 Not in this JSON line: `trainer_flops_fraction`, `padding_fraction` and `sync_over_reload_floor`
 are bench.real's (issue 48 asks them of either).
 
@@ -53,17 +59,29 @@ if __name__ == "__main__":
 
 class PeerBench:
     """What bench.peer keeps of one `demo_real` run (its `bench` hooks): the run's wall time, from
-    entering `engines()` (just before the run starts) to `run_done`, and its figures."""
+    entering `engines()` (just before the run starts) to `run_done`, and its figures. With
+    `floor_repeats`, the run's engine is kept past the run and the step's floor on this machine
+    measured on it (bench.step_floor), then the engine is closed."""
+
+    def __init__(self, floor_repeats: int | None = None):
+        self.floor_repeats = floor_repeats
+        self.floor: dict[str, float] | None = None
 
     def engines(self) -> PeerBench:
         return self
 
     def __enter__(self) -> PeerBench:
+        if self.floor_repeats:
+            os.environ["RFT_KEEP_ENGINES"] = "1"  # the floor's generate and reload run on the run's warm engine
         self.started, self.started_wall = time.perf_counter(), time.time()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        pass
+        if self.floor_repeats:
+            from rl_engine.roles.explorer import ENGINES
+
+            os.environ.pop("RFT_KEEP_ENGINES", None)
+            ENGINES.close_all()
 
     def run_done(self, summary: dict[str, Any]) -> None:
         from bench.real import run_figures
@@ -73,16 +91,39 @@ class PeerBench:
         spans = load_spans(summary["run"])
         self.summary, self.figures = summary, run_figures(summary, spans)
         self.startup_s = startup_end(spans) - self.started_wall  # the run's clock: time.time()
+        self.phases = phase_means(spans)
+        if self.floor_repeats:
+            from bench.step_floor import step_floor
+
+            self.floor = step_floor(summary["run"], self.floor_repeats)
 
     def scored(self, cfg: Any, before: dict[str, float] | None, after: dict[str, float] | None) -> None:
         self.cfg, self.before, self.after = cfg, before, after
 
 
-def rft_row(seed: int, root: str, steps: int, heldout_n: int | None, shrink: list[str]) -> tuple[dict[str, Any], Any]:
-    """One rft run of the demo at `seed`: (its row, its PeerBench)."""
+def phase_means(spans: list) -> dict[str, float | None]:
+    """Mean seconds of a run's rollouts (`generate_s`), trainer steps (`train_s`) and explorer
+    engine starts (`engine_start_s`), from its timeline."""
+
+    def mean(durations: list[float]) -> float | None:
+        return statistics.mean(durations) if durations else None
+
+    explorers = [s for s in spans if s.component.startswith("explorer")]
+    return {
+        "generate_s": mean([s.duration for s in spans if s.kind == "rollout"]),
+        "train_s": mean([s.duration for s in spans if s.component == "trainer" and s.kind == "train"]),
+        "engine_start_s": mean([s.duration for s in explorers if s.kind == "engine_start"]),
+    }
+
+
+def rft_row(
+    seed: int, root: str, steps: int, heldout_n: int | None, shrink: list[str], floor_repeats: int | None = None
+) -> tuple[dict[str, Any], Any]:
+    """One rft run of the demo at `seed`: (its row, its PeerBench); with `floor_repeats` the step's
+    floor is measured after it (PeerBench)."""
     from cli.demo_real import demo_real
 
-    bench = PeerBench()
+    bench = PeerBench(floor_repeats)
     overrides = [f"seed={seed}", f"trainer.total_steps={steps}", f"trainer.checkpoint_interval={steps}", *shrink]
     if demo_real(root, overrides, heldout_n, bench=bench) != 0:
         raise SystemExit(1)
@@ -95,6 +136,9 @@ def rft_row(seed: int, root: str, steps: int, heldout_n: int | None, shrink: lis
         "s_per_step": bench.figures["s_per_step"],
         "startup_s": bench.startup_s,
         "end_to_end_s": bench.end_to_end_s,
+        **bench.phases,
+        "sync_s_explorer": bench.figures["sync_s_explorer"],
+        "step_floor_s": None if bench.floor is None else bench.floor["step_floor_s"],
     }
     return row, bench
 
@@ -119,8 +163,6 @@ def reference_row(rft: PeerBench, seed: int, root: str, steps: int, heldout_n: i
         "end_to_end_s": out["end_to_end_s"],
         "generate_s": statistics.mean(out["generate_s"]),
         "train_s": statistics.mean(out["train_s"]),
-        "reward_first": out["rewards"][0],
-        "reward_last": out["rewards"][-1],
     }
 
 
@@ -131,11 +173,12 @@ def with_gains(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "gain_points": gain, "gain_per_s": None if gain is None else gain / row["end_to_end_s"]}
 
 
-def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON figures of the per-seed rows of both systems (module docstring)."""
+def summarise(rows: list[dict[str, Any]], steps: int | None = None) -> dict[str, Any]:
+    """The JSON figures of the per-seed rows of both systems (module docstring); the bounds need
+    `steps` and a row with the step's floor."""
 
     def of(system: str, key: str) -> list[float]:
-        return [r[key] for r in rows if r["system"] == system and r[key] is not None]
+        return [r[key] for r in rows if r["system"] == system and r.get(key) is not None]
 
     def mean(system: str, key: str) -> float | None:
         values = of(system, key)
@@ -159,6 +202,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "end_to_end_over_reference": ratio(mean("rft", "end_to_end_s"), mean("reference", "end_to_end_s")),
         "startup_over_reference": ratio(mean("rft", "startup_s"), mean("reference", "startup_s")),
         "heldout_gain_per_s_vs_reference": ratio(mean("rft", "gain_per_s"), mean("reference", "gain_per_s")),
+        **bounds(mean, ratio, steps),
     }
     for system in ("rft", "reference"):
         out[f"held_out_after_{system}"] = [r3(x) for x in of(system, "held_out_after")]
@@ -168,6 +212,33 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         out[f"end_to_end_s_{system}"] = r3(mean(system, "end_to_end_s"))
         out[f"startup_s_{system}"] = r3(mean(system, "startup_s"))
     return out
+
+
+def bounds(mean: Any, ratio: Any, steps: int | None) -> dict[str, float | None]:
+    """This machine's bounds on the goals, from the same bench run (`summarise`'s helpers `mean` and
+    `ratio`): `step_floor_over_reference_step` (rft's step floor, bench.step_floor's generate +
+    train + reload measured after its last run, over the reference's mean step);
+    `heldout_gain_per_s_bound_vs_reference` (the gain per second rft would have against the
+    reference if it learned exactly as much and every step ran at its floor: the reference's mean
+    end-to-end over rft's with each step at the floor); `startup_floor_s` (the vLLM engine's own
+    start in rft's runs, which a first rollout waits for) and `startup_floor_over_reference`;
+    `colocated_generate_over_rollout_and_sync` (the reference's transformers.generate of a step,
+    what colocated generation by the trainer's weights would run, over rft's vLLM rollout plus its
+    weight sync, what it would replace: above 1, colocating is slower)."""
+    floor = mean("rft", "step_floor_s")
+    e2e, step = mean("rft", "end_to_end_s"), mean("rft", "s_per_step")
+    at_floor = None if None in (floor, e2e, step, steps) else e2e - steps * (step - floor)
+    engine = mean("rft", "generate_s"), mean("rft", "sync_s_explorer")
+    return {
+        "step_floor_s": None if floor is None else round(floor, 3),
+        "step_floor_over_reference_step": ratio(floor, mean("reference", "s_per_step")),
+        "heldout_gain_per_s_bound_vs_reference": ratio(mean("reference", "end_to_end_s"), at_floor),
+        "startup_floor_s": None if (f := mean("rft", "engine_start_s")) is None else round(f, 3),
+        "startup_floor_over_reference": ratio(mean("rft", "engine_start_s"), mean("reference", "startup_s")),
+        "colocated_generate_over_rollout_and_sync": ratio(
+            mean("reference", "generate_s"), None if None in engine else sum(engine)
+        ),
+    }
 
 
 def main() -> None:
@@ -191,7 +262,9 @@ def main() -> None:
 
     started, rows = time.time(), []
     for seed in seeds:
-        row, bench = rft_row(seed, a.root, steps, heldout_n, SMOKE if a.smoke else [])  # bench.lora's smoke sizes
+        floor = None if a.smoke or seed != seeds[-1] else 3  # the floor once, after the last rft run
+        shrink = SMOKE if a.smoke else []  # bench.lora's smoke sizes
+        row, bench = rft_row(seed, a.root, steps, heldout_n, shrink, floor)
         rows += [with_gains(row), with_gains(reference_row(bench, seed, a.root, steps, heldout_n))]
     tasks = None if bench.before is None else int(bench.before["tasks"])
     print_table(
@@ -209,9 +282,10 @@ def main() -> None:
         ],
         title=f"bench.peer: SmolLM2-135M-Instruct, word arithmetic, {steps} steps, {tasks or 0} held-out problems",
     )
-    ref = [r for r in rows if r["system"] == "reference"]
     print_table(
-        ref, columns=["seed", "generate_s", "train_s", "reward_first", "reward_last"], title="the reference's step"
+        rows,
+        columns=["system", "seed", "generate_s", "sync_s_explorer", "train_s", "step_floor_s"],
+        title="where a step goes (rft: mean rollout and train spans, median sync, its floor after the last run)",
     )
     emit_json(
         {
@@ -219,7 +293,7 @@ def main() -> None:
             "seeds": seeds,
             "heldout_tasks": tasks,
             "held_out_before": None if bench.before is None else round(bench.before["greedy_exact"], 4),
-            **summarise(rows),
+            **summarise(rows, steps),
             "bench_s": round(time.time() - started, 1),
         }
     )

@@ -102,3 +102,24 @@ def test_peer_summary_figures():
     assert unlearned["heldout_gain_vs_reference"] is None and unlearned["heldout_gain_per_s_vs_reference"] is None
     unscored = summarise([row("rft", 1, None, 20.0, 100.0), row("reference", 1, None, 40.0, 200.0)])
     assert unscored["heldout_gain_vs_reference"] is None and unscored["heldout_spread"] is None
+    assert unscored["step_floor_s"] is None and unscored["heldout_gain_per_s_bound_vs_reference"] is None
+
+
+def test_peer_bounds_from_the_same_run():
+    """bench.peer's bounds by hand: rft's end to end with every step at its floor, the engine start
+    against the reference's start-up, transformers' generate against vLLM's rollout and sync."""
+    from bench.peer import summarise, with_gains
+
+    rft = {"system": "rft", "seed": 1, "held_out_before": 0.3, "held_out_after": 0.5, "startup_s": 12.0}
+    rft |= {"s_per_step": 15.0, "end_to_end_s": 500.0, "generate_s": 2.5, "sync_s_explorer": 0.5, "engine_start_s": 8.0}
+    ref = {"system": "reference", "seed": 1, "held_out_before": 0.3, "held_out_after": 0.5, "startup_s": 0.5}
+    ref |= {"s_per_step": 20.0, "end_to_end_s": 600.0, "generate_s": 6.0}
+    rows = [{**rft, "step_floor_s": None}, {**rft, "seed": 2, "step_floor_s": 13.0}, ref, {**ref, "seed": 2}]
+    s = summarise([with_gains(r) for r in rows], steps=30)
+    # floor 13 s over the reference's 20 s; at the floor rft's end to end is 500 - 30 x (15 - 13) = 440 s
+    assert s["step_floor_s"] == 13.0 and s["step_floor_over_reference_step"] == 0.65
+    assert s["heldout_gain_per_s_bound_vs_reference"] == round(600 / 440, 3)
+    assert s["startup_floor_s"] == 8.0 and s["startup_floor_over_reference"] == 16.0
+    assert s["colocated_generate_over_rollout_and_sync"] == 2.0  # 6 s against 2.5 + 0.5 s
+    unbounded = summarise([with_gains(rft), with_gains(ref)])  # no steps, no floor: no bound
+    assert unbounded["heldout_gain_per_s_bound_vs_reference"] is None

@@ -309,3 +309,6 @@ def test_bench_peer_smoke_runs_rft_and_the_reference(smollm2_dir, real_model_tur
     positive(r["step_over_reference_step"])
     positive(r["startup_over_reference"])  # the run's start to its first step, over the reference's
     assert r["startup_s_rft"] > 0 and r["startup_s_reference"] > 0
+    assert r["step_floor_s"] is None  # --smoke measures no floor (bench.peer --quick does)
+    positive(r["startup_floor_over_reference"])  # vLLM's own engine start over the reference's start-up
+    assert r["colocated_generate_over_rollout_and_sync"] is None  # a 1-step run syncs nothing
