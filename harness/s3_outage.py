@@ -8,6 +8,9 @@ its buckets, so outages are made here, between the client and the server:
 * `refuse()`: like a stopped server: the listening socket is closed (connect gets ECONNREFUSED)
   and open connections are reset.
 * `restore()`: back to forwarding; refused -> listening again on the same port.
+* `stall_on(marker, seconds)`: a stall that starts when a request carrying `marker` (a path in its
+  request line) arrives, holding that very request: an outage at a point of the run's own
+  progress, not at a moment a watcher happened to notice.
 
     with OutageProxy(endpoint) as proxy:
         options = {"client_kwargs": {"endpoint_url": proxy.endpoint}}
@@ -40,6 +43,8 @@ class OutageProxy:
         self._closed = threading.Event()
         self._conns: list[socket.socket] = []
         self._timer: threading.Timer | None = None
+        self._trigger: tuple[bytes, float] | None = None
+        self.triggered_at: float | None = None  # time.monotonic() when `stall_on` fired
         self._listener = self._listen(0)
         self.port = self._listener.getsockname()[1]
         self._acceptor = threading.Thread(target=self._accept_loop, name="outage-proxy-accept", daemon=True)
@@ -81,6 +86,20 @@ class OutageProxy:
         self._timer = threading.Timer(seconds, self.restore)
         self._timer.daemon = True
         self._timer.start()
+
+    def stall_on(self, marker: bytes, seconds: float) -> None:
+        """Arm a `seconds` stall that starts when a client request containing `marker` arrives."""
+        with self._lock:
+            self._trigger = (marker, seconds)
+
+    def _fire_if_marked(self, data: bytes) -> None:
+        with self._lock:
+            trigger = self._trigger
+            if trigger is None or trigger[0] not in data:
+                return
+            self._trigger = None
+        self.triggered_at = time.monotonic()
+        self.outage("stall", trigger[1])
 
     def close(self) -> None:
         if self._timer is not None:
@@ -124,10 +143,12 @@ class OutageProxy:
             client.settimeout(30)  # bounds a send; reads wait in select() a tick at a time
             with self._lock:
                 self._conns += [client, upstream]
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), name="outage-proxy-pump", daemon=True).start()
+            for a, b, requests in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(a, b, requests), name="outage-proxy-pump", daemon=True
+                ).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
         try:
             while not self._closed.is_set():
                 if self.state != "forward":  # stalled: hold the bytes where they are
@@ -140,6 +161,10 @@ class OutageProxy:
                 data = src.recv(65536)
                 if not data:
                     return
+                if requests:
+                    self._fire_if_marked(data)
+                while self.state == "stall" and not self._closed.is_set():  # hold what arrived as it began
+                    self._closed.wait(_TICK)
                 dst.sendall(data)
         except (OSError, ValueError):  # reset, or closed by refuse()
             return
