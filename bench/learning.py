@@ -30,9 +30,9 @@ seconds (seed 0), the figure a user picks a mode by; it is written to --png (def
 `runs/bench-learning.png`; docs/concepts/modes.md shows a copy, docs/bench-learning.png).
 
 The synchronous step against its floor (bench.step_floor's `step_floor`, after the runs, on the synchronous run of the
-first seed): `step_floor_s` = `floor_generate_s` (vLLM's own generate of the run's first step on its
+first seed): `step_floor_s` = `floor_generate_s` (vLLM's own generate of the run's typical step on its
 warm engine) + `floor_train_s` (the faster of a plain torch step, `reference_step_s`, and the
-DeepSpeed trainer's step, `trainer_step_s`, on the run's first batch at its trainer threads)
+DeepSpeed trainer's step, `trainer_step_s`, on the run's typical batch at its trainer threads)
 + `floor_reload_s` (the engine's in-place reload of the weights), each measured alone here;
 `sync_step_over_floor` is the synchronous `step_s_median` over the floor. A synchronous step runs
 the three one after another, so no synchronous step on this machine is shorter than their sum

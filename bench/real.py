@@ -25,10 +25,10 @@ the `overrides`). Reported:
 - `peak_rss_gb`: the largest resident memory of this process and all its children together
   (engines, trainer), sampled every 0.5 s over the whole benchmark;
 - the step against its floor on this machine (bench.step_floor's `step_floor`, after the run, on its
-  kept engine): `floor_generate_s` (vLLM's own generate of the run's first step),
+  kept engine): `floor_generate_s` (vLLM's own generate of the run's typical step),
   `floor_train_s` (the faster of the DeepSpeed trainer's step, `trainer_step_s`, and a plain
   torch/transformers step, `reference_step_s`: AdamW, the same GRPO loss, the same
-  micro-batches, full logits; both on the run's first batch, at the trainer's threads),
+  micro-batches, full logits; both on the run's typical batch, the step of median tokens, at the trainer's threads),
   `floor_reload_s` (the engine's in-place reload of the weights, which every weight sync ends
   with: `sync_s_explorer` cannot go below it), their sum `step_floor_s`, and `step_over_floor`
   (`s_per_step` over it; a synchronous step runs the three one after another);

@@ -1,6 +1,6 @@
 """The least a synchronous step costs on this machine (`step_floor`), and the DeepSpeed trainer's
 step against a plain torch step on the same batch (`reference_step_ratio`), measured after a run
-on its own first step: bench.learning and bench.real report their runs' steps against these.
+on its own typical step (`typical_step`): bench.learning and bench.real report their runs' steps against these.
 """
 
 from __future__ import annotations
@@ -11,17 +11,43 @@ from statistics import median
 from typing import Any
 
 
-def run_batch(run_url: str, rows: int, pad_id: int) -> dict[str, Any]:
-    """The first `rows` stored experiences of a run as trainer tensors."""
+def run_table(run_url: str) -> Any:
+    """Every committed experience of a (local) run, in commit order."""
     import json
     from pathlib import Path
 
     import pyarrow.dataset as ds
 
+    records = sorted(Path(run_url, "buffer", "_commits").glob("*/*.json"))
+    paths = [str(Path(run_url, "buffer", json.loads(p.read_text())["path"])) for p in records]
+    return ds.dataset(paths, format="ipc").to_table()
+
+
+def typical_step(table: Any) -> int:
+    """The explorer step whose rows hold the median number of tokens (prompt and response): the
+    batch a run's mean step is made of. A run's first batch is not it: its responses are longer
+    than the trained policy's, so a floor measured on it can sit above the run's own mean step."""
+    import pyarrow.compute as pc
+
+    tokens = pc.add(
+        pc.list_value_length(table.column("prompt_ids")), pc.list_value_length(table.column("response_ids"))
+    )
+    per_step: dict[int, int] = {}
+    for step, n in zip(table.column("explorer_step").to_pylist(), tokens.to_pylist()):
+        per_step[step] = per_step.get(step, 0) + n
+    ranked = sorted(per_step, key=lambda e: (per_step[e], e))
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def run_batch(run_url: str, rows: int, pad_id: int) -> dict[str, Any]:
+    """`rows` stored experiences of a run's typical step (`typical_step`) as trainer tensors."""
+    import pyarrow.compute as pc
+
     from rl_engine.experience import ExperienceBatch
 
-    records = sorted(json.loads(p.read_text())["path"] for p in Path(run_url, "buffer", "_commits").glob("*/*.json"))
-    table = ds.dataset([str(Path(run_url, "buffer", r)) for r in records], format="ipc").to_table().slice(0, rows)
+    table = run_table(run_url)
+    step = typical_step(table)
+    table = table.filter(pc.equal(table.column("explorer_step"), step)).slice(0, rows)
     return ExperienceBatch.from_table(table).to_tensors(pad_id)
 
 
@@ -88,11 +114,11 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
     synchronous step runs one after another, each measured at its floor in this process, after
     the runs (median of `repeats` after a warm-up).
 
-    - `floor_generate_s`: vLLM's own `LLM.generate` of the run's first step (its prompts, n and
+    - `floor_generate_s`: vLLM's own `LLM.generate` of the run's typical step (its prompts, n and
       sampling) on the run's warm engine, nothing around it (bench.rollout's raw side);
     - `floor_train_s`: the faster of a plain torch/transformers step (AdamW, the same GRPO
       loss and micro-batches: bench.real's reference step, `reference_step_s`) and the
-      DeepSpeed trainer's (`trainer_step_s`) on the run's own first batch, at the run's trainer
+      DeepSpeed trainer's (`trainer_step_s`) on the run's typical batch, at the run's trainer
       threads;
     - `floor_reload_s`: the engine's in-place reload of the weights from memory, which every
       weight sync ends with; the transfer itself (1.2 MB for the demo) is left out.
@@ -101,7 +127,6 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
     model training, can be shorter. The buffer hand-off, the sync handshake and the explorer's
     rows sit above it.
     """
-    import pyarrow.dataset as ds
     import torch
     from vllm.inputs import TokensPrompt
 
@@ -110,14 +135,13 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
 
     run = open_run(run_url)
     cfg = run.cfg
-    rows = ds.dataset(
-        f"{run_url}/buffer", format="ipc", partitioning="hive", ignore_prefixes=[".", "_", "cursor"]
-    ).to_table(columns=["explorer_step", "group_id", "prompt_ids"])
+    rows = run_table(run_url)
+    step = typical_step(rows)
     first: dict[str, list[int]] = {}
-    for step, group, prompt in zip(*(rows.column(c).to_pylist() for c in ("explorer_step", "group_id", "prompt_ids"))):
-        if step == 1:
+    for e, group, prompt in zip(*(rows.column(c).to_pylist() for c in ("explorer_step", "group_id", "prompt_ids"))):
+        if e == step:
             first.setdefault(group, prompt)
-    prompts = list(first.values())  # [tasks per step] prompt ids
+    prompts = list(first.values())  # [tasks per step] prompt ids of the typical step
     engine = ENGINES.acquire(run, 0)
     try:
         params = engine.sampling_params(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=0)

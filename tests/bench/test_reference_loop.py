@@ -9,10 +9,13 @@ positions), it walks the tasks in the explorer's order, and a short loop trains 
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from bench.reference import sequence_logprobs
 from bench.reference_loop import reference_loop, sample_groups, to_batch
+from bench.step_floor import typical_step
 
 
 def tiny_cfg(model_dir: str, task_file: str, **trainer):
@@ -123,3 +126,18 @@ def test_peer_bounds_from_the_same_run():
     assert s["colocated_generate_over_rollout_and_sync"] == 2.0  # 6 s against 2.5 + 0.5 s
     unbounded = summarise([with_gains(rft), with_gains(ref)])  # no steps, no floor: no bound
     assert unbounded["heldout_gain_per_s_bound_vs_reference"] is None
+
+
+def test_the_floor_is_measured_on_the_step_of_median_tokens():
+    # steps 1..4 with 30, 10, 20, 40 tokens: of an even count the lower median, step 3 (20)
+    rows = {1: [(3, 12), (4, 11)], 2: [(3, 2), (2, 3)], 3: [(3, 7), (5, 5)], 4: [(20, 20)]}
+    table = pa.table(
+        {
+            "explorer_step": [e for e, rs in rows.items() for _ in rs],
+            "prompt_ids": [[0] * p for rs in rows.values() for p, _ in rs],
+            "response_ids": [[0] * r for rs in rows.values() for _, r in rs],
+        }
+    )
+    assert typical_step(table) == 3
+    first_three = table.filter(pc.not_equal(table.column("explorer_step"), 4))  # 30, 10, 20
+    assert typical_step(first_three) == 3  # the median, not the long first step
