@@ -8,7 +8,8 @@ the config's knob values are read from rft): no DeepSpeed, no chunked output hea
 - logprobs: log_softmax(logits / temperature) of the full [B, L, V] logits, gathered at each
   token; value [b, i] belongs to token i, predicted from position i-1 (rft's batch layout).
 - advantages (GRPO, Shao et al. 2024): (r - mean of the group) / (unbiased std of the group + eps);
-  a group whose rewards are all equal gets 0. Dr.GRPO (Liu et al. 2025): no std.
+  a group whose rewards are all equal gets 0. Dr.GRPO (Liu et al. 2025): no std. Group mean and
+  batch std ("Tricks or Traps?", 2025: Lite PPO): the centred rewards over their std across the batch.
 - ppo_clip (PPO; DAPO's clip-higher eps_low / eps_high): -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A),
   r = pi / pi_old per token, pi_old the generating policy's logprobs.
 - gspo (Zheng et al. 2025, GSPO-token): every token of sequence i takes the sequence ratio
@@ -50,7 +51,7 @@ class RefAlgo:
     tau: float = 0.1
     aggregation: str = "token-mean"
     token_sum_divisor: float = 1.0
-    std_scale: bool = True  # GRPO divides by the group's std; Dr.GRPO does not
+    std: str = "group"  # GRPO divides by the group's std; Dr.GRPO does not; "batch": the batch's
     eps: float = 1e-6  # rft's group_advantages eps (TRL uses 1e-4; the test batches have no near-zero std)
 
     @classmethod
@@ -64,7 +65,6 @@ class RefAlgo:
             "dynamic_sampling": bool(algo.dynamic_sampling),
             "overlong": algo.overlong.buffer_fraction is not None or algo.overlong.mask_truncated,
             f"advantage {algo.advantage.type}": algo.advantage.type not in ("grpo", "dr_grpo"),
-            f"std {algo.advantage.std}": algo.advantage.std not in ("group", "none"),
             f"loss {algo.loss.type}": algo.loss.type not in LOSSES,
             f"aggregation {algo.aggregation}": algo.aggregation not in AGGREGATIONS,
         }
@@ -81,7 +81,7 @@ class RefAlgo:
             tau=getattr(algo.loss, "tau", 0.1),
             aggregation=algo.aggregation,
             token_sum_divisor=float(divisor or 1.0),
-            std_scale=algo.advantage.std == "group",
+            std=algo.advantage.std,
         )
 
 
@@ -93,8 +93,11 @@ def sequence_logprobs(model: torch.nn.Module, input_ids: Tensor, attention_mask:
     return torch.cat([picked.new_zeros(picked.shape[0], 1), picked], dim=1)  # [B, L]
 
 
-def advantages(rewards: Tensor, groups: Tensor, std_scale: bool = True, eps: float = 1e-6) -> Tensor:
-    """GRPO advantages [B] float32 of rewards [B] in groups [B]: a plain loop over the groups."""
+def advantages(rewards: Tensor, groups: Tensor, std: str = "group", eps: float = 1e-6) -> Tensor:
+    """GRPO advantages [B] float32 of rewards [B] in groups [B]: a plain loop over the groups, each
+    reward minus its group's mean, divided by the group's std (`std` "group"), by the std of all
+    those centred rewards ("batch", as Lite PPO; TRL's `scale_rewards="batch"` takes the raw
+    rewards' std instead) or by nothing ("none")."""
     r = rewards.double()  # [B]
     out = torch.zeros_like(r)
     for g in groups.unique():
@@ -103,10 +106,13 @@ def advantages(rewards: Tensor, groups: Tensor, std_scale: bool = True, eps: flo
         if members.numel() < 2:
             continue  # nobody to compare with: 0
         centred = members - members.mean()  # [n]
-        if std_scale:
-            std = members.std(unbiased=True)
-            centred = centred / (std + eps) if std > 0 else torch.zeros_like(centred)
+        if std == "group":
+            s = members.std(unbiased=True)
+            centred = centred / (s + eps) if s > 0 else torch.zeros_like(centred)
         out[rows] = centred
+    if std == "batch" and out.numel() > 1:
+        s = out.std(unbiased=True)
+        out = out / (s + eps) if s > 0 else torch.zeros_like(out)
     return out.float()
 
 
@@ -178,7 +184,7 @@ class ReferenceTrainer:
         behavior_logprobs [B, L]; rewards, group_index [B]). Returns loss, grad_norm (before
         clipping), clip_frac, lr, and with keep_grads the clipped gradients by parameter name."""
         mask = batch["loss_mask"].float()  # [B, L]
-        adv = advantages(batch["rewards"], batch["group_index"], self.algo.std_scale, self.algo.eps)  # [B]
+        adv = advantages(batch["rewards"], batch["group_index"], self.algo.std, self.algo.eps)  # [B]
         tokens = float(mask.sum().clamp(min=1.0))
         seqs = float((mask.sum(1) > 0).sum().clamp(min=1))
         self.model.train()

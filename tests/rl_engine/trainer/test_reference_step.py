@@ -192,6 +192,42 @@ def test_presets_equal_the_reference_step(tiny_model_dir, preset):
     print(f"preset {preset}: loss {m['loss']:.7g} vs {ref['loss']:.7g}, {d}")
 
 
+@pytest.mark.slow
+def test_batch_std_equals_the_reference_step(tiny_model_dir):
+    """Group mean, batch std (`advantage.std: batch`), 4 micro-batches."""
+    cfg, batch, m, grads, weights = rft_step(tiny_model_dir, {"advantage": {"type": "grpo", "std": "batch"}}, 3)
+    assert cfg.algorithm.advantage.std == "batch"
+    ref, ref_weights = reference_step(tiny_model_dir, cfg, batch, 3)
+    d = assert_same_step(cfg, m, grads, weights, ref, ref_weights, clipping=True)
+    print(f"std batch: loss {m['loss']:.7g} vs {ref['loss']:.7g}, {d}")
+
+
+def test_reference_advantages_by_hand():
+    """Groups (1, 0) and (1, 1, 0.1), a group of one (0.5). Centred: +-.5 | .3, .3, -.6 | 0.
+    group std: +-.70711 | .57735, .57735, -1.1547 | 0; batch std of the six centred values
+    (unbiased, sqrt(1.04 / 5) = .45607): 1.09632, -1.09632, .65779, .65779, -1.31559, 0; none: centred."""
+    from rl_engine.algorithms import group_advantages
+
+    r, g = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.1, 0.5]), torch.tensor([0, 0, 1, 1, 1, 2])
+    expect = {
+        "group": [0.70711, -0.70711, 0.57735, 0.57735, -1.1547, 0.0],
+        "batch": [1.09632, -1.09632, 0.65779, 0.65779, -1.31559, 0.0],
+        "none": [0.5, -0.5, 0.3, 0.3, -0.6, 0.0],
+    }
+    for std, values in expect.items():
+        torch.testing.assert_close(advantages(r, g, std), torch.tensor(values), rtol=0, atol=1e-5, msg=std)
+        torch.testing.assert_close(group_advantages(r, g, "grpo", std), advantages(r, g, std), rtol=0, atol=1e-6)
+
+
+def test_the_reference_takes_each_std_level_and_refuses_what_it_does_not_implement(tmp_path):
+    for std in ("group", "batch", "none"):
+        cfg = make_cfg(str(tmp_path), algorithm={"advantage": {"type": "grpo", "std": std}})
+        assert RefAlgo.from_config(cfg.algorithm).std == std
+    cfg = make_cfg(str(tmp_path), algorithm={"advantage": {"type": "rloo"}, "kl": {"coef": 0.01}})
+    with pytest.raises(ValueError, match="does not implement kl, advantage rloo"):
+        RefAlgo.from_config(cfg.algorithm)
+
+
 def test_ppo_clip_token_mean_by_hand():
     """Two responses of one group, rewards (1, 0): A = +-.5 / std(1, 0) = +-.70711 (eps 1e-6: 1.4e-6 off).
     Row 0's tokens have ratios 1.25 (inside 1.28) and 1; row 1's one token 0.5, below 1 - .2 with A < 0:
