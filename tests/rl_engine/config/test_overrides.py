@@ -83,6 +83,12 @@ _CLIP_HIGHER = Exception_(
     "algorithm.loss.clip_eps_high",
     ("algorithm.loss.clip_eps_high=0.2",),
 )
+_BATCH_STD = Exception_(
+    "the real-model configs choose advantage.std: batch, which an estimator without a std field cannot keep: "
+    "the rule refuses the choice the switch would drop, naming it",
+    "algorithm.advantage.std",
+    ("algorithm.advantage.std=group",),
+)
 _STALENESS = Exception_(
     "the config chooses max_staleness: 4, which the rendezvous modes have no field for: refused naming it",
     "synchronizer.max_staleness",
@@ -111,6 +117,8 @@ def exception(config: str, union: str, variant: str) -> Exception_ | None:
     registered = variant == REGISTERED.get(union)
     if union == "algorithm.loss" and (variant in ("kimi", "python") or registered):
         return _CLIP_HIGHER
+    if union == "algorithm.advantage" and config.startswith("smollm2") and (variant == "python" or registered):
+        return _BATCH_STD
     if union == "synchronizer" and config in ("fully_async.yaml", "multi_explorer.yaml"):
         if variant in ("synchronous", "one_step_off_policy"):
             both = _STALENESS.fix + _TWO_EXPLORERS.fix if config == "multi_explorer.yaml" else _STALENESS.fix
