@@ -1,6 +1,6 @@
 """The least a synchronous step costs on this machine (`step_floor`), and the DeepSpeed trainer's
 step against a plain torch step on the same batch (`reference_step_ratio`), measured after a run
-on its own typical step (`typical_step`): bench.learning and bench.real report their runs' steps against these.
+on its own typical step (`typical_rows`): bench.learning and bench.real report their runs' steps against these.
 """
 
 from __future__ import annotations
@@ -11,44 +11,39 @@ from statistics import median
 from typing import Any
 
 
-def run_table(run_url: str) -> Any:
-    """Every committed experience of a (local) run, in commit order."""
+def typical_rows(run_url: str) -> Any:
+    """The committed experiences of a (local) run's typical step: the explorer step whose rows hold
+    the median number of tokens (prompt and response), the batch a run's mean step is made of. A
+    run's first batch is not it: its responses are longer than the trained policy's, so a floor
+    measured on it can sit above the run's own mean step."""
     import json
     from pathlib import Path
 
+    import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     records = sorted(Path(run_url, "buffer", "_commits").glob("*/*.json"))
     paths = [str(Path(run_url, "buffer", json.loads(p.read_text())["path"])) for p in records]
-    return ds.dataset(paths, format="ipc").to_table()
+    table = ds.dataset(paths, format="ipc").to_table()
+    return table.filter(pc.equal(table.column("explorer_step"), typical_step(table)))
 
 
 def typical_step(table: Any) -> int:
-    """The explorer step whose rows hold the median number of tokens (prompt and response): the
-    batch a run's mean step is made of. A run's first batch is not it: its responses are longer
-    than the trained policy's, so a floor measured on it can sit above the run's own mean step."""
+    """Of a table of experiences, the explorer step whose rows hold the median number of tokens
+    (the lower median of an even count of steps)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     tokens = pc.add(
         pc.list_value_length(table.column("prompt_ids")), pc.list_value_length(table.column("response_ids"))
     )
-    per_step: dict[int, int] = {}
-    for step, n in zip(table.column("explorer_step").to_pylist(), tokens.to_pylist()):
-        per_step[step] = per_step.get(step, 0) + n
-    ranked = sorted(per_step, key=lambda e: (per_step[e], e))
-    return ranked[(len(ranked) - 1) // 2]
-
-
-def run_batch(run_url: str, rows: int, pad_id: int) -> dict[str, Any]:
-    """`rows` stored experiences of a run's typical step (`typical_step`) as trainer tensors."""
-    import pyarrow.compute as pc
-
-    from rl_engine.experience import ExperienceBatch
-
-    table = run_table(run_url)
-    step = typical_step(table)
-    table = table.filter(pc.equal(table.column("explorer_step"), step)).slice(0, rows)
-    return ExperienceBatch.from_table(table).to_tensors(pad_id)
+    per_step = (
+        pa.table({"step": table.column("explorer_step"), "tokens": tokens})
+        .group_by("step")
+        .aggregate([("tokens", "sum")])
+        .sort_by([("tokens_sum", "ascending"), ("step", "ascending")])
+    )
+    return per_step.column("step")[(per_step.num_rows - 1) // 2].as_py()
 
 
 def median_s(fn: Any, repeats: int) -> float:
@@ -61,17 +56,19 @@ def median_s(fn: Any, repeats: int) -> float:
     return statistics.median(times[1:])
 
 
-def reference_step_ratio(cfg: Any, run_url: str, repeats: int) -> dict[str, float]:
-    """Median step time of the DeepSpeed trainer and of a plain torch step on the same batch."""
+def reference_step_ratio(cfg: Any, rows: Any, repeats: int) -> dict[str, float]:
+    """Median step time of the DeepSpeed trainer and of a plain torch step on the same batch: the
+    first of `rows` (stored experiences, a step's) that fill the trainer's batch."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from rl_engine.algorithms import group_advantages, policy_loss, token_logprobs
+    from rl_engine.experience import ExperienceBatch
     from rl_engine.trainer import build_trainer
     from rl_engine.trainer.settings import trainer_settings
 
     trainer = build_trainer(trainer_settings(cfg))
-    batch = run_batch(run_url, trainer.local_batch_size, trainer.pad_token_id)
+    batch = ExperienceBatch.from_table(rows.slice(0, trainer.local_batch_size)).to_tensors(trainer.pad_token_id)
 
     trainer_s = median_s(lambda: trainer.train_step(dict(batch)), repeats)
     trainer.close()
@@ -135,13 +132,11 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
 
     run = open_run(run_url)
     cfg = run.cfg
-    rows = run_table(run_url)
-    step = typical_step(rows)
-    first: dict[str, list[int]] = {}
-    for e, group, prompt in zip(*(rows.column(c).to_pylist() for c in ("explorer_step", "group_id", "prompt_ids"))):
-        if e == step:
-            first.setdefault(group, prompt)
-    prompts = list(first.values())  # [tasks per step] prompt ids of the typical step
+    rows = typical_rows(run_url)
+    groups: dict[str, list[int]] = {}
+    for group, prompt in zip(*(rows.column(c).to_pylist() for c in ("group_id", "prompt_ids"))):
+        groups.setdefault(group, prompt)
+    prompts = list(groups.values())  # [tasks per step] prompt ids of the typical step
     engine = ENGINES.acquire(run, 0)
     try:
         params = engine.sampling_params(prompts, cfg.algorithm.repeat_times, cfg.explorer.sampling, seed=0)
@@ -155,7 +150,7 @@ def step_floor(run_url: str, repeats: int) -> dict[str, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.trainer.num_threads or threads)
     try:
-        train = reference_step_ratio(cfg, run_url, repeats)
+        train = reference_step_ratio(cfg, rows, repeats)
     finally:
         torch.set_num_threads(threads)
     train_s = min(
