@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED ?= false
 export DO_NOT_TRACK ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup setup-gpu demo demo-real server test test-soak test-fast test-gpu lint format docs docs-serve bench lock lock-gpu check-gpu-lock clean
+.PHONY: setup setup-gpu demo demo-real server test test-soak test-release test-fast test-gpu lint format docs docs-serve bench lock lock-gpu check-gpu-lock clean
 
 setup: $(STAMP)
 
@@ -67,6 +67,11 @@ test: setup
 # trackers, workflows in every mode): hours on 2 cores; run before each release.
 test-soak: setup
 	RFT_SOAK=1 $(PY) -m pytest -m soak -p no:randomly $(PYTEST_ARGS)
+
+# The heaviest end-to-end runs (real-model demo and benches, the larger bench smokes, every role of
+# a multi-explorer run on a worker): the CI suite skips them; run before each release.
+test-release: setup
+	RFT_RELEASE=1 $(PY) -m pytest -m release -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)

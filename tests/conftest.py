@@ -27,14 +27,25 @@ from rl_engine.trainer.dist import free_port  # noqa: E402
 pytest_plugins = ["tests.suite_report", "tests.schedule"]
 
 
+# (marker, the variable that runs it, the skip's reason). The release tier holds the heaviest runs
+# whose properties the CI suite also checks at a smaller size (the benches' larger smokes, the
+# real-model demo and benches, every role of a multi-explorer run on a worker): together ~50 min of
+# a 2-core CI machine's suite, which had outgrown CI's 90 minutes on the slower machines.
+TIERS = (
+    ("soak", "RFT_SOAK", "soak matrix: `make test-soak` (RFT_SOAK=1) runs it"),
+    ("release", "RFT_RELEASE", "release tier: `make test-release` (RFT_RELEASE=1) runs it"),
+)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    if not os.environ.get("RFT_SOAK"):  # the soak matrix runs on `make test-soak` only (hours)
-        soak = pytest.mark.skip(reason="soak matrix: `make test-soak` (RFT_SOAK=1) runs it")
-        for item in items:
-            if "soak" in item.keywords:
-                item.add_marker(soak)
+    for marker, env, why in TIERS:  # the tiers beyond CI's: each runs on its own make target only
+        if not os.environ.get(env):
+            skip = pytest.mark.skip(reason=why)
+            for item in items:
+                if marker in item.keywords:
+                    item.add_marker(skip)
     if torch.cuda.device_count():  # through NVML: CUDA stays unstarted in this process, so vLLM may still fork from it
         return
     skip = pytest.mark.skip(reason="needs CUDA (gpu marker)")

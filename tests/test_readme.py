@@ -30,6 +30,10 @@ EXERCISED: dict[str, list[str]] = {
         "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
         "tests/flows/test_kill_resume.py::test_soak_kill_features_then_resume_exactly_once",
     ],
+    "make test-release": [
+        "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says",
+        "tests/flows/test_demo_real.py::test_demo_real_scores_trains_and_scores_again",
+    ],
     "make test-fast": [
         "tests/rl_engine/config/test_config.py::test_make_targets_the_readme_shows_run_the_commands_it_says"
     ],

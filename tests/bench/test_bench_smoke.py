@@ -167,6 +167,7 @@ def test_rollout(tmp_path):
     assert r["smoke"] is True
 
 
+@pytest.mark.release
 def test_sync(tmp_path):
     r = run_bench("sync", "--smoke", timeout_s=300, tmp_path=tmp_path)
     assert r["smoke"] is True and r["largest_model"] == "0.3M"
@@ -269,6 +270,7 @@ def test_device_cuda_is_refused_without_cuda(module):
     )
 
 
+@pytest.mark.release
 def test_partial(tmp_path, prefect_live):
     r = run_bench("partial", "--smoke", timeout_s=540, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
@@ -350,6 +352,7 @@ def test_learning(tmp_path, prefect_live):
     assert r["floor_train_s"] == min(r["trainer_step_s"], r["reference_step_s"])
 
 
+@pytest.mark.release
 def test_algorithms(tmp_path, prefect_live):
     png = tmp_path / "algorithms.png"
     r = run_bench("algorithms", "--smoke", "--png", str(png), timeout_s=540, tmp_path=tmp_path, env=prefect_live.env())
@@ -391,6 +394,7 @@ def test_algorithms(tmp_path, prefect_live):
 # module's Prefect server, worker and `prefect deploy --all` instead of starting its own.
 
 
+@pytest.mark.release
 def test_engine_start(engine_server, tmp_path):
     # The served starts and the served `rft run` use the session's engine server (tests/conftest.py)
     # instead of one of their own; starting one is tests/rollout's (harness/engine_server.py).
@@ -488,6 +492,7 @@ def test_logits_memory(tiny_model_dir, tmp_path):
     assert r["max_logprob_diff"] < 1e-5
 
 
+@pytest.mark.release
 def test_workflows(tmp_path, prefect_live):
     r = run_bench("workflows", "--smoke", timeout_s=540, tmp_path=tmp_path, env=prefect_live.env())
     has_keys(
@@ -519,6 +524,7 @@ def test_workflows(tmp_path, prefect_live):
     assert r["masked_grad_max"] == 0.0 and r["trained_grad_max"] > 0  # the mask, not a dead loss
 
 
+@pytest.mark.release
 def test_scale(tmp_path, prefect_live):
     png = tmp_path / "scale.png"
     r = run_bench("scale", "--smoke", "--png", str(png), timeout_s=240, tmp_path=tmp_path, env=prefect_live.env())

@@ -288,6 +288,7 @@ def still_running(procs: list[psutil.Process], deadline: float) -> list[psutil.P
     return alive
 
 
+@pytest.mark.release
 @pytest.mark.timeout(1200)
 def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment, rft_worker):
     dep, _, storage = test_deployment
@@ -360,6 +361,7 @@ def test_cancelled_worker_run_publishes_its_report(prefect_live, test_deployment
     assert json.loads((run_dir / "report" / "summary.json").read_text())["final_version"] == CANCELLED_TOTAL
 
 
+@pytest.mark.release
 @pytest.mark.timeout(780)
 def test_bench_ops(prefect_live, test_deployment, rft_worker, engine_server, tiny_model_dir, task_file, tmp_path):
     """`python -m bench.ops --smoke` (its smallest path end to end, tests/bench/test_bench_smoke.py's

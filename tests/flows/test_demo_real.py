@@ -37,6 +37,7 @@ SHRINK = [
 ]
 
 
+@pytest.mark.release
 @pytest.mark.slow
 @pytest.mark.timeout(720)
 def test_demo_real_scores_trains_and_scores_again(smollm2_dir, real_model_turn, prefect_live, tmp_path):
@@ -246,6 +247,7 @@ def test_bench_real_set_reaches_the_config(tmp_path, monkeypatch):
     assert cfg.trainer.total_steps == 1 and cfg.explorer.batch_size == 2 and cfg.model.path.endswith("smollm2-135m")
 
 
+@pytest.mark.release
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bench_lora_smoke_runs_lora_and_installs_in_place(smollm2_dir, real_model_turn, prefect_live, tmp_path):
@@ -291,6 +293,7 @@ def test_bench_lora_smoke_runs_lora_and_installs_in_place(smollm2_dir, real_mode
     assert r["installs"] == 20 and r["steps"] == 1
 
 
+@pytest.mark.release
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_bench_peer_smoke_runs_rft_and_the_reference(smollm2_dir, real_model_turn, prefect_live, tmp_path):

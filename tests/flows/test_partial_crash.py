@@ -57,6 +57,7 @@ def rft_run(args: list[str], root: Path, failpoint: str | None = None) -> subpro
 @pytest.mark.timeout(2 * TIMEOUT_S + 60)
 # explorer.after_stage (killed before the commit) passes too; the unit tests cover that point
 # (tests/rl_engine/roles/test_partial.py), this one is the point the buffer and the store disagree on.
+@pytest.mark.release
 @pytest.mark.parametrize("point", ["explorer.after_commit"])
 def test_killed_between_continuation_save_and_buffer_commit(point, tiny_model_dir, task_file, tmp_path):
     data = partial_config(

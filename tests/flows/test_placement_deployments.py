@@ -185,6 +185,7 @@ def test_readme_command_runs_every_role_on_the_worker(live, tiny_model_dir, task
 # fully_async/collective is no run of its own: fully_async and multi_explorer are one mode flow
 # (flows/decoupled.py: run_mode), multi_explorer with one explorer, and collective sync across
 # processes runs in the kill and cancel tests; fully_async in one process: tests/flows/test_modes.py.
+@pytest.mark.release
 @pytest.mark.parametrize("mode,method", [("multi_explorer", "checkpoint")])
 def test_every_role_in_its_own_process(
     mode, method, on_live_server, prefect_worker, tiny_model_dir, task_file, s3_bucket, tmp_path
@@ -352,6 +353,7 @@ def _wait_trainer_version(run_dir: Path, version: int, out: list, timeout_s: flo
     raise AssertionError(f"the trainer did not reach version {version}: {why}; the board: {board}")
 
 
+@pytest.mark.release
 def test_killed_explorer_fails_the_run_then_resume_loses_nothing(on_live_server, tiny_model_dir, task_file, tmp_path):
     total = 10  # the trainer cannot pass the dead explorer by more than a step or two (one step off policy)
     cfg = validate_config(

@@ -82,6 +82,7 @@ def test_make_targets_the_readme_shows_run_the_commands_it_says():
 
     assert '-m pytest -m "not slow"' in dry("test-fast")
     assert "RFT_SOAK=1" in dry("test-soak") and "-m pytest -m soak" in dry("test-soak")
+    assert "RFT_RELEASE=1" in dry("test-release") and "-m pytest -m release -n 2" in dry("test-release")
     assert "-m pytest -n 2 --dist loadfile -k buffer" in dry("test", "PYTEST_ARGS=-k buffer")
     assert "-m pytest -n 0 --dist loadfile" in dry("test", "PYTEST_WORKERS=0")
     assert "rft demo" in dry("demo")

@@ -42,7 +42,10 @@ def test_chunked_head_step_equals_full_logits_step(tiny_model_dir, zero_stage):
     for full, chunked in zip(m_full, m_chunk):
         assert full.keys() == chunked.keys()
         for key in full:
-            assert chunked[key] == pytest.approx(full[key], rel=1e-5, abs=1e-6), key
+            # The gradient norm sums ~0.3M squares whose summation order the chunking changes; on
+            # a CPU without AVX-512 ZeRO 3's differed by 1.05e-5 relative (6.414975 vs 6.414907).
+            rel = 5e-5 if key == "grad_norm" else 1e-5
+            assert chunked[key] == pytest.approx(full[key], rel=rel, abs=1e-6), key
     # Adam divides by sqrt(v): where a gradient entry is ~0, summation-order noise (other matmul
     # shapes here) moves that entry's update by a visible fraction of lr = 1e-3 per step; over
     # these 3 steps a few of ~0.3M entries move by up to ~6e-5. 1e-4 = a tenth of one step.

@@ -125,6 +125,7 @@ def _load_op(python: str, path: str) -> os.stat_result:
     return os.stat(lib)
 
 
+@pytest.mark.release
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_two_virtualenvs_in_turn_never_rebuild_the_op(tmp_path):
