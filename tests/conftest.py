@@ -29,8 +29,8 @@ pytest_plugins = ["tests.suite_report", "tests.schedule"]
 
 # (marker, the variable that runs it, the skip's reason). The release tier holds the heaviest runs
 # whose properties the CI suite also checks at a smaller size (the benches' larger smokes, the
-# real-model demo and benches, every role of a multi-explorer run on a worker): together ~50 min of
-# a 2-core CI machine's suite, which had outgrown CI's 90 minutes on the slower machines.
+# real-model demo and benches, every role of a multi-explorer run on a worker): 51 of 167
+# test-minutes on a slow 2-core machine, where the whole suite had outgrown CI's 90 minutes.
 TIERS = (
     ("soak", "RFT_SOAK", "soak matrix: `make test-soak` (RFT_SOAK=1) runs it"),
     ("release", "RFT_RELEASE", "release tier: `make test-release` (RFT_RELEASE=1) runs it"),
