@@ -1,9 +1,13 @@
 """Benchmark of weight sync into a live vLLM engine, against the raw transfers underneath.
 
 For models of ~0.3M, ~10M and ~100M parameters (tiny Qwen2 models built locally):
-  collective      trainer thread -> engine workers over the gloo group, loaded in place (end to end)
-  raw broadcast   the same messages (bytes) on the same group, from and into buffers allocated
-                  once, all posted at once, nothing loaded: the transfer floor
+  collective      trainer thread -> engine workers, loaded in place (end to end), the default way on
+                  one host: the bytes through the shared-memory file, the gloo group carrying the
+                  bucket headers (rl_engine.sync.shm)
+  collective stream  the same with `collective.shared_memory: false`: the bytes over the gloo stream
+                  (the way to workers on other hosts)
+  raw broadcast   the same messages (bytes) on a gloo group, from and into buffers allocated
+                  once, all posted at once, nothing loaded: the stream's transfer floor
   checkpoint      write checkpoints/version=<v>/ (+ commit) and load it into the engine (end to end)
   raw io          safetensors save_file of the same tensors + reading the file's bytes back
   engine load     loading an already written checkpoint into the engine (its pages in the page
@@ -13,9 +17,11 @@ For models of ~0.3M, ~10M and ~100M parameters (tiny Qwen2 models built locally)
                   format: the oneDNN GEMM handle it builds per linear layer), copy (tensor copies
                   into the checkpoint-format layer and into the kernel tensors), other (the
                   layerwise reload's bookkeeping, Python per parameter and layer)
-  bound           the least collective / raw broadcast this machine allows: the sender, the
+  bound           the least collective stream / raw broadcast this machine allows: the sender, the
                   receiver and the reload each keep a core busy (raw, raw and reload seconds), so
                   on C cores no schedule beats max(raw, reload, (2 raw + reload) / C)
+  collective_over_reload  collective over the reload: how close the default sync comes to the
+                  engine's own floor (issue 48's goal for a real run: <= 1.2)
   delta           checkpoint sync of one trainer step into a second engine, in bfloat16, which
                   holds the previous version: full checkpoints against deltas (synchronizer.delta),
                   bytes written per sync (the version's directory: files + marker) and sync time
@@ -45,14 +51,13 @@ on one device): its figures are null. The reload profile and the bound are the C
 The JSON line also carries `delta_bytes_ratio` (the demo's, float32), `delta_bytes_ratio_bf16` and
 `delta` (per size: bytes and seconds, full vs delta; CPU only).
 
-Reading the figures: on CPU the reload costs more than the transfer (2-core dev machine, 100M
-model: raw broadcast 0.16-0.19 s, reload 0.26 s, of which packing 0.11 s and copying 0.07 s), so
-on 2 cores the bound is (2 raw + reload) / 2, about 1.7-1.8x the raw broadcast, and collective lands
-near raw + reload: with both cores moving bytes, the pipelined stream (bucket i+1 arrives while
-bucket i loads) has no spare core to overlap on; one 512 MiB bucket, no pipelining at all,
-measures the same. vLLM's CPU kernels need the packing, and a packed handle cannot be updated
-in place. With spare cores, or on GPU where loading is a device copy, the stream approaches
-max(raw broadcast, reload) + one bucket.
+Reading the figures: on CPU the reload costs more than the transfer, and a gloo stream keeps
+both ends busy copying bytes through the kernel: with sender, receiver and reload each needing a
+core, two cores allow a stream no better than (2 raw + reload) / 2, and it lands near raw + reload
+(one 512 MiB bucket, no pipelining at all, measures the same). Through shared memory the receiver
+copies nothing and the trainer copies each byte once, into the file, while the engine loads the
+previous bucket: the sync approaches the reload alone. vLLM's CPU kernels need the packing, and a
+packed handle cannot be updated in place. On GPU (NCCL) the stream is the only way.
 """
 
 from __future__ import annotations
@@ -100,7 +105,15 @@ def _timed(*calls) -> float:
         return time.perf_counter() - t0
 
 
-def _config(model_dir: str, run_root: str, method: str, port: int, delta: bool = False, dtype: str = "float32"):
+def _config(
+    model_dir: str,
+    run_root: str,
+    method: str,
+    port: int,
+    delta: bool = False,
+    dtype: str = "float32",
+    shared_memory: bool = True,
+):
     from rl_engine.config import RFTConfig
 
     return RFTConfig.model_validate(
@@ -112,7 +125,7 @@ def _config(model_dir: str, run_root: str, method: str, port: int, delta: bool =
             "buffer": {"storage": {"url": run_root}},
             "synchronizer": {
                 "sync_method": method,
-                "collective": {"port": port},
+                "collective": {"port": port, "shared_memory": shared_memory},
                 "delta": {"enabled": delta, "full_every": 1000},
             },
         }
@@ -251,6 +264,17 @@ def _round(
     return out
 
 
+def _stream_rounds(engine, sender, receiver, weights, repeats: int, version: int) -> list[float]:
+    """Seconds of `repeats` collective syncs (after one dropped warm-up) from versions `version` on."""
+    times = []
+    for i in range(repeats + 1):
+        v = version + i
+        _timed(lambda: sender.prepare(v), lambda: receiver.prepare(v))
+        times.append(_timed(lambda: sender.send(weights.items(), v), lambda: receiver.receive(engine)))
+        assert engine.version == v
+    return times[1:]
+
+
 def _profile_reload(engine, weights: dict[str, torch.Tensor], d: str) -> dict[str, float]:
     """The engine's in-place reload of `weights` from memory, and its parts (worker_ext.rft_profile_reload)."""
     from safetensors.torch import save_file
@@ -306,6 +330,17 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str, dev
                 if i:
                     times[k].append(v)
         reload = _profile_reload(engine, weights, os.path.join(work, "profile")) if device == "cpu" else None
+        if sender is not None and device == "cpu":  # the same collective sync over the gloo stream
+            receiver.close()
+            sender.close()
+            stream_cfg = _config(
+                model_dir, os.path.join(work, "runs", f"{name}-stream"), "collective", free_port(), shared_memory=False
+            )  # a board of its own: the closed sender abandoned every later version on the first
+            board = Board.at(stream_cfg.run_url)
+            sender, receiver = build_weight_sender(stream_cfg, board), build_weight_receiver(stream_cfg, board)
+            _timed(sender.connect, lambda: receiver.connect(engine))
+            assert sender.transport == "stream"
+            times["stream"] = _stream_rounds(engine, sender, receiver, weights, repeats, 2 * repeats + 3)
     finally:
         if sender is not None:
             receiver.close()
@@ -323,9 +358,11 @@ def bench_size(name: str, hidden: int, layers: int, repeats: int, work: str, dev
         "params_M": n_params / 1e6,
         "MB": sum(sizes) / 2**20,
         "collective_s": med["coll"],
+        "collective_stream_s": med.get("stream"),
         "raw_broadcast_s": med["raw"],
         "collective_over_raw": med["coll"] / med["raw"] if collective else None,
         **_reload_figures(reload, med["raw"]),
+        "collective_over_reload": med["coll"] / reload["reload"] if collective and reload else None,
         "engine_load_s": med["load"],
         "checkpoint_s": med["ckpt"],
         "raw_io_s": med["io"],

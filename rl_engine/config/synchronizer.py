@@ -42,6 +42,12 @@ class CollectiveConfig(_Model):
         default=64.0, gt=0.0, description="Parameters are broadcast in buckets of about this many MiB."
     )
     timeout_s: float = Field(default=300.0, gt=0.0, description="Timeout of a group join and of one sync.")
+    shared_memory: bool = Field(
+        default=True,
+        description="gloo: when every inference worker runs on the trainer's host, the weights go through a shared-memory file in "
+        "/dev/shm (one copy by the trainer, none by the receivers) and the group carries only bucket headers; a group with a "
+        "worker elsewhere streams them. false: always stream.",
+    )
 
 
 class DeltaConfig(_Model):

@@ -16,6 +16,11 @@ stream, so receivers need no prior knowledge of the model:
 
 A receiver learns H_i+1 before it loads bucket i, posts the receives of bucket i+1, then
 loads bucket i while bucket i+1 is on the wire. The root keeps at most two buckets in flight.
+
+Same host, gloo (`shm.py`): a group whose members all mapped the trainer's shared-memory file when
+it formed (`join_group`) moves no segment over the wire. The root copies bucket i into the file
+before it sends H_i, whose `"at": [offset, ...]` says where each segment is; receivers load views
+of their mapping. A bucket the file cannot hold has no `at` and is streamed as above.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+
+from rl_engine.sync.shm import SharedRegion
 
 ALIGN = 64  # byte alignment of every parameter inside a bucket (any dtype view stays aligned)
 SMALL_BYTES = 1 << 20  # parameters under this many bytes are packed together; bigger ones go as they are
@@ -59,6 +66,39 @@ def init_group(
     )
 
 
+def join_group(
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float,
+    listen_socket: Any = None,
+    region: SharedRegion | None = None,
+) -> tuple[Any, SharedRegion | None]:
+    """`init_group`, then (gloo) the members agree on the transport: `region` (this member's
+    mapping of the trainer's shared-memory file, None where it has none) is kept only if every
+    member has one; otherwise it is closed and the group streams. Returns (group, region or None)."""
+    pg = init_group(host, port, rank, world_size, backend, timeout_s, listen_socket)
+    if backend != "gloo":
+        return pg, None
+    flag = torch.tensor([int(region is not None)], dtype=torch.int64)  # [1]
+    pg.allreduce([flag], _min_op()).wait()
+    if flag.item() == 1:
+        return pg, region
+    if region is not None:
+        region.close()
+    return pg, None
+
+
+def _min_op() -> Any:
+    from torch.distributed import AllreduceOptions, ReduceOp
+
+    opts = AllreduceOptions()
+    opts.reduceOp = ReduceOp.MIN
+    return opts
+
+
 def destroy_group(pg: Any) -> None:
     from vllm.distributed.utils import stateless_destroy_torch_distributed_process_group
 
@@ -74,10 +114,11 @@ class Bucket:
     params: list[list[Any]]  # [name, dtype name, shape, segment, offset, nbytes] per parameter
     segs: list[torch.Tensor]  # uint8 [bytes] each: a large parameter's own bytes, or packed small ones
 
-    def header(self, version: int) -> bytes:
-        return json.dumps(
-            {"version": version, "segs": [s.numel() for s in self.segs], "params": self.params}, separators=(",", ":")
-        ).encode()
+    def header(self, version: int, at: list[int] | None = None) -> bytes:
+        h = {"version": version, "segs": [s.numel() for s in self.segs], "params": self.params}
+        if at is not None:
+            h["at"] = at
+        return json.dumps(h, separators=(",", ":")).encode()
 
 
 def wire_dtype_of(t: torch.Tensor, wire_dtype: torch.dtype | None) -> torch.dtype:
@@ -168,28 +209,40 @@ def broadcast_send(
     bucket_bytes: int,
     wire_dtype: torch.dtype | None,
     device: torch.device,
+    region: SharedRegion | None = None,
 ) -> tuple[int, int]:
-    """Root side: stream all parameters; returns (parameters sent, bytes sent) once every rank has them."""
+    """Root side: stream all parameters (through `region` where the group agreed on it); returns
+    (parameters sent, bytes sent) once every rank has them."""
     buckets = pack_buckets(named_tensors, bucket_bytes, wire_dtype, device)
-    cur = next(buckets, None)
-    header = cur.header(version) if cur is not None else None
-    in_flight = [pg.broadcast(_len_msg(version, header, device), 0)]
-    if header:
-        in_flight.append(pg.broadcast(_bytes_tensor(header, device), 0))
-    n_params = n_bytes = 0
-    while cur is not None:
-        works = [pg.broadcast(s, 0) for s in cur.segs]
-        nxt = next(buckets, None)  # materialize/convert the next bucket while this one is on the wire
-        header = nxt.header(version) if nxt is not None else None
-        works.append(pg.broadcast(_len_msg(version, header, device), 0))
+    offset = 0
+
+    def announce(b: Bucket | None) -> tuple[list[Any], bool]:
+        """L and H of bucket `b` (None: the end) on the wire, `b`'s bytes in the region first if they fit there."""
+        nonlocal offset
+        placed = region.put(b.segs, offset, ALIGN) if region is not None and b is not None else None
+        at = None
+        if placed is not None:
+            at, offset = placed
+        header = b.header(version, at) if b is not None else None
+        works = [pg.broadcast(_len_msg(version, header, device), 0)]
         if header:
             works.append(pg.broadcast(_bytes_tensor(header, device), 0))
+        return works, placed is not None
+
+    cur = next(buckets, None)
+    in_flight, shared = announce(cur)
+    n_params = n_bytes = 0
+    while cur is not None:
+        works = [] if shared else [pg.broadcast(s, 0) for s in cur.segs]
+        nxt = next(buckets, None)  # materialize/convert the next bucket while this one is on the wire
+        more, nxt_shared = announce(nxt)
+        works += more
         for w in in_flight:  # bucket i-1 done: at most two buckets' tensors are held
             w.wait()
         in_flight = works
         n_params += len(cur.params)
         n_bytes += sum(s.numel() for s in cur.segs)
-        cur = nxt
+        cur, shared = nxt, nxt_shared
     for w in in_flight:
         w.wait()
     return n_params, n_bytes
@@ -200,11 +253,13 @@ def broadcast_recv(
     device: torch.device,
     load: Callable[[list[tuple[str, torch.Tensor]]], Any],
     buffers: ReceiveBuffers | None = None,
+    region: SharedRegion | None = None,
 ) -> tuple[int, int]:
     """Receiver side: receive the stream and `load` each bucket's (name, tensor) list; returns (version, parameters).
 
     `buffers` reuses receive memory across syncs (see ReceiveBuffers); by default every
-    segment gets fresh memory.
+    segment gets fresh memory. A bucket whose header places it in the shared-memory file is
+    loaded from `region` (the group agreed on it in `join_group`).
     """
     buffers = buffers or ReceiveBuffers(device, reuse=False)
     index = 0
@@ -221,6 +276,10 @@ def broadcast_recv(
 
     def post(header: dict[str, Any]) -> tuple[list[torch.Tensor], list[Any]]:
         nonlocal index
+        if "at" in header:
+            if region is None:
+                raise RuntimeError("the trainer placed a bucket in shared memory this worker did not map")
+            return region.views(header["at"], header["segs"]), []
         segs = [buffers.get(index, j, n) for j, n in enumerate(header["segs"])]
         index += 1
         return segs, [pg.broadcast(s, 0) for s in segs]

@@ -28,6 +28,7 @@ The run's board carries the rest of the protocol (its keys are defined here and 
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import traceback
@@ -45,10 +46,11 @@ from rl_engine.sync.buckets import (
     broadcast_send,
     destroy_group,
     group_device,
-    init_group,
+    join_group,
     raw_broadcast,
     resolve_backend,
 )
+from rl_engine.sync.shm import SharedRegion
 
 ADDRESS_KEY = "sync-address"
 GO_KEY = "sync"
@@ -56,6 +58,7 @@ _NO_MORE = 1 << 62  # "abandon" this: the trainer sends nothing more
 SYNC_ERROR_GRACE_S = (
     5.0  # after a broadcast broke: how long a side waits for its peers' reports before naming the silent ones
 )
+log = logging.getLogger(__name__)
 _RPC_SLACK_S = 10.0  # the worker's own group timeout (collective.timeout_s) fires first; the RPC wait is the backstop
 
 
@@ -151,7 +154,13 @@ class CollectiveSender:
         self.wait_timeout_s = wait_timeout_s
         self._pg: Any = None
         self._device: torch.device | None = None
+        self._region: SharedRegion | None = None  # the group agreed on shared memory (rl_engine.sync.shm)
         self.last: SyncStats | None = None
+
+    @property
+    def transport(self) -> str | None:
+        """How the formed group moves the bytes: 'shared_memory' or 'stream' (None before connect)."""
+        return None if self._pg is None else "shared_memory" if self._region is not None else "stream"
 
     def connect(self, stop: StopSignal | None = None) -> None:
         """Publish the group's address, wait until every explorer is joining (a stop request ends
@@ -160,27 +169,46 @@ class CollectiveSender:
         if self._pg is None:
             sock = listen(self.c.host, self.c.port)
             port = sock.getsockname()[1]
-            self.board.post(ADDRESS_KEY, {"host": self.c.host, "port": port})
+            region = SharedRegion.create() if self.c.shared_memory and self.backend == "gloo" else None
+            self.board.post(ADDRESS_KEY, {"host": self.c.host, "port": port, "shm": region and region.path})
             try:
-                # Forming the group blocks in the store and cannot see the board: wait on the board first.
-                for i in range(self.num_explorers):
-                    what = f"explorer {i} to join the weight-sync group on {self.c.host}:{port}"
-                    self.board.wait(
-                        group_key(i), lambda m: m.get("port") == port, what=what, timeout_s=self.c.timeout_s, stop=stop
-                    )
-            except BaseException as e:
-                sock.close()
-                if isinstance(e, WaitTimeout):
-                    raise SyncError(self._not_formed(port, e)) from e
-                raise
-            try:
-                self._pg = init_group(
-                    self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, listen_socket=sock
-                )
-            except Exception as e:
-                raise SyncError(self._not_formed(port, e)) from e
+                self._form(sock, port, region, stop)
+            finally:
+                if region is not None:
+                    region.unlink()  # the members hold it open now; a killed run leaves nothing in /dev/shm
+                    if self._region is None:
+                        region.close()
             # Fixed here: a decoupled send runs in a thread of its own, whose current CUDA device is 0.
             self._device = group_device(self.backend, self.device)
+            log.info(
+                "weight-sync group of %d ranks formed on %s:%d (%s); the weights go %s",
+                self.world_size,
+                self.c.host,
+                port,
+                self.backend,
+                "through shared memory" if self._region is not None else "over the group's stream",
+            )
+
+    def _form(self, sock: socket.socket, port: int, region: SharedRegion | None, stop: StopSignal | None) -> None:
+        """Wait on the board for every explorer, then host the group and agree on its transport."""
+        try:
+            # Forming the group blocks in the store and cannot see the board: wait on the board first.
+            for i in range(self.num_explorers):
+                what = f"explorer {i} to join the weight-sync group on {self.c.host}:{port}"
+                self.board.wait(
+                    group_key(i), lambda m: m.get("port") == port, what=what, timeout_s=self.c.timeout_s, stop=stop
+                )
+        except BaseException as e:
+            sock.close()
+            if isinstance(e, WaitTimeout):
+                raise SyncError(self._not_formed(port, e)) from e
+            raise
+        try:
+            self._pg, self._region = join_group(
+                self.c.host, port, 0, self.world_size, self.backend, self.c.timeout_s, sock, region
+            )
+        except Exception as e:
+            raise SyncError(self._not_formed(port, e)) from e
 
     def _not_formed(self, port: int, e: BaseException) -> str:
         came = [
@@ -236,9 +264,12 @@ class CollectiveSender:
 
         try:
             # self._pg, never a local: a frame of the raised error must not keep the group open.
-            n, nbytes = broadcast_send(self._pg, source(), version, self.bucket_bytes, self.wire_dtype, self._device)
+            n, nbytes = broadcast_send(
+                self._pg, source(), version, self.bucket_bytes, self.wire_dtype, self._device, self._region
+            )
         except BaseException as e:
             pg, self._pg = self._pg, None
+            self._drop_region()
             _release(pg, e)
             del pg
             if e in source_error or not isinstance(e, Exception):
@@ -290,9 +321,15 @@ class CollectiveSender:
 
     def close(self) -> None:
         self.board.post(GO_KEY, {"abandon": _NO_MORE})  # explorers waiting to join are released
+        self._drop_region()
         if self._pg is not None:
             pg, self._pg = self._pg, None
             destroy_group(pg)
+
+    def _drop_region(self) -> None:
+        if self._region is not None:
+            region, self._region = self._region, None
+            region.close()
 
 
 class CollectiveReceiver:
@@ -338,6 +375,7 @@ class CollectiveReceiver:
                 self.world_size,
                 self.backend,
                 self.c.timeout_s,
+                addr.get("shm"),
                 timeout=self.c.timeout_s + _RPC_SLACK_S,
             )
         except EngineDiedError:

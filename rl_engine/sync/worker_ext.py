@@ -198,20 +198,35 @@ class RFTWorkerExtension:
     # ---- collective method
 
     def rft_join_group(
-        self, host: str, port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float
+        self,
+        host: str,
+        port: int,
+        rank_offset: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+        shm_path: str | None = None,
     ) -> int:
-        """Join the weight-sync group as rank `rank_offset + worker rank`; blocks until the group is complete."""
-        from rl_engine.sync.buckets import init_group
+        """Join the weight-sync group as rank `rank_offset + worker rank`; blocks until the group is
+        complete. `shm_path`: the trainer's shared-memory file (rl_engine.sync.shm), mapped if this
+        worker can open it; the group uses it only if every member could."""
+        from rl_engine.sync.buckets import join_group
+        from rl_engine.sync.shm import SharedRegion
 
         self.rft_leave_group()
         rank = rank_offset + self.rank
-        self._rft_pg = init_group(host, port, rank, world_size, backend, timeout_s)
+        region = SharedRegion.attach(shm_path) if shm_path and backend == "gloo" else None
+        self._rft_pg, self._rft_region = join_group(host, port, rank, world_size, backend, timeout_s, region=region)
         self._rft_backend = backend
         return rank
 
     def rft_leave_group(self) -> None:
         from rl_engine.sync.buckets import destroy_group
 
+        region = getattr(self, "_rft_region", None)
+        if region is not None:
+            self._rft_region = None
+            region.close()
         pg = getattr(self, "_rft_pg", None)
         if pg is not None:
             self._rft_pg = None
@@ -235,11 +250,11 @@ class RFTWorkerExtension:
         try:
             if self._rft_serves_adapter():  # an adapter: gathered, then installed (which copies it)
                 got: list[tuple[str, torch.Tensor]] = []
-                version, n = broadcast_recv(pg, device, got.extend)
+                version, n = broadcast_recv(pg, device, got.extend, region=self._rft_region)
                 self._rft_load(got)
             else:
                 with self._rft_reloading() as model:
-                    version, n = broadcast_recv(pg, device, model.load_weights, self._rft_buffers)
+                    version, n = broadcast_recv(pg, device, model.load_weights, self._rft_buffers, self._rft_region)
         except BaseException as e:
             # A broken broadcast leaves the group unusable. Closing it now (with the frames that hold
             # its pending works cleared) makes the other ranks' sockets close: they fail at once

@@ -173,6 +173,7 @@ def test_sync(tmp_path):
     assert r["smoke"] is True and r["largest_model"] == "0.3M"
     times = (
         "collective_s",
+        "collective_stream_s",
         "raw_broadcast_s",
         "reload_s",
         "reload_pack_s",
@@ -181,7 +182,7 @@ def test_sync(tmp_path):
         "checkpoint_s",
         "raw_io_s",
     )
-    ratios = ("collective_over_raw", "bound_over_raw", "checkpoint_over_raw")
+    ratios = ("collective_over_raw", "bound_over_raw", "checkpoint_over_raw", "collective_over_reload")
     has_keys(r, "params_M", "MB", "reload_other_s", *times, *ratios)
     for k in ("params_M", "MB", *times, *ratios):
         positive(r[k])

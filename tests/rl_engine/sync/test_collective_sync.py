@@ -21,14 +21,20 @@ CHANGED = 1e-2  # a real weight change moves logprobs by far more than this
 
 
 @pytest.mark.slow
-def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2, tmp_path):
+@pytest.mark.parametrize("shared_memory", [True, False], ids=["shared-memory", "stream"])
+def test_collective_sync_into_two_engines(shared_memory, tiny_model_dir, engine, engine2, tmp_path):
     cfg = make_config(
         tiny_model_dir,
         explorer={"count": 2, "engine": {"kv_cache_space_gib": 0.25}},
         synchronizer={
             "mode": "multi_explorer",
             "sync_method": "collective",
-            "collective": {"port": free_port(), "bucket_mb": 0.25, "timeout_s": 120},
+            "collective": {
+                "port": free_port(),
+                "bucket_mb": 0.25,
+                "timeout_s": 120,
+                "shared_memory": shared_memory,
+            },
         },
     )
     original = load_hf(tiny_model_dir)
@@ -43,6 +49,8 @@ def test_collective_sync_into_two_engines(tiny_model_dir, engine, engine2, tmp_p
     receivers = [build_weight_receiver(cfg, board, explorer_id=x) for x in (0, 1)]
     # Group formation: trainer and both explorers join concurrently from their own threads.
     run_concurrently(sender.connect, *[lambda r=r, e=e: r.connect(e) for r, e in zip(receivers, engines)])
+    # Both engines' workers run on this host and map the trainer's file: the group agreed on it.
+    assert sender.transport == ("shared_memory" if shared_memory else "stream")
     try:
         got = run_concurrently(
             lambda: (sender.prepare(1), sender.send(named_weights(trained), version=1)),

@@ -80,10 +80,12 @@ if role == "trainer":
             yield item
     s.send(weights(), 1)
 else:
-    from rl_engine.sync.buckets import broadcast_recv, init_group
+    from rl_engine.sync.buckets import broadcast_recv, join_group
+    from rl_engine.sync.shm import SharedRegion
     addr = board.wait(ADDRESS_KEY, lambda m: True, what="address", timeout_s=60)
     board.post(group_key(0), {"host": addr["host"], "port": addr["port"]})
-    pg = init_group(addr["host"], addr["port"], 1, 2, "gloo", c.timeout_s)
+    region = SharedRegion.attach(addr["shm"]) if addr.get("shm") else None
+    pg, region = join_group(addr["host"], addr["port"], 1, 2, "gloo", c.timeout_s, region=region)
     CollectiveReceiver(c, board, 0, 1, 1, 30).prepare(1)
     n = 0
     def load(params):
@@ -91,7 +93,7 @@ else:
         n += 1
         if n == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
-    broadcast_recv(pg, torch.device("cpu"), load)
+    broadcast_recv(pg, torch.device("cpu"), load, region=region)
 """
 
 
