@@ -61,13 +61,18 @@ class SharedRegion:
         except OSError:
             return None
 
+    @property
+    def size(self) -> int:
+        """Bytes the file holds now (reserved space)."""
+        return os.fstat(self._fd).st_size
+
     def _mapped(self, end: int) -> mmap.mmap | None:
         """A mapping of the whole file that covers bytes [0, end). Earlier mappings stay valid while
         views of them live (mmap keeps itself open for exported buffers)."""
         if end == 0:
             return self._map
         if self._map is None or len(self._map) < end:
-            size = os.fstat(self._fd).st_size
+            size = self.size
             if size < end:
                 raise ValueError(f"shared weights file {self.path} holds {size} bytes, a header asks for {end}")
             self._map = mmap.mmap(self._fd, size)
@@ -82,7 +87,7 @@ class SharedRegion:
             end = (end + s.numel() + align - 1) // align * align
         if self.full:
             return None
-        size = os.fstat(self._fd).st_size
+        size = self.size
         if size < end:
             try:
                 grown = (end + _GROW - 1) // _GROW * _GROW

@@ -84,7 +84,7 @@ def _receiver(
 
 def _in_region(region: SharedRegion, t: torch.Tensor) -> bool:
     base = region.views([0], [1])[0].data_ptr()
-    return base <= t.data_ptr() < base + os.fstat(region._fd).st_size
+    return base <= t.data_ptr() < base + region.size
 
 
 def _sender(tmp_path, port: int, explorers: int, wire=torch.float32, bucket_bytes=4096, **c) -> CollectiveSender:
