@@ -244,11 +244,7 @@ def _round(
 
     out = {}
     if sender is not None:
-        _timed(
-            lambda: sender.prepare(version), lambda: receiver.prepare(version)
-        )  # the board handshake, not timed: the transfer and load are
-        out["coll"] = _timed(lambda: sender.send(weights.items(), version), lambda: receiver.receive(engine))
-        assert engine.version == version
+        out["coll"] = _sync_once(engine, sender, receiver, weights, version)
         out["raw"] = _timed(lambda: sender.send_raw(sizes), lambda: receiver.receive_raw(engine, sizes))
     board = Board.at(ckpt_cfg.run_url)
     ck_sender, ck_receiver = build_weight_sender(ckpt_cfg, board), build_weight_receiver(ckpt_cfg, board)
@@ -264,15 +260,18 @@ def _round(
     return out
 
 
+def _sync_once(engine, sender, receiver, weights, version: int) -> float:
+    """Seconds of one collective sync of `version`: the transfer and the load (the board handshake
+    before it is not timed)."""
+    _timed(lambda: sender.prepare(version), lambda: receiver.prepare(version))
+    seconds = _timed(lambda: sender.send(weights.items(), version), lambda: receiver.receive(engine))
+    assert engine.version == version
+    return seconds
+
+
 def _stream_rounds(engine, sender, receiver, weights, repeats: int, version: int) -> list[float]:
     """Seconds of `repeats` collective syncs (after one dropped warm-up) from versions `version` on."""
-    times = []
-    for i in range(repeats + 1):
-        v = version + i
-        _timed(lambda: sender.prepare(v), lambda: receiver.prepare(v))
-        times.append(_timed(lambda: sender.send(weights.items(), v), lambda: receiver.receive(engine)))
-        assert engine.version == v
-    return times[1:]
+    return [_sync_once(engine, sender, receiver, weights, version + i) for i in range(repeats + 1)][1:]
 
 
 def _profile_reload(engine, weights: dict[str, torch.Tensor], d: str) -> dict[str, float]:

@@ -79,16 +79,17 @@ def join_group(
     """`init_group`, then (gloo) the members agree on the transport: `region` (this member's
     mapping of the trainer's shared-memory file, None where it has none) is kept only if every
     member has one; otherwise it is closed and the group streams. Returns (group, region or None)."""
-    pg = init_group(host, port, rank, world_size, backend, timeout_s, listen_socket)
-    if backend != "gloo":
-        return pg, None
-    flag = torch.tensor([int(region is not None)], dtype=torch.int64)  # [1]
-    pg.allreduce([flag], _min_op()).wait()
-    if flag.item() == 1:
-        return pg, region
-    if region is not None:
-        region.close()
-    return pg, None
+    agreed = False
+    try:
+        pg = init_group(host, port, rank, world_size, backend, timeout_s, listen_socket)
+        if backend == "gloo":
+            flag = torch.tensor([int(region is not None)], dtype=torch.int64)  # [1]
+            pg.allreduce([flag], _min_op()).wait()
+            agreed = flag.item() == 1
+    finally:
+        if region is not None and not agreed:  # a failed join, or a member without the file
+            region.close()
+    return pg, region if agreed else None
 
 
 def _min_op() -> Any:
@@ -227,7 +228,7 @@ def broadcast_send(
         works = [pg.broadcast(_len_msg(version, header, device), 0)]
         if header:
             works.append(pg.broadcast(_bytes_tensor(header, device), 0))
-        return works, placed is not None
+        return works, at is not None
 
     cur = next(buckets, None)
     in_flight, shared = announce(cur)

@@ -176,7 +176,7 @@ class CollectiveSender:
             finally:
                 if region is not None:
                     region.unlink()  # the members hold it open now; a killed run leaves nothing in /dev/shm
-                    if self._region is None:
+                    if self._region is None:  # no group, or one without it (join_group closed it then)
                         region.close()
             # Fixed here: a decoupled send runs in a thread of its own, whose current CUDA device is 0.
             self._device = group_device(self.backend, self.device)

@@ -81,12 +81,12 @@ class SharedRegion:
     def put(self, segs: list[torch.Tensor], offset: int, align: int) -> tuple[list[int], int] | None:
         """Copy uint8 segments into the file from `offset` (each at an `align`-byte boundary);
         returns their offsets and the next free offset, or None when the file cannot grow to hold them."""
+        if self.full:
+            return None
         at, end = [], offset
         for s in segs:
             at.append(end)
             end = (end + s.numel() + align - 1) // align * align
-        if self.full:
-            return None
         size = self.size
         if size < end:
             try:
