@@ -246,6 +246,8 @@ def broadcast_send(
         cur, shared = nxt, nxt_shared
     for w in in_flight:
         w.wait()
+    if region is not None:
+        region.settle()
     return n_params, n_bytes
 
 
@@ -298,6 +300,8 @@ def broadcast_recv(
         load(params)
         n_params += len(params)
         header = nxt
+    if region is not None:
+        region.settle()
     return version, n_params
 
 

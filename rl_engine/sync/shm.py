@@ -12,7 +12,8 @@ The file lives in /dev/shm (tmpfs), is created by the trainer with a random name
 receiver while it joins, and unlinked by the trainer as soon as the group formed: the open
 descriptors and mappings keep it alive, and nothing is left behind when a side is killed. Space
 is reserved with posix_fallocate before a byte is written (a write into an unbacked tmpfs page
-would be a SIGBUS), and a bucket that does not fit goes over the stream instead.
+would be a SIGBUS), and a bucket that does not fit goes over the stream instead. The file grows
+during the first version; after it each side maps all of it once more, populated (`settle`).
 
 Reuse across syncs: version v+1's bytes overwrite version v's. The collective handshake makes that
 safe: the trainer writes only after every explorer asked for v+1 (`CollectiveSender.prepare`),
@@ -40,6 +41,7 @@ class SharedRegion:
     def __init__(self, path: str, fd: int):
         self.path, self._fd = path, fd
         self._map: mmap.mmap | None = None
+        self._settled = 0  # the file's size when `settle` last mapped all of it
         self.full = False  # a reservation failed: later puts return None (the stream carries the rest)
 
     @classmethod
@@ -105,6 +107,18 @@ class SharedRegion:
         for s, off in zip(segs, at, strict=True):
             _view(mapped, off, s.numel()).copy_(s)
         return at, end
+
+    def settle(self) -> None:
+        """Once a version is through: if the file grew during it, map all of it again with every page
+        mapped in at once (MAP_POPULATE). The version went in through mappings of the file as it grew;
+        without this the next one, through the newest mapping, takes a page fault on each page an
+        older mapping reached, on both sides: in a SmolLM2 run on a 2-core VM that made the second
+        sync about 0.5 s slower than the later ones."""
+        size = self.size if self._fd >= 0 else 0
+        if size in (0, self._settled):
+            return
+        self._map = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        self._settled = size
 
     def views(self, at: list[int], sizes: list[int]) -> list[torch.Tensor]:
         """uint8 views [bytes] of the segments at these offsets (no copy)."""
