@@ -25,6 +25,12 @@ class TrainerConfig(_Model):
         ge=1,
         description="Experiences per forward/backward pass (gradient accumulation makes up the rest); the batch's rows are sorted by length before they are cut, and each pass runs only up to its longest row.",
     )
+    share_prompts: bool = Field(
+        default=True,
+        description="Run a group's shared prompt once per micro-batch, each row only its own tokens after it (attending to the prompt's cached keys "
+        "and values), and keep a group's rows in the same micro-batches: the same logprobs and gradients as whole rows, to rounding. "
+        "Applies to the policy loss of models whose logits are lm_head of the last hidden state (llama, qwen2, qwen3, mistral) and full attention; false: whole rows.",
+    )
     lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")

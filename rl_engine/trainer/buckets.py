@@ -23,16 +23,24 @@ class MicroBatch:
     length: int  # positions this micro-batch runs: its longest row
 
 
-def micro_batches(attention: Tensor, size: int) -> list[MicroBatch]:
+def micro_batches(attention: Tensor, size: int, group: Tensor | None = None) -> list[MicroBatch]:
     """The micro-batches of a batch whose real tokens are `attention` [B, L] (1s then 0s per row).
     A batch of one micro-batch runs as it is: sorting it saves nothing, and it keeps the order of
     the loss's sums, so a seeded run of one micro-batch a step (the demo's SFT warm start) stays
-    bit for bit what it was."""
+    bit for bit what it was. With `group` [B] (the rows' groups, whose prompts the trainer runs
+    once per micro-batch: rl_engine.trainer.prefix) a group's rows stay together: groups longest
+    first, each group's rows longest first."""
     lengths = attention.sum(-1)  # [B]
     if len(lengths) <= size:
         order = torch.arange(len(lengths), device=lengths.device)  # [B]
     else:
         order = torch.argsort(lengths, descending=True, stable=True)  # [B]
+        if group is not None:
+            local = torch.unique(group, return_inverse=True)[1]  # [B]
+            longest = torch.zeros(int(local.max()) + 1, dtype=lengths.dtype, device=lengths.device)
+            longest = longest.scatter_reduce(0, local, lengths, reduce="amax")  # [G]
+            order = order[torch.argsort(local[order], stable=True)]  # by group, longest row first within
+            order = order[torch.argsort(longest[local[order]], descending=True, stable=True)]  # longest group first
     return [
         MicroBatch(rows, int(lengths[rows].max())) for rows in (order[i : i + size] for i in range(0, len(order), size))
     ]

@@ -42,6 +42,7 @@ from rl_engine.trainer import buckets, lora
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
 from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS, head_logprobs, plain_lm_head
+from rl_engine.trainer.prefix import full_attention, share_plan
 from rl_engine.trainer.settings import TrainerSettings
 
 Batch = dict[str, Tensor]
@@ -89,6 +90,8 @@ class DeepSpeedTrainer:
         )
         # None: full [b, L, V] logits (models not known to be lm_head(hidden); tests compare the two)
         self.logits_chunk_tokens: int | None = LOGITS_CHUNK_TOKENS if plain_lm_head(self.engine.module) else None
+        # a group's prompt once per micro-batch (rl_engine.trainer.prefix): the chunked head's path only
+        self.share_prompts = s.share_prompts and full_attention(self.engine.module)
 
     # ---------------------------------------------------------------- setup
 
@@ -194,8 +197,8 @@ class DeepSpeedTrainer:
                 f"train batch has {n} rows; this rank trains {self.local_batch_size} per step (train_batch_size / world size)"
             )
         mask = b["mask"]
-        mbs = buckets.micro_batches(b["attention_mask"], self.micro_batch_size)
-        counts = self._batch_counts(mask, b["attention_mask"], buckets.positions(mbs))
+        (positions, attended), mbs = self._micro_batches(b)
+        counts = self._batch_counts(mask, positions, attended)
         sums: dict[str, float] = {}
         grad_norm = float("nan")
         lr = float(self.engine.get_lr()[0])  # the rate this step uses (the scheduler moves it after)
@@ -221,8 +224,8 @@ class DeepSpeedTrainer:
             "grad_norm": grad_norm,
             "lr": lr,
             "tokens": counts["tokens"] * self.world,
-            # the batch as the model runs it: positions (rows x padded length) and the real tokens
-            # among them (prompt and response), whole batch: padding's share of the step's compute
+            # the batch as the decoder runs it, whole batch: positions (rows x padded length, a shared
+            # prompt once) and the real tokens among them: padding's share of the step's compute
             "positions": counts["positions"] * self.world,
             "attended": counts["attended"] * self.world,
             "version": float(self.version),
@@ -236,18 +239,40 @@ class DeepSpeedTrainer:
                 out[{"clipped": "clip_frac", "is_weight": "is_weight_mean"}.get(k, k + "_frac")] = out.pop(k)
         return out
 
-    def _batch_counts(self, mask: Tensor, attention: Tensor, positions: int) -> dict[str, float]:
+    def _micro_batches(self, b: Batch) -> tuple[tuple[int, int], list[buckets.MicroBatch]]:
+        """The step's micro-batches, rows by length or, where the trainer shares prompts, a group's
+        rows together if that runs fewer positions (it does when a group's rows share a prompt);
+        with the decoder's (positions, real tokens) of them."""
+        group = self._groups(b)
+        by_length = buckets.micro_batches(b["attention_mask"], self.micro_batch_size)
+        plans = [(self._decoder_counts(b, by_length, group), by_length)]
+        if group is not None:
+            by_group = buckets.micro_batches(b["attention_mask"], self.micro_batch_size, group)
+            plans.append((self._decoder_counts(b, by_group, group), by_group))
+        return min(plans, key=lambda plan: plan[0][0])  # the first of the fewest positions
+
+    def _decoder_counts(self, b: Batch, mbs: list[buckets.MicroBatch], group: Tensor | None) -> tuple[int, int]:
+        """(positions the decoder runs over the micro-batches, the real tokens among them): rows x
+        trimmed length, or where a group's prompt runs once, that prompt once and each row's own rest."""
+        positions = attended = 0
+        for mb in mbs:
+            am = b["attention_mask"][mb.rows, : mb.length]  # [b, l]
+            plan = None if group is None else share_plan(b["input_ids"][mb.rows, : mb.length], am, group[mb.rows])
+            p, a = plan.counts() if plan is not None else (am.numel(), int(am.sum()))
+            positions, attended = positions + p, attended + a
+        return positions, attended
+
+    def _batch_counts(self, mask: Tensor, positions: int, attended: int) -> dict[str, float]:
         """Trained tokens and sequences of the whole batch (all ranks) / world size: DeepSpeed
         averages the ranks' gradients, so each rank's loss sum over this gives the whole batch's
-        mean, whatever each rank's share of the tokens. Also the positions the model runs (of
-        the length-bucketed micro-batches) and the attended (non-padding) tokens, the same way
-        (metrics only)."""
+        mean, whatever each rank's share of the tokens. Also the positions the decoder runs and
+        the real (non-padding) tokens among them (`_decoder_counts`), the same way (metrics only)."""
         counts = torch.stack(
             [
                 mask.sum().double(),
                 (mask.sum(-1) > 0).sum().double(),
                 torch.tensor(float(positions), dtype=torch.float64, device=mask.device),
-                attention.sum().double(),
+                torch.tensor(float(attended), dtype=torch.float64, device=mask.device),
             ]
         )  # [4]
         if self.world > 1:
@@ -274,7 +299,13 @@ class DeepSpeedTrainer:
         # response's row, and skipping it made the SmolLM2 step 20% faster (bench.real). Untrained
         # positions take the old logprobs (ratio 1); mask zeroes them in the loss anyway.
         logp, ent = self._token_logprobs(
-            self.engine.module, self.engine, mb["input_ids"], mb["attention_mask"], self.temperature, mask
+            self.engine.module,
+            self.engine,
+            mb["input_ids"],
+            mb["attention_mask"],
+            self.temperature,
+            mask,
+            group=self._groups(mb),
         )  # [b, L] x 2
         logp = torch.where(mask > 0, logp, mb["old_logprobs"])  # [b, L]
         out = policy_loss(
@@ -363,10 +394,16 @@ class DeepSpeedTrainer:
         temperature: float,
         mask: Tensor | None,
         entropy: bool = True,
+        group: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """(logprobs [b, L] with grad, entropy [b, L] without) of ids under `model` run by `forward`
-        (rl_engine.trainer.head: chunked output head, or full logits when `logits_chunk_tokens` is None)."""
-        return head_logprobs(model, forward, ids, am, temperature, self.logits_chunk_tokens, mask, entropy)
+        (rl_engine.trainer.head: chunked output head, or full logits when `logits_chunk_tokens` is None;
+        `group` [b]: each group's shared prompt runs once)."""
+        return head_logprobs(model, forward, ids, am, temperature, self.logits_chunk_tokens, mask, entropy, group)
+
+    def _groups(self, b: Batch) -> Tensor | None:
+        """The rows' groups [b] where the trainer runs each group's shared prompt once (policy steps)."""
+        return b.get("group_index") if self.share_prompts and self.logits_chunk_tokens is not None else None
 
     # ---------------------------------------------------------------- weights and state
 

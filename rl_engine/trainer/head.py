@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from rl_engine.algorithms import chunked_head_logprobs, chunked_token_logprobs, token_entropy, token_logprobs
+from rl_engine.trainer.prefix import decoder_output, shared_prefix_hidden
 
 # Positions per chunk of the output projection (`chunked_token_logprobs`): with a 49k vocabulary,
 # 512 x 49152 float32 = 100 MB per [chunk, V] tensor, instead of [b, L, V] ones.
@@ -35,9 +36,12 @@ def head_logprobs(
     chunk_tokens: int | None,
     mask: Tensor | None,
     entropy: bool = True,
+    group: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(logprobs [b, L] with grad, entropy [b, L] without) of ids under `model`, which `forward`
     runs (the DeepSpeed engine for the policy: its forward, hooks included, stays in the path).
+    `group` [b] (chunked path only): the rows' groups, whose shared prompts run once
+    (rl_engine.trainer.prefix).
 
     Chunked path: the whole model runs with no logits (`logits_to_keep` an empty index), a hook
     takes the decoder's last hidden state, and the output projection goes through it
@@ -52,7 +56,10 @@ def head_logprobs(
         with torch.no_grad():
             ent = token_entropy(logits.detach(), temperature) if entropy else torch.zeros_like(logp)  # [b, L]
         return logp, ent
-    hidden = final_hidden(model, forward, ids, am)  # [b, L, H]
+    if group is None:
+        hidden = final_hidden(model, forward, ids, am)  # [b, L, H]
+    else:
+        hidden = shared_prefix_hidden(model, forward, ids, am, group)  # [b, L, H]
     head = model.get_output_embeddings()
     if hasattr(head.weight, "ds_id"):  # ZeRO-3
         return chunked_head_logprobs(hidden, head, ids, temperature, chunk_tokens, mask)
@@ -73,18 +80,5 @@ def plain_lm_head(model: torch.nn.Module) -> bool:
 
 def final_hidden(model: torch.nn.Module, forward: Callable[..., Any], ids: Tensor, am: Tensor) -> Tensor:
     """The decoder's last hidden state [b, L, H] (after the final norm: what lm_head reads), from
-    a forward of the whole model that computes no logits (`logits_to_keep` = no position).
-
-    The whole model rather than its decoder alone: under ZeRO-3 DeepSpeed's forward pre-hook on
-    the root module starts each step's parameter-fetch trace; calling `model.model` directly
-    would skip it.
-    """
-    got: list[Tensor] = []
-    hook = model.get_decoder().register_forward_hook(
-        lambda _m, _a, out: got.append(out[0] if isinstance(out, tuple) else out.last_hidden_state)
-    )
-    try:
-        forward(input_ids=ids, attention_mask=am, logits_to_keep=torch.zeros(0, dtype=torch.long, device=ids.device))
-    finally:
-        hook.remove()
-    return got[-1]
+    a forward of the whole model that computes no logits (`decoder_output`)."""
+    return decoder_output(model, forward, input_ids=ids, attention_mask=am)[0]

@@ -42,6 +42,10 @@ class TrainerSettings(BaseModel):
     micro_batch_size: int = Field(
         ge=1, description="Experiences per forward/backward pass on one rank; gradient accumulation makes up the rest."
     )
+    share_prompts: bool = Field(
+        default=_default(TrainerConfig, "share_prompts"),
+        description="Run each group's shared prompt once per micro-batch (rl_engine.trainer.prefix) where the model allows it.",
+    )
     lr: float = Field(gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
     betas: tuple[float, float] = Field(default=_default(TrainerConfig, "betas"), description="AdamW betas.")
     weight_decay: float = Field(
@@ -99,6 +103,7 @@ def trainer_settings(cfg: RFTConfig, local_device: int = 0) -> TrainerSettings:
         seed=cfg.seed,
         train_batch_size=t.train_batch_size or cfg.resolved().trainer.train_batch_size,
         micro_batch_size=t.micro_batch_size,
+        share_prompts=t.share_prompts,
         lr=t.lr,
         betas=t.betas,
         weight_decay=t.weight_decay,

@@ -32,6 +32,7 @@ def test_chunked_head_step_equals_full_logits_step(tiny_model_dir, zero_stage):
         tr = build_trainer(trainer_settings(cfg))
         assert tr.logits_chunk_tokens == LOGITS_CHUNK_TOKENS  # the tiny model is a Qwen2: chunked by default
         tr.logits_chunk_tokens = chunk
+        tr.share_prompts = False  # the chunked head alone (tests/rl_engine/trainer/test_prefix.py: the two together)
         batch = build(tr)
         lp = tr.compute_logprobs(batch)  # [B, L], every position
         steps = [tr.train_step(batch), tr.train_step(batch), tr.sft_step(make_batch(seed=1))]

@@ -30,6 +30,19 @@ def test_rows_sorted_longest_first_each_trimmed_to_its_longest():
     assert whole.rows.tolist() == [0, 1, 2, 3, 4] and whole.length == 9 and positions([whole]) == am.numel()
 
 
+def test_a_groups_rows_stay_together_longest_group_first():
+    """With the rows' groups (the trainer runs a group's shared prompt once per micro-batch): groups
+    ordered by their longest row, each group's rows longest first, then cut as before."""
+    am = _attention([3, 9, 5, 4, 6, 2], width=9)
+    group = torch.tensor([7, 7, 7, 3, 3, 3])  # group 7 holds the longest row
+    mbs = micro_batches(am, 2, group)
+    assert [mb.rows.tolist() for mb in mbs] == [[1, 2], [0, 4], [3, 5]]
+    assert [mb.length for mb in mbs] == [9, 6, 4]
+    assert [mb.rows.tolist() for mb in micro_batches(am, 3, group)] == [[1, 2, 0], [4, 3, 5]]  # whole groups
+    [whole] = micro_batches(am, 6, group)  # one micro-batch: as it is
+    assert whole.rows.tolist() == [0, 1, 2, 3, 4, 5]
+
+
 def test_take_trims_position_tensors_and_keeps_row_tensors():
     am = _attention([3, 9, 5], width=9)
     b = {"attention_mask": am, "ids": torch.arange(27).view(3, 9), "rewards": torch.tensor([0.0, 1.0, 2.0])}

@@ -1,6 +1,7 @@
 """rft's trainer step against the reference GRPO step (bench/reference.py) on one batch.
 
-The same batch (3 groups of 4, ragged response lengths 1-7, a group whose rewards are all equal,
+The same batch (3 groups of 4, each group's rows one prompt, which rft's trainer runs once per
+micro-batch (rl_engine.trainer.prefix), ragged response lengths 1-7, a group whose rewards are all equal,
 an environment span inside one response masked out of the loss, behavior logprobs off the policy
 by row-dependent noise so that some ratios clip) and the same starting weights (the tests' tiny
 model) go through `DeepSpeedTrainer.train_step` and `ReferenceTrainer.step`, for every loss type
@@ -53,6 +54,7 @@ def same_batch(trainer) -> dict[str, torch.Tensor]:
     rows, length = len(RESPONSE_LENS), PROMPT_LEN + max(RESPONSE_LENS)
     g = torch.Generator().manual_seed(11)
     ids = torch.randint(3, 200, (rows, length), generator=g)  # [B, L]
+    ids[:, :PROMPT_LEN] = ids[torch.arange(rows) // 4 * 4, :PROMPT_LEN]  # a group's rows answer one prompt
     am = torch.zeros(rows, length, dtype=torch.long)
     lm = torch.zeros(rows, length)
     for b, n in enumerate(RESPONSE_LENS):
@@ -172,6 +174,7 @@ def test_rft_step_equals_reference_step(tiny_model_dir, loss, micro):
     """Each loss type with the config's token-mean aggregation and GRPO advantages."""
     cfg, batch, m, grads, weights = rft_step(tiny_model_dir, {"loss": LOSSES[loss], "aggregation": "token-mean"}, micro)
     ref, ref_weights = reference_step(tiny_model_dir, cfg, batch, micro)
+    assert m["attended"] < int(batch["attention_mask"].sum())  # rft ran a group's prompt once per micro-batch
     d = assert_same_step(cfg, m, grads, weights, ref, ref_weights, clipping=loss != "kimi")
     print(f"{loss} x{12 // micro}: loss {m['loss']:.7g} vs {ref['loss']:.7g}, {d}")
 
