@@ -87,7 +87,7 @@ def rft_step(model_dir: str, algorithm: dict, micro: int):
         model_dir,
         algorithm={"repeat_times": 4, **algorithm},
         explorer={"batch_size": 3, "sampling": {"temperature": TEMPERATURE}},
-        trainer={"micro_batch_size": micro, "lr": LR, "warmup_steps": 2, "grad_clip": 1.0},
+        trainer={"micro_batch_size": micro, "lr": LR, "warmup_steps": 2, "grad_clip": 1.0, "share_prompts": True},
     )
     tr = build_trainer(trainer_settings(cfg))
     batch = same_batch(tr)
