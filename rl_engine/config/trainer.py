@@ -28,7 +28,7 @@ class TrainerConfig(_Model):
     share_prompts: bool = Field(
         default=False,
         description="Run a group's shared prompt once per micro-batch, each row only its own tokens after it (attending to the prompt's cached keys "
-        "and values), and keep a group's rows in the same micro-batches: the same logprobs and gradients as whole rows, to rounding. "
+        "and values), and keep a group's rows in the same micro-batches where that runs fewer positions: the same logprobs and gradients as whole rows, to rounding. "
         "Applies to the policy loss of models whose logits are lm_head of the last hidden state (llama, qwen2, qwen3, mistral) and full attention; false: whole rows.",
     )
     lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")

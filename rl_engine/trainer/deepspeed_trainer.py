@@ -258,7 +258,7 @@ class DeepSpeedTrainer:
         for mb in mbs:
             am = b["attention_mask"][mb.rows, : mb.length]  # [b, l]
             plan = None if group is None else share_plan(b["input_ids"][mb.rows, : mb.length], am, group[mb.rows])
-            p, a = plan.counts() if plan is not None else (am.numel(), int(am.sum()))
+            p, a = plan.counts() if plan is not None else (buckets.positions([mb]), int(am.sum()))
             positions, attended = positions + p, attended + a
         return positions, attended
 
