@@ -26,7 +26,7 @@ class TrainerConfig(_Model):
         description="Experiences per forward/backward pass (gradient accumulation makes up the rest); the batch's rows are sorted by length before they are cut, and each pass runs only up to its longest row.",
     )
     share_prompts: bool = Field(
-        default=False,
+        default=True,
         description="Run a group's shared prompt once per micro-batch, each row only its own tokens after it (attending to the prompt's cached keys "
         "and values), and keep a group's rows in the same micro-batches where that runs fewer positions: the same logprobs and gradients as whole rows, to rounding. "
         "Applies to the policy loss of models whose logits are lm_head of the last hidden state (llama, qwen2, qwen3, mistral) and full attention; false: whole rows.",
