@@ -29,7 +29,7 @@ class TrainerConfig(_Model):
         default=True,
         description="Run a group's shared prompt once per micro-batch, each row only its own tokens after it (attending to the prompt's cached keys "
         "and values), and keep a group's rows in the same micro-batches where that runs fewer positions: the same logprobs and gradients as whole rows, to rounding. "
-        "Applies to the policy loss of models whose logits are lm_head of the last hidden state (llama, qwen2, qwen3, mistral) and full attention; false: whole rows.",
+        "Applies to the policy loss and the logprob passes (a recomputed proximal policy, the KL reference) of models whose logits are lm_head of the last hidden state (llama, qwen2, qwen3, mistral) and full attention, and not to ZeRO-3 on several ranks (whose ranks must run the same forwards); false: whole rows.",
     )
     lr: float = Field(default=1e-5, gt=0.0, lt=1.0, description="Peak learning rate (AdamW).")
     weight_decay: float = Field(default=0.0, ge=0.0, description="AdamW weight decay.")

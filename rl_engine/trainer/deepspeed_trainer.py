@@ -42,7 +42,7 @@ from rl_engine.trainer import buckets, lora
 from rl_engine.trainer import checkpoint as ckpt
 from rl_engine.trainer.dist import accelerator_device, ensure_dist_env, preload_deepspeed_ops
 from rl_engine.trainer.head import LOGITS_CHUNK_TOKENS, head_logprobs, plain_lm_head
-from rl_engine.trainer.prefix import full_attention, share_plan
+from rl_engine.trainer.prefix import can_share_prompts, share_plan
 from rl_engine.trainer.settings import TrainerSettings
 
 Batch = dict[str, Tensor]
@@ -91,7 +91,7 @@ class DeepSpeedTrainer:
         # None: full [b, L, V] logits (models not known to be lm_head(hidden); tests compare the two)
         self.logits_chunk_tokens: int | None = LOGITS_CHUNK_TOKENS if plain_lm_head(self.engine.module) else None
         # a group's prompt once per micro-batch (rl_engine.trainer.prefix): the chunked head's path only
-        self.share_prompts = s.share_prompts and full_attention(self.engine.module)
+        self.share_prompts = s.share_prompts and can_share_prompts(self.engine.module, s.zero_stage, self.world)
 
     # ---------------------------------------------------------------- setup
 
@@ -367,13 +367,17 @@ class DeepSpeedTrainer:
 
     def _logprobs_with(self, model: torch.nn.Module, forward: Callable[..., Any], batch: Batch) -> Tensor:
         """Logprobs [B, L] of every real position (not only the trained ones: callers compare them
-        with the explorer's), micro-batch by micro-batch; 0 past the length a row's micro-batch runs."""
-        ids = batch["input_ids"].to(self.device)  # [B, L]
-        am = batch["attention_mask"].to(self.device)  # [B, L]
+        with the explorer's), micro-batch by micro-batch as a step runs them (a group's prompt once where
+        the trainer shares prompts); 0 past the length a row's micro-batch runs."""
+        b = self._to_device(
+            {k: batch[k] for k in ("input_ids", "attention_mask", "group_index") if k in batch},
+            required=("input_ids", "attention_mask"),
+        )
+        ids, am, group = b["input_ids"], b["attention_mask"], self._groups(b)  # [B, L], [B, L], [B] or None
         if self.settings.lora is not None:
             model.eval()  # no adapter dropout in logprobs compared with the explorer's (_run_step sets train again)
         out = torch.zeros(ids.shape, dtype=torch.float32, device=self.device)  # [B, L]; 0 past each row's bucket
-        for mb in buckets.micro_batches(am, self.micro_batch_size):
+        for mb in self._micro_batches(b)[1]:
             out[mb.rows, : mb.length] = self._token_logprobs(
                 model,
                 forward,
@@ -382,6 +386,7 @@ class DeepSpeedTrainer:
                 self.temperature,
                 None,
                 entropy=False,
+                group=None if group is None else group[mb.rows],
             )[0].float()  # [b, l]
         return out
 

@@ -33,6 +33,14 @@ def full_attention(model: torch.nn.Module) -> bool:
     return getattr(cfg, "sliding_window", None) is None or getattr(cfg, "use_sliding_window", True) is False
 
 
+def can_share_prompts(model: torch.nn.Module, zero_stage: int, world: int) -> bool:
+    """True when a trainer of `model` on `world` data-parallel ranks at `zero_stage` may run a
+    group's prompt once: full attention, and not ZeRO-3 on several ranks, which gathers each
+    layer's weights collectively in that layer's forward, so every rank must run as many forwards
+    while a rank's plan depends on its own rows."""
+    return full_attention(model) and not (zero_stage == 3 and world > 1)
+
+
 @dataclass(frozen=True)
 class SharedPrompts:
     """How a micro-batch runs with its groups' shared prefixes (`share_plan`)."""

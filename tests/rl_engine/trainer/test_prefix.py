@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rl_engine.trainer.head import final_hidden
-from rl_engine.trainer.prefix import share_plan, shared_prefix_hidden
+from rl_engine.trainer.prefix import can_share_prompts, share_plan, shared_prefix_hidden
 
 
 def _rows(groups: list[tuple[int, list[int]]], vocab: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -101,6 +101,16 @@ def test_nothing_to_share_runs_the_rows_as_they_are():
     assert share_plan(ids, torch.ones_like(ids), torch.tensor([1, 1])) is None
 
 
+def test_prompts_are_shared_only_where_every_rank_may_run_its_own_forwards(model):
+    """ZeRO-3 gathers a layer's weights collectively in that layer's forward: on several ranks every
+    rank must run as many forwards, so a group's prompt runs once there only on one rank; a
+    sliding window's cache would not hold a long prompt's keys."""
+    assert can_share_prompts(model, zero_stage=3, world=1) and can_share_prompts(model, zero_stage=2, world=2)
+    assert not can_share_prompts(model, zero_stage=3, world=2)
+    model.config.sliding_window, model.config.use_sliding_window = 4, True
+    assert not can_share_prompts(model, zero_stage=0, world=1)
+
+
 SHARED_CASES = {
     "zero-0": {},
     "zero-3": {"trainer": {"zero_stage": 3}},
@@ -110,17 +120,20 @@ SHARED_CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SHARED_CASES.values(), ids=SHARED_CASES.keys())
-def test_trainer_step_sharing_prompts_equals_whole_rows(tiny_model_dir, case):
+def test_trainer_step_sharing_prompts_equals_whole_rows(tiny_model_dir, case, monkeypatch):
     """Two GRPO steps (KL on, ratios off 1) of the DeepSpeed trainer on a batch whose groups share
     their prompts, micro-batches of 2 rows: with `trainer.share_prompts` the decoder runs fewer
     positions, and the metrics and updated weights are whole rows' (fp32 rounding: the chunked
-    head test's tolerances)."""
+    head test's tolerances); so are the logprobs of `compute_logprobs`, which shares them too."""
     from trainer_helpers import grpo_case, make_batch, make_cfg
 
-    from rl_engine.trainer import build_trainer, trainer_settings
+    from rl_engine.trainer import build_trainer, head, trainer_settings
 
+    shared_runs = []
+    real = head.shared_prefix_hidden
+    monkeypatch.setattr(head, "shared_prefix_hidden", lambda *a: shared_runs.append(1) or real(*a))
     algo, _ = grpo_case()
-    runs = {}
+    runs, logprobs = {}, {}
     for share in (False, True):
         sections = {**case, "trainer": {**case.get("trainer", {}), "share_prompts": share}}
         tr = build_trainer(trainer_settings(make_cfg(tiny_model_dir, algorithm=algo, **sections)))
@@ -128,10 +141,14 @@ def test_trainer_step_sharing_prompts_equals_whole_rows(tiny_model_dir, case):
         batch["input_ids"][1, :6] = batch["input_ids"][0, :6]  # groups (0, 0, 1, 1): one prompt each
         batch["input_ids"][3, :6] = batch["input_ids"][2, :6]
         noise = torch.randn(batch["loss_mask"].shape, generator=torch.Generator().manual_seed(5))
-        batch["behavior_logprobs"] = (tr.compute_logprobs(batch).cpu() - 0.3 * noise.abs()) * batch["loss_mask"]
+        shared_runs.clear()
+        logprobs[share] = tr.compute_logprobs(batch).cpu()  # [B, L]
+        assert bool(shared_runs) == share
+        batch["behavior_logprobs"] = (logprobs[share] - 0.3 * noise.abs()) * batch["loss_mask"]
         steps = [tr.train_step(batch), tr.train_step(batch)]
         runs[share] = steps, {k: v.detach().clone() for k, v in tr.named_weights()}
     (whole, w_whole), (shared, w_shared) = runs[False], runs[True]
+    torch.testing.assert_close(logprobs[True], logprobs[False], rtol=1e-5, atol=1e-6)
     assert shared[0]["attended"] == whole[0]["attended"] - 2 * 6  # each group's prompt ran once
     assert shared[0]["positions"] < whole[0]["positions"]
     assert whole[1]["clip_frac"] > 0 and whole[1]["kl"] > 0
