@@ -241,6 +241,19 @@ def bounds(mean: Any, ratio: Any, steps: int | None) -> dict[str, float | None]:
     }
 
 
+PER_SEED = [
+    "system",
+    "seed",
+    "held_out_before",
+    "held_out_after",
+    "gain_points",
+    "s_per_step",
+    "startup_s",
+    "end_to_end_s",
+    "gain_per_s",
+]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     size = ap.add_mutually_exclusive_group()
@@ -266,20 +279,11 @@ def main() -> None:
         shrink = SMOKE if a.smoke else []  # bench.lora's smoke sizes
         row, bench = rft_row(seed, a.root, steps, heldout_n, shrink, floor)
         rows += [with_gains(row), with_gains(reference_row(bench, seed, a.root, steps, heldout_n))]
+        print_table(rows[-2:], columns=PER_SEED, title=f"bench.peer: seed {seed} done")  # kept if a later seed fails
     tasks = None if bench.before is None else int(bench.before["tasks"])
     print_table(
         rows,
-        columns=[
-            "system",
-            "seed",
-            "held_out_before",
-            "held_out_after",
-            "gain_points",
-            "s_per_step",
-            "startup_s",
-            "end_to_end_s",
-            "gain_per_s",
-        ],
+        columns=PER_SEED,
         title=f"bench.peer: SmolLM2-135M-Instruct, word arithmetic, {steps} steps, {tasks or 0} held-out problems",
     )
     print_table(
