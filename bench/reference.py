@@ -21,7 +21,7 @@ the config's knob values are read from rft): no DeepSpeed, no chunked output hea
 - aggregation: token-mean (DAPO's, TRL's loss_type "dapo"): sum over every trained token of the
   batch / their number; seq-mean-token-mean; seq-mean-token-sum / a constant (Dr.GRPO). With
   micro-batches each one's sum is divided by the whole batch's count (TRL's num_items_in_batch).
-- the update: torch AdamW (the config's betas, weight decay), global-norm gradient clipping, the
+- the update: fused torch AdamW (transformers' default; the config's betas, weight decay), global-norm gradient clipping, the
   config's linear warm-up: step t (1-based) at lr * min(1, t / warmup_steps).
 
     ref = ReferenceTrainer(model, RefAlgo.from_config(cfg), lr=..., warmup_steps=..., grad_clip=...)
@@ -172,7 +172,8 @@ class ReferenceTrainer:
         self.model, self.algo, self.lr, self.warmup = model, algo, lr, warmup_steps
         self.grad_clip, self.temperature = grad_clip, temperature
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay)
+        # fused, as transformers' Trainer (TRL's) defaults to on torch >= 2.8 (adamw_torch_fused)
+        self.opt = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
         self.steps = 0
 
     def lr_at(self, step: int) -> float:

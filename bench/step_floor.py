@@ -75,7 +75,11 @@ def reference_step_ratio(cfg: Any, rows: Any, repeats: int) -> dict[str, float]:
 
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
     opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.trainer.lr, betas=cfg.trainer.betas, weight_decay=cfg.trainer.weight_decay
+        model.parameters(),
+        lr=cfg.trainer.lr,
+        betas=cfg.trainer.betas,
+        weight_decay=cfg.trainer.weight_decay,
+        fused=True,
     )
     adv = group_advantages(
         batch["rewards"], batch["group_index"], cfg.algorithm.advantage.type, cfg.algorithm.advantage.std
