@@ -10,7 +10,8 @@ their mapping of the file. Which transport a group uses is agreed once, when it 
 
 The file lives in /dev/shm (tmpfs), is created by the trainer with a random name, opened by every
 receiver while it joins, and unlinked by the trainer as soon as the group formed: the open
-descriptors and mappings keep it alive, and nothing is left behind when a side is killed. Space
+descriptors and mappings keep it alive, and nothing is left behind when a side is killed after it
+formed; the name of a trainer killed before is removed by the next trainer on the host. Space
 is reserved with posix_fallocate before a byte is written (a write into an unbacked tmpfs page
 would be a SIGBUS), and a bucket that does not fit goes over the stream instead. The file grows
 during the first version; after it each side maps all of it once more, populated (`settle`).
@@ -32,6 +33,7 @@ import torch
 log = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
+PREFIX = "rft-weights-"  # then the creating process's pid, a dash, a random hex id
 _GROW = 64 << 20  # the file grows in steps of this many bytes (tmpfs pages are reserved as it grows)
 
 
@@ -46,8 +48,10 @@ class SharedRegion:
 
     @classmethod
     def create(cls, directory: str = SHM_DIR) -> SharedRegion | None:
-        """A new empty file in `directory` (None where it cannot be made: no tmpfs there)."""
-        path = os.path.join(directory, f"rft-weights-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        """A new empty file in `directory` (None where it cannot be made: no tmpfs there), after
+        removing the files of trainers that are gone (`remove_orphans`)."""
+        remove_orphans(directory)
+        path = os.path.join(directory, f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as e:
@@ -138,6 +142,41 @@ class SharedRegion:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def remove_orphans(directory: str) -> list[str]:
+    """Remove the weight files in `directory` whose creating process no longer runs; returns their
+    paths. A trainer unlinks its file once its group formed, so a file outlives its trainer only
+    when the trainer was killed while it waited for the explorers to join (the file is still
+    empty then, but its name stays until the next boot)."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(PREFIX) :].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        if not pid.isdigit() or _running(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+        except OSError:  # another user's file, or a trainer beside us removed it first
+            continue
+    if removed:
+        log.info("weight sync: removed %d shared-memory file(s) of trainers that are gone", len(removed))
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """True when a process `pid` exists (another user's included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _view(mapped: mmap.mmap | None, offset: int, nbytes: int) -> torch.Tensor:

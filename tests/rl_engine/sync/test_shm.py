@@ -69,3 +69,29 @@ def test_a_settled_file_takes_the_next_version_without_page_faults(settle, monke
         assert faults < 8, f"{faults} page faults for a version through settled mappings of {pages} pages"
     else:  # the trainer writes 7 of 8 buckets through a mapping that never reached them
         assert faults > pages // 4, f"only {faults} page faults through unsettled mappings: the test shows nothing"
+
+
+def test_a_new_file_removes_the_files_of_trainers_that_are_gone(tmp_path):
+    """A trainer killed while its explorers joined leaves its file's name behind (it unlinks the
+    file once the group formed). The next trainer on the host removes the files whose creating
+    process is gone, and leaves the live ones and every other file alone."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
+    dead = int(gone.stdout)
+    orphan = tmp_path / f"{shm.PREFIX}{dead}-0123456789ab"
+    live = tmp_path / f"{shm.PREFIX}1-0123456789ab"  # pid 1 always runs
+    other = tmp_path / "rft-weights-notapid-x"
+    for path in (orphan, live, other):
+        path.write_bytes(b"")
+    region = SharedRegion.create(str(tmp_path))
+    try:
+        assert not orphan.exists()
+        assert live.exists() and other.exists() and region is not None and (tmp_path / region.path).exists()
+    finally:
+        region.unlink()
+        region.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
