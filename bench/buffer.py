@@ -282,25 +282,13 @@ def _poll_rows(storage: str, cost: dict) -> list[dict]:
 
 
 def _s3_server():
-    from moto.server import ThreadedMotoServer
-
-    for k, v in (
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_DEFAULT_REGION", "us-east-1"),
-    ):
-        os.environ.setdefault(k, v)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     import logging
 
+    from harness.s3_server import start_s3_server
+
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    return server, {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}"}}
+    server, endpoint = start_s3_server()
+    return server, {"client_kwargs": {"endpoint_url": endpoint}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,6 @@ gone; goal 0), `retention_kept_extra`.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -399,20 +398,9 @@ class _S3:
 
     def start(self) -> tuple[str, dict[str, Any]]:
         if self.value is None:
-            from moto.server import ThreadedMotoServer
+            from harness.s3_server import start_s3_server
 
-            from rl_engine.trainer.dist import free_port
-
-            for k, v in (
-                ("AWS_ACCESS_KEY_ID", "testing"),
-                ("AWS_SECRET_ACCESS_KEY", "testing"),
-                ("AWS_DEFAULT_REGION", "us-east-1"),
-            ):
-                os.environ.setdefault(k, v)
-            port = free_port()
-            self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-            self.server.start()
-            endpoint = f"http://127.0.0.1:{port}"
+            self.server, endpoint = start_s3_server()
             self.value = (endpoint, {"client_kwargs": {"endpoint_url": endpoint}})
         return self.value
 

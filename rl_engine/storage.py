@@ -214,7 +214,8 @@ def create_exclusive(fs: fsspec.AbstractFileSystem, path: str, data: Any, fsync:
     """Make `path` appear whole with `data` only if no file is there: True if this call created
     it, False if one existed (whoever wrote it). Of any number of racing callers exactly one
     gets True: a hard link on local disk, a conditional PUT (`If-None-Match: *`) on S3 (AWS
-    and moto honour it; check that an S3-compatible store does before sharing a run among hosts).
+    applies it atomically; moto only as the tests start it, harness/s3_server.py; check that an
+    S3-compatible store does before sharing a run among hosts).
 
     On S3 a PUT retried after a timeout may find its own first try's object and answer False;
     callers that must know read the object back (RunLease does).

@@ -21,7 +21,6 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 from harness.prefect_live import start_server, start_worker  # noqa: E402 - after the environment above
 from rl_engine.proc.starts import count_start  # noqa: E402
-from rl_engine.trainer.dist import free_port  # noqa: E402
 
 # the suite's time, starts and reruns, printed at the end of a run; which worker runs which files
 pytest_plugins = ["tests.suite_report", "tests.schedule"]
@@ -190,16 +189,10 @@ def s3_server():
 
     Credentials are dummies set in the environment, the way users pass real ones.
     """
-    from moto.server import ThreadedMotoServer
+    from harness.s3_server import start_s3_server
 
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     count_start("moto_s3")
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    server, endpoint = start_s3_server()
     yield endpoint, {"client_kwargs": {"endpoint_url": endpoint}}
     server.stop()
 

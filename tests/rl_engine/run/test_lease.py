@@ -53,6 +53,43 @@ def test_create_exclusive_on_s3_is_a_conditional_put(s3_bucket):
     assert fs.cat_file(f"{root}/x.json") == b"first"
 
 
+@pytest.mark.slow
+def test_racing_conditional_puts_on_s3_create_once(s3_bucket, monkeypatch):
+    """S3 applies `If-None-Match: *` atomically; moto looks the key up and stores it in two steps,
+    so the test server serializes its writes (harness/s3_server.py). With 50 ms between moto's
+    look-up and its write, the window two racers need: still exactly one of four racing creates wins each round
+    (without the serialization all four did)."""
+    import threading
+
+    from moto.s3.models import S3Backend
+
+    look_up = S3Backend.get_object
+
+    def slow_look_up(self, *args, **kwargs):
+        found = look_up(self, *args, **kwargs)
+        time.sleep(0.05)  # between the look-up and the write: where a second PUT can pass its look-up too
+        return found
+
+    monkeypatch.setattr(S3Backend, "get_object", slow_look_up)
+    url, opts = s3_bucket
+    fs, root = open_storage(url, opts)
+    for r in range(5):
+        start, won = threading.Barrier(4, timeout=30), []
+
+        def create(i: int, r: int = r, start: threading.Barrier = start, won: list = won) -> None:
+            start.wait()
+            if create_exclusive(fs, f"{root}/race-{r}.json", f"racer {i}".encode()):
+                won.append(i)
+
+        racers = [threading.Thread(target=create, args=(i,)) for i in range(4)]
+        for t in racers:
+            t.start()
+        for t in racers:
+            t.join(60)
+        assert len(won) == 1, f"round {r}: {len(won)} racers created the same key"
+        assert fs.cat_file(f"{root}/race-{r}.json") == f"racer {won[0]}".encode()
+
+
 # --------------------------------------------------------------------------- races
 
 
