@@ -28,6 +28,7 @@ import mmap
 import os
 import uuid
 
+import psutil
 import torch
 
 log = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ def remove_orphans(directory: str) -> list[str]:
         return removed
     for name in names:
         pid = name[len(PREFIX) :].split("-", 1)[0] if name.startswith(PREFIX) else ""
-        if not pid.isdigit() or _running(int(pid)):
+        if not pid.isdigit() or psutil.pid_exists(int(pid)):  # another user's process counts as running
             continue
         try:
             os.unlink(os.path.join(directory, name))
@@ -166,17 +167,6 @@ def remove_orphans(directory: str) -> list[str]:
     if removed:
         log.info("weight sync: removed %d shared-memory file(s) of trainers that are gone", len(removed))
     return removed
-
-
-def _running(pid: int) -> bool:
-    """True when a process `pid` exists (another user's included)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _view(mapped: mmap.mmap | None, offset: int, nbytes: int) -> torch.Tensor:
